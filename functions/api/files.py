@@ -1,0 +1,121 @@
+"""Files API logic: takes its stores as arguments, never reads the environment."""
+
+from dataclasses import dataclass
+
+from functions.core import ids, limits, schema
+from functions.core.errors import InvalidRequest, not_found
+from functions.core.models import FileDeleted, FileObject, ListPage
+from functions.core.records import FileRecord
+from functions.core.settings import Settings
+from functions.core.stores import Stores
+
+from .common import check_purpose, check_size, expiry_seconds
+
+
+def create_file(
+    stores: Stores,
+    settings: Settings,
+    tenant: str,
+    *,
+    filename: str,
+    content: bytes,
+    purpose: str,
+    expires_anchor: str | None,
+    expires_seconds: int | None,
+    now: int,
+) -> FileObject:
+    check_purpose(purpose)
+    ttl = expiry_seconds(purpose, expires_anchor, expires_seconds)
+    check_size(
+        purpose, filename, len(content),
+        max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file",
+    )
+    file_id = ids.new_id(ids.FILE)
+    record = FileRecord(
+        tenant=tenant,
+        id=file_id,
+        filename=filename,
+        purpose=purpose,
+        bytes=len(content),
+        created_at=now,
+        expires_at=now + ttl if ttl is not None else None,
+        s3_key=schema.file_key(tenant, file_id),
+    )
+    # Bytes first, then the record that makes them visible: a crash in between leaves only
+    # unreferenced bytes, never a File without content.
+    stores.objects.put(record.s3_key, content)
+    try:
+        stores.files.create(record)
+    except BaseException:
+        stores.objects.delete(record.s3_key)
+        raise
+    return record.to_wire()
+
+
+def check_list_params(limit: int, order: str, after: str | None, *, max_limit: int) -> bool:
+    """Validate list parameters; returns True for ascending order."""
+    if not 1 <= limit <= max_limit:
+        raise InvalidRequest(
+            f"Invalid value for 'limit': {limit}. It must be between 1 and {max_limit}.", param="limit", code="invalid_value"
+        )
+    if order not in ("asc", "desc"):
+        raise InvalidRequest(
+            f"Invalid value for 'order': {order!r}. Supported values are: 'asc', 'desc'.", param="order", code="invalid_value"
+        )
+    return order == "asc"
+
+
+def list_files(
+    stores: Stores, tenant: str, *, purpose: str | None, limit: int, order: str, after: str | None, now: int
+) -> ListPage[FileObject]:
+    ascending = check_list_params(limit, order, after, max_limit=limits.FILES_LIST_MAX_LIMIT)
+    if after is not None and not ids.is_valid(after, ids.FILE):
+        raise InvalidRequest(f"Invalid value for 'after': {after!r}. It must be a file id.", param="after", code="invalid_value")
+    if purpose is not None and purpose not in limits.FILE_PURPOSES:
+        raise InvalidRequest(
+            f"Invalid value for 'purpose': {purpose!r}. Supported values are: "
+            + ", ".join(repr(p) for p in limits.FILE_PURPOSES) + ".",
+            param="purpose", code="invalid_value",
+        )
+    records, has_more = stores.files.list(
+        tenant, purpose=purpose, after=after, ascending=ascending, limit=limit, now=now
+    )
+    return ListPage[FileObject].of([r.to_wire() for r in records], has_more)
+
+
+def _get(stores: Stores, tenant: str, file_id: str, now: int) -> FileRecord:
+    record = stores.files.get(tenant, file_id, now) if ids.is_valid(file_id, ids.FILE) else None
+    if record is None:
+        raise not_found("File", file_id, param="file_id")
+    return record
+
+
+def get_file(stores: Stores, tenant: str, file_id: str, now: int) -> FileObject:
+    return _get(stores, tenant, file_id, now).to_wire()
+
+
+@dataclass(frozen=True)
+class Content:
+    """A file's content: inline bytes, or a presigned URL to redirect to."""
+
+    filename: str
+    body: bytes | None = None
+    redirect: str | None = None
+
+
+def get_file_content(stores: Stores, settings: Settings, tenant: str, file_id: str, now: int) -> Content:
+    record = _get(stores, tenant, file_id, now)
+    if record.bytes > settings.inline_content_limit:
+        url = stores.objects.presigned_get(record.s3_key, seconds=settings.presign_seconds, filename=record.filename)
+        return Content(filename=record.filename, redirect=url)
+    return Content(filename=record.filename, body=stores.objects.get(record.s3_key))
+
+
+def delete_file(stores: Stores, tenant: str, file_id: str, now: int) -> FileDeleted:
+    _get(stores, tenant, file_id, now)
+    old = stores.files.delete(tenant, file_id)
+    if old is None:  # deleted concurrently
+        raise not_found("File", file_id, param="file_id")
+    # The table's stream also tells the reaper, so the bytes go even if this call dies here.
+    stores.objects.delete(old.s3_key)
+    return FileDeleted(id=file_id)

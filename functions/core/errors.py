@@ -1,0 +1,70 @@
+"""Typed errors. Each carries what OpenAI's error envelope needs; one handler renders them."""
+
+from typing import ClassVar
+
+
+class ApiError(Exception):
+    """An error the API reports to the caller as ``{"error": {message, type, param, code}}``."""
+
+    status: ClassVar[int] = 400
+    type: ClassVar[str] = "invalid_request_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(ApiError):
+    status = 400
+
+
+class AuthenticationFailed(ApiError):
+    status = 401
+    default_code = "invalid_api_key"
+
+
+class NotFound(ApiError):
+    status = 404
+
+
+class Conflict(ApiError):
+    status = 409
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    default_code = "request_too_large"
+
+
+class ServerError(ApiError):
+    status = 500
+    type = "server_error"
+
+
+class Throttled(ApiError):
+    """The backing store throttled us: retryable, so 503 like OpenAI's overload answer."""
+
+    status = 503
+    type = "server_error"
+    default_code = "service_unavailable"
+
+
+def not_found(kind: str, object_id: str, param: str = "id") -> NotFound:
+    """OpenAI's wording for an unknown (or another tenant's) object."""
+    return NotFound(f"No such {kind} object: {object_id}", param=param)
+
+
+#: The body API Gateway (and the local front) answers when the authorizer rejects a request.
+UNAUTHORIZED_BODY = AuthenticationFailed(
+    "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'."
+).body()
+
+
+class ConditionFailed(Exception):
+    """A conditional write lost (the item exists, or is not in the expected state). Internal."""

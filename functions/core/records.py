@@ -1,0 +1,170 @@
+"""Storage records: what DynamoDB holds. Separate from the wire models on purpose (they carry keys,
+S3 locations and bookkeeping the API never shows)."""
+
+import re
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from . import schema
+from .models import FileObject, FilePurpose, Upload, UploadPart
+
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_tenant(tenant: str) -> str:
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise ValueError(f"invalid tenant name {tenant!r}: 1-64 of [A-Za-z0-9_.-], starting alphanumeric")
+    return tenant
+
+
+class Record(BaseModel):
+    """A DynamoDB item. Subclasses say how their keys are built; ``ttl`` is derived from
+    ``expiry()`` so that DynamoDB's TTL removes the item."""
+
+    model_config = ConfigDict(extra="ignore")
+    _KEY_FIELDS: ClassVar[tuple[str, ...]] = (schema.PK, schema.SK, schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK, schema.TTL)
+
+    def keys(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def expiry(self) -> int | None:
+        return None
+
+    def to_item(self) -> dict[str, Any]:
+        item = {k: v for k, v in self.model_dump().items() if v is not None}
+        item.update(self.keys())
+        if (ttl := self.expiry()) is not None:
+            item[schema.TTL] = ttl
+        return item
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> Self:
+        return cls.model_validate({k: v for k, v in item.items() if k not in cls._KEY_FIELDS})
+
+    def expired(self, now: int) -> bool:
+        ttl = self.expiry()
+        return ttl is not None and ttl <= now
+
+
+class FileRecord(Record):
+    tenant: str
+    id: str
+    filename: str
+    purpose: FilePurpose
+    bytes: int
+    created_at: int
+    expires_at: int | None = None
+    s3_key: str
+
+    @staticmethod
+    def sort_key(file_id: str) -> str:
+        return f"FILE#{file_id}"
+
+    @staticmethod
+    def purpose_pk(tenant: str, purpose: str) -> str:
+        return f"{schema.tenant_pk(tenant)}#FILE#{purpose}"
+
+    def keys(self) -> dict[str, str]:
+        return {
+            schema.PK: schema.tenant_pk(self.tenant),
+            schema.SK: self.sort_key(self.id),
+            schema.GSI_PURPOSE_PK: self.purpose_pk(self.tenant, self.purpose),
+            schema.GSI_PURPOSE_SK: self.id,
+        }
+
+    def expiry(self) -> int | None:
+        return self.expires_at
+
+    def to_wire(self) -> FileObject:
+        return FileObject(
+            id=self.id,
+            bytes=self.bytes,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            filename=self.filename,
+            purpose=self.purpose,
+        )
+
+
+UploadStatus = Literal["pending", "completed", "cancelled", "expired"]
+
+
+class UploadRecord(Record):
+    tenant: str
+    id: str
+    filename: str
+    purpose: FilePurpose
+    bytes: int
+    mime_type: str
+    created_at: int
+    expires_at: int
+    status: UploadStatus = "pending"
+    #: expires_after.seconds for the File the upload becomes.
+    file_expires_after: int | None = None
+    file_id: str | None = None
+
+    #: Completed/cancelled uploads stay readable a day past their hour, then TTL removes them.
+    RETENTION_SECONDS: ClassVar[int] = 86_400
+
+    @staticmethod
+    def sort_key(upload_id: str) -> str:
+        return f"UPLOAD#{upload_id}"
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.id)}
+
+    def expiry(self) -> int | None:
+        return self.expires_at + self.RETENTION_SECONDS
+
+    def effective_status(self, now: int) -> UploadStatus:
+        return "expired" if self.status == "pending" and self.expires_at <= now else self.status
+
+    def to_wire(self, now: int, file: FileObject | None = None) -> Upload:
+        return Upload(
+            id=self.id,
+            bytes=self.bytes,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            filename=self.filename,
+            purpose=self.purpose,
+            status=self.effective_status(now),
+            file=file,
+        )
+
+
+class UploadPartRecord(Record):
+    tenant: str
+    upload_id: str
+    id: str
+    created_at: int
+    bytes: int
+    s3_key: str
+    expires_at: int
+
+    @staticmethod
+    def sort_key(upload_id: str, part_id: str) -> str:
+        return f"UPLOAD#{upload_id}#PART#{part_id}"
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.upload_id, self.id)}
+
+    def expiry(self) -> int | None:
+        return self.expires_at + UploadRecord.RETENTION_SECONDS
+
+    def to_wire(self) -> UploadPart:
+        return UploadPart(id=self.id, created_at=self.created_at, upload_id=self.upload_id)
+
+
+class ApiKeyRecord(Record):
+    """An API key, stored only as its SHA-256. ``hint`` is the key's last four characters."""
+
+    key_hash: str
+    tenant: str
+    created_at: int
+    hint: str
+
+    _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: schema.key_pk(self.key_hash), schema.SK: "KEY"}

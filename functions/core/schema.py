@@ -1,0 +1,60 @@
+"""Storage layout, defined once: DynamoDB key schema and S3 key layout.
+
+The CDK storage construct and the local deployment build the table from ``TABLE_SCHEMA``; the
+stores build every key with the functions below. Every item a caller can read lives under a
+partition key that starts with the caller's tenant, so a cross-tenant read is impossible by
+construction.
+"""
+
+from typing import Final
+
+PK: Final = "pk"
+SK: Final = "sk"
+#: GSI listing a tenant's files of one purpose (newest first by id).
+GSI_PURPOSE: Final = "by_purpose"
+GSI_PURPOSE_PK: Final = "gsi1pk"
+GSI_PURPOSE_SK: Final = "gsi1sk"
+#: DynamoDB TTL attribute (unix seconds). Reads also treat an item past it as gone, because
+#: DynamoDB deletes expired items lazily.
+TTL: Final = "ttl"
+
+TABLE_SCHEMA: Final = {
+    "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
+    "AttributeDefinitions": [
+        {"AttributeName": name, "AttributeType": "S"} for name in (PK, SK, GSI_PURPOSE_PK, GSI_PURPOSE_SK)
+    ],
+    "GlobalSecondaryIndexes": [
+        {
+            "IndexName": GSI_PURPOSE,
+            "KeySchema": [
+                {"AttributeName": GSI_PURPOSE_PK, "KeyType": "HASH"},
+                {"AttributeName": GSI_PURPOSE_SK, "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "ALL"},
+        }
+    ],
+    "BillingMode": "PAY_PER_REQUEST",
+    # The stream carries TTL deletions to the reaper, which removes the objects' bytes.
+    "StreamSpecification": {"StreamEnabled": True, "StreamViewType": "OLD_IMAGE"},
+}
+
+
+def tenant_pk(tenant: str) -> str:
+    return f"T#{tenant}"
+
+
+def key_pk(key_hash: str) -> str:
+    return f"KEY#{key_hash}"
+
+
+# --- S3 ---------------------------------------------------------------------------------------
+def file_key(tenant: str, file_id: str) -> str:
+    return f"files/{tenant}/{file_id}"
+
+
+def upload_part_key(tenant: str, upload_id: str, part_id: str) -> str:
+    return f"uploads/{tenant}/{upload_id}/{part_id}"
+
+
+def upload_prefix(tenant: str, upload_id: str) -> str:
+    return f"uploads/{tenant}/{upload_id}/"

@@ -1,0 +1,34 @@
+"""Removes the bytes of files whose records are gone: DynamoDB stream REMOVE events, whether the
+item was deleted by the API or expired by TTL. Idempotent (deleting a missing S3 key is a no-op)."""
+
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.data_classes import DynamoDBStreamEvent, event_source
+from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
+
+from functions.core import deps
+from functions.core.records import FileRecord
+from functions.core.stores import ObjectStore
+
+logger = Logger(service="batch-api-reaper")
+
+
+def purge_removed(objects: ObjectStore, old_items: list[dict[str, Any]]) -> list[str]:
+    """Delete the S3 bytes of every removed file item; returns the keys deleted."""
+    keys = [item["s3_key"] for item in old_items if str(item.get("sk", "")).startswith(FileRecord.sort_key(""))]
+    if keys:
+        objects.delete_many(keys)
+    return keys
+
+
+@event_source(data_class=DynamoDBStreamEvent)
+@logger.inject_lambda_context(clear_state=True)
+def handler(event: DynamoDBStreamEvent, context: Any) -> None:
+    old = [
+        record.dynamodb.old_image
+        for record in event.records
+        if record.event_name == DynamoDBRecordEventName.REMOVE and record.dynamodb and record.dynamodb.old_image
+    ]
+    removed = purge_removed(deps.stores().objects, old)
+    logger.info("purged", extra={"keys": len(removed)})

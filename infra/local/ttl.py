@@ -1,0 +1,43 @@
+"""Stands in for DynamoDB's TTL process and its stream on moto: deletes items past their TTL and
+hands their old images to the same reaper logic the stream Lambda runs."""
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from boto3.dynamodb.conditions import Attr
+
+from functions.core import schema
+from functions.core.stores import ObjectStore
+from functions.reaper.handler import purge_removed
+
+
+def expire_once(table: Any, objects: ObjectStore, now: int) -> int:
+    """Delete every item whose TTL has passed; returns how many were removed."""
+    kwargs: dict[str, Any] = {"FilterExpression": Attr(schema.TTL).lte(now)}
+    removed: list[dict[str, Any]] = []
+    while True:
+        page = table.scan(**kwargs)
+        for item in page["Items"]:
+            old = table.delete_item(
+                Key={schema.PK: item[schema.PK], schema.SK: item[schema.SK]}, ReturnValues="ALL_OLD"
+            ).get("Attributes")
+            if old:
+                removed.append(old)
+        if "LastEvaluatedKey" not in page:
+            break
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    purge_removed(objects, removed)
+    return len(removed)
+
+
+def start_sweeper(
+    table: Any, objects: ObjectStore, clock: Callable[[], int], stop: threading.Event, every: float = 30.0
+) -> threading.Thread:
+    def run() -> None:
+        while not stop.wait(every):
+            expire_once(table, objects, clock())
+
+    thread = threading.Thread(target=run, name="ttl-sweeper", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,78 @@
+"""Shared fixtures: moto (mocked before any client exists), the resources built from the same
+definitions as the stack, and the local HTTP front in a thread so the official openai SDK can
+drive the real handlers."""
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from moto import mock_aws
+from openai import OpenAI
+
+from functions.api import handler as api_handler
+from functions.authorizer import handler as authorizer_handler
+from functions.core import auth, clients, deps
+from functions.core.settings import Settings
+from infra.local.front import LocalApi, make_server
+from infra.local.resources import create_resources
+
+TEST_SETTINGS = Settings(table_name="batch-api-test", bucket_name="batch-api-test-bucket")
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never reach real AWS: fake credentials, a fixed region, no endpoint override."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return TEST_SETTINGS
+
+
+@pytest.fixture
+def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """moto in decorator mode with the deployment's resources, and handlers configured for it."""
+    for name, value in settings.to_env().items():
+        monkeypatch.setenv(name, value)
+    with mock_aws():
+        deps.reset()
+        create_resources(settings, dynamodb=clients.client("dynamodb"), s3=clients.client("s3"))
+        yield
+        deps.reset()
+
+
+@pytest.fixture
+def stores(aws: None):
+    return deps.stores()
+
+
+@pytest.fixture
+def api_url(aws: None) -> Iterator[str]:
+    """The local front on an ephemeral port, calling the real handlers in-process."""
+    server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def keys(stores) -> dict[str, str]:
+    """An API key for each of two tenants."""
+    return {tenant: auth.create_key(stores.keys, tenant, now=0) for tenant in ("acme", "globex")}
+
+
+@pytest.fixture
+def client(api_url: str, keys: dict[str, str]) -> OpenAI:
+    return OpenAI(base_url=api_url, api_key=keys["acme"], max_retries=0)
+
+
+@pytest.fixture
+def other_client(api_url: str, keys: dict[str, str]) -> OpenAI:
+    return OpenAI(base_url=api_url, api_key=keys["globex"], max_retries=0)
