@@ -3,6 +3,7 @@ definitions as the stack, and the local HTTP front in a thread so the official o
 drive the real handlers."""
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -30,8 +31,27 @@ def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def settings() -> Settings:
-    return TEST_SETTINGS
+def settings(request: pytest.FixtureRequest) -> Settings:
+    """The deployment settings; ``@pytest.mark.settings(field=value)`` overrides fields."""
+    marker = request.node.get_closest_marker("settings")
+    return TEST_SETTINGS.model_copy(update=marker.kwargs) if marker else TEST_SETTINGS
+
+
+class Clock:
+    """The API's clock, moved by tests (e.g. past an expiry)."""
+
+    def __init__(self) -> None:
+        self.now = int(time.time())
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(api_handler, "now", c)
+    return c
 
 
 @pytest.fixture
@@ -55,7 +75,7 @@ def stores(aws: None):
 def api_url(aws: None) -> Iterator[str]:
     """The local front on an ephemeral port, calling the real handlers in-process."""
     server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
@@ -76,3 +96,12 @@ def client(api_url: str, keys: dict[str, str]) -> OpenAI:
 @pytest.fixture
 def other_client(api_url: str, keys: dict[str, str]) -> OpenAI:
     return OpenAI(base_url=api_url, api_key=keys["globex"], max_retries=0)
+
+
+@pytest.fixture
+def raw(api_url: str, keys: dict[str, str]):
+    """A plain HTTP client as tenant acme (no redirects followed), for exact status/body checks."""
+    from tests.helpers import raw_client
+
+    with raw_client(api_url, keys["acme"]) as http:
+        yield http

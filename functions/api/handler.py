@@ -16,7 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, File, Form,
 from pydantic import BaseModel, ConfigDict
 
 from functions.core import deps, limits
-from functions.core.errors import ApiError, AuthenticationFailed, InvalidRequest, ServerError
+from functions.core.errors import ApiError, AuthenticationFailed, InvalidRequest, NotFound, ServerError
 from functions.core.models import FileDeleted, FileObject, ListPage, Upload, UploadPart
 
 from . import files, uploads
@@ -58,7 +58,7 @@ def handle_validation_error(error: RequestValidationError) -> Response:
 @app.not_found
 def handle_not_found(_: NotFoundError) -> Response:
     event = app.current_event
-    return _envelope(ApiError(f"Invalid URL ({event.http_method} {event.path})"))
+    return _envelope(NotFound(f"Invalid URL ({event.http_method} {event.path})"))
 
 
 @app.exception_handler(Exception)

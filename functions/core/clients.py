@@ -11,7 +11,9 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5}, s3={"addressing_style": "path"})
+_CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
+# SigV4 presigned URLs (X-Amz-Expires honoured); path-style so a local endpoint works too.
+_S3_CONFIG = _CONFIG.merge(Config(signature_version="s3v4", s3={"addressing_style": "path"}))
 
 
 def _region() -> str:
@@ -20,7 +22,7 @@ def _region() -> str:
 
 @cache
 def client(service: str) -> Any:
-    return boto3.client(service, config=_CONFIG, region_name=_region())
+    return boto3.client(service, config=_S3_CONFIG if service == "s3" else _CONFIG, region_name=_region())
 
 
 @cache

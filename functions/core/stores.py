@@ -101,7 +101,8 @@ class Table:
         pk_name, sk_name = (schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK) if index else (schema.PK, schema.SK)
         condition = Key(pk_name).eq(pk)
         if after is None:
-            condition &= Key(sk_name).begins_with(prefix) if prefix else Key(sk_name).gt("")
+            if prefix:
+                condition &= Key(sk_name).begins_with(prefix)
         elif ascending:
             condition &= Key(sk_name).gt(prefix + after)
         else:

@@ -1,0 +1,38 @@
+"""Assertions shared by the API tests: OpenAI shapes and the OpenAI error envelope."""
+
+from typing import Any
+
+import httpx2
+from openai import BaseModel as OpenAIModel
+from openai.types.shared import ErrorObject
+
+
+def assert_openai_shape(model: type[OpenAIModel], data: dict[str, Any]) -> OpenAIModel:
+    """``data`` has exactly the SDK type's fields (none missing, none extra) and validates."""
+    fields = set(model.model_fields)
+    required = {name for name, f in model.model_fields.items() if f.is_required()}
+    assert set(data) <= fields, f"fields OpenAI does not have: {set(data) - fields}"
+    assert required <= set(data), f"missing required fields: {required - set(data)}"
+    return model.model_validate(data)
+
+
+def assert_error(response: httpx2.Response, status: int, code: str | None, param: str | None = None, *, message: str | None = None) -> dict[str, Any]:
+    """The response is OpenAI's error envelope with this status, code and param."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    ErrorObject.model_validate(error)
+    assert error["code"] == code, error
+    assert error["param"] == param, error
+    assert error["message"], error
+    assert error["type"] == ("server_error" if status >= 500 else "invalid_request_error"), error
+    if message is not None:
+        assert message in error["message"], error
+    return error
+
+
+def raw_client(api_url: str, key: str | None) -> httpx2.Client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx2.Client(base_url=api_url, headers=headers, follow_redirects=False, timeout=30)

@@ -1,0 +1,268 @@
+"""Files API through the local front with the official openai SDK (and raw HTTP for exact errors)."""
+
+import json
+from urllib.parse import parse_qs, urlsplit
+
+import openai
+import pytest
+from openai.types import FileDeleted, FileObject
+
+from functions.core import limits, schema
+from infra.local.ttl import expire_once
+from functions.reaper.handler import purge_removed
+from tests.helpers import assert_error, assert_openai_shape
+
+JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+
+
+def upload(raw, name="in.jsonl", content=JSONL, purpose="batch", **form):
+    return raw.post("/files", files={"file": (name, content)}, data={"purpose": purpose, **form})
+
+
+# --- create ------------------------------------------------------------------------------------
+def test_create_batch_file_matches_openai_and_expires_in_30_days(raw, client):
+    response = upload(raw)
+    assert response.status_code == 200
+    data = response.json()
+    f = assert_openai_shape(FileObject, data)
+    assert f.id.startswith("file-") and f.object == "file" and f.purpose == "batch"
+    assert f.bytes == len(JSONL) and f.filename == "in.jsonl" and f.status == "processed"
+    assert f.expires_at == f.created_at + limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS
+    assert client.files.retrieve(f.id) == f
+
+
+@pytest.mark.parametrize("purpose", ["assistants", "fine-tune", "vision", "user_data", "evals"])
+def test_other_purposes_never_expire_by_default(client, purpose):
+    f = client.files.create(file=("data.bin", b"\x00\xffbinary"), purpose=purpose)
+    assert f.purpose == purpose and f.expires_at is None
+    assert client.files.content(f.id).content == b"\x00\xffbinary"
+
+
+def test_expires_after_is_honoured(client):
+    f = client.files.create(
+        file=("x.jsonl", JSONL), purpose="batch", expires_after={"anchor": "created_at", "seconds": 7200}
+    )
+    assert f.expires_at == f.created_at + 7200
+
+
+def test_bad_purpose(raw):
+    assert_error(upload(raw, purpose="batchy"), 400, "invalid_value", "purpose", message="'batchy'")
+
+
+def test_batch_file_must_be_jsonl(raw):
+    assert_error(upload(raw, name="in.csv"), 400, "invalid_file_format", "file", message="Must be .jsonl")
+
+
+def test_empty_file(raw):
+    assert_error(upload(raw, content=b""), 400, "empty_file", "file")
+
+
+@pytest.mark.settings(max_batch_file_bytes=100)
+def test_batch_file_too_large(raw, client):
+    assert_error(upload(raw, content=b"x" * 101), 400, "file_too_large", "file", message="at most 100 bytes")
+    assert client.files.list().data == []  # nothing half-written is visible
+
+
+@pytest.mark.parametrize(
+    ("form", "param", "code"),
+    [
+        ({"expires_after[anchor]": "last_access", "expires_after[seconds]": "7200"}, "expires_after.anchor", "invalid_value"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "60"}, "expires_after.seconds", "invalid_value"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"}, "expires_after.seconds", "invalid_value"),
+        ({"expires_after[anchor]": "created_at"}, "expires_after.seconds", "missing_required_parameter"),
+        ({"expires_after[seconds]": "7200"}, "expires_after.anchor", "missing_required_parameter"),
+        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "soon"}, "expires_after[seconds]", "invalid_value"),
+    ],
+)
+def test_bad_expires_after(raw, form, param, code):
+    assert_error(upload(raw, **form), 400, code, param)
+
+
+def test_missing_file_and_purpose(raw):
+    assert_error(raw.post("/files", files={"file": ("a.jsonl", JSONL)}), 400, "missing_required_parameter", "purpose")
+    assert_error(raw.post("/files", data={"purpose": "batch"}, files={"x": ("a", b"1")}), 400, "missing_required_parameter", "file")
+
+
+def test_request_over_lambda_payload_limit_is_413(raw):
+    big = b"x" * (limits.LAMBDA_PAYLOAD_LIMIT)
+    assert_error(upload(raw, name="big.jsonl", content=big), 413, "request_too_large", None, message="Uploads API")
+
+
+# --- auth and tenancy --------------------------------------------------------------------------
+@pytest.mark.parametrize("header", [None, "Bearer", "Basic abc", "Bearer sk-unknown", "sk-local"])
+def test_missing_malformed_or_unknown_key_is_401(api_url, header):
+    from tests.helpers import raw_client
+
+    with raw_client(api_url, None) as http:
+        response = http.get("/files", headers={"Authorization": header} if header else {})
+    assert_error(response, 401, "invalid_api_key", None)
+
+
+def test_sdk_raises_authentication_error(api_url):
+    bad = openai.OpenAI(base_url=api_url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as info:
+        bad.files.list()
+    assert info.value.code == "invalid_api_key"
+
+
+def test_another_tenants_file_is_indistinguishable_from_a_missing_one(client, other_client, raw):
+    f = client.files.create(file=("mine.jsonl", JSONL), purpose="batch")
+    for call in (other_client.files.retrieve, other_client.files.content, other_client.files.delete):
+        with pytest.raises(openai.NotFoundError) as info:
+            call(f.id)
+        assert info.value.param == "file_id"
+        assert f.id in info.value.message
+    assert other_client.files.list().data == []
+    assert client.files.retrieve(f.id).id == f.id  # untouched
+
+
+@pytest.mark.parametrize("file_id", ["file-01m8n7xjx1bekcr5r3de2q3dfv", "file-nope", "batch_123"])
+@pytest.mark.parametrize("suffix", ["", "/content"])
+def test_unknown_or_malformed_id_is_404(raw, file_id, suffix):
+    assert_error(raw.get(f"/files/{file_id}{suffix}"), 404, None, "file_id", message=f"No such File object: {file_id}")
+    assert_error(raw.delete(f"/files/{file_id}"), 404, None, "file_id")
+
+
+def test_unknown_route_is_openai_404(raw):
+    assert_error(raw.get("/nope"), 404, None, None, message="Invalid URL (GET /v1/nope)")
+
+
+# --- list and pagination ------------------------------------------------------------------------
+def test_pagination_walks_a_long_list_in_both_orders(client):
+    created = [client.files.create(file=(f"f{i}.jsonl", JSONL), purpose="batch").id for i in range(23)]
+    assert created == sorted(created)  # ids sort by creation time
+    for order, expected in (("desc", created[::-1]), ("asc", created)):
+        seen, after, pages = [], None, 0
+        while True:
+            kwargs = {"after": after} if after else {}
+            page = client.files.list(limit=5, order=order, **kwargs)
+            pages += 1
+            ids = [f.id for f in page.data]
+            assert page.first_id == ids[0] and page.last_id == ids[-1]
+            seen += ids
+            if not page.has_more:
+                break
+            after = page.last_id
+        assert seen == expected and pages == 5
+    # the SDK's own auto-pagination walks the same list
+    assert [f.id for f in client.files.list(limit=4)] == created[::-1]
+
+
+def test_list_envelope_and_default_order(raw, client):
+    a = client.files.create(file=("a.jsonl", JSONL), purpose="batch")
+    b = client.files.create(file=("b.txt", b"hi"), purpose="user_data")
+    body = raw.get("/files").json()
+    assert set(body) == {"object", "data", "first_id", "last_id", "has_more"}
+    assert body["object"] == "list" and body["has_more"] is False
+    assert [f["id"] for f in body["data"]] == [b.id, a.id]
+    for item in body["data"]:
+        assert_openai_shape(FileObject, item)
+    empty = raw.get("/files", params={"after": b.id, "order": "asc"}).json()
+    assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+
+
+def test_list_filters_by_purpose(client):
+    batch = [client.files.create(file=(f"{i}.jsonl", JSONL), purpose="batch").id for i in range(3)]
+    client.files.create(file=("u.txt", b"u"), purpose="user_data")
+    page = client.files.list(purpose="batch", limit=2)
+    assert [f.id for f in page.data] == batch[::-1][:2] and page.has_more
+    rest = client.files.list(purpose="batch", limit=2, after=page.last_id)
+    assert [f.id for f in rest.data] == [batch[0]] and not rest.has_more
+    assert client.files.list(purpose="batch_output").data == []
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": limits.FILES_LIST_MAX_LIMIT + 1}, "limit"),
+        ({"limit": "many"}, "limit"),
+        ({"order": "sideways"}, "order"),
+        ({"after": "not-an-id"}, "after"),
+        ({"purpose": "nope"}, "purpose"),
+    ],
+)
+def test_bad_pagination_is_400(raw, params, param):
+    assert_error(raw.get("/files", params=params), 400, "invalid_value", param)
+
+
+# --- content ------------------------------------------------------------------------------------
+def test_content_is_returned_inline_byte_for_byte(raw, client):
+    payload = bytes(range(256)) * 10
+    f = client.files.create(file=("blob.bin", payload), purpose="user_data")
+    response = raw.get(f"/files/{f.id}/content")
+    assert response.status_code == 200
+    assert response.content == payload
+    assert response.headers["content-type"] == "application/octet-stream"
+    assert 'filename="blob.bin"' in response.headers["content-disposition"]
+
+
+@pytest.mark.settings(inline_content_limit=10, presign_seconds=120)
+def test_large_content_redirects_to_a_short_lived_presigned_url(raw, client, settings):
+    f = client.files.create(file=("big.jsonl", JSONL), purpose="batch")
+    response = raw.get(f"/files/{f.id}/content")
+    assert response.status_code == 307
+    location = urlsplit(response.headers["location"])
+    assert location.path.endswith(schema.file_key("acme", f.id))
+    query = parse_qs(location.query)
+    assert query["X-Amz-Expires"] == ["120"]
+    assert 'filename="big.jsonl"' in query["response-content-disposition"][0]
+
+
+# --- delete -------------------------------------------------------------------------------------
+def test_delete_removes_record_and_bytes(raw, client, stores):
+    f = client.files.create(file=("gone.jsonl", JSONL), purpose="batch")
+    response = raw.delete(f"/files/{f.id}")
+    assert response.status_code == 200
+    assert assert_openai_shape(FileDeleted, response.json()) == FileDeleted(id=f.id, object="file", deleted=True)
+    assert stores.objects.list_keys("files/") == []
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.delete(f.id)
+
+
+# --- expiry -------------------------------------------------------------------------------------
+def test_expired_files_disappear_and_their_bytes_are_removed(client, clock, stores, settings):
+    short = client.files.create(file=("s.jsonl", JSONL), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600})
+    keep = client.files.create(file=("k.txt", b"keep"), purpose="user_data")
+    clock.now += 3600
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(short.id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.content(short.id)
+    assert [f.id for f in client.files.list()] == [keep.id]
+    # DynamoDB's TTL process (the local sweeper stands in for it) removes the item; the stream's
+    # reaper removes the bytes.
+    from functions.core import clients
+
+    removed = expire_once(clients.dynamodb_table(settings.table_name), stores.objects, clock.now)
+    assert removed == 1
+    assert stores.objects.list_keys("files/") == [schema.file_key("acme", keep.id)]
+
+
+def test_reaper_handler_deletes_bytes_of_removed_file_items(client, stores):
+    from functions.reaper import handler as reaper
+    from infra.local.lambda_context import LocalLambdaContext
+
+    f = client.files.create(file=("r.jsonl", JSONL), purpose="batch")
+    key = schema.file_key("acme", f.id)
+    event = {
+        "Records": [
+            {
+                "eventName": "REMOVE",
+                "dynamodb": {"OldImage": {"pk": {"S": "T#acme"}, "sk": {"S": f"FILE#{f.id}"}, "s3_key": {"S": key}}},
+            },
+            {"eventName": "INSERT", "dynamodb": {"NewImage": {"pk": {"S": "T#acme"}, "sk": {"S": "FILE#x"}, "s3_key": {"S": "keep"}}}},
+        ]
+    }
+    reaper.handler(event, LocalLambdaContext("reaper"))
+    assert stores.objects.list_keys("files/") == []
+    assert purge_removed(stores.objects, [{"sk": "UPLOAD#x", "s3_key": "whatever"}]) == []
+
+
+def test_malformed_json_body_is_400(raw):
+    response = raw.post("/uploads", content=b"{not json", headers={"Content-Type": "application/json"})
+    error = assert_error(response, 400, None, None)
+    assert "JSON" in error["message"]
+    assert json.loads(response.text)["error"]["type"] == "invalid_request_error"
