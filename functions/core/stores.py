@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr, ConditionExpressionBuilder, Key
-from boto3.dynamodb.types import TypeSerializer
 from botocore.exceptions import ClientError
 
 from . import clients, limits, schema
@@ -18,7 +17,6 @@ from .errors import ConditionFailed, Throttled
 from .records import ApiKeyRecord, FileRecord, Record, UploadPartRecord, UploadRecord
 from .settings import Settings
 
-_SER = TypeSerializer()
 _THROTTLING = {
     "ProvisionedThroughputExceededException",
     "ThrottlingException",
@@ -149,7 +147,8 @@ class Table:
         return out
 
     def transact(self, ops: list["Put | Update"]) -> None:
-        """Apply all ``ops`` atomically; ConditionFailed if any condition does not hold."""
+        """Apply all ``ops`` atomically; ConditionFailed if any condition does not hold.
+        (The resource's client serializes native values, as for every other call here.)"""
         client = self._table.meta.client
         with _translate():
             try:
@@ -176,7 +175,7 @@ class Put:
     if_absent: bool = False
 
     def render(self, table: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"TableName": table, "Item": {k: _SER.serialize(v) for k, v in self.item.items()}}
+        body: dict[str, Any] = {"TableName": table, "Item": self.item}
         if self.if_absent:
             names: dict[str, str] = {}
             values: dict[str, Any] = {}
@@ -215,11 +214,11 @@ class Update:
         return {
             "Update": {
                 "TableName": table,
-                "Key": {schema.PK: _SER.serialize(self.pk), schema.SK: _SER.serialize(self.sk)},
+                "Key": {schema.PK: self.pk, schema.SK: self.sk},
                 "UpdateExpression": " ".join(clauses),
                 "ConditionExpression": expression,
                 "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": {k: _SER.serialize(v) for k, v in values.items()},
+                "ExpressionAttributeValues": values,
             }
         }
 
