@@ -1,0 +1,78 @@
+"""API keys (hash-only storage, authorizer answers) and time-sortable ids."""
+
+import time
+
+import pytest
+
+from functions.authorizer import handler as authorizer
+from functions.core import auth, ids
+from functions.core.errors import AuthenticationFailed
+from infra.local.lambda_context import LocalLambdaContext
+
+ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/v1/files"
+
+
+def test_keys_are_stored_only_as_hashes(stores, settings):
+    from functions.core import clients
+
+    key = auth.create_key(stores.keys, "acme", now=1)
+    assert key.startswith("sk-") and len(key) > 40
+    items = clients.dynamodb_table(settings.table_name).scan()["Items"]
+    assert len(items) == 1
+    assert key not in str(items)
+    assert items[0]["key_hash"] == auth.hash_key(key) and items[0]["hint"] == key[-4:]
+
+
+def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores):
+    key = auth.create_key(stores.keys, "acme", now=1)
+    answer = authorizer.handler({"headers": {"authorization": f"Bearer {key}"}, "methodArn": ARN}, LocalLambdaContext("a"))
+    assert answer["principalId"] == "acme"
+    assert answer["context"]["tenant"] == "acme"
+    statement = answer["policyDocument"]["Statement"][0]
+    assert statement["Effect"] == "Allow"
+    # cached per key by API Gateway, so the policy must cover every route, not just this one
+    assert statement["Resource"] == "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*"
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer ", "Token sk-x", "Bearer sk-unknown"])
+def test_authorizer_rejects_with_unauthorized(stores, header):
+    headers = {"Authorization": header} if header is not None else {}
+    with pytest.raises(Exception, match="^Unauthorized$"):
+        authorizer.handler({"headers": headers, "methodArn": ARN}, LocalLambdaContext("a"))
+
+
+def test_revoked_key_no_longer_resolves(stores):
+    key = auth.create_key(stores.keys, "acme", now=1)
+    assert auth.resolve_tenant(stores.keys, f"Bearer {key}") == "acme"
+    assert auth.revoke_key(stores.keys, key).tenant == "acme"
+    with pytest.raises(AuthenticationFailed) as info:
+        auth.resolve_tenant(stores.keys, f"Bearer {key}")
+    assert info.value.status == 401 and info.value.code == "invalid_api_key"
+    assert key not in info.value.message  # the key is masked in the message
+    assert auth.revoke_key(stores.keys, key) is None
+
+
+def test_seeding_a_known_key_is_idempotent_but_never_moves_tenants(stores):
+    assert auth.create_key(stores.keys, "local", now=1, key="sk-local") == "sk-local"
+    assert auth.create_key(stores.keys, "local", now=2, key="sk-local") == "sk-local"
+    with pytest.raises(ValueError, match="another tenant"):
+        auth.create_key(stores.keys, "other", now=3, key="sk-local")
+
+
+@pytest.mark.parametrize("tenant", ["", "-x", "a b", "x" * 65, "t#1"])
+def test_bad_tenant_names(stores, tenant):
+    with pytest.raises(ValueError, match="invalid tenant"):
+        auth.create_key(stores.keys, tenant, now=1)
+
+
+def test_ids_sort_by_creation_time_and_have_openai_prefixes():
+    now = time.time_ns() // 1_000_000
+    made = [ids.new_id(ids.FILE, now + i) for i in range(0, 5000, 7)]
+    assert made == sorted(made)
+    assert len(set(ids.new_id(ids.BATCH, now) for _ in range(1000))) == 1000
+    for prefix in (ids.FILE, ids.UPLOAD, ids.PART, ids.BATCH, ids.BATCH_REQUEST):
+        value = ids.new_id(prefix)
+        assert value.startswith(prefix) and ids.is_valid(value, prefix)
+    assert not ids.is_valid("file-abc", ids.FILE)
+    assert not ids.is_valid(ids.new_id(ids.BATCH), ids.FILE)
+    assert not ids.is_valid(ids.new_id(ids.FILE).upper(), ids.FILE)
