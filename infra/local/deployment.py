@@ -1,0 +1,313 @@
+"""The local deployment: an ordered list of components, each with ``start()`` and ``stop()``.
+
+``Deployment.start()`` starts them in order and, if one fails, stops those already started;
+``Deployment.stop()`` stops them in reverse order. Later parts of the system (SQS pollers, the
+workflow front, GPU workers) are more components appended in ``components()``.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+from functions.api import handler as api_handler
+from functions.authorizer import handler as authorizer_handler
+from functions.core import auth, clients, deps, http
+from functions.core.settings import Settings
+from infra import names
+
+from . import state
+from .front import LocalApi, make_server
+from .resources import create_resources
+from .ttl import start_sweeper
+
+log = logging.getLogger("infra.local")
+
+Clock = Callable[[], int]
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class Component(Protocol):
+    name: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Deployment:
+    def __init__(self, components: Sequence[Component]):
+        self.components = list(components)
+        self._started: list[Component] = []
+
+    def start(self) -> None:
+        for component in self.components:
+            try:
+                component.start()
+            except BaseException:
+                self.stop()
+                raise
+            self._started.append(component)
+            log.debug("started %s", component.name)
+
+    def stop(self) -> list[str]:
+        """Stop what was started, newest first; returns the names of components that failed to stop."""
+        failed = []
+        while self._started:
+            component = self._started.pop()
+            try:
+                component.stop()
+            except Exception:
+                log.exception("stopping %s failed", component.name)
+                failed.append(component.name)
+        return failed
+
+
+def check_port_free(host: str, port: int, setting: str) -> None:
+    """Fail early with a clear message (moto's server thread would otherwise die silently)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(
+                f"{host}:{port} is already in use ({exc.strerror}); is another `make up` running? "
+                f"{setting}=<port> picks another port"
+            ) from None
+
+
+# --- Components -------------------------------------------------------------------------------
+class MotoServer:
+    """moto in server mode: the local AWS."""
+
+    name = "moto"
+
+    def __init__(self, host: str, port: int):
+        self._host, self._port = host, port
+        self._server: ThreadedMotoServer | None = None
+
+    def start(self) -> None:
+        check_port_free(self._host, self._port, "MOTO_PORT")
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call
+        self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
+        self._server.start()
+        self._port = self._server.get_host_and_port()[1]
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+class AwsEnvironment:
+    """Points this process's boto3 clients at moto and configures the handlers (as the stack
+    configures the Lambdas): endpoint, fake credentials, region, ``settings.to_env()``."""
+
+    name = "environment"
+    _CLEARED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+    def __init__(self, environ: MutableMapping[str, str], moto: MotoServer, settings: Settings):
+        self._environ, self._moto, self._settings = environ, moto, settings
+        self._saved: dict[str, str | None] = {}
+
+    def start(self) -> None:
+        values: dict[str, str | None] = {
+            "AWS_ENDPOINT_URL": self._moto.endpoint,
+            "AWS_ACCESS_KEY_ID": state.ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": state.SECRET_ACCESS_KEY,
+            "AWS_REGION": state.REGION,
+            "AWS_DEFAULT_REGION": state.REGION,
+            # moto's own SDK calls (e.g. its Step Functions interpreter) go to this port.
+            "MOTO_PORT": str(self._moto.port),
+            **{name: None for name in self._CLEARED},
+            **self._settings.to_env(),
+        }
+        for key, value in values.items():
+            self._saved[key] = self._environ.get(key)
+            if value is None:
+                self._environ.pop(key, None)
+            else:
+                self._environ[key] = value
+        deps.reset()
+
+    def stop(self) -> None:
+        for key, value in self._saved.items():
+            if value is None:
+                self._environ.pop(key, None)
+            else:
+                self._environ[key] = value
+        self._saved.clear()
+        deps.reset()
+
+
+class Resources:
+    """The table and bucket (from the definitions the stack uses) and the seeded API key."""
+
+    name = "resources"
+
+    def __init__(self, settings: Settings, *, tenant: str, key: str, clock: Clock = now):
+        self._settings, self._tenant, self._key, self._clock = settings, tenant, key, clock
+
+    def start(self) -> None:
+        create_resources(self._settings, dynamodb=clients.client("dynamodb"), s3=clients.client("s3"))
+        auth.create_key(deps.stores().keys, self._tenant, now=self._clock(), key=self._key)
+
+    def stop(self) -> None:
+        pass  # they live in moto and go with it
+
+
+class TtlSweeper:
+    """DynamoDB TTL + the stream-triggered reaper, which moto does not run."""
+
+    name = "ttl-sweeper"
+
+    def __init__(self, settings: Settings, *, every: float, clock: Clock = now):
+        self._settings, self._every, self._clock = settings, every, clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        table = clients.dynamodb_table(self._settings.table_name)
+        self._thread = start_sweeper(table, deps.stores().objects, self._clock, self._stop, every=self._every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+class HttpFront:
+    """What API Gateway does: HTTP on loopback -> authorizer + api handler."""
+
+    name = "http-front"
+
+    def __init__(self, host: str, port: int):
+        self._host, self._port = host, port
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        check_port_free(self._host, self._port, "PORT")
+        self._server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler), self._host, self._port)
+        self._port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="http-front", daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self._port}{http.API_PREFIX}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+class StateFile:
+    """``endpoint.json``: how batchctl and tests find this deployment while it runs."""
+
+    name = "state-file"
+
+    def __init__(self, path: Path, make: Callable[[], state.LocalState]):
+        self.path, self._make = path, make
+
+    def start(self) -> None:
+        self._make().write(self.path)
+
+    def stop(self) -> None:
+        current = state.LocalState.read(self.path)
+        if current is not None and current.pid == os.getpid():  # never remove another run's file
+            self.path.unlink(missing_ok=True)
+
+
+# --- Assembly ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalConfig:
+    host: str = "127.0.0.1"
+    api_port: int = names.LOCAL_API_PORT
+    moto_port: int = names.LOCAL_MOTO_PORT
+    state_path: Path = state.REPO_ROOT / names.LOCAL_STATE_DIR / names.LOCAL_STATE_FILE
+    tenant: str = names.LOCAL_TENANT
+    key: str = names.LOCAL_KEY
+    ttl_sweep_seconds: float = 10.0
+    settings: Settings = Settings(table_name=names.LOCAL_TABLE, bucket_name=names.LOCAL_BUCKET)
+
+
+@dataclass(frozen=True)
+class Local:
+    """The assembled deployment and the handles ``__main__`` reports from."""
+
+    deployment: Deployment
+    moto: MotoServer
+    front: HttpFront
+    state_file: StateFile
+
+
+def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
+    moto = MotoServer(config.host, config.moto_port)
+    front = HttpFront(config.host, config.api_port)
+    state_file = StateFile(
+        config.state_path,
+        lambda: state.LocalState(
+            moto_endpoint=moto.endpoint,
+            api_base_url=front.base_url,
+            table_name=config.settings.table_name,
+            bucket_name=config.settings.bucket_name,
+            pid=os.getpid(),
+        ),
+    )
+    deployment = Deployment([
+        moto,
+        AwsEnvironment(environ, moto, config.settings),
+        Resources(config.settings, tenant=config.tenant, key=config.key),
+        TtlSweeper(config.settings, every=config.ttl_sweep_seconds),
+        front,
+        state_file,
+    ])
+    return Local(deployment=deployment, moto=moto, front=front, state_file=state_file)
+
+
+def wait_until_answering(base_url: str, key: str, timeout: float = 10.0) -> None:
+    """Block until an authenticated API call succeeds end to end (front, authorizer, api handler,
+    DynamoDB on moto); TimeoutError if it does not within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    request = urllib.request.Request(f"{base_url}/files?limit=1", headers={http.AUTH_HEADER: f"Bearer {key}"})
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback URL we built
+                if response.status == 200:
+                    return
+                last = response.status
+        except (urllib.error.URLError, OSError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise TimeoutError(f"the local API did not answer at {base_url} within {timeout}s (last: {last})")

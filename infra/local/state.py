@@ -1,0 +1,56 @@
+"""How a running local deployment tells other processes (batchctl, tests) where it is.
+
+``python -m infra.local`` writes ``<repo>/.local-state/endpoint.json`` while it runs and removes it
+when it stops. ``BATCHAPI_LOCAL_STATE_DIR`` moves the directory (tests run their own deployment
+beside a developer's ``make up`` this way).
+"""
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict
+
+from infra import names
+
+#: Overrides the state directory (default: <repo>/.local-state).
+STATE_DIR_ENV = "BATCHAPI_LOCAL_STATE_DIR"
+#: moto accepts any credentials; the deployment and batchctl use these so they share one account.
+REGION = "us-east-1"
+ACCESS_KEY_ID = "testing"
+SECRET_ACCESS_KEY = "testing"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class LocalState(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    moto_endpoint: str
+    api_base_url: str
+    table_name: str
+    bucket_name: str
+    region: str = REGION
+    pid: int
+
+    def write(self, path: Path) -> None:
+        """Write atomically: a reader sees the old file, no file, or the whole new one."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> Self | None:
+        """The state at ``path``, or None if there is none (or it is unreadable)."""
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return None
+
+
+def state_path(env: Mapping[str, str]) -> Path:
+    directory = env.get(STATE_DIR_ENV) or str(REPO_ROOT / names.LOCAL_STATE_DIR)
+    return Path(directory) / names.LOCAL_STATE_FILE

@@ -1,0 +1,165 @@
+"""The local deployment as `make up` runs it: ``python -m infra.local`` in a subprocess, on free
+loopback ports, with its own state directory (so it never touches a developer's running
+``make up``). Tests reach it only over HTTP, with the official openai SDK."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from infra import batchctl, names
+from infra.local import state as local_state
+
+REPO = Path(__file__).resolve().parents[2]
+READY_PREFIX = "READY "
+READY_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any AWS settings (what a developer's shell may hold
+    must not matter), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BATCHAPI_", "MOTO_"))}
+    env.pop("PORT", None)
+    return {**env, **extra}
+
+
+@dataclass
+class LocalDeployment:
+    process: subprocess.Popen
+    log_path: Path
+    state_dir: Path
+    api_port: int
+    moto_port: int
+    ready_line: str
+    started_in: float
+
+    @property
+    def base_url(self) -> str:
+        return self.ready_line.removeprefix(READY_PREFIX)
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / names.LOCAL_STATE_FILE
+
+    @property
+    def state(self) -> local_state.LocalState:
+        state = local_state.LocalState.read(self.state_file)
+        assert state is not None, f"no state file at {self.state_file}"
+        return state
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment another process needs to find this deployment (only its state dir)."""
+        return clean_env(**{local_state.STATE_DIR_ENV: str(self.state_dir)})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, key: str = names.LOCAL_KEY) -> OpenAI:
+        return OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
+
+    def new_key(self, tenant: str) -> str:
+        """A key for ``tenant``, created with batchctl's logic against this deployment's moto."""
+        return batchctl.create_key(batchctl.key_repo(batchctl.local_target(self.state)), tenant, now=int(time.time()))
+
+    def stop(self, signum: int = signal.SIGINT) -> int:
+        """Send ``signum`` (Ctrl-C by default) and return the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            pytest.fail(f"the local deployment did not stop within {STOP_TIMEOUT}s of signal {signum}:\n{self.log()}")
+
+    def group_alive(self) -> bool:
+        """True while any process of the deployment's session (its process group) exists."""
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def start_local_deployment(directory: Path) -> LocalDeployment:
+    """``python -m infra.local`` on free ports; returns once it printed its ready line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state_dir, log_path = directory / "state", directory / "infra-local.log"
+    api_port, moto_port = free_port(), free_port()
+    env = clean_env(
+        PORT=str(api_port),
+        MOTO_PORT=str(moto_port),
+        PYTHONUNBUFFERED="1",
+        **{local_state.STATE_DIR_ENV: str(state_dir)},
+    )
+    started = time.monotonic()
+    with log_path.open("wb") as log:  # a file, not a pipe: the child can never block on output
+        process = subprocess.Popen(
+            [sys.executable, "-m", "infra.local"], cwd=REPO, env=env,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the test can check nothing is left
+        )
+    deadline = started + READY_TIMEOUT
+    while True:
+        ready = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith(READY_PREFIX)]
+        if ready:
+            return LocalDeployment(
+                process=process, log_path=log_path, state_dir=state_dir, api_port=api_port, moto_port=moto_port,
+                ready_line=ready[0], started_in=time.monotonic() - started,
+            )
+        if process.poll() is not None:
+            pytest.fail(f"python -m infra.local exited with {process.returncode} before it was ready:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            pytest.fail(f"python -m infra.local was not ready within {READY_TIMEOUT}s:\n{log_path.read_text()}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+    """One local deployment for the session's e2e tests; stopped with Ctrl-C (SIGINT) at the end,
+    which must exit 0 and remove its state file."""
+    deployment = start_local_deployment(tmp_path_factory.mktemp("local"))
+    try:
+        yield deployment
+    finally:
+        code = deployment.stop(signal.SIGINT)
+    assert code == 0, deployment.log()
+    assert not deployment.state_file.exists()
+
+
+@pytest.fixture
+def client(local: LocalDeployment) -> OpenAI:
+    """The SDK with the key `make up` seeds (overrides the in-process `client` of tests/conftest.py)."""
+    return local.client()
+
+
+@pytest.fixture
+def fresh_client(local: LocalDeployment, request: pytest.FixtureRequest) -> OpenAI:
+    """The SDK with a key for a tenant of its own, so listings see only this test's files."""
+    tenant = "t-" + re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:60]
+    return local.client(local.new_key(tenant))
