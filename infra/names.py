@@ -21,3 +21,30 @@ LOCAL_MOTO_PORT: Final = 4566  # MOTO_PORT overrides
 #: Where a running `make up` writes how to reach it (batchctl reads it): <repo>/.local-state/
 LOCAL_STATE_DIR: Final = ".local-state"
 LOCAL_STATE_FILE: Final = "endpoint.json"
+
+# --- Queues and workflow (the stack and the local deployment name them alike) -------------------
+import re as _re
+
+#: After this many receives a work message goes to its queue's DLQ (a poison chunk).
+WORK_MAX_RECEIVES: Final = 3
+#: After this many receives an ingest event goes to the ingest DLQ.
+INGEST_MAX_RECEIVES: Final = 5
+#: Work messages stay invisible this long per receive; the worker extends it while a chunk runs.
+WORK_VISIBILITY_SECONDS: Final = 120
+
+
+def model_slug(model: str) -> str:
+    """A model name as it may appear in resource names."""
+    return _re.sub(r"[^A-Za-z0-9-]+", "-", model).strip("-")[:40]
+
+
+def work_queue_name(prefix: str, model: str) -> str:
+    return f"{prefix}-work-{model_slug(model)}"
+
+
+def ingest_queue_name(prefix: str) -> str:
+    return f"{prefix}-ingest"
+
+
+def state_machine_name(prefix: str) -> str:
+    return f"{prefix}-batch"

@@ -13,11 +13,20 @@ from openai import OpenAI
 from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.core import auth, clients, deps
-from functions.core.settings import Settings
+from functions.core.settings import ModelRoute, Settings
 from infra.local.front import LocalApi, make_server
 from infra.local.resources import create_resources
 
-TEST_SETTINGS = Settings(table_name="batch-api-test", bucket_name="batch-api-test-bucket")
+TEST_SETTINGS = Settings(
+    table_name="batch-api-test",
+    bucket_name="batch-api-test-bucket",
+    completion_windows=("24h", "1h", "30s"),
+    models={
+        "test-chat": ModelRoute(endpoints=("/v1/chat/completions", "/v1/completions")),
+        "test-embed": ModelRoute(endpoints=("/v1/embeddings",)),
+    },
+)
+PREFIX = "batch-api-test"
 
 
 @pytest.fixture(autouse=True)
@@ -55,19 +64,32 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 @pytest.fixture
-def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """moto in decorator mode with the deployment's resources, and handlers configured for it."""
-    for name, value in settings.to_env().items():
-        monkeypatch.setenv(name, value)
+def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+    """moto in decorator mode with the deployment's resources, and handlers configured for them.
+    Yields the settings pointing at the created queues and state machine."""
     with mock_aws():
         deps.reset()
-        create_resources(settings, dynamodb=clients.client("dynamodb"), s3=clients.client("s3"))
-        yield
+        concrete = create_resources(
+            settings, clients.client, prefix=PREFIX, workflow_function_arn=WORKFLOW_FUNCTION_ARN
+        )
+        for name, value in concrete.to_env().items():
+            monkeypatch.setenv(name, value)
         deps.reset()
+        yield concrete
+        deps.reset()
+
+
+WORKFLOW_FUNCTION_ARN = "arn:aws:lambda:us-east-1:123456789012:function:batch-api-test-workflow"
 
 
 @pytest.fixture
-def stores(aws: None):
+def deployed(aws: Settings) -> Settings:
+    """The settings of the deployment under test (queue URLs and state machine filled in)."""
+    return aws
+
+
+@pytest.fixture
+def stores(aws: Settings):
     return deps.stores()
 
 

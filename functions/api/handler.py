@@ -1,4 +1,4 @@
-"""The api Lambda: glue between API Gateway (REST proxy) and the Files/Uploads logic.
+"""The api Lambda: glue between API Gateway (REST proxy) and the Files/Uploads/Batches logic.
 
 Each route reads the tenant the authorizer put in the request context, calls one logic function
 and returns its wire model. Typed errors become OpenAI's error envelope in one place.
@@ -15,11 +15,13 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Body, File, Form, Query, UploadFile
 from pydantic import BaseModel, ConfigDict
 
-from functions.core import deps, limits
-from functions.core.errors import ApiError, AuthenticationFailed, InvalidRequest, NotFound, ServerError
-from functions.core.models import FileDeleted, FileObject, ListPage, Upload, UploadPart
+from aws_lambda_powertools.utilities.idempotency import DynamoDBPersistenceLayer, IdempotencyConfig, idempotent_function
 
-from . import files, uploads
+from functions.core import clients, deps, limits, schema
+from functions.core.errors import ApiError, AuthenticationFailed, InvalidRequest, NotFound, ServerError
+from functions.core.models import Batch, FileDeleted, FileObject, ListPage, Model, Upload, UploadPart
+
+from . import batches, files, uploads
 
 logger = Logger(service="batch-api")
 app = APIGatewayRestResolver(enable_validation=True)
@@ -174,6 +176,94 @@ def complete_upload(upload_id: str, body: Annotated[CompleteUploadBody, Body()])
 @app.post("/v1/uploads/<upload_id>/cancel")
 def cancel_upload(upload_id: str) -> Upload:
     return uploads.cancel_upload(stores(), tenant(), upload_id, now=now())
+
+
+# --- Batches ----------------------------------------------------------------------------------
+class CreateBatchBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, Any] | None = None
+    output_expires_after: ExpiresAfter | None = None
+
+
+#: A create retried with the same Idempotency-Key header returns the first batch for 24 hours;
+#: without the header, an identical body from the same tenant within 10 minutes does (this covers
+#: the SDK's automatic retries, which send no key).
+KEYED_IDEMPOTENCY_SECONDS = 86_400
+BODY_IDEMPOTENCY_SECONDS = 600
+
+
+@deps.per_process
+def _create_batch_once() -> dict[bool, Any]:
+    """The idempotent create, keyed by header or by body (powertools idempotency, same table)."""
+    persistence = DynamoDBPersistenceLayer(
+        table_name=deps.settings().table_name,
+        key_attr=schema.PK,
+        sort_key_attr=schema.SK,
+        static_pk_value="IDEMPOTENCY#create_batch",
+        expiry_attr=schema.TTL,
+        boto3_client=clients.client("dynamodb"),
+    )
+
+    def run(request: dict[str, Any]) -> dict[str, Any]:
+        body = request["body"]
+        expires = body.get("output_expires_after") or {}
+        return batches.create_batch(
+            stores(), deps.settings(), request["tenant"],
+            input_file_id=body["input_file_id"], endpoint=body["endpoint"],
+            completion_window=body["completion_window"], metadata=body.get("metadata"),
+            output_expires_anchor=expires.get("anchor"), output_expires_seconds=expires.get("seconds"), now=now(),
+        ).model_dump()
+
+    def once(jmespath: str, seconds: int) -> Any:
+        config = IdempotencyConfig(event_key_jmespath=jmespath, expires_after_seconds=seconds)
+        return idempotent_function(run, data_keyword_argument="request", persistence_store=persistence, config=config)
+
+    return {True: once("[tenant, key]", KEYED_IDEMPOTENCY_SECONDS), False: once("[tenant, body]", BODY_IDEMPOTENCY_SECONDS)}
+
+
+@app.post("/v1/batches")
+def create_batch(body: Annotated[CreateBatchBody, Body()]) -> Batch:
+    key = app.current_event.headers.get("idempotency-key") or app.current_event.headers.get("Idempotency-Key")
+    request = {"tenant": tenant(), "key": key, "body": body.model_dump(mode="json")}
+    return Batch.model_validate(_create_batch_once()[bool(key)](request=request))
+
+
+@app.get("/v1/batches")
+def list_batches(
+    after: Annotated[str | None, Query()] = None,
+    limit: Annotated[int, Query()] = limits.BATCHES_LIST_DEFAULT_LIMIT,
+) -> ListPage[Batch]:
+    return batches.list_batches(stores(), tenant(), after=after, limit=limit)
+
+
+@app.get("/v1/batches/<batch_id>")
+def get_batch(batch_id: str) -> Batch:
+    return batches.get_batch(stores(), tenant(), batch_id)
+
+
+@app.post("/v1/batches/<batch_id>/cancel")
+def cancel_batch(batch_id: str) -> Batch:
+    return batches.cancel_batch(stores(), tenant(), batch_id, now=now())
+
+
+# --- Models -----------------------------------------------------------------------------------
+@app.get("/v1/models")
+def list_models() -> dict[str, Any]:
+    tenant()
+    return batches.list_models(deps.settings(), created=MODELS_CREATED)
+
+
+@app.get("/v1/models/<model_id>")
+def get_model(model_id: str) -> Model:
+    tenant()
+    return batches.get_model(deps.settings(), model_id, created=MODELS_CREATED)
+
+
+#: When this process started: the `created` of the served models (they are served from deployment).
+MODELS_CREATED = int(time.time())
 
 
 @logger.inject_lambda_context(clear_state=True)

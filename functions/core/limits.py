@@ -3,6 +3,7 @@
 The CDK stack, the local deployment, the handlers and the tests all import these.
 """
 
+import re
 from typing import Final
 
 # --- Files (OpenAI: POST /v1/files, GET /v1/files) ---------------------------------------------
@@ -42,3 +43,37 @@ DEFAULT_PRESIGN_SECONDS: Final = 300
 #: The largest Uploads part the API accepts: what a Lambda request can carry after base64 and the
 #: multipart envelope. Clients must use part_size <= this (the SDK's default is 64 MB).
 MAX_UPLOAD_PART_BYTES: Final = 4 * 1024 * 1024
+
+# --- Batches (OpenAI: POST /v1/batches) ---------------------------------------------------------
+DEFAULT_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+DEFAULT_COMPLETION_WINDOWS: Final = ("24h",)
+#: A batch holds at most 50,000 requests.
+DEFAULT_MAX_BATCH_LINES: Final = 50_000
+#: One request line may be at most this large (a chunk is always at least one whole line).
+DEFAULT_MAX_LINE_BYTES: Final = 1024 * 1024
+#: A work message (chunk) covers at most this many lines and bytes of the input.
+DEFAULT_CHUNK_MAX_LINES: Final = 100
+DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_DRAIN_GRACE_SECONDS: Final = 120
+#: metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
+METADATA_MAX_PAIRS: Final = 16
+METADATA_MAX_KEY: Final = 64
+METADATA_MAX_VALUE: Final = 512
+#: Batches list: limit 1..100, default 20.
+BATCHES_LIST_MAX_LIMIT: Final = 100
+BATCHES_LIST_DEFAULT_LIMIT: Final = 20
+#: Output/error files expire 30 days after creation unless output_expires_after says otherwise.
+OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS: Final = 2_592_000
+#: At most this many validation errors are reported in a failed batch's errors.data.
+MAX_REPORTED_ERRORS: Final = 100
+
+_WINDOW = re.compile(r"([1-9][0-9]*)([smh])")
+_UNIT = {"s": 1, "m": 60, "h": 3600}
+
+
+def window_seconds(window: str) -> int:
+    """Seconds in a completion window such as "24h" (also "90m", "30s" for local testing)."""
+    match = _WINDOW.fullmatch(window)
+    if not match:
+        raise ValueError(f"not a completion window: {window!r}")
+    return int(match.group(1)) * _UNIT[match.group(2)]

@@ -7,7 +7,20 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from . import schema
-from .models import FileObject, FilePurpose, Upload, UploadPart
+from .models import (
+    Batch,
+    BatchError,
+    BatchErrors,
+    BatchRequestCounts,
+    BatchStatus,
+    BatchUsage,
+    FileObject,
+    FilePurpose,
+    InputTokensDetails,
+    OutputTokensDetails,
+    Upload,
+    UploadPart,
+)
 
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -168,3 +181,130 @@ class ApiKeyRecord(Record):
 
     def keys(self) -> dict[str, str]:
         return {schema.PK: schema.key_pk(self.key_hash), schema.SK: "KEY"}
+
+
+class BatchRecord(Record):
+    """A batch. Counters are flat attributes so that chunk accounting can ADD to them."""
+
+    tenant: str
+    id: str
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    created_at: int
+    expires_at: int
+    status: BatchStatus = "validating"
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    errors: list[dict[str, Any]] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    #: Chunks the input was cut into, and how many have been counted.
+    chunk_count: int = 0
+    chunks_done: int = 0
+    #: Chunks a worker has started (a set, so redeliveries add nothing).
+    started_chunks: set[int] | None = None
+    #: True while finished chunks may still be counted; finalize closes it first.
+    accepting: bool = False
+    #: Ingest finished sending the work messages and starting the workflow.
+    enqueued: bool = False
+    input_key: str
+    output_expires_after: int | None = None
+    task_token: str | None = None
+    drain_deadline: int | None = None
+    planned_output_file_id: str | None = None
+    planned_error_file_id: str | None = None
+
+    @staticmethod
+    def sort_key(batch_id: str) -> str:
+        return f"BATCH#{batch_id}"
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.id)}
+
+    def event_detail(self) -> dict[str, Any]:
+        """The detail of the EventBridge event for this batch's status."""
+        return {
+            "tenant": self.tenant,
+            **self.to_wire().model_dump(
+                include={"id", "status", "request_counts", "usage", "output_file_id", "error_file_id", "errors"}
+            ),
+        }
+
+    def to_wire(self) -> Batch:
+        return Batch(
+            id=self.id,
+            endpoint=self.endpoint,
+            model=self.model,
+            errors=BatchErrors(data=[BatchError(**e) for e in self.errors]) if self.errors else None,
+            input_file_id=self.input_file_id,
+            completion_window=self.completion_window,
+            status=self.status,
+            output_file_id=self.output_file_id,
+            error_file_id=self.error_file_id,
+            created_at=self.created_at,
+            in_progress_at=self.in_progress_at,
+            expires_at=self.expires_at,
+            finalizing_at=self.finalizing_at,
+            completed_at=self.completed_at,
+            failed_at=self.failed_at,
+            expired_at=self.expired_at,
+            cancelling_at=self.cancelling_at,
+            cancelled_at=self.cancelled_at,
+            request_counts=BatchRequestCounts(completed=self.completed, failed=self.failed, total=self.total),
+            usage=BatchUsage(
+                input_tokens=self.input_tokens,
+                input_tokens_details=InputTokensDetails(cached_tokens=self.cached_tokens),
+                output_tokens=self.output_tokens,
+                output_tokens_details=OutputTokensDetails(reasoning_tokens=self.reasoning_tokens),
+                total_tokens=self.input_tokens + self.output_tokens,
+            ),
+            metadata=self.metadata,
+        )
+
+
+def chunks_pk(tenant: str, batch_id: str) -> str:
+    """Partition of a batch's chunk markers (still keyed by the tenant)."""
+    return f"{schema.tenant_pk(tenant)}#B#{batch_id}"
+
+
+class ChunkRecord(Record):
+    """The marker that a chunk was counted; written in one transaction with the batch counters."""
+
+    tenant: str
+    batch_id: str
+    chunk: int
+    completed: int
+    failed: int
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    recorded_at: int
+    expires_at: int
+
+    PREFIX: ClassVar[str] = "CHUNK#"
+
+    @classmethod
+    def sort_key(cls, chunk: int) -> str:
+        return f"{cls.PREFIX}{chunk:06d}"
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: chunks_pk(self.tenant, self.batch_id), schema.SK: self.sort_key(self.chunk)}
+
+    def expiry(self) -> int | None:
+        return self.expires_at

@@ -58,3 +58,32 @@ def upload_part_key(tenant: str, upload_id: str, part_id: str) -> str:
 
 def upload_prefix(tenant: str, upload_id: str) -> str:
     return f"uploads/{tenant}/{upload_id}/"
+
+
+def batch_prefix(tenant: str, batch_id: str) -> str:
+    return f"batches/{tenant}/{batch_id}/"
+
+
+#: The snapshot of a batch's input; its ObjectCreated event starts ingestion.
+INPUT_NAME = "input.jsonl"
+
+
+def batch_input_key(tenant: str, batch_id: str) -> str:
+    return f"{batch_prefix(tenant, batch_id)}{INPUT_NAME}"
+
+
+def parse_batch_input_key(key: str) -> tuple[str, str] | None:
+    """(tenant, batch_id) of a snapshot key, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) == 4 and parts[0] == "batches" and parts[3] == INPUT_NAME:
+        return parts[1], parts[2]
+    return None
+
+
+def batch_manifest_key(tenant: str, batch_id: str) -> str:
+    return f"{batch_prefix(tenant, batch_id)}chunks.json"
+
+
+def chunk_part_key(tenant: str, batch_id: str, chunk: int, kind: str) -> str:
+    """Where a worker writes a chunk's results; ``kind`` is "out" or "err"."""
+    return f"{batch_prefix(tenant, batch_id)}parts/{chunk:06d}.{kind}.jsonl"

@@ -4,6 +4,9 @@
 throttling -> Throttled); nothing above this module matches on AWS error text.
 """
 
+from __future__ import annotations
+
+import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,7 +17,16 @@ from botocore.exceptions import ClientError
 
 from . import clients, limits, schema
 from .errors import ConditionFailed, Throttled
-from .records import ApiKeyRecord, FileRecord, Record, UploadPartRecord, UploadRecord
+from .records import (
+    ApiKeyRecord,
+    BatchRecord,
+    ChunkRecord,
+    FileRecord,
+    Record,
+    UploadPartRecord,
+    UploadRecord,
+    chunks_pk,
+)
 from .settings import Settings
 
 _THROTTLING = {
@@ -63,24 +75,16 @@ class Table:
             resp = self._table.delete_item(Key={schema.PK: pk, schema.SK: sk}, ReturnValues="ALL_OLD")
         return resp.get("Attributes")
 
-    def set_if(self, pk: str, sk: str, values: dict[str, Any], *, expect: dict[str, Any]) -> dict[str, Any]:
-        """Set attributes only if the item exists and every ``expect`` attribute has that value.
-        Returns the new item; raises ConditionFailed otherwise."""
-        names = {f"#s{i}": k for i, k in enumerate(values)}
-        vals = {f":s{i}": v for i, v in enumerate(values.values())}
-        condition = Attr(schema.PK).exists()
-        for k, v in expect.items():
-            condition &= Attr(k).eq(v)
+    def update(self, op: "Update") -> dict[str, Any]:
+        """Apply one conditional update; returns the new item (ConditionFailed if it does not hold)."""
+        request = op.render(self._table.name)["Update"]
+        del request["TableName"]
         with _translate():
-            resp = self._table.update_item(
-                Key={schema.PK: pk, schema.SK: sk},
-                UpdateExpression="SET " + ", ".join(f"{n} = :s{i}" for i, n in enumerate(names)),
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues=vals,
-                ConditionExpression=condition,
-                ReturnValues="ALL_NEW",
-            )
-        return resp["Attributes"]
+            return self._table.update_item(**request, ReturnValues="ALL_NEW")["Attributes"]
+
+    def set_if(self, pk: str, sk: str, values: dict[str, Any], *, expect: dict[str, Any]) -> dict[str, Any]:
+        """Set attributes only if the item exists and matches ``expect``; returns the new item."""
+        return self.update(Update(pk, sk, values=values, expect=expect))
 
     def query_page(
         self,
@@ -184,43 +188,63 @@ class Put:
         return {"Put": body}
 
 
+def _expect(expect: dict[str, Any]) -> Any:
+    """The item exists and each attribute equals its value (a tuple: is one of its values;
+    None: is absent)."""
+    condition = Attr(schema.PK).exists()
+    for k, v in expect.items():
+        if v is None:
+            condition &= Attr(k).not_exists()
+        elif isinstance(v, tuple):
+            condition &= Attr(k).is_in(list(v))
+        else:
+            condition &= Attr(k).eq(v)
+    return condition
+
+
 @dataclass(frozen=True)
 class Update:
-    """A transactional update: SET ``values``, ADD ``add``, only if the item exists and every
-    ``expect`` attribute has that value."""
+    """A conditional update: SET ``values``, SET ``defaults`` only where absent, ADD ``add``
+    (numbers or sets), REMOVE ``remove``; only if the item exists and matches ``expect``."""
 
     pk: str
     sk: str
     values: dict[str, Any] = field(default_factory=dict)
-    add: dict[str, int] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    add: dict[str, Any] = field(default_factory=dict)
+    remove: tuple[str, ...] = ()
     expect: dict[str, Any] = field(default_factory=dict)
 
     def render(self, table: str) -> dict[str, Any]:
         names: dict[str, str] = {}
         values: dict[str, Any] = {}
-        clauses = []
-        if self.values:
-            clauses.append("SET " + ", ".join(f"#u{i} = :u{i}" for i in range(len(self.values))))
+        sets, adds, removes = [], [], []
         for i, (k, v) in enumerate(self.values.items()):
             names[f"#u{i}"], values[f":u{i}"] = k, v
-        if self.add:
-            clauses.append("ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(self.add))))
+            sets.append(f"#u{i} = :u{i}")
+        for i, (k, v) in enumerate(self.defaults.items()):
+            names[f"#d{i}"], values[f":d{i}"] = k, v
+            sets.append(f"#d{i} = if_not_exists(#d{i}, :d{i})")
         for i, (k, v) in enumerate(self.add.items()):
             names[f"#a{i}"], values[f":a{i}"] = k, v
-        condition = Attr(schema.PK).exists()
-        for k, v in self.expect.items():
-            condition &= Attr(k).eq(v)
-        expression = _render(condition, names, values)
-        return {
-            "Update": {
-                "TableName": table,
-                "Key": {schema.PK: self.pk, schema.SK: self.sk},
-                "UpdateExpression": " ".join(clauses),
-                "ConditionExpression": expression,
-                "ExpressionAttributeNames": names,
-                "ExpressionAttributeValues": values,
-            }
+            adds.append(f"#a{i} :a{i}")
+        for i, k in enumerate(self.remove):
+            names[f"#r{i}"] = k
+            removes.append(f"#r{i}")
+        clauses = [
+            f"{verb} {', '.join(parts)}" for verb, parts in (("SET", sets), ("ADD", adds), ("REMOVE", removes)) if parts
+        ]
+        expression = _render(_expect(self.expect), names, values)
+        request: dict[str, Any] = {
+            "TableName": table,
+            "Key": {schema.PK: self.pk, schema.SK: self.sk},
+            "UpdateExpression": " ".join(clauses),
+            "ConditionExpression": expression,
+            "ExpressionAttributeNames": names,
         }
+        if values:
+            request["ExpressionAttributeValues"] = values
+        return {"Update": request}
 
 
 class FileRepo:
@@ -315,6 +339,97 @@ class KeyRepo:
         return ApiKeyRecord.from_item(old) if old else None
 
 
+@dataclass(frozen=True)
+class ChunkOutcome:
+    """What recording a chunk did: ``counted`` is False for a duplicate or a late chunk;
+    ``last`` is True when, after this call, every chunk of the batch is counted."""
+
+    counted: bool
+    last: bool
+    batch: BatchRecord
+
+
+class BatchRepo:
+    def __init__(self, table: Table):
+        self._table = table
+
+    def create(self, record: BatchRecord) -> None:
+        self._table.put(record.to_item(), if_absent=True)
+
+    def get(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        item = self._table.get(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id))
+        return BatchRecord.from_item(item) if item else None
+
+    def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
+        items, more = self._table.query_page(
+            pk=schema.tenant_pk(tenant), prefix=BatchRecord.sort_key(""), after=after, ascending=False, limit=limit
+        )
+        return [BatchRecord.from_item(i) for i in items], more
+
+    def update(
+        self,
+        batch: BatchRecord,
+        *,
+        values: dict[str, Any] | None = None,
+        defaults: dict[str, Any] | None = None,
+        add: dict[str, Any] | None = None,
+        remove: tuple[str, ...] = (),
+        expect: dict[str, Any] | None = None,
+    ) -> BatchRecord:
+        """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise)."""
+        item = self._table.update(
+            Update(
+                schema.tenant_pk(batch.tenant), BatchRecord.sort_key(batch.id),
+                values=values or {}, defaults=defaults or {}, add=add or {}, remove=remove, expect=expect or {},
+            )
+        )
+        return BatchRecord.from_item(item)
+
+    def record_chunk(self, marker: ChunkRecord) -> ChunkOutcome:
+        """Count a finished chunk exactly once: its marker and the batch counters in one
+        transaction, only while the batch accepts chunks."""
+        counters = {
+            "completed": marker.completed,
+            "failed": marker.failed,
+            "input_tokens": marker.input_tokens,
+            "cached_tokens": marker.cached_tokens,
+            "output_tokens": marker.output_tokens,
+            "reasoning_tokens": marker.reasoning_tokens,
+            "chunks_done": 1,
+        }
+        counted = True
+        try:
+            self._table.transact([
+                Put(marker.to_item(), if_absent=True),
+                Update(
+                    schema.tenant_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
+                    add=counters, expect={"accepting": True},
+                ),
+            ])
+        except ConditionFailed:
+            counted = False
+        current = self.get(marker.tenant, marker.batch_id)
+        assert current is not None
+        # A duplicate of the last chunk reports last too: its first delivery may have died before
+        # signalling, and signalling twice is harmless.
+        last = current.chunk_count > 0 and current.chunks_done >= current.chunk_count
+        return ChunkOutcome(counted=counted, last=last, batch=current)
+
+    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
+        items, _ = self._table.query_page(
+            pk=chunks_pk(tenant, batch_id), prefix=ChunkRecord.PREFIX, after=None, ascending=True,
+            limit=10**9,
+        )
+        return {(r := ChunkRecord.from_item(i)).chunk: r for i in items}
+
+    def finish(self, batch: BatchRecord, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]) -> None:
+        """Create the batch's output files and set its terminal state in one transaction."""
+        self._table.transact([
+            *(Put(f.to_item()) for f in files),
+            Update(schema.tenant_pk(batch.tenant), BatchRecord.sort_key(batch.id), values=values, expect=expect),
+        ])
+
+
 # --- S3 ---------------------------------------------------------------------------------------
 class ObjectStore:
     def __init__(self, s3: Any, bucket: str):
@@ -333,6 +448,30 @@ class ObjectStore:
         with _translate():
             body = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"]
         yield from body.iter_chunks(chunk_size)
+
+    def copy(self, source: str, dest: str) -> None:
+        with _translate():
+            self._s3.copy_object(Bucket=self.bucket, Key=dest, CopySource={"Bucket": self.bucket, "Key": source})
+
+    def iter_range(self, key: str, start: int, end: int, chunk_size: int = 1024 * 1024) -> Iterator[bytes]:
+        """Bytes [start, end) of an object, streamed (one ranged GET)."""
+        if end <= start:
+            return
+        with _translate():
+            body = self._s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
+        yield from body.iter_chunks(chunk_size)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._s3.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def writer(self, key: str) -> "MultipartWriter":
+        return MultipartWriter(self._s3, self.bucket, key)
 
     def size(self, key: str) -> int:
         with _translate():
@@ -416,12 +555,133 @@ class ObjectStore:
             raise
 
 
+class MultipartWriter:
+    """Streams bytes into one S3 object with multipart upload; memory is one part. Use as a
+    context manager: the upload completes on success and is aborted on error. Writes nothing
+    (no object) when no byte was written."""
+
+    PART_BYTES = 8 * 1024 * 1024
+
+    def __init__(self, s3: Any, bucket: str, key: str):
+        self._s3, self._bucket, self.key = s3, bucket, key
+        self._buffer = bytearray()
+        self._parts: list[dict[str, Any]] = []
+        self._upload_id: str | None = None
+        self.bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self._buffer += data
+        self.bytes += len(data)
+        if len(self._buffer) >= self.PART_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        with _translate():
+            if self._upload_id is None:
+                self._upload_id = self._s3.create_multipart_upload(Bucket=self._bucket, Key=self.key)["UploadId"]
+            number = len(self._parts) + 1
+            resp = self._s3.upload_part(
+                Bucket=self._bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number, Body=bytes(self._buffer)
+            )
+        self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
+        self._buffer.clear()
+
+    def __enter__(self) -> "MultipartWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            if self._upload_id is not None:
+                self._s3.abort_multipart_upload(Bucket=self._bucket, Key=self.key, UploadId=self._upload_id)
+            return
+        if self._upload_id is None:
+            if self._buffer:
+                with _translate():
+                    self._s3.put_object(Bucket=self._bucket, Key=self.key, Body=bytes(self._buffer))
+            return
+        if self._buffer:
+            self._flush()
+        with _translate():
+            self._s3.complete_multipart_upload(
+                Bucket=self._bucket, Key=self.key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
+            )
+
+
+# --- SQS, Step Functions, EventBridge -----------------------------------------------------------
+class WorkQueues:
+    """Sends work messages to a model's SQS queue (batched, failed entries retried)."""
+
+    def __init__(self, sqs: Any):
+        self._sqs = sqs
+
+    def send(self, queue_url: str, bodies: list[str]) -> None:
+        for start in range(0, len(bodies), 10):
+            entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies[start : start + 10])]
+            for _ in range(5):
+                with _translate():
+                    resp = self._sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+                failed = {f["Id"] for f in resp.get("Failed", [])}
+                entries = [e for e in entries if e["Id"] in failed]
+                if not entries:
+                    break
+            else:
+                raise Throttled(f"SQS refused {len(entries)} messages after retries")
+
+
+class Workflows:
+    """Starts batch workflows and signals their waiting task."""
+
+    def __init__(self, sfn: Any, state_machine_arn: str):
+        self._sfn = sfn
+        self._arn = state_machine_arn
+
+    def start(self, name: str, payload: dict[str, Any]) -> None:
+        """Start the execution ``name``; starting it again is a no-op."""
+        try:
+            self._sfn.start_execution(stateMachineArn=self._arn, name=name, input=json.dumps(payload))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
+                raise
+
+    def signal(self, token: str, outcome: dict[str, Any]) -> bool:
+        """Resume the waiting task; False if the token is no longer valid (already resumed)."""
+        try:
+            self._sfn.send_task_success(taskToken=token, output=json.dumps(outcome))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("TaskTimedOut", "InvalidToken", "TaskDoesNotExist"):
+                return False
+            raise
+        return True
+
+
+class Events:
+    """Publishes batch lifecycle events to EventBridge."""
+
+    SOURCE = "batch-api"
+
+    def __init__(self, events: Any, bus: str):
+        self._events = events
+        self._bus = bus
+
+    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
+        with _translate():
+            resp = self._events.put_events(
+                Entries=[{"Source": self.SOURCE, "DetailType": detail_type, "Detail": json.dumps(detail), "EventBusName": self._bus}]
+            )
+        if resp.get("FailedEntryCount"):
+            raise Throttled(f"EventBridge refused the event: {resp['Entries']}")
+
+
 @dataclass(frozen=True)
 class Stores:
     objects: ObjectStore
     files: FileRepo
     uploads: UploadRepo
     keys: KeyRepo
+    batches: BatchRepo
+    queues: WorkQueues
+    workflows: Workflows
+    events: Events
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Stores":
@@ -431,6 +691,10 @@ class Stores:
             files=FileRepo(table),
             uploads=UploadRepo(table),
             keys=KeyRepo(table),
+            batches=BatchRepo(table),
+            queues=WorkQueues(clients.client("sqs")),
+            workflows=Workflows(clients.client("stepfunctions"), settings.state_machine_arn),
+            events=Events(clients.client("events"), settings.event_bus_name),
         )
 
 

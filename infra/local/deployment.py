@@ -171,7 +171,7 @@ class Resources:
         self._settings, self._tenant, self._key, self._clock = settings, tenant, key, clock
 
     def start(self) -> None:
-        create_resources(self._settings, dynamodb=clients.client("dynamodb"), s3=clients.client("s3"))
+        create_resources(self._settings, clients.client, prefix=names.LOCAL_TABLE)
         auth.create_key(deps.stores().keys, self._tenant, now=self._clock(), key=self._key)
 
     def stop(self) -> None:

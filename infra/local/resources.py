@@ -1,20 +1,84 @@
-"""Creates the deployment's AWS resources on moto from the same definitions the CDK stack uses."""
+"""Creates the deployment's AWS resources on moto from the same definitions the CDK stack uses,
+and returns the settings that point at them (as the stack's outputs do for a deployment)."""
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 from functions.core import schema
 from functions.core.settings import Settings
+from infra import names, workflow
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
 
 
-def create_resources(settings: Settings, *, dynamodb: Any, s3: Any) -> None:
-    """Idempotently create the table and bucket named by ``settings``."""
-    existing = dynamodb.list_tables()["TableNames"]
-    if settings.table_name not in existing:
+def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix: str, workflow_function_arn: str | None = None) -> Settings:
+    """Idempotently create the table, bucket, ingest queue + S3 notification, one work queue (with
+    DLQ) per served model, and the batch state machine. Returns ``settings`` with the queue URLs
+    and the state machine ARN filled in."""
+    dynamodb, s3, sqs = client("dynamodb"), client("s3"), client("sqs")
+    if settings.table_name not in dynamodb.list_tables()["TableNames"]:
         dynamodb.create_table(TableName=settings.table_name, **schema.TABLE_SCHEMA)
         dynamodb.update_time_to_live(
             TableName=settings.table_name,
             TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.TTL},
         )
-    buckets = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
-    if settings.bucket_name not in buckets:
+    if settings.bucket_name not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
         s3.create_bucket(Bucket=settings.bucket_name)
+
+    ingest_url = _queue_with_dlq(sqs, names.ingest_queue_name(prefix), names.INGEST_MAX_RECEIVES, visibility=60)
+    ingest_arn = sqs.get_queue_attributes(QueueUrl=ingest_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    s3.put_bucket_notification_configuration(
+        Bucket=settings.bucket_name,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": ingest_arn,
+                    "Events": ["s3:ObjectCreated:*"],
+                    "Filter": {"Key": {"FilterRules": [
+                        {"Name": "prefix", "Value": "batches/"},
+                        {"Name": "suffix", "Value": schema.INPUT_NAME},
+                    ]}},
+                }
+            ]
+        },
+    )
+    models = {
+        name: route.model_copy(update={"queue_url": _queue_with_dlq(
+            sqs, names.work_queue_name(prefix, name), names.WORK_MAX_RECEIVES, visibility=names.WORK_VISIBILITY_SECONDS
+        )})
+        for name, route in settings.models.items()
+    }
+    state_machine_arn = settings.state_machine_arn
+    if workflow_function_arn is not None:
+        state_machine_arn = _state_machine(client("stepfunctions"), names.state_machine_name(prefix), workflow_function_arn)
+    return settings.model_copy(update={"models": models, "state_machine_arn": state_machine_arn})
+
+
+def ingest_queue_url(client: Callable[[str], Any], prefix: str) -> str:
+    return client("sqs").get_queue_url(QueueName=names.ingest_queue_name(prefix))["QueueUrl"]
+
+
+def _queue_with_dlq(sqs: Any, name: str, max_receives: int, *, visibility: int) -> str:
+    dlq_url = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    return sqs.create_queue(
+        QueueName=name,
+        Attributes={
+            "VisibilityTimeout": str(visibility),
+            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receives)}),
+        },
+    )["QueueUrl"]
+
+
+def _state_machine(sfn: Any, name: str, function_arn: str) -> str:
+    arn = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{name}"
+    definition = workflow.render(function_arn)
+    existing = {m["stateMachineArn"] for m in sfn.list_state_machines()["stateMachines"]}
+    if arn in existing:
+        sfn.update_state_machine(stateMachineArn=arn, definition=definition)
+        return arn
+    return sfn.create_state_machine(
+        name=name, definition=definition, roleArn=f"arn:aws:iam::{ACCOUNT}:role/{name}-role"
+    )["stateMachineArn"]

@@ -1,0 +1,115 @@
+"""Reading and validating batch input lines, shared by ingest (whole file) and the worker (a chunk).
+
+Both read the same bytes with the same rules: a UTF-8 BOM at the very start is skipped, a CR before
+LF is dropped, blank lines are skipped (but counted, so line numbers are the file's own, 1-based),
+and a line longer than the limit is reported without being held in memory.
+"""
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class RawLine:
+    number: int  # 1-based line number in the file
+    start: int  # byte offset of the line's first byte
+    end: int  # byte offset just past its newline (or end of data)
+    text: bytes  # without BOM, CR and LF; empty if too_long
+    too_long: bool = False
+
+    @property
+    def blank(self) -> bool:
+        return not self.too_long and not self.text.strip()
+
+
+def iter_lines(
+    chunks: Iterable[bytes], *, max_line_bytes: int, start: int = 0, first_number: int = 1
+) -> Iterator[RawLine]:
+    """Split a byte stream into lines, tracking byte offsets; memory is bounded by max_line_bytes."""
+    offset = start  # offset of the current line's first byte
+    number = first_number
+    pending = bytearray()
+    pending_len = 0  # true length of the current line so far (pending may be truncated)
+    for chunk in chunks:
+        pos = 0
+        while pos < len(chunk):
+            newline = chunk.find(b"\n", pos)
+            piece = chunk[pos:] if newline < 0 else chunk[pos : newline + 1]
+            if pending_len <= max_line_bytes + len(BOM) + 1:
+                pending += piece
+            pending_len += len(piece)
+            pos += len(piece)
+            if newline >= 0:
+                yield _finish(pending, pending_len, offset, number, max_line_bytes)
+                offset += pending_len
+                number += 1
+                pending.clear()
+                pending_len = 0
+    if pending_len:
+        yield _finish(pending, pending_len, offset, number, max_line_bytes)
+
+
+def _finish(pending: bytearray, length: int, offset: int, number: int, max_line_bytes: int) -> RawLine:
+    text = bytes(pending)
+    if offset == 0 and text.startswith(BOM):
+        text = text[len(BOM) :]
+    if text.endswith(b"\n"):
+        text = text[:-1]
+    if text.endswith(b"\r"):
+        text = text[:-1]
+    if len(text) > max_line_bytes:
+        return RawLine(number, offset, offset + length, b"", too_long=True)
+    return RawLine(number, offset, offset + length, text)
+
+
+class LineError(Exception):
+    """A request line that breaks OpenAI's batch input rules."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def parse_request(line: RawLine) -> dict[str, Any]:
+    """The JSON object on a line, or LineError (invalid_json_line)."""
+    if line.too_long:
+        raise LineError("line_too_large", f"Line {line.number} is larger than the maximum line size.")
+    try:
+        obj = json.loads(line.text.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise LineError("invalid_json_line", f"Line {line.number} is not valid UTF-8.") from None
+    except ValueError:
+        raise LineError("invalid_json_line", f"Line {line.number} is not valid JSON.") from None
+    if not isinstance(obj, dict):
+        raise LineError("invalid_json_line", f"Line {line.number} is not a JSON object.")
+    return obj
+
+
+def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
+    """Check one request line's own fields; returns (custom_id, model)."""
+    if "custom_id" not in obj:
+        raise LineError("missing_required_parameter", "Missing required parameter: 'custom_id'.", "custom_id")
+    custom_id = obj["custom_id"]
+    if not isinstance(custom_id, str) or not custom_id:
+        raise LineError("invalid_value", "Invalid value for 'custom_id': it must be a non-empty string.", "custom_id")
+    method = obj.get("method")
+    if method != "POST":
+        raise LineError("invalid_method", f"Invalid value for 'method': {method!r}. Only 'POST' is supported.", "method")
+    url = obj.get("url")
+    if url != endpoint:
+        raise LineError(
+            "invalid_url", f"The url {url!r} does not match the batch's endpoint {endpoint!r}.", "url"
+        )
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise LineError("missing_required_parameter", "Missing required parameter: 'body' (a JSON object).", "body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise LineError("missing_required_parameter", "Missing required parameter: 'body.model'.", "body.model")
+    if body.get("stream") is True:
+        raise LineError("invalid_value", "Streaming is not supported in batches: 'body.stream' must not be true.", "body.stream")
+    return custom_id, model

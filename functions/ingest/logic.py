@@ -1,0 +1,200 @@
+"""Ingest: validate a batch's input snapshot line by line (OpenAI's rules), cut it into chunks and
+fan them out to the model's work queue, then start the batch's workflow.
+
+Every step is safe to repeat: the state moves with conditional writes, the chunk manifest and the
+work messages are deterministic, and the workflow execution is named after the batch."""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from functions.core import limits, schema
+from functions.core.errors import ConditionFailed
+from functions.core.lines import LineError, check_request, iter_lines, parse_request
+from functions.core.messages import Chunk, ChunkManifest, WorkMessage
+from functions.core.records import BatchRecord
+from functions.core.settings import Settings
+from functions.core.stores import ObjectStore, Stores
+
+
+class BatchNotVisibleYet(Exception):
+    """The snapshot exists but its batch record does not (yet): retry the event later."""
+
+
+@dataclass
+class Validation:
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    model: str | None = None
+    total: int = 0
+    chunks: list[Chunk] = field(default_factory=list)
+
+
+def validate(objects: ObjectStore, settings: Settings, batch: BatchRecord) -> Validation:
+    """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
+    custom_ids (bounded by the line limit)."""
+    result = Validation()
+
+    def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
+        result.errors.append({"code": code, "message": message, "param": param, "line": line})
+        return len(result.errors) >= limits.MAX_REPORTED_ERRORS
+
+    size = objects.size(batch.input_key)
+    if size > settings.max_batch_file_bytes:
+        fail("file_too_large", f"The input file is {size} bytes; at most {settings.max_batch_file_bytes} are allowed.")
+        return result
+    seen: set[str] = set()
+    current: dict[str, int] | None = None
+    for line in iter_lines(objects.iter_bytes(batch.input_key), max_line_bytes=settings.max_line_bytes):
+        if line.blank:
+            continue
+        result.total += 1
+        if result.total > settings.max_batch_lines:
+            fail("too_many_tasks", f"The batch has more than {settings.max_batch_lines} requests.", line=line.number)
+            break
+        try:
+            custom_id, model = check_request(parse_request(line), endpoint=batch.endpoint)
+            if custom_id in seen:
+                raise LineError("duplicate_custom_id", f"The custom_id {custom_id!r} appears more than once.", "custom_id")
+            seen.add(custom_id)
+            if result.model is None:
+                route = settings.models.get(model)
+                if route is None or batch.endpoint not in route.endpoints:
+                    raise LineError(
+                        "model_not_found",
+                        f"The model {model!r} is not served for {batch.endpoint} by this deployment.",
+                        "body.model",
+                    )
+                result.model = model
+            elif model != result.model:
+                raise LineError(
+                    "mismatched_model",
+                    f"The model {model!r} differs from the model {result.model!r} of the first request; "
+                    "a batch uses one model.",
+                    "body.model",
+                )
+        except LineError as error:
+            if fail(error.code, error.message, error.param, line.number):
+                break
+            continue
+        if result.errors:
+            continue  # keep validating, but no chunks will be sent
+        if current is not None and (
+            current["line_count"] >= settings.chunk_max_lines or line.end - current["byte_start"] > settings.chunk_max_bytes
+        ):
+            result.chunks.append(Chunk(chunk=len(result.chunks), **current))
+            current = None
+        if current is None:
+            current = {"byte_start": line.start, "byte_end": line.end, "first_line": line.number, "line_count": 0}
+        current["line_count"] += 1
+        current["byte_end"] = line.end
+    if current is not None and not result.errors:
+        result.chunks.append(Chunk(chunk=len(result.chunks), **current))
+    if result.total == 0 and not result.errors:
+        fail("empty_file", "The input file has no requests.")
+    return result
+
+
+def ingest(
+    stores: Stores,
+    settings: Settings,
+    tenant: str,
+    batch_id: str,
+    *,
+    now: Callable[[], int],
+    wait: Callable[[], None] = lambda: None,
+    attempts: int = 1,
+) -> str:
+    """Ingest the snapshot of one batch; returns the batch's status afterwards."""
+    batch = None
+    for attempt in range(attempts):
+        batch = stores.batches.get(tenant, batch_id)
+        if batch is not None:
+            break
+        if attempt + 1 < attempts:
+            wait()
+    if batch is None:
+        raise BatchNotVisibleYet(f"no record for batch {batch_id} of tenant {tenant}")
+
+    if batch.status == "validating":
+        batch = _validate_and_move(stores, settings, batch, now())
+    if batch.status == "cancelling" and batch.in_progress_at is None:
+        return _cancel_before_start(stores, batch, now())
+    if batch.status in ("in_progress", "cancelling") and not batch.enqueued:
+        _fan_out(stores, settings, batch, now())
+    return batch.status
+
+
+def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> BatchRecord:
+    result = validate(stores.objects, settings, batch)
+    if result.errors:
+        try:
+            failed = stores.batches.update(
+                batch, values={"status": "failed", "failed_at": now, "errors": result.errors}, expect={"status": "validating"}
+            )
+        except ConditionFailed:
+            return _reread(stores, batch)
+        stores.events.publish("batch.failed", failed.event_detail())
+        return failed
+    # The manifest is deterministic: a repeated ingest writes the same bytes.
+    manifest = ChunkManifest(chunks=result.chunks).model_dump_json().encode()
+    stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
+    try:
+        return stores.batches.update(
+            batch,
+            values={
+                "status": "in_progress",
+                "in_progress_at": now,
+                "model": result.model,
+                "total": result.total,
+                "chunk_count": len(result.chunks),
+                "accepting": True,
+            },
+            expect={"status": "validating"},
+        )
+    except ConditionFailed:
+        return _reread(stores, batch)
+
+
+def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
+    try:
+        cancelled = stores.batches.update(
+            batch, values={"status": "cancelled", "cancelled_at": now}, expect={"status": "cancelling", "in_progress_at": None}
+        )
+    except ConditionFailed:
+        return _reread(stores, batch).status
+    stores.events.publish("batch.cancelled", cancelled.event_detail())
+    return cancelled.status
+
+
+def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
+    if batch.status == "in_progress":
+        manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
+        assert batch.model is not None
+        messages = [
+            WorkMessage(
+                batch_id=batch.id,
+                tenant=batch.tenant,
+                chunk=c.chunk,
+                input_key=batch.input_key,
+                byte_start=c.byte_start,
+                byte_end=c.byte_end,
+                first_line=c.first_line,
+                line_count=c.line_count,
+                endpoint=batch.endpoint,
+                model=batch.model,
+                expires_at=batch.expires_at,
+            ).model_dump_json()
+            for c in manifest.chunks
+        ]
+        stores.queues.send(settings.models[batch.model].queue_url, messages)
+    stores.workflows.start(
+        batch.id, {"tenant": batch.tenant, "batch_id": batch.id, "timeout_seconds": max(1, batch.expires_at - now)}
+    )
+    stores.batches.update(batch, values={"enqueued": True})
+
+
+def _reread(stores: Stores, batch: BatchRecord) -> BatchRecord:
+    current = stores.batches.get(batch.tenant, batch.id)
+    assert current is not None
+    return current
+

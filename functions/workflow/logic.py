@@ -1,0 +1,196 @@
+"""The batch workflow's tasks: register the wait token, drain running chunks, finalize, fail.
+
+The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
+
+import json
+from typing import Any, Literal
+
+from functions.core import ids, limits, schema
+from functions.core.errors import ConditionFailed
+from functions.core.lines import iter_lines
+from functions.core.messages import Chunk, ChunkManifest
+from functions.core.models import TERMINAL_STATUSES, BatchLineError, BatchOutputLine
+from functions.core.records import BatchRecord, FileRecord
+from functions.core.settings import Settings
+from functions.core.stores import MultipartWriter, Stores
+
+Reason = Literal["complete", "cancel", "expire"]
+
+#: What a request that never ran says, by why the batch closed.
+NEVER_RAN: dict[str, tuple[str, str]] = {
+    "cancel": ("batch_cancelled", "The batch was cancelled before this request ran."),
+    "expire": ("batch_expired", "The batch expired before this request could be completed."),
+    "complete": ("batch_incomplete", "This request was not run."),
+}
+TERMINAL: dict[str, tuple[str, str]] = {
+    "complete": ("completed", "completed_at"),
+    "cancel": ("cancelled", "cancelled_at"),
+    "expire": ("expired", "expired_at"),
+}
+
+
+def _batch(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
+    batch = stores.batches.get(tenant, batch_id)
+    if batch is None:
+        raise LookupError(f"batch {batch_id} of tenant {tenant} does not exist")
+    return batch
+
+
+def register(stores: Stores, tenant: str, batch_id: str, token: str) -> dict[str, Any]:
+    """Store the token the workflow waits on. If the batch is already done or cancelling (its
+    signal may have come before there was a token to signal), resume the workflow now."""
+    batch = _batch(stores, tenant, batch_id)
+    try:
+        batch = stores.batches.update(batch, values={"task_token": token}, expect={"status": ("in_progress", "cancelling")})
+    except ConditionFailed:
+        batch = _batch(stores, tenant, batch_id)
+    if batch.status == "cancelling":
+        stores.workflows.signal(token, {"outcome": "cancel"})
+    elif batch.status != "in_progress" or batch.chunks_done >= batch.chunk_count:
+        stores.workflows.signal(token, {"outcome": "complete"})
+    return {"registered": True}
+
+
+def reason_for(batch: BatchRecord, signalled: str) -> Reason:
+    """A cancel wins over whatever signal arrived (a last chunk may race the cancel)."""
+    if batch.status == "cancelling":
+        return "cancel"
+    return "expire" if signalled == "expire" else "cancel" if signalled == "cancel" else "complete"
+
+
+def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signalled: str, now: int) -> dict[str, Any]:
+    """Wait for chunks already running (within the grace period) before finalizing a batch that
+    was cancelled or expired; an expiring batch shows ``finalizing`` meanwhile and takes no new
+    chunks. Returns {"drained": bool, "reason": ...}."""
+    batch = _batch(stores, tenant, batch_id)
+    if batch.status in TERMINAL_STATUSES:
+        return {"drained": True, "reason": reason_for(batch, signalled)}
+    reason = reason_for(batch, signalled)
+    if reason == "complete":
+        return {"drained": True, "reason": reason}
+    values: dict[str, Any] = {}
+    defaults: dict[str, Any] = {"drain_deadline": now + settings.drain_grace_seconds}
+    if reason == "expire":
+        values["status"] = "finalizing"
+        defaults["finalizing_at"] = now
+    try:
+        batch = stores.batches.update(
+            batch, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
+        )
+    except ConditionFailed:
+        batch = _batch(stores, tenant, batch_id)
+    running = len(batch.started_chunks or ()) > batch.chunks_done
+    drained = not running or now >= (batch.drain_deadline or 0)
+    return {"drained": drained, "reason": reason_for(batch, signalled)}
+
+
+def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: int) -> dict[str, Any]:
+    """Close the batch to late chunks, assemble output and error files in input order, write
+    never-ran lines, and set the terminal state. Idempotent: a retry after any crash converges."""
+    batch = _batch(stores, tenant, batch_id)
+    if batch.status in TERMINAL_STATUSES:
+        stores.events.publish(f"batch.{batch.status}", batch.event_detail())  # at-least-once
+        return {"status": batch.status}
+    reason = reason_for(batch, signalled)
+    values: dict[str, Any] = {"accepting": False}
+    defaults: dict[str, Any] = {
+        "planned_output_file_id": ids.new_id(ids.FILE),
+        "planned_error_file_id": ids.new_id(ids.FILE),
+    }
+    if reason != "cancel":
+        values["status"] = "finalizing"
+        defaults["finalizing_at"] = now
+    batch = stores.batches.update(
+        batch, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
+    )
+    counted = stores.batches.counted_chunks(tenant, batch_id)
+    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
+    assert batch.planned_output_file_id and batch.planned_error_file_id
+    output_key = schema.file_key(tenant, batch.planned_output_file_id)
+    error_key = schema.file_key(tenant, batch.planned_error_file_id)
+    never_ran = 0
+    with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
+        for chunk in manifest.chunks:
+            if chunk.chunk in counted:
+                _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "out"), output)
+                _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "err"), errors)
+            else:
+                never_ran += _write_never_ran(stores, batch, chunk, errors, reason)
+    expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS
+    files = [
+        FileRecord(
+            tenant=tenant, id=file_id, filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output",
+            bytes=writer.bytes, created_at=now, expires_at=now + expiry, s3_key=writer.key,
+        )
+        for file_id, kind, writer in (
+            (batch.planned_output_file_id, "output", output),
+            (batch.planned_error_file_id, "error", errors),
+        )
+        if writer.bytes > 0
+    ]
+    status, stamp = TERMINAL[reason]
+    final = {
+        "status": status,
+        stamp: now,
+        "failed": batch.failed + never_ran,
+        "output_file_id": batch.planned_output_file_id if output.bytes else None,
+        "error_file_id": batch.planned_error_file_id if errors.bytes else None,
+    }
+    try:
+        stores.batches.finish(batch, files, final, expect={"status": batch.status, "accepting": False})
+    except ConditionFailed:
+        pass  # a concurrent retry finished it
+    batch = _batch(stores, tenant, batch_id)
+    stores.events.publish(f"batch.{batch.status}", batch.event_detail())
+    return {"status": batch.status}
+
+
+def _append_part(stores: Stores, key: str, writer: MultipartWriter) -> None:
+    if stores.objects.exists(key):
+        for data in stores.objects.iter_bytes(key):
+            writer.write(data)
+
+
+def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: MultipartWriter, reason: str) -> int:
+    code, message = NEVER_RAN[reason]
+    count = 0
+    lines = iter_lines(
+        stores.objects.iter_range(batch.input_key, chunk.byte_start, chunk.byte_end),
+        max_line_bytes=chunk.byte_end - chunk.byte_start,  # validated input: a line fits its chunk
+        start=chunk.byte_start,
+        first_number=chunk.first_line,
+    )
+    for line in lines:
+        if line.blank:
+            continue
+        custom_id = json.loads(line.text)["custom_id"]
+        out = BatchOutputLine(
+            id=ids.new_id(ids.BATCH_REQUEST), custom_id=custom_id, response=None,
+            error=BatchLineError(code=code, message=message),
+        )
+        writer.write(out.model_dump_json().encode() + b"\n")
+        count += 1
+    return count
+
+
+def fail(stores: Stores, tenant: str, batch_id: str, error: dict[str, Any], now: int) -> dict[str, Any]:
+    """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``."""
+    batch = _batch(stores, tenant, batch_id)
+    if batch.status not in TERMINAL_STATUSES:
+        cause = str(error.get("Cause") or error.get("Error") or "unknown error")[:500]
+        try:
+            batch = stores.batches.update(
+                batch,
+                values={
+                    "status": "failed",
+                    "failed_at": now,
+                    "accepting": False,
+                    "errors": [{"code": "batch_failed", "message": f"The batch could not be finalized: {cause}", "param": None, "line": None}],
+                },
+                expect={"status": ("validating", "in_progress", "finalizing", "cancelling")},
+            )
+        except ConditionFailed:
+            batch = _batch(stores, tenant, batch_id)
+    stores.events.publish(f"batch.{batch.status}", batch.event_detail())
+    return {"status": batch.status}
+
