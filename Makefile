@@ -30,3 +30,23 @@ test-e2e: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .local-state
+
+# --- CDK synth (npm CDK CLI in a local folder; no AWS credentials, no Docker) --------------------
+CDK_CLI_VERSION ?= 2.1148.1
+CDK_CLI_DIR := .cdk-cli
+CDK_CLI := $(CDK_CLI_DIR)/node_modules/.bin/cdk
+#: cfn-lint checks ignored on the synthesized template (same list and reasons as tests/infra).
+CFN_LINT_IGNORE := W3005
+
+$(CDK_CLI):
+	npm install --prefix $(CDK_CLI_DIR) --no-save --no-audit --no-fund --loglevel=error aws-cdk@$(CDK_CLI_VERSION)
+
+## Synthesize the stack into cdk.out with the CDK CLI (cdk-nag runs in the app), then cfn-lint it.
+## Credentials are removed from the environment: synth must never need AWS.
+.PHONY: synth
+synth: $(STAMP) $(CDK_CLI)
+	env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN -u AWS_PROFILE \
+		AWS_EC2_METADATA_DISABLED=true CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true \
+		JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+		npx --prefix $(CDK_CLI_DIR) cdk synth --quiet --no-notices --no-version-reporting
+	$(VENV)/bin/cfn-lint --ignore-checks $(CFN_LINT_IGNORE) -- cdk.out/*.template.json

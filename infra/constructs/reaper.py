@@ -1,0 +1,78 @@
+"""The reaper: removes a file's S3 bytes when its DynamoDB record goes (API delete or TTL expiry).
+
+It reads the table's stream (OLD_IMAGE), filtered at the event source mapping to REMOVE events of
+file items, so it is invoked only for what it acts on. Records it cannot process after retries are
+sent to a dead-letter queue (watched by monitoring) instead of being dropped with the stream.
+"""
+
+import aws_cdk as cdk
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from functions.core import schema
+from functions.core.records import FileRecord
+from infra.config import DeployConfig
+
+from .common import acknowledge, acknowledge_wildcards, arn_in_findings
+from .lambdas import Lambdas
+from .storage import Storage
+
+
+def stream_filter() -> dict:
+    """REMOVE events of file items (their old sort key starts with the file prefix)."""
+    return {
+        "eventName": lambda_.FilterRule.is_equal("REMOVE"),
+        "dynamodb": {"OldImage": {schema.SK: {"S": lambda_.FilterRule.begins_with(FileRecord.sort_key(""))}}},
+    }
+
+
+class Reaper(Construct):
+    def __init__(
+        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas
+    ) -> None:
+        super().__init__(scope, id)
+        settings = config.settings(table_name=storage.table.table_name, bucket_name=storage.bucket.bucket_name)
+        self.function = lambdas.function(
+            self,
+            "Function",
+            handler="functions.reaper.handler.handler",
+            environment=settings.to_env(),
+            description="Deletes the S3 bytes of removed or expired files (table stream)",
+            memory_size=256,
+            timeout=cdk.Duration.seconds(60),
+        )
+        # It only deletes objects; the stream read comes with the event source below.
+        storage.bucket.grant_delete(self.function)
+        acknowledge_wildcards(self.function.role, {
+            f"Resource::{arn_in_findings(storage.bucket)}/*": "A removed file's object can be any tenant's "
+            "(files/<tenant>/<id>); deletion only, on this bucket's objects.",
+            "Action::s3:DeleteObject*": "grant_delete's action group (DeleteObject, DeleteObjectVersion, "
+            "DeleteObjectTagging...), on this bucket's objects only.",
+        })
+
+        self.dead_letters = sqs.Queue(
+            self,
+            "DeadLetters",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=cdk.Duration.days(14),
+        )
+        acknowledge(
+            self.dead_letters,
+            "AwsSolutions-SQS3",
+            "This queue is itself a dead-letter queue: the on-failure destination of the reaper's stream mapping.",
+        )
+        self.function.add_event_source(
+            sources.DynamoEventSource(
+                storage.table,
+                starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+                batch_size=100,
+                max_batching_window=cdk.Duration.seconds(5),
+                bisect_batch_on_error=True,
+                retry_attempts=5,
+                on_failure=sources.SqsDlq(self.dead_letters),
+                filters=[lambda_.FilterCriteria.filter(stream_filter())],
+            )
+        )

@@ -1,0 +1,67 @@
+"""The deployment config: defaults, files, validation (no synth needed)."""
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from functions.core import limits
+from functions.core.settings import Settings
+from infra import config
+
+
+def test_no_config_gives_safe_scale_to_zero_defaults():
+    cfg = config.parse(None)
+    assert cfg.account is None and cfg.region is None  # environment-agnostic
+    assert cfg.removal_policy == "retain"
+    assert cfg.models and all(m.min_instances == 0 for m in cfg.models)
+    assert cfg.settings(table_name="t", bucket_name="b") == Settings(table_name="t", bucket_name="b")
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(
+        "removal_policy: destroy\n"
+        "log_retention_days: 14\n"
+        "limits: {max_batch_file_bytes: 1048576}\n"
+        "models:\n"
+        "  - {name: m1, instance_type: g5.xlarge, min_instances: 1, max_instances: 3, spot: true,"
+        " engine_args: [--max-model-len, '4096']}\n"
+    )
+    cfg = config.parse(str(path))
+    assert cfg.removal_policy == "destroy" and cfg.log_retention_days == 14
+    (model,) = cfg.models
+    assert (model.name, model.instance_type, model.min_instances, model.max_instances, model.spot) == (
+        "m1", "g5.xlarge", 1, 3, True,
+    )
+    assert model.engine_args == ("--max-model-len", "4096")
+    settings = cfg.settings(table_name="t", bucket_name="b")
+    assert settings.max_batch_file_bytes == 1048576
+    assert settings.max_file_bytes == limits.DEFAULT_MAX_FILE_BYTES
+
+
+def test_json_file_and_inline_json_and_object(tmp_path):
+    body = {"throttle": {"rate_limit": 5, "burst_limit": 10}}
+    path = tmp_path / "deploy.json"
+    path.write_text(json.dumps(body))
+    for raw in (str(path), json.dumps(body), body):
+        assert config.parse(raw).throttle == config.ThrottleConfig(rate_limit=5, burst_limit=10)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"limits": {"table_name": "x"}},  # wired by the stack, not a limit
+        {"limits": {"no_such_limit": 1}},
+        {"limits": {"max_file_bytes": 0}},  # Settings' own bounds apply
+        {"log_retention_days": 10},  # not a CloudWatch value
+        {"account": "123456789012"},  # region missing
+        {"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]},
+        {"models": [{"name": "m"}, {"name": "m"}]},
+        {"removal_policy": "snapshot"},
+        {"unknown_key": 1},
+    ],
+)
+def test_invalid_configs_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        config.parse(bad)
