@@ -15,7 +15,7 @@ from functions.authorizer import handler as authorizer_handler
 from functions.core import auth, clients, deps
 from functions.core.settings import ModelRoute, Settings
 from infra.local.front import LocalApi, make_server
-from infra.local.resources import create_resources
+from infra.local.resources import create_resources, ingest_queue_url
 
 TEST_SETTINGS = Settings(
     table_name="batch-api-test",
@@ -72,6 +72,8 @@ def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setting
         concrete = create_resources(
             settings, clients.client, prefix=PREFIX, workflow_function_arn=WORKFLOW_FUNCTION_ARN
         )
+        # Configuring the bucket notification sent an s3:TestEvent; start from an empty queue.
+        clients.client("sqs").purge_queue(QueueUrl=ingest_queue_url(clients.client, PREFIX))
         for name, value in concrete.to_env().items():
             monkeypatch.setenv(name, value)
         deps.reset()

@@ -196,16 +196,8 @@ BODY_IDEMPOTENCY_SECONDS = 600
 
 
 @deps.per_process
-def _create_batch_once() -> dict[bool, Any]:
+def _create_batch_once() -> dict[bool, tuple[Any, IdempotencyConfig]]:
     """The idempotent create, keyed by header or by body (powertools idempotency, same table)."""
-    persistence = DynamoDBPersistenceLayer(
-        table_name=deps.settings().table_name,
-        key_attr=schema.PK,
-        sort_key_attr=schema.SK,
-        static_pk_value="IDEMPOTENCY#create_batch",
-        expiry_attr=schema.TTL,
-        boto3_client=clients.client("dynamodb"),
-    )
 
     def run(request: dict[str, Any]) -> dict[str, Any]:
         body = request["body"]
@@ -217,18 +209,29 @@ def _create_batch_once() -> dict[bool, Any]:
             output_expires_anchor=expires.get("anchor"), output_expires_seconds=expires.get("seconds"), now=now(),
         ).model_dump()
 
-    def once(jmespath: str, seconds: int) -> Any:
-        config = IdempotencyConfig(event_key_jmespath=jmespath, expires_after_seconds=seconds)
-        return idempotent_function(run, data_keyword_argument="request", persistence_store=persistence, config=config)
+    def once(keyed_by: str, seconds: int) -> tuple[Any, IdempotencyConfig]:
+        persistence = DynamoDBPersistenceLayer(
+            table_name=deps.settings().table_name,
+            key_attr=schema.PK,
+            sort_key_attr=schema.SK,
+            static_pk_value=f"IDEMPOTENCY#create_batch#{keyed_by}",
+            expiry_attr=schema.TTL,
+            boto3_client=clients.client("dynamodb"),
+        )
+        config = IdempotencyConfig(event_key_jmespath=f"[tenant, {keyed_by}]", expires_after_seconds=seconds)
+        function = idempotent_function(run, data_keyword_argument="request", persistence_store=persistence, config=config)
+        return function, config
 
-    return {True: once("[tenant, key]", KEYED_IDEMPOTENCY_SECONDS), False: once("[tenant, body]", BODY_IDEMPOTENCY_SECONDS)}
+    return {True: once("key", KEYED_IDEMPOTENCY_SECONDS), False: once("body", BODY_IDEMPOTENCY_SECONDS)}
 
 
 @app.post("/v1/batches")
 def create_batch(body: Annotated[CreateBatchBody, Body()]) -> Batch:
     key = app.current_event.headers.get("idempotency-key") or app.current_event.headers.get("Idempotency-Key")
     request = {"tenant": tenant(), "key": key, "body": body.model_dump(mode="json")}
-    return Batch.model_validate(_create_batch_once()[bool(key)](request=request))
+    function, config = _create_batch_once()[bool(key)]
+    config.register_lambda_context(app.lambda_context)
+    return Batch.model_validate(function(request=request))
 
 
 @app.get("/v1/batches")

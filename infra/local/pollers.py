@@ -1,0 +1,94 @@
+"""SQS -> Lambda, as an event source mapping does it: receive up to 10 messages, hand them to the
+handler as one SQS event, delete the ones not reported in ``batchItemFailures`` (those, and all of
+them if the handler raises, become visible again after the visibility timeout)."""
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .lambda_context import LocalLambdaContext
+
+log = logging.getLogger("infra.local.pollers")
+
+Handler = Callable[[dict[str, Any], Any], Any]
+
+
+def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
+    return {
+        "Records": [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": m.get("Attributes", {}),
+                "messageAttributes": m.get("MessageAttributes", {}),
+                "md5OfBody": m.get("MD5OfBody", ""),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": queue_arn.split(":")[3] if queue_arn.count(":") >= 3 else "us-east-1",
+            }
+            for m in messages
+        ]
+    }
+
+
+def poll_once(sqs: Any, queue_url: str, handler: Handler, *, name: str, wait_seconds: int = 0) -> int:
+    """One receive + invoke + delete round; returns how many messages were handled successfully."""
+    received = sqs.receive_message(
+        QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds, AttributeNames=["All"]
+    ).get("Messages", [])
+    if not received:
+        return 0
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    try:
+        result = handler(sqs_event(received, queue_arn), LocalLambdaContext(name)) or {}
+    except Exception:
+        log.exception("%s handler failed; %d messages will be retried", name, len(received))
+        return 0
+    failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
+    done = [m for m in received if m["MessageId"] not in failed]
+    if done:
+        sqs.delete_message_batch(
+            QueueUrl=queue_url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)]
+        )
+    return len(done)
+
+
+def drain_queue(sqs: Any, queue_url: str, handler: Handler, *, name: str) -> int:
+    """Handle messages until a round handles none (tests use this instead of a thread)."""
+    total = 0
+    while handled := poll_once(sqs, queue_url, handler, name=name):
+        total += handled
+    return total
+
+
+class Poller:
+    """A background thread long-polling one queue into one handler (a local component)."""
+
+    def __init__(self, name: str, sqs_factory: Callable[[], Any], queue_url: Callable[[], str], handler: Handler):
+        self.name = name
+        self._sqs_factory, self._queue_url, self._handler = sqs_factory, queue_url, handler
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        sqs, url = self._sqs_factory(), self._queue_url()
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    poll_once(sqs, url, self._handler, name=self.name, wait_seconds=1)
+                except Exception:
+                    log.exception("%s poller error", self.name)
+                    self._stop.wait(1.0)
+
+        self._thread = threading.Thread(target=run, name=f"poller-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,45 @@
+"""Helpers for batch tests: input lines, running ingest from its queue, reading work messages."""
+
+import json
+from typing import Any
+
+from functions.core import clients
+from functions.core.messages import WorkMessage
+from functions.core.settings import Settings
+from functions.ingest import handler as ingest_handler
+from infra.local.pollers import drain_queue
+from infra.local.resources import ingest_queue_url
+from tests.conftest import PREFIX
+
+CHAT = "/v1/chat/completions"
+
+
+def line(i: int, model: str = "test-chat", url: str = CHAT, **extra: Any) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]}
+    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url, "body": body, **extra})
+
+
+def submit(client, content: bytes, endpoint: str = CHAT, window: str = "24h", **kwargs: Any):
+    f = client.files.create(file=("in.jsonl", content), purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window=window, **kwargs)
+
+
+def run_ingest() -> int:
+    """Deliver every pending S3 event from the ingest queue to the ingest handler."""
+    return drain_queue(clients.client("sqs"), ingest_queue_url(clients.client, PREFIX), ingest_handler.handler, name="ingest")
+
+
+def take_work(settings: Settings, model: str = "test-chat") -> list[WorkMessage]:
+    """Receive (and delete) every work message of a model's queue, in chunk order."""
+    sqs = clients.client("sqs")
+    url = settings.models[model].queue_url
+    out = []
+    while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+        for m in messages:
+            out.append(WorkMessage.model_validate_json(m["Body"]))
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    return sorted(out, key=lambda m: m.chunk)
+
+
+def executions(settings: Settings) -> list[dict[str, Any]]:
+    return clients.client("stepfunctions").list_executions(stateMachineArn=settings.state_machine_arn)["executions"]

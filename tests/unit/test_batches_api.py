@@ -1,0 +1,152 @@
+"""Batches API (create, retrieve, list, cancel) and models, through the local front with the SDK."""
+
+import json
+
+import openai
+import pytest
+from openai.types import Batch, Model
+
+from functions.core import clients, limits, schema
+from tests.helpers import assert_error, assert_openai_shape
+
+CHAT = "/v1/chat/completions"
+
+
+def line(i, model="test-chat", **extra):
+    body = {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]}
+    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": body, **extra})
+
+
+def input_file(client, lines, name="in.jsonl"):
+    return client.files.create(file=(name, ("\n".join(lines) + "\n").encode()), purpose="batch")
+
+
+@pytest.fixture
+def batch_file(client):
+    return input_file(client, [line(i) for i in range(3)])
+
+
+def test_create_matches_openai_and_snapshots_the_input(raw, batch_file, stores, client):
+    response = raw.post("/batches", json={
+        "input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h", "metadata": {"team": "nlp"},
+    })
+    assert response.status_code == 200, response.text
+    batch = assert_openai_shape(Batch, response.json())
+    assert batch.id.startswith("batch_") and batch.object == "batch" and batch.status == "validating"
+    assert batch.input_file_id == batch_file.id and batch.endpoint == CHAT and batch.completion_window == "24h"
+    assert batch.expires_at == batch.created_at + 86_400
+    assert batch.metadata == {"team": "nlp"}
+    assert batch.request_counts.model_dump() == {"completed": 0, "failed": 0, "total": 0}
+    assert batch.output_file_id is None and batch.error_file_id is None and batch.errors is None
+    snapshot = stores.objects.get(schema.batch_input_key("acme", batch.id))
+    assert snapshot == client.files.content(batch_file.id).content
+    # the batch keeps its input even if the file goes
+    client.files.delete(batch_file.id)
+    assert stores.objects.get(schema.batch_input_key("acme", batch.id)) == snapshot
+    assert client.batches.retrieve(batch.id).id == batch.id
+
+
+def test_retried_create_returns_the_same_batch(client, batch_file):
+    args = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h"}
+    first = client.batches.create(**args)
+    again = client.batches.create(**args)  # what the SDK's automatic retry sends
+    assert again.id == first.id
+    keyed = client.batches.create(**args, extra_headers={"Idempotency-Key": "k1"})
+    assert keyed.id != first.id
+    assert client.batches.create(**args, metadata={"x": "y"}, extra_headers={"Idempotency-Key": "k1"}).id == keyed.id
+    assert client.batches.create(**args, metadata={"x": "y"}).id not in (first.id, keyed.id)
+    assert len(client.batches.list().data) == 3
+
+
+def test_idempotency_is_per_tenant(client, other_client, batch_file):
+    other_file = input_file(other_client, [line(0)])
+    mine = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers={"Idempotency-Key": "same"})
+    theirs = other_client.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers={"Idempotency-Key": "same"})
+    assert mine.id != theirs.id
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "code", "param"),
+    [
+        ({"input_file_id": "file-01m8n7xjx1bekcr5r3de2q3dfv"}, 404, None, "input_file_id"),
+        ({"input_file_id": "nope"}, 404, None, "input_file_id"),
+        ({"endpoint": "/v1/images/generations"}, 400, "invalid_value", "endpoint"),
+        ({"completion_window": "48h"}, 400, "invalid_value", "completion_window"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, 400, "invalid_value", "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, 400, "invalid_value", "metadata"),
+        ({"metadata": {"k": "v" * 513}}, 400, "invalid_value", "metadata"),
+        ({"metadata": {"k": 1}}, 400, "invalid_value", "metadata"),
+        ({"output_expires_after": {"anchor": "created_at", "seconds": 10}}, 400, "invalid_value", "output_expires_after.seconds"),
+        ({"output_expires_after": {"anchor": "now", "seconds": 7200}}, 400, "invalid_value", "output_expires_after.anchor"),
+        ({"endpoint": None}, 400, "invalid_value", "endpoint"),
+    ],
+)
+def test_bad_create_requests_are_immediate_4xx(raw, batch_file, client, change, status, code, param):
+    body = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h", **change}
+    assert_error(raw.post("/batches", json=body), status, code, param)
+    assert client.batches.list().data == []
+
+
+def test_missing_parameter(raw, batch_file):
+    assert_error(raw.post("/batches", json={"input_file_id": batch_file.id, "endpoint": CHAT}), 400, "missing_required_parameter", "completion_window")
+
+
+def test_input_file_must_have_purpose_batch(raw, client):
+    f = client.files.create(file=("x.jsonl", line(0).encode()), purpose="user_data")
+    assert_error(
+        raw.post("/batches", json={"input_file_id": f.id, "endpoint": CHAT, "completion_window": "24h"}),
+        400, "invalid_file_purpose", "input_file_id",
+    )
+
+
+def test_another_tenants_file_or_batch_is_404(client, other_client, batch_file):
+    with pytest.raises(openai.NotFoundError):
+        other_client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    with pytest.raises(openai.NotFoundError) as info:
+        other_client.batches.retrieve(batch.id)
+    assert info.value.param == "batch_id"
+    with pytest.raises(openai.NotFoundError):
+        other_client.batches.cancel(batch.id)
+    assert other_client.batches.list().data == []
+    assert client.batches.retrieve(batch.id).status == "validating"
+
+
+@pytest.mark.parametrize("batch_id", ["batch_01m8n7xjx1bekcr5r3de2q3dfv", "batch_nope", "file-x"])
+def test_unknown_batch_is_404(raw, batch_id):
+    assert_error(raw.get(f"/batches/{batch_id}"), 404, None, "batch_id", message=f"No such Batch object: {batch_id}")
+    assert_error(raw.post(f"/batches/{batch_id}/cancel"), 404, None, "batch_id")
+
+
+def test_list_newest_first_with_cursor(client, raw, batch_file):
+    made = [
+        client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers={"Idempotency-Key": str(i)}).id
+        for i in range(7)
+    ]
+    page = client.batches.list(limit=3)
+    assert [b.id for b in page.data] == made[::-1][:3] and page.has_more
+    body = raw.get("/batches", params={"limit": 3}).json()
+    assert set(body) == {"object", "data", "first_id", "last_id", "has_more"}
+    for item in body["data"]:
+        assert_openai_shape(Batch, item)
+    assert [b.id for b in client.batches.list(limit=3)] == made[::-1]  # SDK auto-pagination
+    assert_error(raw.get("/batches", params={"limit": 101}), 400, "invalid_value", "limit")
+    assert_error(raw.get("/batches", params={"after": "x"}), 400, "invalid_value", "after")
+
+
+def test_cancel_while_validating_then_repeat(client, batch_file):
+    batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status == "cancelling" and cancelled.cancelling_at is not None
+    assert client.batches.cancel(batch.id) == cancelled  # unchanged, like OpenAI
+
+
+def test_models(client, raw):
+    models = client.models.list()
+    assert sorted(m.id for m in models) == ["test-chat", "test-embed"]
+    body = raw.get("/models").json()
+    assert set(body) == {"object", "data"} and body["object"] == "list"
+    for item in body["data"]:
+        assert_openai_shape(Model, item)
+    assert client.models.retrieve("test-chat").id == "test-chat"
+    assert_error(raw.get("/models/gpt-x"), 404, None, "model")

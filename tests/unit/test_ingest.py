@@ -1,0 +1,202 @@
+"""Ingest: OpenAI's line validation, chunking into work messages, idempotency, cancel races."""
+
+import json
+
+import pytest
+
+from functions.core import clients, schema
+from functions.core.lines import iter_lines
+from functions.ingest import logic
+from functions.ingest.handler import snapshot_keys
+from tests.unit.batch_helpers import CHAT, executions, line, run_ingest, submit, take_work
+
+
+def lines_of(content: bytes, start: int, end: int, first: int):
+    return [l for l in iter_lines([content[start:end]], max_line_bytes=10**9, start=start, first_number=first) if not l.blank]
+
+
+@pytest.mark.settings(chunk_max_lines=100)
+def test_valid_batch_is_cut_into_chunks_and_fanned_out(client, deployed, stores):
+    content = ("\n".join(line(i) for i in range(250)) + "\n").encode()
+    batch = submit(client, content)
+    assert run_ingest() == 1
+    current = client.batches.retrieve(batch.id)
+    assert current.status == "in_progress" and current.in_progress_at is not None
+    assert current.model == "test-chat" and current.request_counts.total == 250
+    work = take_work(deployed)
+    assert [(m.chunk, m.line_count, m.first_line) for m in work] == [(0, 100, 1), (1, 100, 101), (2, 50, 201)]
+    seen = []
+    for m in work:
+        assert m.batch_id == batch.id and m.tenant == "acme" and m.endpoint == CHAT and m.model == "test-chat"
+        assert m.input_key == schema.batch_input_key("acme", batch.id) and m.expires_at == batch.expires_at
+        got = lines_of(content, m.byte_start, m.byte_end, m.first_line)
+        assert len(got) == m.line_count
+        seen += [json.loads(l.text)["custom_id"] for l in got]
+    assert seen == [f"req-{i}" for i in range(250)]
+    assert work[-1].byte_end == len(content)
+    (execution,) = executions(deployed)
+    assert execution["name"] == batch.id
+
+
+def test_same_event_twice_changes_nothing(client, deployed, stores):
+    batch = submit(client, (line(0) + "\n" + line(1) + "\n").encode())
+    sqs = clients.client("sqs")
+    from infra.local.resources import ingest_queue_url
+    from tests.conftest import PREFIX
+
+    url = ingest_queue_url(clients.client, PREFIX)
+    (message,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    sqs.send_message(QueueUrl=url, MessageBody=message["Body"])  # a duplicate delivery
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0)
+    assert run_ingest() == 2
+    before = client.batches.retrieve(batch.id)
+    assert run_ingest() == 0
+    assert len(take_work(deployed)) == 1
+    assert len(executions(deployed)) == 1
+    assert client.batches.retrieve(batch.id) == before
+    # and a third delivery, after everything happened, still changes nothing
+    sqs.send_message(QueueUrl=url, MessageBody=message["Body"])
+    assert run_ingest() == 1
+    assert take_work(deployed) == [] and len(executions(deployed)) == 1
+    assert client.batches.retrieve(batch.id) == before
+
+
+@pytest.mark.settings(chunk_max_bytes=600, chunk_max_lines=1000)
+def test_chunks_are_bounded_by_bytes_and_never_split_a_line(client, deployed):
+    lines = [line(i) for i in range(20)] + [line(99, padding="x" * 2000)] + [line(i) for i in range(100, 105)]
+    content = ("\n".join(lines) + "\n").encode()
+    submit(client, content)
+    run_ingest()
+    work = take_work(deployed)
+    total = 0
+    for m in work:
+        got = lines_of(content, m.byte_start, m.byte_end, m.first_line)
+        assert len(got) == m.line_count >= 1
+        assert m.byte_end - m.byte_start <= 600 or m.line_count == 1  # an oversized line rides alone
+        assert content[m.byte_start - 1 : m.byte_start] in (b"", b"\n")  # starts at a line start
+        assert content[m.byte_end - 1 : m.byte_end] == b"\n"
+        total += m.line_count
+    assert total == 26
+    assert any(m.line_count == 1 and m.byte_end - m.byte_start > 2000 for m in work)
+
+
+def test_bom_crlf_and_blank_lines(client, deployed):
+    content = b"\xef\xbb\xbf" + b"\r\n".join([line(0).encode(), b"", b"   ", line(1).encode(), line(2).encode()]) + b"\r\n\r\n"
+    batch = submit(client, content)
+    run_ingest()
+    current = client.batches.retrieve(batch.id)
+    assert current.status == "in_progress" and current.request_counts.total == 3
+    (m,) = take_work(deployed)
+    assert (m.first_line, m.line_count, m.byte_start) == (1, 3, 0)
+    assert [json.loads(l.text)["custom_id"] for l in lines_of(content, m.byte_start, m.byte_end, 1)] == ["req-0", "req-1", "req-2"]
+
+
+def bad(i, **changes):
+    obj = json.loads(line(i))
+    for key, value in changes.items():
+        if key.startswith("body_"):
+            obj["body"][key[5:]] = value
+        elif value is None:
+            obj.pop(key)
+        else:
+            obj[key] = value
+    return json.dumps(obj)
+
+
+def body_without_model(i):
+    obj = json.loads(line(i))
+    del obj["body"]["model"]
+    return json.dumps(obj)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([line(0), "{not json", line(2)], [("invalid_json_line", 2, None)]),
+        ([line(0), "[1, 2]"], [("invalid_json_line", 2, None)]),
+        ([bad(0, custom_id=None)], [("missing_required_parameter", 1, "custom_id")]),
+        ([bad(0, custom_id=7)], [("invalid_value", 1, "custom_id")]),
+        ([line(0), line(1), line(0)], [("duplicate_custom_id", 3, "custom_id")]),
+        ([line(0), bad(1, method="GET")], [("invalid_method", 2, "method")]),
+        ([line(0), bad(1, url="/v1/embeddings")], [("invalid_url", 2, "url")]),
+        ([line(0), body_without_model(1)], [("missing_required_parameter", 2, "body.model")]),
+        ([line(0), bad(1, body=None)], [("missing_required_parameter", 2, "body")]),
+        ([line(0), line(1, model="test-embed")], [("mismatched_model", 2, "body.model")]),
+        ([line(0, model="gpt-4o")], [("model_not_found", 1, "body.model")]),
+        ([line(0, model="test-embed")], [("model_not_found", 1, "body.model")]),  # not served for chat
+        ([line(0), bad(1, body_stream=True)], [("invalid_value", 2, "body.stream")]),
+        ([line(0), "", bad(2, method="PUT"), "{"], [("invalid_method", 3, "method"), ("invalid_json_line", 4, None)]),
+        (["", "  "], [("empty_file", None, None)]),
+    ],
+)
+def test_validation_errors_fail_the_batch_with_line_numbers(client, deployed, lines, expected):
+    batch = submit(client, ("\n".join(lines) + "\n").encode())
+    run_ingest()
+    failed = client.batches.retrieve(batch.id)
+    assert failed.status == "failed" and failed.failed_at is not None and failed.in_progress_at is None
+    assert [(e.code, e.line, e.param) for e in failed.errors.data] == expected
+    assert all(e.message for e in failed.errors.data)
+    assert failed.errors.object == "list"
+    assert take_work(deployed) == [] and executions(deployed) == []
+
+
+def test_non_utf8_line(client, deployed):
+    content = line(0).encode() + b"\n" + b'{"custom_id": "\xff\xfe"}\n'
+    batch = submit(client, content)
+    run_ingest()
+    assert [(e.code, e.line) for e in client.batches.retrieve(batch.id).errors.data] == [("invalid_json_line", 2)]
+
+
+@pytest.mark.settings(max_line_bytes=200)
+def test_line_over_the_size_limit(client, deployed):
+    batch = submit(client, (line(0) + "\n" + line(1, padding="y" * 300) + "\n").encode())
+    run_ingest()
+    assert [(e.code, e.line) for e in client.batches.retrieve(batch.id).errors.data] == [("line_too_large", 2)]
+
+
+@pytest.mark.settings(max_batch_lines=3)
+def test_too_many_requests(client, deployed):
+    batch = submit(client, ("\n".join(line(i) for i in range(5)) + "\n").encode())
+    run_ingest()
+    assert [(e.code, e.line) for e in client.batches.retrieve(batch.id).errors.data] == [("too_many_tasks", 4)]
+
+
+def test_cancelled_while_validating_is_never_enqueued(client, deployed):
+    batch = submit(client, (line(0) + "\n").encode())
+    client.batches.cancel(batch.id)
+    run_ingest()
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "cancelled" and done.cancelled_at is not None and done.in_progress_at is None
+    assert take_work(deployed) == [] and executions(deployed) == []
+
+
+def test_crash_between_state_change_and_fan_out_is_resumed(client, deployed, stores, settings, monkeypatch):
+    batch = submit(client, ("\n".join(line(i) for i in range(3)) + "\n").encode())
+
+    def boom(*_, **__):
+        raise ConnectionError("died")
+
+    monkeypatch.setattr(stores.queues, "send", boom)
+    with pytest.raises(ConnectionError):
+        logic.ingest(stores, deployed, "acme", batch.id, now=lambda: batch.created_at)
+    assert client.batches.retrieve(batch.id).status == "in_progress"
+    monkeypatch.undo()
+    logic.ingest(stores, deployed, "acme", batch.id, now=lambda: batch.created_at)
+    assert len(take_work(deployed)) == 1 and len(executions(deployed)) == 1
+    assert stores.batches.get("acme", batch.id).enqueued
+
+
+def test_missing_record_is_retried_not_dropped(stores, deployed):
+    with pytest.raises(logic.BatchNotVisibleYet):
+        logic.ingest(stores, deployed, "acme", "batch_01m8n7xjx1bekcr5r3de2q3dfv", now=lambda: 0, attempts=2)
+
+
+def test_only_snapshot_created_events_are_ingested():
+    def event(key, name="ObjectCreated:Put"):
+        return json.dumps({"Records": [{"eventName": name, "s3": {"object": {"key": key}}}]})
+
+    assert snapshot_keys(json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})) == []
+    assert snapshot_keys(event("batches/acme/batch_1/input.jsonl")) == ["batches/acme/batch_1/input.jsonl"]
+    assert snapshot_keys(event("batches/acme%2Bco/batch_1/input.jsonl")) == ["batches/acme+co/batch_1/input.jsonl"]
+    assert snapshot_keys(event("batches/acme/batch_1/parts/000001.out.jsonl")) == []
+    assert snapshot_keys(event("batches/acme/batch_1/input.jsonl", "ObjectRemoved:Delete")) == []
