@@ -4,16 +4,14 @@ The CDK stack substitutes ``${WorkflowFunctionArn}`` (``DefinitionBody.from_stri
 definition substitutions); the local deployment substitutes the local function's ARN and runs the
 same definition on moto's Step Functions interpreter.
 
-Execution input: ``{"tenant", "batch_id", "timeout_seconds"}`` (seconds until ``expires_at``).
+Execution input: ``{"tenant", "batch_id", "timeout_seconds", "poll_seconds"}``: seconds until the
+batch's ``expires_at``, and how often draining checks for running chunks.
 """
 
 import json
 from typing import Any
 
 FUNCTION_PLACEHOLDER = "WorkflowFunctionArn"
-#: How often a cancelled or expiring batch checks whether its running chunks have finished.
-DRAIN_POLL_SECONDS = 2
-
 _LAMBDA_RETRY = {
     "ErrorEquals": ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException", "Lambda.TooManyRequestsException"],
     "IntervalSeconds": 1,
@@ -65,7 +63,7 @@ def definition() -> dict[str, Any]:
                 "Choices": [{"Variable": "$.drain.drained", "BooleanEquals": True, "Next": "Finalize"}],
                 "Default": "WaitForRunningChunks",
             },
-            "WaitForRunningChunks": {"Type": "Wait", "Seconds": DRAIN_POLL_SECONDS, "Next": "Drain"},
+            "WaitForRunningChunks": {"Type": "Wait", "SecondsPath": "$.poll_seconds", "Next": "Drain"},
             "Finalize": {
                 **_invoke("finalize", {"signal.$": "$.drain.reason"}),
                 "ResultSelector": {"status.$": "$.Payload.status"},

@@ -2,8 +2,11 @@
 definitions as the stack, and the local HTTP front in a thread so the official openai SDK can
 drive the real handlers."""
 
+import contextlib
+import json
 import threading
 import time
+from unittest import mock
 from collections.abc import Iterator
 
 import pytest
@@ -37,6 +40,11 @@ def _aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    # A call that escaped moto (e.g. from a thread outliving its mock) goes to a dead loopback
+    # proxy and fails at once, instead of leaving this machine.
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
 
 
 @pytest.fixture
@@ -63,11 +71,54 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
+#: moto runs state machines for tests marked ``workflow``; its Lambda tasks reach our handler.
+EXECUTE_WORKFLOWS = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+
+
+def _invoke_workflow_handler(self, function_name, qualifier, body, headers, response_headers):  # noqa: ANN001
+    """Stands in for moto's no-Docker Lambda backend: the state machine's Lambda tasks run our
+    workflow handler (errors shaped as the Lambda runtime reports them)."""
+    from functions.workflow import handler as workflow_handler
+    from infra.local.lambda_context import LocalLambdaContext
+
+    try:
+        return json.dumps(workflow_handler.handler(json.loads(body or "{}"), LocalLambdaContext("workflow"))).encode()
+    except Exception as exc:  # noqa: BLE001 - reported to the state machine like Lambda does
+        response_headers["x-amz-function-error"] = "Unhandled"
+        return json.dumps({"errorMessage": str(exc), "errorType": type(exc).__name__}).encode()
+
+
+def _finish_executions(state_machine_arn: str) -> None:
+    """Fail any execution a test left waiting, and wait until none runs (their threads would
+    otherwise outlive the mock)."""
+    sfn = clients.client("stepfunctions")
+    for _ in range(200):
+        running = sfn.list_executions(stateMachineArn=state_machine_arn, statusFilter="RUNNING")["executions"]
+        if not running:
+            return
+        for execution in running:
+            batch_input = json.loads(sfn.describe_execution(executionArn=execution["executionArn"])["input"])
+            batch = deps.stores().batches.get(batch_input["tenant"], batch_input["batch_id"])
+            if batch and batch.task_token:
+                try:
+                    sfn.send_task_failure(taskToken=batch.task_token, error="TestTeardown")
+                except sfn.exceptions.ClientError:
+                    pass
+        time.sleep(0.05)
+    raise AssertionError("executions still running after the test")
+
+
 @pytest.fixture
-def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Settings]:
+def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Settings]:
     """moto in decorator mode with the deployment's resources, and handlers configured for them.
     Yields the settings pointing at the created queues and state machine."""
-    with mock_aws():
+    execute = request.node.get_closest_marker("workflow") is not None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock_aws(config=EXECUTE_WORKFLOWS if execute else None))
+        if execute:
+            from moto.awslambda_simple.models import LambdaSimpleBackend
+
+            stack.enter_context(mock.patch.object(LambdaSimpleBackend, "invoke", _invoke_workflow_handler))
         deps.reset()
         concrete = create_resources(
             settings, clients.client, prefix=PREFIX, workflow_function_arn=WORKFLOW_FUNCTION_ARN
@@ -78,6 +129,8 @@ def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setting
             monkeypatch.setenv(name, value)
         deps.reset()
         yield concrete
+        if execute:
+            _finish_executions(concrete.state_machine_arn)
         deps.reset()
 
 

@@ -55,6 +55,7 @@ DEFAULT_MAX_LINE_BYTES: Final = 1024 * 1024
 DEFAULT_CHUNK_MAX_LINES: Final = 100
 DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_DRAIN_GRACE_SECONDS: Final = 120
+DEFAULT_DRAIN_POLL_SECONDS: Final = 5
 #: metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_MAX_PAIRS: Final = 16
 METADATA_MAX_KEY: Final = 64

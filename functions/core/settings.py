@@ -50,6 +50,8 @@ class Settings(BaseModel):
     chunk_max_bytes: int = Field(default=limits.DEFAULT_CHUNK_MAX_BYTES, gt=0)
     #: How long a cancelled or expired batch waits for chunks already running before finalizing.
     drain_grace_seconds: int = Field(default=limits.DEFAULT_DRAIN_GRACE_SECONDS, ge=0)
+    #: How often the workflow checks whether running chunks have finished while draining.
+    drain_poll_seconds: int = Field(default=limits.DEFAULT_DRAIN_POLL_SECONDS, ge=0)
     state_machine_arn: str = ""
     event_bus_name: str = "default"
 

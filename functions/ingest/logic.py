@@ -188,7 +188,13 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
         ]
         stores.queues.send(settings.models[batch.model].queue_url, messages)
     stores.workflows.start(
-        batch.id, {"tenant": batch.tenant, "batch_id": batch.id, "timeout_seconds": max(1, batch.expires_at - now)}
+        batch.id,
+        {
+            "tenant": batch.tenant,
+            "batch_id": batch.id,
+            "timeout_seconds": max(1, batch.expires_at - now),
+            "poll_seconds": settings.drain_poll_seconds,
+        },
     )
     stores.batches.update(batch, values={"enqueued": True})
 

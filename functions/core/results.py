@@ -1,0 +1,42 @@
+"""Batch result lines and the per-chunk result parts, shared by the worker, the DLQ handler and
+finalize. A line whose request got a 2xx goes to the output part; anything else (an engine error
+status, or no response at all) to the error part. Part keys are deterministic, so a redelivered
+chunk overwrites its own parts."""
+
+from typing import Any
+
+from . import ids, schema
+from .messages import WorkMessage
+from .models import BatchLineError, BatchLineResponse, BatchOutputLine
+from .stores import ObjectStore
+
+
+def response_line(custom_id: str, status_code: int, body: Any, request_id: str) -> BatchOutputLine:
+    if not isinstance(body, dict):
+        body = {"error": {"message": str(body), "type": "server_error", "param": None, "code": None}}
+    return BatchOutputLine(
+        id=ids.new_id(ids.BATCH_REQUEST),
+        custom_id=custom_id,
+        response=BatchLineResponse(status_code=status_code, request_id=request_id, body=body),
+        error=None,
+    )
+
+
+def error_line(custom_id: str, code: str, message: str) -> BatchOutputLine:
+    return BatchOutputLine(
+        id=ids.new_id(ids.BATCH_REQUEST), custom_id=custom_id, response=None, error=BatchLineError(code=code, message=message)
+    )
+
+
+def succeeded(line: BatchOutputLine) -> bool:
+    return line.response is not None and 200 <= line.response.status_code < 300
+
+
+def write_parts(objects: ObjectStore, message: WorkMessage, lines: list[BatchOutputLine]) -> tuple[int, int]:
+    """Write a chunk's output and error parts (lines in input order); returns (completed, failed)."""
+    out = [line for line in lines if succeeded(line)]
+    err = [line for line in lines if not succeeded(line)]
+    for kind, part in (("out", out), ("err", err)):
+        body = b"".join(line.model_dump_json().encode() + b"\n" for line in part)
+        objects.put(schema.chunk_part_key(message.tenant, message.batch_id, message.chunk, kind), body, "application/jsonl")
+    return len(out), len(err)

@@ -1,0 +1,233 @@
+"""The batch workflow, executed by moto's Step Functions interpreter from infra/workflow.py, with
+its Lambda tasks answered by our workflow handler; chunks run by the worker's accounting path."""
+
+import json
+
+import pytest
+from openai.types import Batch
+
+from functions.core import clients, schema
+from functions.core.models import BatchOutputLine
+from functions.workflow import logic
+from tests.unit.batch_helpers import (
+    line,
+    run_chunk,
+    run_ingest,
+    submit,
+    take_work,
+    wait_for_execution,
+    wait_for_task_token,
+)
+
+pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30)]
+
+
+@pytest.fixture
+def events(deployed):
+    """Every EventBridge event the system publishes, captured through a rule into a queue."""
+    sqs, bridge = clients.client("sqs"), clients.client("events")
+    url = sqs.create_queue(QueueName="captured-events")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    bridge.put_rule(Name="all-batch-events", EventPattern=json.dumps({"source": ["batch-api"]}))
+    bridge.put_targets(Rule="all-batch-events", Targets=[{"Id": "q", "Arn": arn}])
+
+    def read() -> list[dict]:
+        out = []
+        while messages := sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+            for m in messages:
+                out.append(json.loads(m["Body"]))
+                sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        return out
+
+    return read
+
+
+def start(client, stores, lines, **kwargs):
+    batch = submit(client, ("\n".join(lines) + "\n").encode(), **kwargs)
+    run_ingest()
+    wait_for_task_token(stores, "acme", batch.id)
+    return batch
+
+
+def read_file(client, file_id) -> list[BatchOutputLine]:
+    if file_id is None:
+        return []
+    return [BatchOutputLine.model_validate_json(l) for l in client.files.content(file_id).content.splitlines()]
+
+
+def assert_invariants(client, batch: Batch, custom_ids: list[str]):
+    """DESIGN.md section 3: every input line in exactly one file, counts equal to the lines."""
+    out, err = read_file(client, batch.output_file_id), read_file(client, batch.error_file_id)
+    assert batch.request_counts.total == len(custom_ids)
+    assert batch.request_counts.completed == len(out)
+    assert batch.request_counts.failed == len(err)
+    assert sorted(l.custom_id for l in out + err) == sorted(custom_ids)
+    order = {c: i for i, c in enumerate(custom_ids)}
+    assert [l.custom_id for l in out] == sorted((l.custom_id for l in out), key=order.get)  # input order
+    assert [l.custom_id for l in err] == sorted((l.custom_id for l in err), key=order.get)
+    assert len({l.id for l in out + err}) == len(out) + len(err)
+    for l in out:
+        assert l.error is None and l.response.status_code == 200 and l.response.body["object"] == "chat.completion"
+    for f in (batch.output_file_id, batch.error_file_id):
+        if f:
+            meta = client.files.retrieve(f)
+            assert meta.purpose == "batch_output" and meta.bytes > 0
+    return out, err
+
+
+def test_complete(client, stores, deployed, events):
+    ids = [f"req-{i}" for i in range(5)]
+    batch = start(client, stores, [line(i) for i in range(5)])
+    work = take_work(deployed)
+    assert len(work) == 3
+    outcomes = [run_chunk(stores, m) for m in work]
+    assert [o.counted for o in outcomes] == [True, True, True] and outcomes[-1].last
+    execution = wait_for_execution(deployed, batch.id)
+    assert execution["status"] == "SUCCEEDED", execution
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed"
+    assert done.in_progress_at <= done.finalizing_at <= done.completed_at
+    out, err = assert_invariants(client, done, ids)
+    assert len(out) == 5 and err == [] and done.error_file_id is None
+    assert done.usage.input_tokens == 50 and done.usage.output_tokens == 15 and done.usage.total_tokens == 65
+    output = client.files.retrieve(done.output_file_id)
+    assert output.filename == f"{batch.id}_output.jsonl" and output.expires_at == output.created_at + 30 * 86400
+    (event,) = events()
+    assert event["detail-type"] == "batch.completed" and event["detail"]["id"] == batch.id
+    assert event["detail"]["request_counts"] == {"completed": 5, "failed": 0, "total": 5}
+
+
+def test_engine_rejections_land_in_the_error_file(client, stores, deployed):
+    lines = [line(0), json.dumps({**json.loads(line(1)), "custom_id": "reject-1"}), line(2)]
+    batch = start(client, stores, lines, output_expires_after={"anchor": "created_at", "seconds": 7200})
+    for m in take_work(deployed):
+        run_chunk(stores, m)
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    out, err = assert_invariants(client, done, ["req-0", "reject-1", "req-2"])
+    assert done.status == "completed" and [l.custom_id for l in err] == ["reject-1"]
+    assert err[0].response.status_code == 400 and err[0].response.body["error"]["message"] == "rejected"
+    assert err[0].error is None
+    error_file = client.files.retrieve(done.error_file_id)
+    assert error_file.expires_at == error_file.created_at + 7200
+
+
+def test_only_errors(client, stores, deployed):
+    lines = [json.dumps({**json.loads(line(i)), "custom_id": f"reject-{i}"}) for i in range(3)]
+    batch = start(client, stores, lines)
+    for m in take_work(deployed):
+        run_chunk(stores, m)
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    out, err = assert_invariants(client, done, [f"reject-{i}" for i in range(3)])
+    assert done.status == "completed" and done.output_file_id is None and len(err) == 3
+
+
+def test_a_chunk_recorded_twice_counts_once(client, stores, deployed):
+    batch = start(client, stores, [line(i) for i in range(4)])
+    first, second = take_work(deployed)
+    assert run_chunk(stores, first).counted
+    again = run_chunk(stores, first)  # SQS delivered it twice
+    assert not again.counted and not again.last
+    assert stores.batches.get("acme", batch.id).completed == 2
+    assert run_chunk(stores, second).last
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    assert_invariants(client, done, [f"req-{i}" for i in range(4)])
+    assert done.request_counts.completed == 4
+
+
+def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
+    ids = [f"req-{i}" for i in range(5)]
+    batch = start(client, stores, [line(i) for i in range(5)])
+    first, second, third = take_work(deployed)
+    run_chunk(stores, first)
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "cancelled" and done.cancelled_at >= done.cancelling_at
+    out, err = assert_invariants(client, done, ids)
+    assert [l.custom_id for l in out] == ["req-0", "req-1"]
+    assert {l.error.code for l in err} == {"batch_cancelled"} and len(err) == 3
+    # a chunk that arrives after the batch closed is skipped, or not counted if it was running
+    assert run_chunk(stores, second) is None
+    late = run_chunk(stores, third, start=False)
+    assert not late.counted
+    assert client.batches.retrieve(batch.id) == done
+    assert [e["detail-type"] for e in events()] == ["batch.cancelled"]
+
+
+def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
+    batch = start(client, stores, [line(i) for i in range(4)])
+    first, second = take_work(deployed)
+    from functions.core import accounting
+
+    accounting.start_chunk(stores, first)  # a worker is on it
+    client.batches.cancel(batch.id)
+    # the workflow drains: it must not finalize while the chunk runs
+    for _ in range(20):
+        assert stores.batches.get("acme", batch.id).status == "cancelling"
+    run_chunk(stores, first, start=False)  # the running chunk finishes within the grace period
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    out, err = assert_invariants(client, done, [f"req-{i}" for i in range(4)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1"] and {l.error.code for l in err} == {"batch_cancelled"}
+
+
+@pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=1)
+def test_a_chunk_that_never_finishes_is_abandoned_after_the_grace_period(client, stores, deployed):
+    batch = start(client, stores, [line(i) for i in range(2)])
+    (only,) = take_work(deployed)
+    from functions.core import accounting
+
+    accounting.start_chunk(stores, only)  # and the worker dies
+    client.batches.cancel(batch.id)
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    out, err = assert_invariants(client, done, ["req-0", "req-1"])
+    assert done.status == "cancelled" and out == [] and {l.error.code for l in err} == {"batch_cancelled"}
+
+
+@pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, completion_windows=("2s",))
+def test_expire_mid_run(client, stores, deployed, events):
+    ids = [f"req-{i}" for i in range(4)]
+    batch = start(client, stores, [line(i) for i in range(4)], window="2s")
+    first, second = take_work(deployed)
+    run_chunk(stores, first)
+    execution = wait_for_execution(deployed, batch.id)
+    assert execution["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "expired" and done.expired_at >= done.finalizing_at
+    out, err = assert_invariants(client, done, ids)
+    assert [l.custom_id for l in out] == ["req-0", "req-1"]
+    assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "batch_expired"), ("req-3", "batch_expired")]
+    assert run_chunk(stores, second) is None  # too late
+    assert [e["detail-type"] for e in events()] == ["batch.expired"]
+
+
+def test_finalize_failure_lands_in_failed(client, stores, deployed, events, monkeypatch):
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+
+    monkeypatch.setattr(retrier_decl.time, "sleep", lambda _: None)  # no real backoff in the test
+    batch = start(client, stores, [line(0)])
+    stores.objects.delete(schema.batch_manifest_key("acme", batch.id))  # finalize cannot work now
+    (only,) = take_work(deployed)
+    run_chunk(stores, only)
+    execution = wait_for_execution(deployed, batch.id)
+    assert execution["status"] == "FAILED" and execution["error"] == "BatchFailed"
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "failed" and done.failed_at is not None
+    (error,) = done.errors.data
+    assert error.code == "batch_failed" and "could not be finalized" in error.message
+    assert [e["detail-type"] for e in events()] == ["batch.failed"]
+
+
+def test_finalize_is_idempotent(client, stores, deployed):
+    batch = start(client, stores, [line(i) for i in range(3)])
+    for m in take_work(deployed):
+        run_chunk(stores, m)
+    wait_for_execution(deployed, batch.id)
+    done = client.batches.retrieve(batch.id)
+    assert logic.finalize(stores, "acme", batch.id, "complete", now=done.completed_at + 5) == {"status": "completed"}
+    assert client.batches.retrieve(batch.id) == done
+    assert len([f for f in client.files.list() if f.purpose == "batch_output"]) == 1
