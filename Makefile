@@ -31,6 +31,15 @@ test-e2e: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .local-state
 
+# --- Benchmarks (not tests; results in docs/benchmarks.md) ------------------------------------
+.PHONY: bench bench-lifecycle
+## Ingest + finalize of a 50,000-line (~200 MB) and a 500-line (~2 MB) batch: wall time, peak
+## memory, AWS requests per input line.
+bench-lifecycle: $(STAMP)
+	$(PY) -m tests.bench.bench_lifecycle --lines 500 --line-bytes 4000
+	$(PY) -m tests.bench.bench_lifecycle --lines 50000 --line-bytes 4000
+bench: bench-lifecycle
+
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
 ENGINE_VENV := .venv-engine
 .PHONY: engine serve-chat serve-embed

@@ -5,6 +5,7 @@
 workflow front, GPU workers) are more components appended in ``components()``.
 """
 
+import json
 import logging
 import os
 import socket
@@ -21,13 +22,17 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
 from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
+from functions.ingest import handler as ingest_handler
+from functions.workflow import handler as workflow_handler
 from functions.core import auth, clients, deps, http
 from functions.core.settings import Settings
 from infra import names
 
 from . import state
 from .front import LocalApi, make_server
-from .resources import create_resources
+from .lambda_front import LambdaFront
+from .pollers import Poller
+from .resources import create_resources, ingest_queue_url
 from .ttl import start_sweeper
 
 log = logging.getLogger("infra.local")
@@ -106,6 +111,15 @@ class MotoServer:
         self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]
+        # Run state machines for real (their Lambda tasks reach the LambdaFront); must be set
+        # before the state machine is created.
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/config", data=json.dumps(MOTO_CONFIG).encode(), method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10):  # noqa: S310 - loopback URL we built
+            pass
+        logging.getLogger("moto.stepfunctions.parser").setLevel(logging.CRITICAL)  # logs caught errors loudly
 
     @property
     def port(self) -> int:
@@ -121,6 +135,9 @@ class MotoServer:
             self._server = None
 
 
+MOTO_CONFIG = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+
+
 class AwsEnvironment:
     """Points this process's boto3 clients at moto and configures the handlers (as the stack
     configures the Lambdas): endpoint, fake credentials, region, ``settings.to_env()``."""
@@ -128,8 +145,8 @@ class AwsEnvironment:
     name = "environment"
     _CLEARED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
-    def __init__(self, environ: MutableMapping[str, str], moto: MotoServer, settings: Settings):
-        self._environ, self._moto, self._settings = environ, moto, settings
+    def __init__(self, environ: MutableMapping[str, str], moto: MotoServer, lambdas: LambdaFront, settings: Settings):
+        self._environ, self._moto, self._lambdas, self._settings = environ, moto, lambdas, settings
         self._saved: dict[str, str | None] = {}
 
     def start(self) -> None:
@@ -139,8 +156,9 @@ class AwsEnvironment:
             "AWS_SECRET_ACCESS_KEY": state.SECRET_ACCESS_KEY,
             "AWS_REGION": state.REGION,
             "AWS_DEFAULT_REGION": state.REGION,
-            # moto's own SDK calls (e.g. its Step Functions interpreter) go to this port.
-            "MOTO_PORT": str(self._moto.port),
+            # moto's own SDK calls (its Step Functions interpreter's Lambda invokes) go to this
+            # port: the Lambda front, which runs our handlers and forwards the rest to moto.
+            "MOTO_PORT": str(self._lambdas.port),
             **{name: None for name in self._CLEARED},
             **self._settings.to_env(),
         }
@@ -163,15 +181,23 @@ class AwsEnvironment:
 
 
 class Resources:
-    """The table and bucket (from the definitions the stack uses) and the seeded API key."""
+    """The resources (from the definitions the stack uses) and the seeded API key. Like a stack's
+    outputs, the queue URLs and the state machine ARN then go into the handlers' settings."""
 
     name = "resources"
 
-    def __init__(self, settings: Settings, *, tenant: str, key: str, clock: Clock = now):
-        self._settings, self._tenant, self._key, self._clock = settings, tenant, key, clock
+    def __init__(
+        self, environ: MutableMapping[str, str], settings: Settings, *, prefix: str, tenant: str, key: str, clock: Clock = now
+    ):
+        self._environ, self._settings, self._prefix = environ, settings, prefix
+        self._tenant, self._key, self._clock = tenant, key, clock
 
     def start(self) -> None:
-        create_resources(self._settings, clients.client, prefix=names.LOCAL_TABLE)
+        concrete = create_resources(
+            self._settings, clients.client, prefix=self._prefix, workflow_function_arn=workflow_function_arn(self._prefix)
+        )
+        self._environ.update(concrete.to_env())
+        deps.reset()
         auth.create_key(deps.stores().keys, self._tenant, now=self._clock(), key=self._key)
 
     def stop(self) -> None:
@@ -248,6 +274,10 @@ class StateFile:
             self.path.unlink(missing_ok=True)
 
 
+def workflow_function_arn(prefix: str) -> str:
+    return f"arn:aws:lambda:{state.REGION}:123456789012:function:{prefix}-workflow"
+
+
 # --- Assembly ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LocalConfig:
@@ -257,8 +287,17 @@ class LocalConfig:
     state_path: Path = state.REPO_ROOT / names.LOCAL_STATE_DIR / names.LOCAL_STATE_FILE
     tenant: str = names.LOCAL_TENANT
     key: str = names.LOCAL_KEY
+    lambda_port: int = 0
+    prefix: str = names.LOCAL_PREFIX
     ttl_sweep_seconds: float = 10.0
-    settings: Settings = Settings(table_name=names.LOCAL_TABLE, bucket_name=names.LOCAL_BUCKET)
+    settings: Settings = Settings(
+        table_name=names.LOCAL_TABLE,
+        bucket_name=names.LOCAL_BUCKET,
+        models=names.LOCAL_MODELS,
+        completion_windows=names.LOCAL_COMPLETION_WINDOWS,
+        drain_grace_seconds=30,
+        drain_poll_seconds=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -273,6 +312,10 @@ class Local:
 
 def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
     moto = MotoServer(config.host, config.moto_port)
+    lambdas = LambdaFront(
+        config.host, config.lambda_port, lambda: moto.port,
+        {f"{config.prefix}-workflow": workflow_handler.handler},
+    )
     front = HttpFront(config.host, config.api_port)
     state_file = StateFile(
         config.state_path,
@@ -286,9 +329,14 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
     )
     deployment = Deployment([
         moto,
-        AwsEnvironment(environ, moto, config.settings),
-        Resources(config.settings, tenant=config.tenant, key=config.key),
+        lambdas,
+        AwsEnvironment(environ, moto, lambdas, config.settings),
+        Resources(environ, config.settings, prefix=config.prefix, tenant=config.tenant, key=config.key),
         TtlSweeper(config.settings, every=config.ttl_sweep_seconds),
+        Poller(
+            "ingest", lambda: clients.client("sqs"), lambda: ingest_queue_url(clients.client, config.prefix),
+            ingest_handler.handler,
+        ),
         front,
         state_file,
     ])
