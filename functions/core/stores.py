@@ -461,15 +461,6 @@ class ObjectStore:
             body = self._s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
         yield from body.iter_chunks(chunk_size)
 
-    def exists(self, key: str) -> bool:
-        try:
-            self._s3.head_object(Bucket=self.bucket, Key=key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
-        return True
-
     def writer(self, key: str) -> "MultipartWriter":
         return MultipartWriter(self._s3, self.bucket, key)
 

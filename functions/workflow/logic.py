@@ -111,9 +111,13 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: in
     never_ran = 0
     with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
         for chunk in manifest.chunks:
-            if chunk.chunk in counted:
-                _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "out"), output)
-                _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "err"), errors)
+            marker = counted.get(chunk.chunk)
+            if marker is not None:
+                # The marker's counts say which parts hold lines: no request for an empty part.
+                if marker.completed:
+                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "out"), output)
+                if marker.failed:
+                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "err"), errors)
             else:
                 never_ran += _write_never_ran(stores, batch, chunk, errors, reason)
     expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS
@@ -146,9 +150,8 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: in
 
 
 def _append_part(stores: Stores, key: str, writer: MultipartWriter) -> None:
-    if stores.objects.exists(key):
-        for data in stores.objects.iter_bytes(key):
-            writer.write(data)
+    for data in stores.objects.iter_bytes(key):
+        writer.write(data)
 
 
 def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: MultipartWriter, reason: str) -> int:

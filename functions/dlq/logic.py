@@ -1,0 +1,61 @@
+"""Dead-lettered work messages: a chunk that kept failing (it killed or stalled its workers
+``WORK_MAX_RECEIVES`` times). Its lines are failed with a clear error line, and the chunk is
+counted through the shared accounting, so the batch still finishes (the last chunk signals the
+workflow as usual)."""
+
+from dataclasses import dataclass
+
+from functions.core import accounting, results
+from functions.core.lines import LineError, RawLine, iter_lines, parse_request
+from functions.core.messages import WorkMessage
+from functions.core.stores import Stores
+
+#: The error code of a dead-lettered chunk's lines (OpenAI's code for a failure on its side).
+ERROR_CODE = "server_error"
+
+
+def error_message(message: WorkMessage) -> str:
+    return (
+        f"The request was not processed: its chunk (chunk {message.chunk}, from input line "
+        f"{message.first_line}) failed on the GPU workers on every attempt and was dead-lettered. "
+        "A request in it may crash or stall the engine; retry these requests in a new batch."
+    )
+
+
+@dataclass(frozen=True)
+class DeadLetterOutcome:
+    #: "recorded" (lines failed, chunk counted), "already_counted", "batch_closed" or "no_batch".
+    action: str
+    failed: int = 0
+    last: bool = False
+
+
+def _custom_id(raw: RawLine) -> str:
+    try:
+        value = parse_request(raw).get("custom_id")
+    except LineError:
+        value = None
+    return value if isinstance(value, str) and value else f"line-{raw.number}"
+
+
+def fail_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int, now: int) -> DeadLetterOutcome:
+    """Write an error line for every request line of the chunk and count the chunk (once)."""
+    batch = stores.batches.get(message.tenant, message.batch_id)
+    if batch is None:
+        return DeadLetterOutcome("no_batch")
+    if not batch.accepting:
+        # Finalize already closed the batch: its requests got batch_expired/batch_cancelled lines.
+        return DeadLetterOutcome("batch_closed")
+    if message.chunk in stores.batches.counted_chunks(message.tenant, message.batch_id):
+        # A worker did count it (and died before deleting the message): keep its results.
+        return DeadLetterOutcome("already_counted")
+    data = stores.objects.iter_range(message.input_key, message.byte_start, message.byte_end)
+    text = error_message(message)
+    lines = [
+        results.error_line(_custom_id(raw), ERROR_CODE, text)
+        for raw in iter_lines(data, max_line_bytes=max_line_bytes, start=message.byte_start, first_number=message.first_line)
+        if not raw.blank
+    ]
+    completed, failed = results.write_parts(stores.objects, message, lines)
+    outcome = accounting.record_chunk(stores, message, completed=completed, failed=failed, usage=accounting.Usage(), now=now)
+    return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", failed, outcome.last)
