@@ -52,12 +52,16 @@ def file_key(tenant: str, file_id: str) -> str:
     return f"files/{tenant}/{file_id}"
 
 
-def upload_part_key(tenant: str, upload_id: str, part_id: str) -> str:
-    return f"uploads/{tenant}/{upload_id}/{part_id}"
+#: Upload parts live here until assembled; the bucket's lifecycle removes leftovers.
+UPLOADS_PREFIX = "uploads/"
 
 
 def upload_prefix(tenant: str, upload_id: str) -> str:
-    return f"uploads/{tenant}/{upload_id}/"
+    return f"{UPLOADS_PREFIX}{tenant}/{upload_id}/"
+
+
+def upload_part_key(tenant: str, upload_id: str, part_id: str) -> str:
+    return f"{upload_prefix(tenant, upload_id)}{part_id}"
 
 
 def batch_prefix(tenant: str, batch_id: str) -> str:

@@ -1,6 +1,7 @@
 """Stands in for DynamoDB's TTL process and its stream on moto: deletes items past their TTL and
 hands their old images to the same reaper logic the stream Lambda runs."""
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,8 @@ from boto3.dynamodb.conditions import Attr
 from functions.core import schema
 from functions.core.stores import ObjectStore
 from functions.reaper.handler import purge_removed
+
+log = logging.getLogger("infra.local.ttl")
 
 
 def expire_once(table: Any, objects: ObjectStore, now: int) -> int:
@@ -36,7 +39,10 @@ def start_sweeper(
 ) -> threading.Thread:
     def run() -> None:
         while not stop.wait(every):
-            expire_once(table, objects, clock())
+            try:
+                expire_once(table, objects, clock())
+            except Exception:  # a moto hiccup must not end the sweeper for the rest of the run
+                log.exception("TTL sweep failed; retrying in %ss", every)
 
     thread = threading.Thread(target=run, name="ttl-sweeper", daemon=True)
     thread.start()
