@@ -245,26 +245,17 @@ class BatchRecord(Record):
             ),
         }
 
+    #: Fields the wire Batch shows exactly as the record stores them.
+    _WIRE_FIELDS: ClassVar[set[str]] = {
+        "id", "endpoint", "model", "input_file_id", "completion_window", "status", "output_file_id",
+        "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
+        "failed_at", "expired_at", "cancelling_at", "cancelled_at", "metadata",
+    }
+
     def to_wire(self) -> Batch:
         return Batch(
-            id=self.id,
-            endpoint=self.endpoint,
-            model=self.model,
+            **self.model_dump(include=self._WIRE_FIELDS),
             errors=BatchErrors(data=[BatchError(**e) for e in self.errors]) if self.errors else None,
-            input_file_id=self.input_file_id,
-            completion_window=self.completion_window,
-            status=self.status,
-            output_file_id=self.output_file_id,
-            error_file_id=self.error_file_id,
-            created_at=self.created_at,
-            in_progress_at=self.in_progress_at,
-            expires_at=self.expires_at,
-            finalizing_at=self.finalizing_at,
-            completed_at=self.completed_at,
-            failed_at=self.failed_at,
-            expired_at=self.expired_at,
-            cancelling_at=self.cancelling_at,
-            cancelled_at=self.cancelled_at,
             request_counts=BatchRequestCounts(completed=self.completed, failed=self.failed, total=self.total),
             usage=BatchUsage(
                 input_tokens=self.input_tokens,
@@ -273,7 +264,6 @@ class BatchRecord(Record):
                 output_tokens_details=OutputTokensDetails(reasoning_tokens=self.reasoning_tokens),
                 total_tokens=self.input_tokens + self.output_tokens,
             ),
-            metadata=self.metadata,
         )
 
 

@@ -33,6 +33,7 @@ from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
 from .resources import create_resources, ingest_queue_url
+from .served import ServedHttp
 from .ttl import start_sweeper
 
 log = logging.getLogger("infra.local")
@@ -233,28 +234,19 @@ class HttpFront:
 
     def __init__(self, host: str, port: int):
         self._host, self._port = host, port
-        self._server = None
-        self._thread: threading.Thread | None = None
+        self._served = ServedHttp()
 
     def start(self) -> None:
         check_port_free(self._host, self._port, "PORT")
-        self._server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler), self._host, self._port)
-        self._port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="http-front", daemon=True)
-        self._thread.start()
+        server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler), self._host, self._port)
+        self._port = self._served.serve(server, self.name)
 
     @property
     def base_url(self) -> str:
         return f"http://{self._host}:{self._port}{http.API_PREFIX}"
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._served.shutdown()
 
 
 class StateFile:

@@ -6,7 +6,6 @@ and forwards every other request to moto unchanged."""
 import http.client
 import json
 import re
-import threading
 import traceback
 import uuid
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .lambda_context import LocalLambdaContext
+from .served import ServedHttp
 
 Handler = Callable[[dict[str, Any], Any], Any]
 _INVOKE = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
@@ -51,8 +51,7 @@ class LambdaFront:
 
     def __init__(self, host: str, port: int, moto_port: Callable[[], int], handlers: dict[str, Handler]):
         self._host, self._port, self._moto_port, self._handlers = host, port, moto_port, handlers
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._served = ServedHttp()
 
     @property
     def port(self) -> int:
@@ -95,17 +94,7 @@ class LambdaFront:
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _handle
 
-        self._server = ThreadingHTTPServer((self._host, self._port), Front)
-        self._server.daemon_threads = True
-        self._port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name=self.name, daemon=True)
-        self._thread.start()
+        self._port = self._served.serve(ThreadingHTTPServer((self._host, self._port), Front), self.name)
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._served.shutdown()
