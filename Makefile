@@ -14,9 +14,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## Run the local deployment in the foreground (Ctrl-C stops everything it started).
-up: $(STAMP)
+## Run the local deployment in the foreground (Ctrl-C stops everything it started): installs what
+## is missing (the venvs, the engine and its models; about 3 minutes the first time), then runs moto,
+## the API, ingest, the workflow, a vLLM engine and a worker per model.
+up: $(STAMP) engine
 	$(PY) -m infra.local
+
+## With `make up` running: a small chat batch through the openai SDK, with progress and results.
+.PHONY: demo
+demo: $(STAMP)
+	$(PY) -m infra.local.demo
 
 ## The whole test suite, end-to-end tests included (what CI runs).
 test: $(STAMP)

@@ -47,6 +47,10 @@ def work_queue_name(prefix: str, model: str) -> str:
     return f"{prefix}-work-{model_slug(model)}"
 
 
+def dead_letter_queue_name(queue_name: str) -> str:
+    return f"{queue_name}-dlq"
+
+
 def ingest_queue_name(prefix: str) -> str:
     return f"{prefix}-ingest"
 

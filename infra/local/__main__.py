@@ -1,7 +1,8 @@
 """``python -m infra.local`` (``make up``): the whole system on this machine, in the foreground.
 
 Environment: ``PORT`` (API, default 8080), ``MOTO_PORT`` (moto, default 4566), ``BATCHAPI_LOCAL_STATE_DIR``
-(where endpoint.json goes, default <repo>/.local-state). Port 0 picks a free port. Ctrl-C (SIGINT) or
+(where endpoint.json and the engines' and workers' logs go, default <repo>/.local-state),
+``BATCHAPI_LOCAL_ENGINES=0`` (no engines and workers). Port 0 picks a free port. Ctrl-C (SIGINT) or
 SIGTERM stops everything it started; the exit status is 0 when everything stopped cleanly.
 """
 
@@ -25,7 +26,12 @@ def config_from_env(env: Mapping[str, str]) -> LocalConfig:
         api_port=int(env.get("PORT") or names.LOCAL_API_PORT),
         moto_port=int(env.get("MOTO_PORT") or names.LOCAL_MOTO_PORT),
         state_path=state.state_path(env),
+        engines=env.get(ENGINES_ENV, "1") != "0",
     )
+
+
+#: ``BATCHAPI_LOCAL_ENGINES=0`` runs without the vLLM engines and workers (API, ingest, workflow).
+ENGINES_ENV = "BATCHAPI_LOCAL_ENGINES"
 
 
 def main() -> int:

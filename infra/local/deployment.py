@@ -22,6 +22,7 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
 from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
+from functions.dlq import handler as dlq_handler
 from functions.ingest import handler as ingest_handler
 from functions.workflow import handler as workflow_handler
 from functions.core import auth, clients, deps, http
@@ -32,7 +33,8 @@ from . import state
 from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
-from .resources import create_resources, ingest_queue_url
+from .processes import Engines, EngineSpec, Workers
+from .resources import create_resources, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
 from .ttl import start_sweeper
 
@@ -281,6 +283,10 @@ class LocalConfig:
     key: str = names.LOCAL_KEY
     lambda_port: int = 0
     prefix: str = names.LOCAL_PREFIX
+    #: Run the vLLM engines and the workers (off: the API, ingest and workflow only, in a second).
+    engines: bool = True
+    #: Ports of the engines by model (0 = a free port).
+    engine_ports: tuple[tuple[str, int], ...] = ((names.LOCAL_CHAT_MODEL, 0), (names.LOCAL_EMBED_MODEL, 0))
     ttl_sweep_seconds: float = 10.0
     settings: Settings = Settings(
         table_name=names.LOCAL_TABLE,
@@ -329,10 +335,33 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             "ingest", lambda: clients.client("sqs"), lambda: ingest_queue_url(clients.client, config.prefix),
             ingest_handler.handler,
         ),
+        *(
+            Poller(
+                f"dlq-{model}", lambda: clients.client("sqs"),
+                lambda model=model: work_dlq_url(clients.client, config.prefix, model), dlq_handler.handler,
+            )
+            for model in config.settings.models
+        ),
+        *engine_components(config, environ),
         front,
         state_file,
     ])
     return Local(deployment=deployment, moto=moto, front=front, state_file=state_file)
+
+
+def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) -> list[Component]:
+    """The engines (one vLLM server per model) and a worker beside each, unless turned off."""
+    if not config.engines:
+        return []
+    specs = [EngineSpec(model, port or free_port(config.host)) for model, port in config.engine_ports]
+    log_dir = config.state_path.parent / "logs"
+    return [Engines(specs, log_dir), Workers(specs, log_dir, environ)]
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def wait_until_answering(base_url: str, key: str, timeout: float = 10.0) -> None:

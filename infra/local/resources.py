@@ -60,8 +60,13 @@ def ingest_queue_url(client: Callable[[str], Any], prefix: str) -> str:
     return client("sqs").get_queue_url(QueueName=names.ingest_queue_name(prefix))["QueueUrl"]
 
 
+def work_dlq_url(client: Callable[[str], Any], prefix: str, model: str) -> str:
+    name = names.dead_letter_queue_name(names.work_queue_name(prefix, model))
+    return client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+
+
 def _queue_with_dlq(sqs: Any, name: str, max_receives: int, *, visibility: int) -> str:
-    dlq_url = sqs.create_queue(QueueName=f"{name}-dlq")["QueueUrl"]
+    dlq_url = sqs.create_queue(QueueName=names.dead_letter_queue_name(name))["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     return sqs.create_queue(
         QueueName=name,
