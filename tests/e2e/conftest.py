@@ -104,8 +104,9 @@ class LocalDeployment:
         return True
 
 
-def start_local_deployment(directory: Path) -> LocalDeployment:
-    """``python -m infra.local`` on free ports; returns once it printed its ready line."""
+def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDeployment:
+    """``python -m infra.local`` on free ports; returns once it printed its ready line. Without
+    ``engines`` it runs the API, ingest and workflow only (no vLLM engines, no workers)."""
     directory.mkdir(parents=True, exist_ok=True)
     state_dir, log_path = directory / "state", directory / "infra-local.log"
     api_port, moto_port = free_port(), free_port()
@@ -113,6 +114,7 @@ def start_local_deployment(directory: Path) -> LocalDeployment:
         PORT=str(api_port),
         MOTO_PORT=str(moto_port),
         PYTHONUNBUFFERED="1",
+        BATCHAPI_LOCAL_ENGINES="1" if engines else "0",
         **{local_state.STATE_DIR_ENV: str(state_dir)},
     )
     started = time.monotonic()
