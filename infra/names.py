@@ -24,7 +24,7 @@ LOCAL_MOTO_PORT: Final = 4566  # MOTO_PORT overrides
 LOCAL_CHAT_MODEL: Final = "smollm2-135m-instruct"
 LOCAL_EMBED_MODEL: Final = "all-minilm-l6-v2"
 #: Besides OpenAI's 24h, short windows so that expiry can be tried locally.
-LOCAL_COMPLETION_WINDOWS: Final = ("24h", "1h", "10m", "1m", "30s")
+LOCAL_COMPLETION_WINDOWS: Final = ("24h", "1h", "10m", "1m", "30s", "15s")
 #: Where a running `make up` writes how to reach it (batchctl reads it): <repo>/.local-state/
 LOCAL_STATE_DIR: Final = ".local-state"
 LOCAL_STATE_FILE: Final = "endpoint.json"

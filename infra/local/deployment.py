@@ -293,7 +293,10 @@ class LocalConfig:
         bucket_name=names.LOCAL_BUCKET,
         models=names.LOCAL_MODELS,
         completion_windows=names.LOCAL_COMPLETION_WINDOWS,
-        drain_grace_seconds=30,
+        # Small chunks and a short drain: on one CPU engine a batch spans several chunks, so
+        # cancel and expiry show partial results within seconds.
+        chunk_max_lines=25,
+        drain_grace_seconds=10,
         drain_poll_seconds=1,
     )
 

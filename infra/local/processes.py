@@ -133,6 +133,8 @@ class Workers:
                     "WORKER_MODEL": s.model,
                     "WORKER_ENGINE_URL": s.url,
                     "WORKER_POLL_WAIT_SECONDS": "1",
+                    # the CPU engine's sweet spot (docs/engine.md: 64 concurrent requests)
+                    "WORKER_MAX_IN_FLIGHT": "64",
                     "WORKER_DRAIN_SECONDS": "10",
                     "WORKER_METRICS_INTERVAL_SECONDS": "30",
                 },
