@@ -13,12 +13,15 @@ Names and limits that the code shares are not redefined here: ``limits`` overrid
 """
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from functions.core.settings import Settings
+from functions.core import limits as core_limits
+from functions.core.settings import ModelRoute, Settings
+from gpu_worker.config import WorkerConfig
 
 #: The CDK context key that carries the config (a file path or an object).
 CONTEXT_KEY: Final = "batchapi"
@@ -34,9 +37,33 @@ _WIRED_SETTINGS: Final = frozenset(
     {"table_name", "bucket_name", "models", "state_machine_arn", "event_bus_name", "completion_windows"}
 )
 
+#: WorkerConfig fields the stack wires (the model, its queue, the engine on loopback); every other
+#: field is a knob a model's ``worker`` section may set (``WORKER_<FIELD>`` in the container).
+_WIRED_WORKER: Final = frozenset({"model", "queue_url", "engine_url"})
+
+#: The endpoints a model serves unless its config says otherwise (a chat model).
+DEFAULT_MODEL_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions")
+
 #: The engine image the GPU worker runs by default: the same vLLM release the local deployment runs
 #: on the CPU, so what is tested locally is what serves in the cloud. Pin your own per model.
 DEFAULT_ENGINE_IMAGE: Final = "vllm/vllm-openai:v0.32.0"
+
+
+def _overrides(
+    value: dict[str, Any],
+    model: type[BaseModel],
+    *,
+    wired: frozenset[str],
+    what: str,
+    required: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``value`` overrides fields of ``model`` that the stack does not wire; types and bounds are
+    ``model``'s own."""
+    known = set(model.model_fields) - wired
+    if unknown := set(value) - known:
+        raise ValueError(f"unknown {what} {sorted(unknown)}; known: {sorted(known)}")
+    model.model_validate({**(required or {}), **value})
+    return value
 
 
 class _Strict(BaseModel):
@@ -44,29 +71,76 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    """One model the deployment serves: its own work queue and GPU service (issue 4's worker)."""
+    """One model the deployment serves: its own work queue, GPU service and scaling."""
 
     #: The name clients put in ``body.model`` (and vLLM's ``--served-model-name``).
     name: Annotated[str, Field(min_length=1)]
+    #: The batch endpoints this model answers (``Settings.models[name].endpoints``): a chat model
+    #: serves chat and completions, an embedding model ``["/v1/embeddings"]``.
+    endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = DEFAULT_MODEL_ENDPOINTS
     #: Hugging Face id or path the engine loads; defaults to ``name``.
     weights: str | None = None
+    #: The vLLM OpenAI server image the GPU image is built on (``gpu_worker/Dockerfile`` VLLM_IMAGE).
     engine_image: str = DEFAULT_ENGINE_IMAGE
-    #: Extra arguments for ``vllm serve`` (e.g. ``["--max-model-len", "8192"]``).
+    #: Extra arguments for ``vllm serve`` (e.g. ``["--max-model-len", "8192"]``); no whitespace
+    #: inside one argument (the entrypoint splits ENGINE_ARGS on whitespace).
     engine_args: tuple[str, ...] = ()
-    #: EC2 GPU instance type of the capacity provider.
+    #: Secrets Manager secret (its complete ARN) holding a Hugging Face token, for gated weights.
+    hf_token_secret_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:secretsmanager:")] | None = None
+    #: EC2 GPU instance type of the capacity provider (x86_64 with NVIDIA GPUs: g4dn, g5, g6, p4d...).
     instance_type: str = "g6.xlarge"
+    #: GPUs per task (= per instance: one engine per instance).
     gpu_count: Annotated[int, Field(ge=1)] = 1
+    #: Memory the task reserves on the instance (soft limit; it may use more if the instance has it).
+    memory_reservation_mib: Annotated[int, Field(ge=512)] = 8192
+    #: /dev/shm for the engine (PyTorch and NCCL use it; vLLM asks for a large one).
+    shared_memory_mib: Annotated[int, Field(ge=64)] = 4096
+    #: The instance's root volume (gp3, encrypted): the image plus the model weight cache.
+    volume_gib: Annotated[int, Field(ge=30, le=16384)] = 200
     #: Instances (one engine task each) the service scales between; 0 = idle at zero cost.
     min_instances: Annotated[int, Field(ge=0)] = 0
     max_instances: Annotated[int, Field(ge=1)] = 1
-    #: Spot capacity (with On-Demand fallback) instead of On-Demand only.
+    #: Spot capacity beside On-Demand: tasks go to a Spot and an On-Demand capacity provider by
+    #: ``spot_weight`` : 1, after the first ``on_demand_base`` tasks, which always run On-Demand.
     spot: bool = False
+    spot_weight: Annotated[int, Field(ge=1)] = 3
+    on_demand_base: Annotated[int, Field(ge=0)] = 0
+    #: Work messages (chunks) waiting or running per task that the service scales to hold.
+    backlog_per_task: Annotated[int, Field(ge=1)] = 20
+    #: Minutes the work queue must stay empty before the service scales in to ``min_instances``.
+    idle_minutes: Annotated[int, Field(ge=1, le=1440)] = 15
+    #: Overrides of the worker's ``WorkerConfig`` (gpu_worker/config.py), e.g. ``{max_in_flight: 512,
+    #: drain_seconds: 120}``; they become ``WORKER_<FIELD>`` in the container.
+    worker: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
         if self.max_instances < self.min_instances:
             raise ValueError(f"model {self.name!r}: max_instances < min_instances")
+        if self.spot and self.on_demand_base > self.max_instances:
+            raise ValueError(f"model {self.name!r}: on_demand_base > max_instances")
         return self
+
+    @field_validator("engine_args")
+    @classmethod
+    def _one_word_each(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not arg or any(c.isspace() for c in arg) for arg in value):
+            raise ValueError("engine_args: one non-empty argument per item, no whitespace inside one")
+        return value
+
+    @field_validator("worker")
+    @classmethod
+    def _worker_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _overrides(value, WorkerConfig, wired=_WIRED_WORKER, what="worker settings")
+
+    def worker_config(self) -> WorkerConfig:
+        """The worker's configuration in the container (what ``WorkerConfig.from_env`` will read)."""
+        return WorkerConfig.model_validate({**self.worker, "model": self.name})
+
+    def worker_env(self) -> dict[str, str]:
+        """``WORKER_*`` variables for this model's overrides (and its model name)."""
+        values = {**self.worker, "model": self.name}
+        return {f"WORKER_{k.upper()}": str(v) for k, v in sorted(values.items())}
 
 
 class ThrottleConfig(_Strict):
@@ -74,6 +148,28 @@ class ThrottleConfig(_Strict):
 
     rate_limit: Annotated[float, Field(gt=0)] = 50.0
     burst_limit: Annotated[int, Field(gt=0)] = 100
+
+
+_SubnetId = Annotated[str, Field(pattern=r"^subnet-([0-9a-f]{8}|[0-9a-f]{17})$")]
+
+
+class NetworkConfig(_Strict):
+    """An existing VPC for the GPU instances (default: the stack creates one with public subnets
+    and no NAT gateway). Given by ids, so synth looks nothing up."""
+
+    vpc_id: Annotated[str, Field(pattern=r"^vpc-([0-9a-f]{8}|[0-9a-f]{17})$")]
+    #: The subnets the instances launch in, and their availability zones (same order).
+    subnet_ids: Annotated[tuple[_SubnetId, ...], Field(min_length=1)]
+    availability_zones: Annotated[tuple[str, ...], Field(min_length=1)]
+    #: Give instances public IPs (public subnets without NAT); false for private subnets with a
+    #: NAT gateway or VPC endpoints. The instances need egress to ECR, the AWS APIs and the weights.
+    public_ip: bool = False
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Self:
+        if len(self.subnet_ids) != len(self.availability_zones):
+            raise ValueError("network: one availability zone per subnet id")
+        return self
 
 
 class DomainConfig(_Strict):
@@ -113,17 +209,16 @@ class DeployConfig(_Strict):
     #: WAFv2 web ACL (REGIONAL scope) to associate with the API stage.
     web_acl_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:wafv2:")] | None = None
     domain: DomainConfig | None = None
+    #: Where the GPU instances run (default: a new VPC, public subnets, no NAT: nothing idles).
+    network: NetworkConfig | None = None
     #: Tags on every resource of the stack.
     tags: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("limits")
     @classmethod
     def _limits_are_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
-        known = set(Settings.model_fields) - _WIRED_SETTINGS
-        if unknown := set(value) - known:
-            raise ValueError(f"unknown limits {sorted(unknown)}; known: {sorted(known)}")
-        Settings(table_name="-", bucket_name="-", **value)  # validates types and bounds
-        return value
+        required = {"table_name": "-", "bucket_name": "-"}
+        return _overrides(value, Settings, wired=_WIRED_SETTINGS, what="limits", required=required)
 
     @field_validator("log_retention_days")
     @classmethod
@@ -146,9 +241,33 @@ class DeployConfig(_Strict):
             raise ValueError("set both account and region, or neither (environment-agnostic stack)")
         return self
 
-    def settings(self, *, table_name: str, bucket_name: str) -> Settings:
-        """The Lambdas' settings for this deployment (resource names are usually CDK tokens)."""
-        values: dict[str, Any] = {"table_name": table_name, "bucket_name": bucket_name, **self.limits}
+    @model_validator(mode="after")
+    def _endpoints_allowed(self) -> Self:
+        allowed = self.limits.get("allowed_endpoints", core_limits.DEFAULT_ENDPOINTS)
+        for model in self.models:
+            if extra := set(model.endpoints) - set(allowed):
+                raise ValueError(f"model {model.name!r}: endpoints {sorted(extra)} are not in allowed_endpoints")
+        return self
+
+    def settings(
+        self,
+        *,
+        table_name: str,
+        bucket_name: str,
+        queue_urls: Mapping[str, str] | None = None,
+        state_machine_arn: str = "",
+    ) -> Settings:
+        """The settings every function and the worker read (``Settings.to_env()``): resource names,
+        each model's endpoints and work queue, the workflow, and the limits. Values are usually
+        CDK tokens."""
+        urls = queue_urls or {}
+        values: dict[str, Any] = {
+            "table_name": table_name,
+            "bucket_name": bucket_name,
+            "models": {m.name: ModelRoute(endpoints=m.endpoints, queue_url=urls.get(m.name, "")) for m in self.models},
+            "state_machine_arn": state_machine_arn,
+            **self.limits,
+        }
         if self.completion_windows is not None:
             values["completion_windows"] = self.completion_windows
         return Settings(**values)

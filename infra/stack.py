@@ -1,8 +1,10 @@
-"""The stack: composes one construct per concern and names its outputs. Defines nothing itself.
+"""The stack: composes one construct per concern, wires them, and names its outputs. Defines no
+resource itself.
 
-Later constructs slot in the same way: ``Ingest`` (S3 -> SQS -> ingest Lambda, per-model work
-queues), ``Workflow`` (the state machine of infra/workflow.py), ``Worker`` (per-model GPU service);
-each takes ``config``, ``storage`` and ``lambdas`` and hands its resources to ``monitoring``.
+Order matters only for what a construct hands the next: ``Ingest`` creates the queues and with
+them the one ``Settings`` every function and the GPU worker read (``Settings.to_env()``);
+``Workflow`` grants who may start and signal it; ``Workers`` runs one GPU service per model;
+``Monitoring`` watches them all.
 """
 
 from typing import Any
@@ -13,10 +15,13 @@ from constructs import Construct
 from infra import names
 from infra.config import DeployConfig
 from infra.constructs.api import Api
+from infra.constructs.ingest import Ingest
 from infra.constructs.lambdas import Lambdas
 from infra.constructs.monitoring import Monitoring
 from infra.constructs.reaper import Reaper
 from infra.constructs.storage import Storage
+from infra.constructs.worker import Workers
+from infra.constructs.workflow import Workflow
 
 
 class BatchApiStack(cdk.Stack):
@@ -26,14 +31,49 @@ class BatchApiStack(cdk.Stack):
 
         self.storage = Storage(self, "Storage", config=config)
         self.lambdas = Lambdas(self, "Lambdas", config=config)
-        self.api = Api(self, "Api", config=config, storage=self.storage, lambdas=self.lambdas)
-        self.reaper = Reaper(self, "Reaper", config=config, storage=self.storage, lambdas=self.lambdas)
+        self.ingest = Ingest(self, "Ingest", config=config, storage=self.storage, lambdas=self.lambdas)
+        self.settings = self.ingest.settings
+        common = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
+        self.workflow = Workflow(self, "Workflow", **common)
+        self.api = Api(self, "Api", **common)
+        self.reaper = Reaper(self, "Reaper", **common)
+        self.workers = Workers(
+            self, "Workers", config=config, settings=self.settings, storage=self.storage,
+            work_queues=self.ingest.work_queues, workflow=self.workflow,
+        )
+
+        # Who may drive the workflow: ingest starts one execution per batch (and publishes the
+        # events of batches that never start); cancel, the DLQ handler and the worker that counts
+        # the last chunk resume it.
+        self.workflow.grant_start(self.ingest.function)
+        self.workflow.grant_publish(self.ingest.function)
+        self.workflow.grant_signal(self.api.api_function)
+        self.workflow.grant_signal(self.ingest.dlq_function)
 
         self.monitoring = Monitoring(self, "Monitoring", config=config)
         self.monitoring.watch_rest_api(self.api.rest_api)
-        self.monitoring.watch_functions({**self.api.functions, "reaper": self.reaper.function})
+        self.monitoring.watch_batch_events(self.workflow.event_bus)
+        self.monitoring.watch_workflow(self.workflow.state_machine)
+        self.monitoring.watch_functions({
+            **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
+        })
+        self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
+        self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
         self.monitoring.watch_dead_letter_queue("reaper", self.reaper.dead_letters)
+        for model in config.models:
+            worker_config = model.worker_config()
+            self.monitoring.watch_model(
+                model.name, self.workers.workers[model.name],
+                namespace=worker_config.metrics_namespace, service=worker_config.service,
+            )
+            self.monitoring.watch_work_dead_letters(model.name, self.ingest.work_dead_letters[model.name])
 
         cdk.CfnOutput(self, names.OUTPUT_API_URL, value=self.api.url, description="base_url for the openai SDK")
         cdk.CfnOutput(self, names.OUTPUT_TABLE, value=self.storage.table.table_name)
         cdk.CfnOutput(self, names.OUTPUT_BUCKET, value=self.storage.bucket.bucket_name)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The first two zones of the region, as deploy-time values: CDK would otherwise look the
+        zones up at synth time when the config pins an account and region (synth makes no AWS calls)."""
+        return [cdk.Fn.select(i, cdk.Fn.get_azs()) for i in range(2)]

@@ -65,11 +65,17 @@ class Api(Construct):
     API keys only), ``url`` (the ``base_url`` clients use, ending in ``/v1``)."""
 
     def __init__(
-        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeployConfig,
+        storage: Storage,
+        lambdas: Lambdas,
+        settings: Settings,
     ) -> None:
         super().__init__(scope, id)
-        settings = config.settings(table_name=storage.table.table_name, bucket_name=storage.bucket.bucket_name)
-        self.settings: Settings = settings
+        self.settings = settings
         env = settings.to_env()
 
         self.api_function = lambdas.function(

@@ -1,11 +1,12 @@
 """Small helpers every construct uses: removal policy, log groups, cdk-nag acknowledgments."""
 
-from typing import cast
+from typing import Any, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from infra import names
 from infra.config import DeployConfig
 
 
@@ -41,3 +42,38 @@ def acknowledge_wildcards(scope: Construct, findings: dict[str, str]) -> None:
     """Acknowledge IAM5 wildcard findings on ``scope``: ``{"Action::s3:GetObject*": reason, ...}``."""
     for finding, reason in findings.items():
         acknowledge(scope, f"AwsSolutions-IAM5[{finding}]", reason)
+
+
+def resource_prefix(scope: Construct) -> str:
+    """The prefix of the stack's named resources (queues, state machine): the stack's name, as the
+    local deployment uses ``names.LOCAL_PREFIX``."""
+    return cdk.Stack.of(scope).stack_name
+
+
+def state_machine_arn(scope: Construct) -> str:
+    """The batch state machine's ARN, built from its fixed name (``names.state_machine_name``), so
+    functions can read it without a reference to the state machine (which invokes one of them)."""
+    return cdk.Stack.of(scope).format_arn(
+        service="states",
+        resource="stateMachine",
+        resource_name=names.state_machine_name(resource_prefix(scope)),
+        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
+def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, str], *, table: str) -> None:
+    """IAM5 acknowledgments for ``bucket.grant_read``/``grant_put`` on key patterns (``objects``:
+    pattern -> why this role needs those keys) and ``table.grant_read_write_data`` (``table``: why
+    this role reads and writes the table). ``storage`` is the Storage construct."""
+    bucket = arn_in_findings(storage.bucket)
+    acknowledge_wildcards(scope, {
+        **{f"Resource::{bucket}/{pattern}": reason for pattern, reason in objects.items()},
+        "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on the key "
+        "patterns granted only.",
+        "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
+        "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
+        "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
+        "granted only.",
+        f"Resource::{arn_in_findings(storage.table)}/index/*": "grant_read_write_data includes the table's "
+        f"index (GSI); {table}",
+    })

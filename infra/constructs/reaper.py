@@ -13,6 +13,7 @@ from constructs import Construct
 
 from functions.core import schema
 from functions.core.records import FileRecord
+from functions.core.settings import Settings
 from infra.config import DeployConfig
 
 from .common import acknowledge, acknowledge_wildcards, arn_in_findings
@@ -30,10 +31,16 @@ def stream_filter() -> dict:
 
 class Reaper(Construct):
     def __init__(
-        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeployConfig,
+        storage: Storage,
+        lambdas: Lambdas,
+        settings: Settings,
     ) -> None:
         super().__init__(scope, id)
-        settings = config.settings(table_name=storage.table.table_name, bucket_name=storage.bucket.bucket_name)
         self.function = lambdas.function(
             self,
             "Function",

@@ -5,7 +5,6 @@ import json
 from functions.core import http
 from functions.core.errors import UNAUTHORIZED_BODY
 from infra import names
-from infra.config import DeployConfig
 
 
 def test_binary_media_types_come_from_the_http_contract(synth):
@@ -20,7 +19,7 @@ def test_request_authorizer_reads_the_auth_header_and_caches(synth):
     props = authorizer["Properties"]
     assert props["Type"] == "REQUEST"
     assert props["IdentitySource"] == f"method.request.header.{http.AUTH_HEADER}"
-    assert props["AuthorizerResultTtlInSeconds"] == DeployConfig().authorizer_cache_seconds > 0
+    assert props["AuthorizerResultTtlInSeconds"] == synth.config.authorizer_cache_seconds > 0
     fn = synth.logical_id(synth.stack.api.authorizer_function)
     assert fn in json.dumps(props["AuthorizerUri"])
 
@@ -59,7 +58,7 @@ def test_other_gateway_errors_use_the_openai_envelope_too(synth):
 
 
 def test_stage_throttling_logging_tracing(synth):
-    cfg = DeployConfig()
+    cfg = synth.config
     _, stage = synth.one("AWS::ApiGateway::Stage")
     props = stage["Properties"]
     assert props["StageName"] == names.API_STAGE

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from functions.core import limits
-from functions.core.settings import Settings
+from functions.core.settings import ModelRoute, Settings
+from gpu_worker.config import WorkerConfig
 from infra import config
 
 
@@ -15,7 +16,30 @@ def test_no_config_gives_safe_scale_to_zero_defaults():
     assert cfg.account is None and cfg.region is None  # environment-agnostic
     assert cfg.removal_policy == "retain"
     assert cfg.models and all(m.min_instances == 0 for m in cfg.models)
-    assert cfg.settings(table_name="t", bucket_name="b") == Settings(table_name="t", bucket_name="b")
+    (model,) = cfg.models
+    assert (model.spot, model.max_instances, model.endpoints) == (False, 1, config.DEFAULT_MODEL_ENDPOINTS)
+    assert cfg.network is None  # a new VPC without NAT gateways
+    assert cfg.settings(table_name="t", bucket_name="b") == Settings(
+        table_name="t", bucket_name="b", models={model.name: ModelRoute(endpoints=model.endpoints)}
+    )
+
+
+def test_settings_carry_each_models_queue_and_the_workflow():
+    cfg = config.parse({"models": [{"name": "chat"}, {"name": "embed", "endpoints": ["/v1/embeddings"]}]})
+    settings = cfg.settings(table_name="t", bucket_name="b", queue_urls={"chat": "q1", "embed": "q2"}, state_machine_arn="sm")
+    assert settings.models == {
+        "chat": ModelRoute(endpoints=config.DEFAULT_MODEL_ENDPOINTS, queue_url="q1"),
+        "embed": ModelRoute(endpoints=("/v1/embeddings",), queue_url="q2"),
+    }
+    assert settings.state_machine_arn == "sm"
+    assert Settings.from_env(settings.to_env()) == settings  # what the functions and the worker read
+
+
+def test_model_worker_settings_become_worker_env():
+    (model,) = config.parse({"models": [{"name": "m", "worker": {"max_in_flight": 64, "drain_seconds": 30}}]}).models
+    assert model.worker_env() == {"WORKER_DRAIN_SECONDS": "30", "WORKER_MAX_IN_FLIGHT": "64", "WORKER_MODEL": "m"}
+    assert WorkerConfig.from_env(model.worker_env()) == model.worker_config()
+    assert model.worker_config().drain_seconds == 30
 
 
 def test_yaml_file(tmp_path):
@@ -58,6 +82,16 @@ def test_json_file_and_inline_json_and_object(tmp_path):
         {"account": "123456789012"},  # region missing
         {"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]},
         {"models": [{"name": "m"}, {"name": "m"}]},
+        {"models": [{"name": "m", "endpoints": ["/v1/responses"]}]},  # not an allowed endpoint
+        {"models": [{"name": "m", "endpoints": []}]},
+        {"models": [{"name": "m", "engine_args": ["--max-model-len 8192"]}]},  # split on whitespace
+        {"models": [{"name": "m", "worker": {"queue_url": "x"}}]},  # wired by the stack
+        {"models": [{"name": "m", "worker": {"no_such_knob": 1}}]},
+        {"models": [{"name": "m", "worker": {"max_in_flight": -1}}]},  # WorkerConfig's own bounds
+        {"models": [{"name": "m", "spot": True, "on_demand_base": 2, "max_instances": 1}]},
+        {"models": [{"name": "m", "volume_gib": 10}]},
+        {"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567"], "availability_zones": []}},
+        {"network": {"vpc_id": "vpc-1", "subnet_ids": ["subnet-01234567"], "availability_zones": ["eu-west-1a"]}},
         {"removal_policy": "snapshot"},
         {"unknown_key": 1},
     ],

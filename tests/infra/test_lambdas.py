@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from functions.core.records import FileRecord
-from infra.config import DeployConfig
+from infra import names
 from infra.constructs import lambdas
 from infra.constructs.reaper import stream_filter
 
@@ -16,14 +16,39 @@ HANDLERS = {
     "api": "functions.api.handler.handler",
     "authorizer": "functions.authorizer.handler.handler",
     "reaper": "functions.reaper.handler.handler",
+    "ingest": "functions.ingest.handler.handler",
+    "workflow": "functions.workflow.handler.handler",
+    "dlq": "functions.dlq.handler.handler",
 }
+#: CDK's own function that writes the bucket's notification configuration at deploy time.
+CDK_NOTIFICATIONS_HANDLER = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
+
+
+def ours(synth) -> dict[str, dict]:
+    """The stack's own functions (CDK's notification handler aside)."""
+    found = synth.resources("AWS::Lambda::Function")
+    cdk_own = {k for k in found if k.startswith(CDK_NOTIFICATIONS_HANDLER)}
+    assert len(cdk_own) == 1
+    return {k: r for k, r in found.items() if k not in cdk_own}
 
 
 def _functions(synth) -> dict[str, tuple[str, dict]]:
     """label -> (logical id, properties) for each function, found by its handler."""
-    by_handler = {r["Properties"]["Handler"]: (k, r["Properties"]) for k, r in synth.resources("AWS::Lambda::Function").items()}
+    by_handler = {r["Properties"]["Handler"]: (k, r["Properties"]) for k, r in ours(synth).items()}
     assert set(by_handler) == set(HANDLERS.values())
     return {label: by_handler[h] for label, h in HANDLERS.items()}
+
+
+def expected_settings_env(synth) -> dict[str, str]:
+    """``Settings.to_env()`` of the deployment, with its resources as template placeholders."""
+    queues = synth.stack.ingest.work_queues
+    arn = f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:{names.state_machine_name(names.STACK_NAME)}"
+    return synth.config.settings(
+        table_name=f"<{synth.one('AWS::DynamoDB::Table')[0]}>",
+        bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
+        queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
+        state_machine_arn=arn,
+    ).to_env()
 
 
 def _asset_dir(synth) -> Path:
@@ -42,12 +67,19 @@ def test_runtime_and_architecture(synth):
 
 
 def test_environment_is_exactly_settings_to_env(synth):
-    table = {"Ref": synth.one("AWS::DynamoDB::Table")[0]}
-    bucket = {"Ref": synth.logical_id(synth.stack.storage.bucket)}
-    expected = DeployConfig().settings(table_name="<table>", bucket_name="<bucket>").to_env()
-    expected = {k: {"<table>": table, "<bucket>": bucket}.get(v, v) for k, v in expected.items()}
+    expected = expected_settings_env(synth)
     for label, (_, props) in _functions(synth).items():
-        assert props["Environment"]["Variables"] == expected, label
+        env = {k: synth.render(v) for k, v in props["Environment"]["Variables"].items()}
+        assert env == expected, label
+
+
+def test_settings_name_every_model_with_its_endpoints_and_queue(synth):
+    models = json.loads(expected_settings_env(synth)["BATCHAPI_MODELS"])
+    assert list(models) == [m.name for m in synth.config.models]
+    for model in synth.config.models:
+        queue = synth.stack.ingest.work_queues[model.name]
+        assert models[model.name] == {"endpoints": list(model.endpoints), "queue_url": f"<{synth.logical_id(queue)}>"}
+    assert models["embed-small"]["endpoints"] == ["/v1/embeddings"]
 
 
 def test_code_asset_is_functions_package_with_aarch64_dependencies(synth):
@@ -68,8 +100,10 @@ def test_code_asset_is_functions_package_with_aarch64_dependencies(synth):
 
 
 def test_reaper_reads_remove_events_of_file_items_only(synth):
-    _, mapping = synth.one("AWS::Lambda::EventSourceMapping")
-    props = mapping["Properties"]
+    (props,) = [
+        m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
+    ]
     assert props["EventSourceArn"] == {"Fn::GetAtt": [synth.one("AWS::DynamoDB::Table")[0], "StreamArn"]}
     assert props["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
     (flt,) = props["FilterCriteria"]["Filters"]
@@ -87,21 +121,8 @@ def test_reaper_reads_remove_events_of_file_items_only(synth):
 # --- IAM: each function can do what it needs and no more ---------------------------------------
 def _permissions(synth, label: str) -> list[tuple[str, str]]:
     """(action, resource) pairs granted to the function's role, resources as JSON text."""
-    fn_id, props = _functions(synth)[label]
-    role_id = props["Role"]["Fn::GetAtt"][0]
-    role = synth.json["Resources"][role_id]["Properties"]
-    assert not role.get("ManagedPolicyArns"), "no AWS-managed policies on function roles"
-    assert not role.get("Policies"), "no inline policies besides the generated default policy"
-    pairs = []
-    for policy in synth.resources("AWS::IAM::Policy").values():
-        if {"Ref": role_id} not in policy["Properties"]["Roles"]:
-            continue
-        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
-            assert statement["Effect"] == "Allow"
-            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            pairs += [(a, json.dumps(r)) for a in actions for r in resources]
-    return pairs
+    _, props = _functions(synth)[label]
+    return synth.permissions(props["Role"]["Fn::GetAtt"][0])
 
 
 def _on(pairs, service: str) -> set[str]:
@@ -141,7 +162,7 @@ def test_api_lambda_reads_and_writes_table_and_bucket(synth, ids):
     # Nothing beyond its table, its bucket, its logs and tracing.
     assert _on(pairs, "dynamodb") == table_actions
     assert {r for a, r in pairs if a.startswith("s3:")} == {_objects(ids["bucket"]), _ref(ids["bucket"])}
-    assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "logs", "xray"}
+    assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "states", "logs", "xray"}
     assert "s3:PutObjectAcl" not in object_actions
 
 
@@ -166,3 +187,99 @@ def test_reaper_can_only_delete_objects(synth, ids):
     assert "sqs:SendMessage" in _on(pairs, "sqs")
     assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "sqs", "logs", "xray"}
     _log_and_trace_only(pairs, _functions(synth)["reaper"][1]["LoggingConfig"]["LogGroup"]["Ref"])
+
+
+# --- the batch functions ------------------------------------------------------------------------
+def _state_machine(synth) -> str:
+    return json.dumps({"Ref": synth.logical_id(synth.stack.workflow.state_machine)})
+
+
+def _keys(bucket_id: str, pattern: str) -> str:
+    return json.dumps({"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, "/" + pattern]]})
+
+
+def _default_bus(pairs) -> set[str]:
+    resources = {r for a, r in pairs if a == "events:PutEvents"}
+    assert all(r.endswith(':event-bus/default"]]}') for r in resources), resources
+    return resources
+
+
+READ = {"s3:GetObject*", "s3:GetBucket*", "s3:List*"}
+PUT = {"s3:PutObject", "s3:PutObjectLegalHold", "s3:PutObjectRetention", "s3:PutObjectTagging",
+       "s3:PutObjectVersionTagging", "s3:Abort*"}
+
+
+def _s3(pairs) -> dict[str, set[str]]:
+    by_resource: dict[str, set[str]] = {}
+    for action, resource in pairs:
+        if action.startswith("s3:"):
+            by_resource.setdefault(resource, set()).add(action)
+    return by_resource
+
+
+def test_api_lambda_may_resume_a_workflow_and_nothing_else_of_it(synth):
+    pairs = _permissions(synth, "api")
+    assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", _state_machine(synth))}
+
+
+#: label -> (object keys it reads, object keys it writes, AWS services it uses besides logs and X-Ray)
+BATCH_FUNCTIONS = {
+    "ingest": ("batches/*/*/*", "batches/*/*/chunks.json", {"dynamodb", "s3", "sqs", "states", "events"}),
+    "workflow": ("batches/*/*/*", "files/*/*", {"dynamodb", "s3", "states", "events"}),
+    "dlq": ("batches/*/*/input.jsonl", "batches/*/*/parts/*", {"dynamodb", "s3", "sqs", "states"}),
+}
+
+
+@pytest.mark.parametrize("label", BATCH_FUNCTIONS)
+def test_batch_functions_read_and_write_only_their_keys(synth, ids, label):
+    reads, writes, services = BATCH_FUNCTIONS[label]
+    pairs = _permissions(synth, label)
+    bucket = ids["bucket"]
+    assert _s3(pairs) == {_ref(bucket): READ, _keys(bucket, reads): READ, _keys(bucket, writes): PUT}
+    assert {r for a, r in pairs if a.startswith("dynamodb:")} == {_ref(ids["table"]), _objects(ids["table"]).replace("/*", "/index/*")}
+    assert {a.split(":")[0] for a, _ in pairs} == services | {"logs", "xray"}
+    _log_and_trace_only(pairs, _functions(synth)[label][1]["LoggingConfig"]["LogGroup"]["Ref"])
+
+
+def test_ingest_consumes_its_queue_enqueues_chunks_starts_and_publishes(synth):
+    pairs = _permissions(synth, "ingest")
+    ingest_queue = _ref(synth.logical_id(synth.stack.ingest.ingest_queue))
+    work_queues = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_queues.values()}
+    assert {r for a, r in pairs if a == "sqs:SendMessage"} == work_queues
+    assert {r for a, r in pairs if a == "sqs:ReceiveMessage"} == {ingest_queue}
+    assert {a for a, r in pairs if r in work_queues} == {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+    assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
+    assert len(_default_bus(pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
+
+
+def test_workflow_signals_by_the_state_machines_name_and_publishes(synth):
+    pairs = _permissions(synth, "workflow")
+    # SendTaskSuccess on the state machine's ARN built from its name (a Ref would be circular).
+    (signal,) = [(a, r) for a, r in pairs if a.startswith("states:")]
+    assert signal[0] == "states:SendTaskSuccess"
+    assert synth.render(json.loads(signal[1])) == (
+        "arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:"
+        + names.state_machine_name(names.STACK_NAME)
+    )
+    assert len(_default_bus(pairs)) == 1
+    assert "s3:DeleteObject*" not in _on(pairs, "s3")
+
+
+def test_dlq_handler_consumes_the_work_dlqs_and_signals(synth):
+    pairs = _permissions(synth, "dlq")
+    dead_letters = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_dead_letters.values()}
+    assert {r for a, r in pairs if a.startswith("sqs:")} == dead_letters
+    assert "sqs:SendMessage" not in _on(pairs, "sqs")
+    assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", _state_machine(synth))}
+
+
+def test_only_the_functions_that_emit_events_may_publish(synth):
+    for label in HANDLERS:
+        may = bool(_on(_permissions(synth, label), "events"))
+        assert may == (label in ("ingest", "workflow")), label
+
+
+def test_batch_functions_have_room_for_their_work(synth):
+    fns = _functions(synth)
+    assert fns["ingest"][1]["Timeout"] == 600 and fns["workflow"][1]["Timeout"] == 900
+    assert fns["dlq"][1]["Timeout"] == 300

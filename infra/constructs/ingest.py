@@ -1,0 +1,187 @@
+"""Ingest and the work queues: S3 input snapshot -> SQS ingest queue -> ingest Lambda -> one work
+queue per served model (each with a DLQ drained by the DLQ Lambda).
+
+The queues are named as the local deployment names them (``infra/names.py``), redrive after the
+same receive counts, and their URLs reach every function and the worker through
+``Settings.models`` (one ``Settings`` for the whole deployment, built here once the queues exist).
+"""
+
+from collections.abc import Mapping
+
+import aws_cdk as cdk
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_notifications as s3n
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from functions.core import schema
+from functions.core.settings import Settings
+from infra import names
+from infra.config import DeployConfig
+
+from .common import acknowledge, acknowledge_data_grants, resource_prefix, state_machine_arn
+from .lambdas import Lambdas
+from .storage import Storage
+
+#: Key filter of the S3 notification: the batch input snapshots (``schema.batch_input_key``).
+SNAPSHOT_PREFIX = schema.batch_prefix("t", "b").split("/", 1)[0] + "/"
+SNAPSHOT_SUFFIX = schema.INPUT_NAME
+#: S3 key patterns the functions are granted (built from the same key functions the code uses).
+INPUT_KEYS = schema.batch_input_key("*", "*")
+MANIFEST_KEYS = schema.batch_manifest_key("*", "*")
+BATCH_KEYS = schema.batch_prefix("*", "*") + "*"
+PART_KEYS = schema.chunk_part_key("*", "*", 0, "out").rsplit("/", 1)[0] + "/*"
+
+#: The ingest Lambda validates and fans out one whole batch per invocation (up to 200 MB of input).
+INGEST_TIMEOUT = cdk.Duration.minutes(10)
+#: AWS's guidance for SQS event sources: visibility at least six times the function timeout, so a
+#: retried or throttled invocation never sees its message reappear while it still runs.
+INGEST_VISIBILITY = cdk.Duration.seconds(6 * INGEST_TIMEOUT.to_seconds())
+#: The DLQ Lambda fails one chunk's lines (at most chunk_max_lines) per message.
+DLQ_HANDLER_TIMEOUT = cdk.Duration.minutes(5)
+DLQ_HANDLER_VISIBILITY = cdk.Duration.seconds(6 * DLQ_HANDLER_TIMEOUT.to_seconds())
+#: Work messages wait at most one completion window (24 h); dead letters are kept for inspection.
+RETENTION = cdk.Duration.days(14)
+
+
+def dead_letter_name(queue_name: str) -> str:
+    """The DLQ of a queue, named as the local deployment names it."""
+    return f"{queue_name}-dlq"
+
+
+class Ingest(Construct):
+    """``ingest_queue`` (+ ``ingest_dead_letters``), ``function`` (ingest), ``work_queues`` and
+    ``work_dead_letters`` by model name, ``dlq_function``, and ``settings``: the one ``Settings``
+    every function and the worker read."""
+
+    def __init__(
+        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas
+    ) -> None:
+        super().__init__(scope, id)
+        prefix = resource_prefix(self)
+
+        # --- queues ------------------------------------------------------------------------------
+        self.ingest_dead_letters = self._dead_letter_queue("IngestDeadLetters", names.ingest_queue_name(prefix))
+        self.ingest_queue = sqs.Queue(
+            self,
+            "IngestQueue",
+            queue_name=names.ingest_queue_name(prefix),
+            visibility_timeout=INGEST_VISIBILITY,
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.ingest_dead_letters, max_receive_count=names.INGEST_MAX_RECEIVES),
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+        )
+        self.work_queues: dict[str, sqs.Queue] = {}
+        self.work_dead_letters: dict[str, sqs.Queue] = {}
+        for index, model in enumerate(config.models):
+            name = names.work_queue_name(prefix, model.name)
+            dlq = self._dead_letter_queue(f"WorkDeadLetters{index}", name)
+            self.work_dead_letters[model.name] = dlq
+            self.work_queues[model.name] = sqs.Queue(
+                self,
+                f"WorkQueue{index}",
+                queue_name=name,
+                visibility_timeout=cdk.Duration.seconds(names.WORK_VISIBILITY_SECONDS),
+                retention_period=RETENTION,
+                dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=names.WORK_MAX_RECEIVES),
+                encryption=sqs.QueueEncryption.SQS_MANAGED,
+                enforce_ssl=True,
+            )
+
+        # The one Settings of the deployment: queue URLs are the queues' tokens; the state
+        # machine's ARN is built from its fixed name (the workflow Lambda it invokes reads these
+        # settings too, so a reference to the state machine itself would be circular).
+        self.settings: Settings = config.settings(
+            table_name=storage.table.table_name,
+            bucket_name=storage.bucket.bucket_name,
+            queue_urls={name: q.queue_url for name, q in self.work_queues.items()},
+            state_machine_arn=state_machine_arn(self),
+        )
+        env = self.settings.to_env()
+
+        # --- S3 snapshot -> ingest queue -> ingest Lambda ----------------------------------------
+        storage.bucket.add_event_notification(
+            s3.EventType.OBJECT_CREATED,
+            s3n.SqsDestination(self.ingest_queue),
+            s3.NotificationKeyFilter(prefix=SNAPSHOT_PREFIX, suffix=SNAPSHOT_SUFFIX),
+        )
+        self.function = lambdas.function(
+            self,
+            "Function",
+            handler="functions.ingest.handler.handler",
+            environment=env,
+            description="Validates a batch's input, cuts it into chunks, enqueues them, starts the workflow",
+            memory_size=1024,
+            timeout=INGEST_TIMEOUT,
+        )
+        self.function.add_event_source(
+            # One batch per invocation: each gets the whole timeout; a failed one alone is retried.
+            sources.SqsEventSource(self.ingest_queue, batch_size=1, report_batch_item_failures=True)
+        )
+        storage.table.grant_read_write_data(self.function)
+        storage.bucket.grant_read(self.function, BATCH_KEYS)  # the input, and the manifest on a retry
+        storage.bucket.grant_put(self.function, MANIFEST_KEYS)
+        for queue in self.work_queues.values():
+            queue.grant_send_messages(self.function)
+        acknowledge_data_grants(self.function.role, storage, {
+            BATCH_KEYS: "Reads the batch input snapshot (streamed) and, when an event is redelivered, the chunk "
+            "manifest it wrote: only under batches/, never a tenant's files.",
+            MANIFEST_KEYS: "Writes each batch's chunk manifest (deterministic key).",
+        }, table="ingest reads and updates the batch record by key.")
+
+        # --- dead-lettered chunks -> DLQ Lambda ---------------------------------------------------
+        self.dlq_function = lambdas.function(
+            self,
+            "DeadLetterFunction",
+            handler="functions.dlq.handler.handler",
+            environment=env,
+            description="Fails the lines of a dead-lettered chunk and counts it, so its batch still finishes",
+            memory_size=512,
+            timeout=DLQ_HANDLER_TIMEOUT,
+        )
+        for dlq in self.work_dead_letters.values():
+            self.dlq_function.add_event_source(sources.SqsEventSource(dlq, batch_size=1, report_batch_item_failures=True))
+        storage.table.grant_read_write_data(self.dlq_function)
+        storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
+        storage.bucket.grant_put(self.dlq_function, PART_KEYS)
+        acknowledge_data_grants(self.dlq_function.role, storage, {
+            INPUT_KEYS: "Reads the dead-lettered chunk's lines (a ranged GET of the input snapshot) for their "
+            "custom_ids; any tenant's batch can dead-letter a chunk.",
+            PART_KEYS: "Writes the chunk's error part (deterministic key under the batch).",
+        }, table="the handler reads the batch and its chunk markers and records the chunk in one transaction.")
+
+        # CDK's own handler that writes the bucket's notification configuration (a custom resource:
+        # CloudFormation cannot set it on the bucket without a bucket <-> queue policy cycle).
+        handler = cdk.Stack.of(self).node.try_find_child("BucketNotificationsHandler050a0587b7544547bf325f094a3db834")
+        if handler is not None:
+            acknowledge(
+                handler,
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
+                "CDK's BucketNotificationsHandler (sets the S3 -> SQS notification at deploy time) uses the basic "
+                "execution role for its own logs; it runs only on stack create/update.",
+            )
+            acknowledge(
+                handler,
+                "AwsSolutions-IAM5[Resource::*]",
+                "CDK's BucketNotificationsHandler: s3:PutBucketNotification has to name buckets that CDK resolves at "
+                "deploy time; the handler runs only on stack create/update, with no other rights.",
+            )
+
+    def _dead_letter_queue(self, id: str, source_name: str) -> sqs.Queue:
+        queue = sqs.Queue(
+            self,
+            id,
+            queue_name=dead_letter_name(source_name),
+            retention_period=RETENTION,
+            visibility_timeout=DLQ_HANDLER_VISIBILITY,
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+        )
+        acknowledge(queue, "AwsSolutions-SQS3", f"This queue is itself the dead-letter queue of {source_name}.")
+        return queue
+
+    @property
+    def functions(self) -> Mapping[str, lambda_.Function]:
+        return {"ingest": self.function, "dlq": self.dlq_function}

@@ -1,0 +1,76 @@
+"""The state machine in the template is the one the local deployment runs (infra/workflow.py),
+wired to the workflow Lambda, with full logging and tracing."""
+
+import json
+
+from infra import names, workflow
+
+from .test_lambdas import _functions, _permissions
+
+
+def _state_machine(synth) -> tuple[str, dict]:
+    return synth.one("AWS::StepFunctions::StateMachine")
+
+
+def test_definition_is_the_one_the_local_deployment_runs(synth):
+    _, sm = _state_machine(synth)
+    props = sm["Properties"]
+    assert props["DefinitionString"] == workflow.definition_json()
+    # CloudFormation substitutes ${WorkflowFunctionArn} with the workflow Lambda's ARN ...
+    assert props["DefinitionSubstitutions"] == {
+        workflow.FUNCTION_PLACEHOLDER: {"Fn::GetAtt": [_functions(synth)["workflow"][0], "Arn"]}
+    }
+    # ... which is what infra.local renders for its function: the same states, byte for byte.
+    arn = "arn:aws:lambda:us-east-1:123456789012:function:workflow"
+    deployed = props["DefinitionString"]
+    for key, value in props["DefinitionSubstitutions"].items():
+        deployed = deployed.replace("${" + key + "}", arn)
+    assert deployed == workflow.render(arn)
+    assert "${" not in deployed
+    assert json.loads(deployed)["States"]["WaitForSignal"]["Parameters"]["FunctionName"] == arn
+
+
+def test_named_as_the_settings_name_it(synth):
+    _, sm = _state_machine(synth)
+    assert sm["Properties"]["StateMachineName"] == names.state_machine_name(names.STACK_NAME)
+    env = _functions(synth)["ingest"][1]["Environment"]["Variables"]
+    assert synth.render(env["BATCHAPI_STATE_MACHINE_ARN"]).endswith(":stateMachine:" + sm["Properties"]["StateMachineName"])
+
+
+def test_logs_everything_and_traces(synth):
+    _, sm = _state_machine(synth)
+    props = sm["Properties"]
+    logging = props["LoggingConfiguration"]
+    assert logging["Level"] == "ALL" and logging["IncludeExecutionData"] is True
+    (destination,) = logging["Destinations"]
+    group = destination["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
+    assert synth.json["Resources"][group]["Properties"]["RetentionInDays"] == synth.config.log_retention_days
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    assert props.get("StateMachineType", "STANDARD") == "STANDARD"  # waits up to the completion window
+
+
+def test_state_machine_invokes_only_the_workflow_lambda(synth):
+    _, sm = _state_machine(synth)
+    role = sm["Properties"]["RoleArn"]["Fn::GetAtt"][0]
+    fn = _functions(synth)["workflow"][0]
+    invokes = set()
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if {"Ref": role} not in policy["Properties"]["Roles"]:
+            continue
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if "lambda:InvokeFunction" in actions:
+                assert actions == ["lambda:InvokeFunction"]
+                invokes |= {json.dumps(r) for r in statement["Resource"]}
+            else:  # log delivery and X-Ray only
+                assert all(a.startswith(("logs:", "xray:")) for a in actions), actions
+    assert invokes == {
+        json.dumps({"Fn::GetAtt": [fn, "Arn"]}),
+        json.dumps({"Fn::Join": ["", [{"Fn::GetAtt": [fn, "Arn"]}, ":*"]]}),
+    }
+
+
+def test_only_ingest_starts_executions(synth):
+    sm = json.dumps({"Ref": synth.logical_id(synth.stack.workflow.state_machine)})
+    starters = {label for label in _functions(synth) if ("states:StartExecution", sm) in _permissions(synth, label)}
+    assert starters == {"ingest"}
