@@ -29,8 +29,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+## Without the end-to-end tests and the tests that need the real vLLM engine (`make engine`).
 test-unit: $(STAMP)
-	$(PY) -m pytest -m "not e2e"
+	$(PY) -m pytest -m "not e2e and not engine"
 
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m e2e
@@ -39,13 +40,17 @@ clean:
 	rm -rf $(VENV) .pytest_cache .local-state
 
 # --- Benchmarks (not tests; results in docs/benchmarks.md) ------------------------------------
-.PHONY: bench bench-lifecycle
+.PHONY: bench bench-lifecycle bench-worker
 ## Ingest + finalize of a 50,000-line (~200 MB) and a 500-line (~2 MB) batch: wall time, peak
 ## memory, AWS requests per input line.
 bench-lifecycle: $(STAMP)
 	$(PY) -m tests.bench.bench_lifecycle --lines 500 --line-bytes 4000
 	$(PY) -m tests.bench.bench_lifecycle --lines 50000 --line-bytes 4000
-bench: bench-lifecycle
+## The same 200-line chat file through `vllm run-batch` and through our worker (same model, flags,
+## machine): output tokens/s of each and their ratio.
+bench-worker: $(STAMP) engine
+	$(PY) -m tests.bench.bench_worker --lines 200 --max-tokens 64 --rounds 3
+bench: bench-lifecycle bench-worker
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
 ENGINE_VENV := .venv-engine

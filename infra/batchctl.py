@@ -2,6 +2,8 @@
 
     batchctl keys create --tenant NAME     prints a new key for NAME
     batchctl keys revoke KEY               revokes KEY
+    batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL
+                                           runs a local batch file through an engine (no AWS)
 
 Target: the local deployment (``make up``) when its state file exists and its moto answers;
 otherwise AWS, through the standard credential chain and the outputs of the CloudFormation stack
@@ -154,6 +156,9 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--tenant", required=True, type=_tenant, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
     revoke = keys.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key")
+    from gpu_worker import offline  # run-batch: the worker's offline mode (no AWS)
+
+    offline.add_parser(commands)
     return p
 
 
@@ -179,6 +184,10 @@ def main(
     env = os.environ if env is None else env
     out, err = out or sys.stdout, err or sys.stderr
     args = parser().parse_args(argv)
+    if args.command == "run-batch":
+        from gpu_worker import offline
+
+        return offline.command(args, err=err)
     stack = args.stack or env.get(STACK_ENV) or names.STACK_NAME
     path: Path = local_state.state_path(env)
     try:

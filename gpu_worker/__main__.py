@@ -1,0 +1,75 @@
+"""``python -m gpu_worker``: the GPU worker process (one per ECS task, beside the engine).
+
+Reads its configuration once (``WORKER_*`` and the deployment's ``BATCHAPI_*`` settings), builds
+the stores, the queue and the engine client, installs SIGTERM/SIGINT handlers (drain), runs.
+Exit status: 0 after a clean stop, 1 if the engine never became healthy, 2 on bad configuration.
+"""
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from functions.core import clients
+from functions.core.settings import Settings
+from functions.core.stores import Stores
+
+from .config import WorkerConfig
+from .engine import EngineClient, EngineDown
+from .loop import Worker
+from .metrics import WorkerMetrics, make_logger
+from .queue import WorkQueue
+
+
+class ConfigError(Exception):
+    pass
+
+
+def queue_url(config: WorkerConfig, settings: Settings) -> str:
+    if config.queue_url:
+        return config.queue_url
+    route = settings.models.get(config.model)
+    if route is None or not route.queue_url:
+        raise ConfigError(
+            f"no work queue: set WORKER_QUEUE_URL, or WORKER_MODEL to one of {sorted(settings.models)} "
+            "(BATCHAPI_MODELS names each model's queue)"
+        )
+    return route.queue_url
+
+
+async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue: WorkQueue) -> int:
+    logger = make_logger(config.service)
+    logger.append_keys(model=config.model)
+    metrics = WorkerMetrics(namespace=config.metrics_namespace, service=config.service, logger=logger, model=config.model)
+    async with EngineClient.from_config(config) as engine:
+        worker = Worker(
+            config, stores=stores, queue=queue, engine=engine, metrics=metrics, logger=logger,
+            max_line_bytes=settings.max_line_bytes, chunk_max_lines=settings.chunk_max_lines,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        try:
+            await worker.run()
+        except EngineDown as exc:
+            logger.error("engine unavailable; exiting", extra={"error": str(exc)})
+            return 1
+    logger.info("stopped")
+    return 0
+
+
+def main(env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    try:
+        config = WorkerConfig.from_env(env)
+        settings = Settings.from_env(env)
+        url = queue_url(config, settings)
+    except (ConfigError, ValueError) as exc:
+        print(f"gpu_worker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config, settings, Stores.from_settings(settings), WorkQueue(clients.client("sqs"), url)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The worker's own configuration, read from the environment once per process.
+
+Every field is ``WORKER_<FIELD>`` in the environment (e.g. ``WORKER_MAX_IN_FLIGHT``). The
+deployment's shared settings (table, bucket, queues, state machine) come from
+``functions.core.settings.Settings`` (``BATCHAPI_*``), exactly as the Lambdas read them.
+Logic receives a ``WorkerConfig``; nothing below ``__main__`` reads ``os.environ``.
+"""
+
+import math
+from collections.abc import Mapping
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra import names
+
+ENV_PREFIX = "WORKER_"
+
+#: vLLM's default ``max_num_seqs`` for the OpenAI server on most GPUs (H100-class and larger: 1024,
+#: CPU: 128). Used when neither ``max_in_flight`` nor ``engine_max_num_seqs`` is known.
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+#: Requests kept in flight per sequence slot of the engine: vLLM's scheduler only fills a freed
+#: slot from its waiting queue, so the worker keeps that queue non-empty (vLLM's own offline
+#: pooling path keeps 2 x max_num_seqs requests in the engine for the same reason).
+IN_FLIGHT_PER_SEQ = 2
+
+
+class WorkerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The served model name whose work queue this worker drains (a key of Settings.models).
+    model: str = ""
+    #: The work queue; empty = ``Settings.models[model].queue_url``.
+    queue_url: str = ""
+    #: The OpenAI-compatible engine in the same task (loopback only).
+    engine_url: str = "http://127.0.0.1:8000"
+    #: Global cap on requests in flight to the engine; 0 = IN_FLIGHT_PER_SEQ x engine_max_num_seqs.
+    max_in_flight: int = Field(default=0, ge=0)
+    #: The engine's ``--max-num-seqs`` (the entrypoint passes the value it gave vLLM); 0 = unknown.
+    engine_max_num_seqs: int = Field(default=0, ge=0)
+    #: Chunks held at once; 0 = enough chunks to fill the cap, plus two.
+    max_open_chunks: int = Field(default=0, ge=0)
+    #: One engine request (any endpoint) may take this long before it is retried.
+    request_timeout_seconds: float = Field(default=600.0, gt=0)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    #: Attempts per line on timeouts and connection errors, then an error line.
+    max_attempts: int = Field(default=4, ge=1)
+    backoff_base_seconds: float = Field(default=0.5, ge=0)
+    backoff_max_seconds: float = Field(default=30.0, ge=0)
+    #: A line answered 429/503 keeps being retried (with backoff, all requests paused) this long,
+    #: then its last answer becomes its result.
+    overload_max_seconds: float = Field(default=900.0, ge=0)
+    #: How long to wait for the engine's /health before giving up (model download + load).
+    health_timeout_seconds: float = Field(default=1800.0, gt=0)
+    #: Visibility set on a message per extension (and at receive, by the queue).
+    visibility_seconds: int = Field(default=names.WORK_VISIBILITY_SECONDS, gt=0, le=43_200)
+    #: How often a running chunk's visibility is extended; 0 = a third of visibility_seconds.
+    heartbeat_seconds: float = Field(default=0.0, ge=0)
+    #: SQS long-poll wait.
+    poll_wait_seconds: int = Field(default=20, ge=0, le=20)
+    #: A chunk that failed for an infrastructure reason is retried after this long.
+    failure_retry_seconds: int = Field(default=10, ge=0)
+    #: After SIGTERM, in-flight chunks may finish this long; the rest are released to the queue.
+    drain_seconds: float = Field(default=90.0, ge=0)
+    #: Metrics (EMF) and a summary log line are flushed this often.
+    metrics_interval_seconds: float = Field(default=60.0, gt=0)
+    metrics_namespace: str = "BatchApi/Worker"
+    service: str = "gpu-worker"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Self:
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        return cls.model_validate(values)
+
+    def in_flight_cap(self) -> int:
+        """The global cap on requests in flight (module docstring of loop.py explains the default)."""
+        if self.max_in_flight:
+            return self.max_in_flight
+        return IN_FLIGHT_PER_SEQ * (self.engine_max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS)
+
+    def open_chunk_cap(self, chunk_max_lines: int) -> int:
+        if self.max_open_chunks:
+            return self.max_open_chunks
+        return math.ceil(self.in_flight_cap() / max(1, chunk_max_lines)) + 2
+
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat_seconds or self.visibility_seconds / 3

@@ -1,0 +1,265 @@
+"""An async client of the OpenAI-compatible engine in the same task (vLLM's ``vllm serve``), on
+loopback.
+
+- One global cap on requests in flight (a semaphore shared by every chunk), so the engine's
+  continuous batching stays full without an unbounded queue in front of it.
+- Timeouts and connection errors: retried with exponential backoff and jitter, up to
+  ``max_attempts``; then, if the engine's /health still answers, the line gets an error (the
+  request itself is the problem); if it does not, ``EngineDown`` is raised (an infrastructure
+  failure: the chunk is released, not failed).
+- Overload (429, 503): every request pauses (one shared gate, honouring ``Retry-After``) and the
+  line is retried, for up to ``overload_max_seconds``; no line fails because of a burst.
+- Any other status (2xx, 4xx, 5xx) is the line's result, with the engine's body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from .config import WorkerConfig
+
+OVERLOAD_STATUSES = frozenset({429, 503})
+
+
+class EngineDown(Exception):
+    """The engine does not answer (not even /health): an infrastructure failure, not a line's."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The outcome of one line's request. ``status`` is None when the engine never answered
+    (``error_code``/``error_message`` say why)."""
+
+    status: int | None
+    body: Any
+    request_id: str
+    attempts: int = 1
+    error_code: str = ""
+    error_message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+@dataclass
+class EngineStats:
+    """Counters since start (the metrics module reads differences)."""
+
+    requests: int = 0
+    answered: dict[int, int] = field(default_factory=dict)  # status -> count
+    retries: int = 0
+    timeouts: int = 0
+    connection_errors: int = 0
+    overloaded: int = 0
+    overload_wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    backoff_base_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    overload_max_seconds: float = 900.0
+
+    def delay(self, attempt: int) -> float:
+        """Backoff before retry number ``attempt`` (1-based): exponential, capped, jittered."""
+        raw = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** (attempt - 1))
+        return raw * random.uniform(0.5, 1.0)
+
+
+class EngineClient:
+    """Use as ``async with EngineClient(...) as engine``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_in_flight: int,
+        request_timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        policy: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.max_in_flight = max_in_flight
+        self.policy = policy
+        self.stats = EngineStats()
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=connect_timeout)
+        self._connect_timeout = connect_timeout
+        self._sleep, self._clock = sleep, clock
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._in_flight = 0
+        self._waiting = 0
+        self._resume_at = 0.0  # the overload gate: no request is sent before this (clock time)
+        self._overload_streak = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig) -> EngineClient:
+        return cls(
+            config.engine_url,
+            max_in_flight=config.in_flight_cap(),
+            request_timeout=config.request_timeout_seconds,
+            connect_timeout=config.connect_timeout_seconds,
+            policy=RetryPolicy(
+                max_attempts=config.max_attempts,
+                backoff_base_seconds=config.backoff_base_seconds,
+                backoff_max_seconds=config.backoff_max_seconds,
+                overload_max_seconds=config.overload_max_seconds,
+            ),
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def __aenter__(self) -> EngineClient:
+        # Keep-alive shorter than uvicorn's (5 s) so a pooled connection is not reused just as the
+        # server closes it; a reset that still happens is a connection error and is retried.
+        connector = aiohttp.TCPConnector(limit=self.max_in_flight + 4, keepalive_timeout=3.0)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, trust_env=False, raise_for_status=False
+        )
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("EngineClient used outside `async with`")
+        return self._session
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot under the cap."""
+        return self._waiting
+
+    # --- health and discovery ----------------------------------------------------------------
+    async def healthy(self) -> bool:
+        """vLLM's ``GET /health`` is 200; an engine without /health counts if ``/v1/models`` is 200."""
+        timeout = aiohttp.ClientTimeout(total=max(5.0, self._connect_timeout))
+        try:
+            async with self.session.get(f"{self.base_url}/health", timeout=timeout) as resp:
+                if resp.status == 404:
+                    async with self.session.get(f"{self.base_url}/v1/models", timeout=timeout) as models:
+                        return models.status == 200
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def wait_healthy(self, timeout: float, interval: float = 1.0) -> float:
+        """Wait until the engine is healthy; returns the seconds waited (EngineDown on timeout)."""
+        start = self._clock()
+        while not await self.healthy():
+            if self._clock() - start >= timeout:
+                raise EngineDown(f"the engine at {self.base_url} was not healthy within {timeout:.0f} s")
+            await self._sleep(interval)
+        return self._clock() - start
+
+    async def models(self) -> list[dict[str, Any]]:
+        async with self.session.get(f"{self.base_url}/v1/models") as resp:
+            resp.raise_for_status()
+            return list((await resp.json()).get("data", []))
+
+    # --- requests ----------------------------------------------------------------------------
+    async def post(self, path: str, body: dict[str, Any]) -> Reply:
+        """Send one line's body to ``path`` (e.g. ``/v1/chat/completions``) under the global cap."""
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        self._in_flight += 1
+        try:
+            return await self._post_with_retries(path, payload)
+        finally:
+            self._in_flight -= 1
+            self._slots.release()
+
+    async def _post_with_retries(self, path: str, payload: bytes) -> Reply:
+        attempts = 0
+        failures = 0  # timeouts + connection errors
+        overloaded_since: float | None = None
+        while True:
+            await self._wait_gate()
+            attempts += 1
+            request_id = f"req_{uuid.uuid4().hex}"
+            self.stats.requests += 1
+            try:
+                status, body, headers = await self._send(path, payload, request_id)
+            except TimeoutError:
+                self.stats.timeouts += 1
+                failures += 1
+                problem = ("engine_timeout", f"The engine did not answer within {self._timeout.total:.0f} s")
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+                self.stats.connection_errors += 1
+                failures += 1
+                problem = ("engine_connection_error", f"The connection to the engine failed: {type(exc).__name__}")
+            else:
+                self.stats.answered[status] = self.stats.answered.get(status, 0) + 1
+                request_id = headers.get("x-request-id") or request_id
+                if status not in OVERLOAD_STATUSES:
+                    self._overload_streak = 0
+                    return Reply(status, body, request_id, attempts)
+                self.stats.overloaded += 1
+                now = self._clock()
+                overloaded_since = now if overloaded_since is None else overloaded_since
+                if now - overloaded_since >= self.policy.overload_max_seconds:
+                    return Reply(status, body, request_id, attempts)
+                self._close_gate(headers.get("retry-after"))
+                self.stats.retries += 1
+                continue
+            if failures >= self.policy.max_attempts:
+                if not await self.healthy():
+                    raise EngineDown(f"{problem[1]} and /health does not answer")
+                code, message = problem
+                return Reply(None, None, request_id, attempts, code, f"{message} ({attempts} attempts).")
+            self.stats.retries += 1
+            await self._sleep(self.policy.delay(failures))
+
+    async def _send(self, path: str, payload: bytes, request_id: str) -> tuple[int, Any, Any]:
+        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        async with self.session.post(f"{self.base_url}{path}", data=payload, headers=headers) as resp:
+            raw = await resp.read()
+            try:
+                body: Any = json.loads(raw)
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            return resp.status, body, resp.headers
+
+    # --- the overload gate -------------------------------------------------------------------
+    def _close_gate(self, retry_after: str | None) -> None:
+        """Pause every request: for Retry-After seconds if the engine said so, else exponentially
+        longer for each overload answer in a row (reset by any other answer)."""
+        self._overload_streak += 1
+        delay: float | None = None
+        if retry_after:
+            try:
+                delay = min(float(retry_after), self.policy.backoff_max_seconds)
+            except ValueError:
+                delay = None
+        if delay is None:
+            delay = self.policy.delay(min(self._overload_streak, 32))
+        self._resume_at = max(self._resume_at, self._clock() + delay)
+
+    async def _wait_gate(self) -> None:
+        while (wait := self._resume_at - self._clock()) > 0:
+            self.stats.overload_wait_seconds += wait
+            await self._sleep(wait)

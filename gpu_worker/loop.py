@@ -1,0 +1,263 @@
+"""The queue loop: long-poll the model's work queue, run several chunks at once under one global
+cap on engine requests, extend their visibility while they run, drain on SIGTERM.
+
+Concurrency. Every line of every open chunk goes through one ``EngineClient`` whose semaphore
+caps requests in flight (default: 2 x the engine's ``max_num_seqs``, so vLLM's waiting queue is
+never empty when a sequence finishes). The loop takes another message only while the backlog
+(lines not yet handed to the engine: waiting for a slot, or in chunks still being read) is below
+that cap, and while fewer than ``max_open_chunks`` are open: the engine stays full across chunk
+boundaries without holding more messages than it needs.
+
+Blocking AWS calls run in threads: one thread for the stores (S3/DynamoDB; boto3 resources are
+not thread-safe, and a chunk makes only a handful of calls), a few for SQS (long polls and
+visibility extensions must not wait behind a part upload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from aws_lambda_powertools import Logger
+from pydantic import ValidationError
+
+from functions.core.messages import WorkMessage
+from functions.core.stores import Stores
+
+from .chunk import process_chunk
+from .config import WorkerConfig
+from .engine import EngineClient, EngineDown
+from .metrics import WorkerMetrics
+from .queue import Received, WorkQueue
+
+
+#: With short polls (poll_wait_seconds 0), an empty receive waits this long before the next.
+IDLE_POLL_SECONDS = 0.2
+
+
+@dataclass
+class _Open:
+    received: Received
+    lines: int = 0
+    dispatched: bool = False
+
+
+class Worker:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        stores: Stores,
+        queue: WorkQueue,
+        engine: EngineClient,
+        metrics: WorkerMetrics,
+        logger: Logger,
+        max_line_bytes: int,
+        chunk_max_lines: int,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.config, self.stores, self.queue, self.engine = config, stores, queue, engine
+        self.metrics, self.log = metrics, logger
+        self.max_line_bytes = max_line_bytes
+        self.max_open = config.open_chunk_cap(chunk_max_lines)
+        self.chunk_max_lines = max(1, chunk_max_lines)
+        self.clock = clock
+        self._stopping = asyncio.Event()
+        self._open: dict[str, _Open] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._commits: set[asyncio.Future[Any]] = set()
+        self._engine_down = False
+        self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-stores")
+        self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
+
+    # --- control -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop taking work, drain (SIGTERM / SIGINT handler; call from the loop's thread)."""
+        if not self._stopping.is_set():
+            self.log.info("stop requested: draining", extra={"open_chunks": len(self._open)})
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    @property
+    def open_chunks(self) -> int:
+        return len(self._open)
+
+    def backlog(self) -> int:
+        """Lines not yet sent to the engine: waiting for a slot, or in chunks not yet dispatched."""
+        return self.engine.waiting + sum(o.lines for o in self._open.values() if not o.dispatched)
+
+    async def _stores(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._store_pool, functools.partial(fn, *args, **kwargs))
+
+    async def _sqs(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._queue_pool, functools.partial(fn, *args))
+
+    # --- main --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Wait for the engine, take work until stopped, drain. EngineDown if the engine never
+        becomes (or stays) healthy."""
+        reporter = asyncio.create_task(self._report_periodically())
+        try:
+            if not await self._until_healthy():
+                return
+            self.log.info("taking work", extra={"queue_url": self.queue.url, "in_flight_cap": self.engine.max_in_flight,
+                                               "max_open_chunks": self.max_open})
+            await self._take_work()
+        finally:
+            await self._drain()
+            reporter.cancel()
+            self.report()
+            self._store_pool.shutdown(wait=True)
+            self._queue_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _until_healthy(self) -> bool:
+        """True once the engine is healthy; False if stopped first; EngineDown on timeout."""
+        health = asyncio.create_task(self.engine.wait_healthy(self.config.health_timeout_seconds))
+        stop = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait({health, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not health.done():
+            health.cancel()
+            return False
+        self.log.info("engine healthy", extra={"engine_url": self.engine.base_url, "waited_seconds": round(health.result(), 1)})
+        return True
+
+    async def _take_work(self) -> None:
+        stop = asyncio.create_task(self._stopping.wait())
+        try:
+            while not self.stopping:
+                if self._engine_down:
+                    self.log.warning("engine unhealthy: not taking work until /health answers")
+                    if not await self._until_healthy():
+                        return
+                    self._engine_down = False
+                    continue
+                if len(self._open) >= self.max_open or self.backlog() >= self.engine.max_in_flight:
+                    await asyncio.wait({stop}, timeout=0.05)
+                    continue
+                # Enough chunks to fill the cap (estimated at chunk_max_lines each), at most 10.
+                room = -(-(self.engine.max_in_flight - self.backlog()) // self.chunk_max_lines)
+                want = max(1, min(10, self.max_open - len(self._open), room))
+                receive = asyncio.ensure_future(self._sqs(
+                    self.queue.receive, want, self.config.poll_wait_seconds, self.config.visibility_seconds
+                ))
+                await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
+                received = await receive  # a long poll in progress returns within poll_wait_seconds
+                if not received and self.config.poll_wait_seconds == 0:
+                    await asyncio.wait({stop}, timeout=IDLE_POLL_SECONDS)  # short polls: do not spin
+                for r in received:
+                    if self.stopping:
+                        await self._sqs(self.queue.release, r.receipt, 0)
+                        self.log.info("released a message received while stopping", extra={"message_id": r.message_id})
+                        continue
+                    self._open[r.message_id] = state = _Open(r)
+                    task = asyncio.create_task(self._handle(state))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+        finally:
+            stop.cancel()
+
+    async def _drain(self) -> None:
+        """Let in-flight chunks finish for up to drain_seconds, then release the rest."""
+        if self._tasks:
+            self.log.info("draining", extra={"open_chunks": len(self._tasks), "drain_seconds": self.config.drain_seconds})
+            _, pending = await asyncio.wait(set(self._tasks), timeout=self.config.drain_seconds)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        if self._commits:
+            await asyncio.gather(*set(self._commits), return_exceptions=True)
+
+    # --- one message -------------------------------------------------------------------------
+    async def _handle(self, state: _Open) -> None:
+        r = state.received
+        heartbeat = asyncio.create_task(self._heartbeat(r))
+        try:
+            try:
+                message = WorkMessage.model_validate_json(r.body)
+            except ValidationError as exc:
+                # Never succeeds: let it reach the DLQ after its receives, quickly.
+                self.log.error("malformed work message", extra={"message_id": r.message_id, "error": str(exc)[:500]})
+                self.metrics.chunk_failed()
+                await self._sqs(self.queue.release, r.receipt, self.config.failure_retry_seconds)
+                return
+            state.lines = message.line_count
+            keys = {"batch_id": message.batch_id, "chunk": message.chunk, "message_id": r.message_id, "receive_count": r.receive_count}
+            if r.receive_count > 1:
+                self.metrics.chunk_redelivered()
+            report = await process_chunk(
+                self.stores, message, self.engine, io=self._stores, max_line_bytes=self.max_line_bytes,
+                now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
+            )
+            await self._sqs(self.queue.delete, r.receipt)
+            if report.skipped:
+                self.metrics.chunk_skipped()
+                self.log.info("chunk skipped", extra=keys)
+                return
+            usage = report.usage
+            self.metrics.chunk_done(
+                completed=report.completed, failed=report.failed,
+                input_tokens=usage.input_tokens if usage else 0, output_tokens=usage.output_tokens if usage else 0,
+            )
+            outcome = report.outcome
+            self.log.info("chunk done", extra={
+                **keys, "completed": report.completed, "failed": report.failed, "seconds": round(report.seconds, 3),
+                "output_tokens": usage.output_tokens if usage else 0,
+                "counted": bool(outcome and outcome.counted), "last": bool(outcome and outcome.last),
+            })
+        except asyncio.CancelledError:
+            # Drain deadline passed (SIGTERM): hand the chunk to another worker at once.
+            await asyncio.shield(self._release(r, 0, "released on shutdown"))
+            raise
+        except EngineDown as exc:
+            self._engine_down = True
+            await self._release(r, 0, f"released: {exc}")
+        except Exception:
+            self.log.exception("chunk failed; it will be retried", extra={"message_id": r.message_id})
+            self.metrics.chunk_failed()
+            await self._release(r, self.config.failure_retry_seconds, "released after a failure")
+        finally:
+            heartbeat.cancel()
+            self._open.pop(r.message_id, None)
+
+    async def _release(self, r: Received, after: int, why: str) -> None:
+        try:
+            await self._sqs(self.queue.release, r.receipt, after)
+        except Exception:  # noqa: BLE001 - the message becomes visible anyway when its visibility ends
+            self.log.exception("could not release a message", extra={"message_id": r.message_id})
+        self.metrics.chunk_released()
+        self.log.info(why, extra={"message_id": r.message_id, "visible_after_seconds": after})
+
+    async def _heartbeat(self, r: Received) -> None:
+        interval = self.config.heartbeat_interval()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                ok = await self._sqs(self.queue.extend, r.receipt, self.config.visibility_seconds)
+            except Exception:  # noqa: BLE001 - try again next beat
+                self.log.exception("visibility extension failed", extra={"message_id": r.message_id})
+                continue
+            if not ok:
+                self.log.warning("lost the message (receipt no longer valid)", extra={"message_id": r.message_id})
+                return
+
+    # --- metrics -----------------------------------------------------------------------------
+    async def _report_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.metrics_interval_seconds)
+            self.report()
+
+    def report(self) -> dict[str, Any]:
+        return self.metrics.flush(
+            self.engine.stats, in_flight=self.engine.in_flight, waiting=self.engine.waiting,
+            open_chunks=len(self._open), cap=self.engine.max_in_flight,
+        )

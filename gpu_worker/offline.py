@@ -1,0 +1,134 @@
+"""Offline mode, as vLLM's ``run-batch``: a local JSONL file through the engine with no AWS.
+
+    batchctl run-batch -i in.jsonl -o out.jsonl [--errors err.jsonl] --engine-url URL
+
+Same per-line code path as the SQS worker (``chunk.run_line`` under the engine client's global
+cap, retries and overload backoff). Streaming: the input is read in 1 MiB pieces and results are
+written in input order as they finish, with at most ``window`` lines between the oldest unfinished
+line and the newest started one, so memory is bounded whatever the file size. A line that is not a
+valid request becomes an error line (per-line isolation); it never stops the run. Without
+``--errors`` error lines go to the output file, as vLLM's run-batch does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TextIO
+
+from functions.core import limits
+from functions.core.accounting import Usage
+from functions.core.lines import RawLine, iter_lines
+
+from .chunk import LineResult, run_line, run_ordered
+from .config import WorkerConfig
+from .engine import EngineClient, EngineDown
+
+READ_BYTES = 1024 * 1024
+
+
+@dataclass
+class Summary:
+    completed: int = 0
+    failed: int = 0
+    usage: Usage = field(default_factory=Usage)
+    seconds: float = 0.0
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.usage.output_tokens / self.seconds if self.seconds else 0.0
+
+
+def _read(f: IO[bytes]) -> Iterator[bytes]:
+    while data := f.read(READ_BYTES):
+        yield data
+
+
+def file_lines(f: IO[bytes], *, max_line_bytes: int) -> Iterator[RawLine]:
+    return iter_lines(_read(f), max_line_bytes=max_line_bytes)
+
+
+async def run_file(
+    engine: EngineClient,
+    source: IO[bytes],
+    output: IO[bytes],
+    errors: IO[bytes] | None = None,
+    *,
+    endpoints: tuple[str, ...] = limits.DEFAULT_ENDPOINTS,
+    max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
+    window: int | None = None,
+) -> Summary:
+    """Run every line of ``source``; write results in input order. Returns counts and usage."""
+    summary = Summary()
+    started = time.monotonic()
+    window = window or 2 * engine.max_in_flight
+
+    async def run(raw: RawLine) -> LineResult:
+        return await run_line(engine, raw, endpoint=None, endpoints=endpoints)
+
+    async for result in run_ordered(file_lines(source, max_line_bytes=max_line_bytes), run, window=window):
+        data = result.line.model_dump_json().encode() + b"\n"
+        if result.succeeded:
+            summary.completed += 1
+            summary.usage.add_response(result.usage)
+            output.write(data)
+        else:
+            summary.failed += 1
+            (errors or output).write(data)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+async def run_paths(
+    input_path: Path, output_path: Path, errors_path: Path | None, engine: EngineClient, *, health_timeout: float
+) -> Summary:
+    await engine.wait_healthy(health_timeout)
+    with open(input_path, "rb") as source, open(output_path, "wb") as output:
+        if errors_path is None:
+            return await run_file(engine, source, output)
+        with open(errors_path, "wb") as errors:
+            return await run_file(engine, source, output, errors)
+
+
+# --- the `batchctl run-batch` subcommand --------------------------------------------------------
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = commands.add_parser(
+        "run-batch", help="run a local batch file through an OpenAI-compatible engine (no AWS), like `vllm run-batch`"
+    )
+    p.add_argument("-i", "--input", required=True, type=Path, help="input JSONL (OpenAI batch lines)")
+    p.add_argument("-o", "--output", required=True, type=Path, help="output JSONL (results, input order)")
+    p.add_argument("--errors", type=Path, help="error lines go here (default: into the output file)")
+    p.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--max-in-flight", type=int, default=0,
+                   help="requests in flight (default: 2 x --engine-max-num-seqs, or 512)")
+    p.add_argument("--engine-max-num-seqs", type=int, default=0, help="the engine's --max-num-seqs, if known")
+    p.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for the engine's /health")
+
+
+def command(args: argparse.Namespace, *, err: TextIO) -> int:
+    config = WorkerConfig(
+        engine_url=args.engine_url, max_in_flight=args.max_in_flight, engine_max_num_seqs=args.engine_max_num_seqs
+    )
+    async def go() -> Summary:
+        async with EngineClient.from_config(config) as engine:
+            return await run_paths(args.input, args.output, args.errors, engine, health_timeout=args.health_timeout)
+
+    try:
+        summary = asyncio.run(go())
+    except EngineDown as exc:
+        print(f"batchctl run-batch: {exc}", file=err)
+        return 1
+    except OSError as exc:
+        print(f"batchctl run-batch: {exc}", file=err)
+        return 1
+    print(
+        f"batchctl run-batch: {summary.completed} completed, {summary.failed} failed in {summary.seconds:.1f} s; "
+        f"{summary.usage.input_tokens} input / {summary.usage.output_tokens} output tokens "
+        f"({summary.output_tokens_per_second:.1f} output tokens/s)",
+        file=err,
+    )
+    return 0

@@ -1,0 +1,141 @@
+"""A fake OpenAI-compatible server for fault injection only (real behaviour is tested against real
+vLLM): /health, /v1/models, and POST endpoints answered by a test-controlled ``respond``.
+
+It runs in its own thread and event loop on an ephemeral loopback port. ``respond(path, body,
+seen)`` returns ``(status, json_body)``, ``(status, json_body, headers)``, or ``HANG`` (never
+answer); ``seen`` counts earlier requests with the same body (so "fail the first k attempts" is
+easy). Every request is recorded; ``max_concurrent`` is the most requests open at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+HANG = "hang"
+
+Respond = Callable[[str, dict[str, Any], int], Awaitable[Any] | Any]
+
+
+def content(body: dict[str, Any]) -> str:
+    """The user message (chat), prompt (completions) or input (embeddings) of a request."""
+    if "messages" in body:
+        return str(body["messages"][-1].get("content", ""))
+    return str(body.get("prompt", body.get("input", "")))
+
+
+def chat_answer(body: dict[str, Any], completion_tokens: int = 3, prompt_tokens: int = 10) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": body.get("model"),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo {content(body)}"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+async def default_respond(path: str, body: dict[str, Any], seen: int) -> Any:
+    return 200, chat_answer(body)
+
+
+class FakeEngine:
+    def __init__(self, respond: Respond = default_respond):
+        self.respond = respond
+        self.health_status = 200
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.open = 0
+        self.max_concurrent = 0
+        self._seen: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._hung: list[asyncio.Future[None]] = []
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def contents(self) -> list[str]:
+        with self._lock:
+            return [content(b) for _, b in self.requests]
+
+    # --- handlers ----------------------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health_status)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "test-chat", "object": "model", "max_model_len": 2048}]})
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        key = json.dumps(body, sort_keys=True)
+        with self._lock:
+            self.requests.append((request.path, body))
+            seen = self._seen[key]
+            self._seen[key] += 1
+            self.open += 1
+            self.max_concurrent = max(self.max_concurrent, self.open)
+        try:
+            result = self.respond(request.path, body, seen)
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result == HANG:
+                hang = asyncio.get_running_loop().create_future()
+                self._hung.append(hang)
+                await hang
+                return web.Response(status=599)
+            status, payload, *rest = result
+            headers = rest[0] if rest else {}
+            headers = {"x-request-id": request.headers.get("X-Request-Id", "fake"), **headers}
+            if isinstance(payload, str):
+                return web.Response(status=status, text=payload, headers=headers)
+            return web.json_response(payload, status=status, headers=headers)
+        finally:
+            with self._lock:
+                self.open -= 1
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> FakeEngine:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_get("/health", self._health)
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_post("/{tail:.*}", self._post)
+            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+            loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="fake-engine", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        def release() -> None:
+            for hang in self._hung:
+                if not hang.done():
+                    hang.cancel()
+            self._loop.stop()  # type: ignore[union-attr]
+        self._loop.call_soon_threadsafe(release)
+        self._thread.join(10)
+        self._thread = None

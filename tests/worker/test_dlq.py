@@ -1,0 +1,52 @@
+"""The DLQ handler's edge cases (the poison-chunk path end to end is in test_worker_faults):
+a dead-lettered chunk that a worker did count keeps its results; a closed batch is left alone;
+a message that is not a work message is dropped."""
+
+import pytest
+
+from functions.core import clients, schema
+from functions.dlq import handler as dlq_handler
+from functions.dlq.logic import fail_chunk
+from infra.local.pollers import drain_queue
+from tests.unit.batch_helpers import line, run_chunk, run_ingest, submit, take_work
+from tests.worker.harness import dlq_url, queue_depth
+
+pytestmark = pytest.mark.settings(chunk_max_lines=2)
+
+
+def dead_letter(deployed, bodies):
+    dlq = dlq_url(deployed.models["test-chat"].queue_url)
+    for body in bodies:
+        clients.client("sqs").send_message(QueueUrl=dlq, MessageBody=body)
+    handled = drain_queue(clients.client("sqs"), dlq, dlq_handler.handler, name="dlq")
+    assert queue_depth(dlq) == (0, 0)
+    return handled
+
+
+def test_a_chunk_already_counted_keeps_its_results(client, stores, deployed):
+    batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())
+    run_ingest()
+    first, second = take_work(deployed)
+    run_chunk(stores, first)
+    key = schema.chunk_part_key("acme", batch.id, 0, "out")
+    before = stores.objects.get(key)
+    assert dead_letter(deployed, [first.model_dump_json()]) == 1
+    assert stores.objects.get(key) == before
+    assert stores.batches.get("acme", batch.id).completed == 2
+    # the other chunk, dead-lettered, is failed and counted
+    outcome = fail_chunk(stores, second, max_line_bytes=10**6, now=0)
+    assert (outcome.action, outcome.failed, outcome.last) == ("recorded", 2, True)
+    assert stores.batches.get("acme", batch.id).failed == 2
+
+
+def test_a_closed_batch_is_left_alone(client, stores, deployed):
+    batch = submit(client, (line(0) + "\n").encode())
+    run_ingest()
+    (only,) = take_work(deployed)
+    stores.batches.update(stores.batches.get("acme", batch.id), values={"accepting": False})
+    assert fail_chunk(stores, only, max_line_bytes=10**6, now=0).action == "batch_closed"
+    assert stores.objects.list_keys(schema.batch_prefix("acme", batch.id) + "parts/") == []
+
+
+def test_a_message_that_is_not_a_work_message_is_dropped(deployed, stores):
+    assert dead_letter(deployed, ["not json", '{"batch_id": "x"}']) == 2

@@ -1,0 +1,135 @@
+"""gpu_worker/entrypoint.sh with stand-in commands for vLLM and the worker (the image itself cannot
+be built here: no Docker): the engine command line from the environment, one max-num-seqs for both
+sides, either process dying fails the task, SIGTERM drains the worker before the engine stops."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "gpu_worker" / "entrypoint.sh"
+
+#: A stand-in process: logs its argv and WORKER_* env, logs SIGTERM, exits EXIT_ON_TERM on it
+#: (or never, if IGNORE_TERM), or exits EXIT_AFTER seconds after start with EXIT_CODE.
+FAKE = r"""
+import os, signal, sys, time
+name, log = sys.argv[1], os.environ["LOG"]
+def note(text):
+    with open(log, "a") as f:
+        f.write(f"{name} {text}\n")
+note("argv " + " ".join(sys.argv[2:]))
+note("env " + " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("WORKER_")))
+def term(*_):
+    note("TERM")
+    if os.environ.get(f"{name.upper()}_IGNORE_TERM"):
+        return
+    time.sleep(float(os.environ.get(f"{name.upper()}_DRAIN", "0")))
+    note("exit")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+after = os.environ.get(f"{name.upper()}_EXIT_AFTER")
+start = time.monotonic()
+while True:
+    time.sleep(0.02)
+    if after and time.monotonic() - start > float(after):
+        note("dies")
+        sys.exit(int(os.environ.get(f"{name.upper()}_EXIT_CODE", "0")))
+"""
+
+
+@pytest.fixture
+def run(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text(FAKE)
+    log = tmp_path / "log.txt"
+    log.touch()
+
+    def start(**env):
+        full = {
+            "PATH": os.environ["PATH"], "LOG": str(log), "ENGINE_MODEL": "org/weights",
+            "ENGINE_CMD": f"{sys.executable} {fake} engine", "WORKER_CMD": f"{sys.executable} {fake} worker",
+            "ENGINE_STOP_SECONDS": "2", **env,
+        }
+        process = subprocess.Popen(["bash", str(ENTRYPOINT)], env=full, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while log.read_text().count(" env ") < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return process
+
+    def lines():
+        return log.read_text().splitlines()
+
+    return start, lines
+
+
+def test_the_engine_command_line_comes_from_the_environment(run):
+    start, lines = run
+    p = start(WORKER_MODEL="my-model", ENGINE_PORT="8123", ENGINE_ARGS="--max-model-len 8192 --enforce-eager")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    engine_argv = next(l for l in lines() if l.startswith("engine argv"))
+    assert engine_argv.split()[2:] == [
+        "org/weights", "--served-model-name", "my-model", "--host", "127.0.0.1", "--port", "8123",
+        "--max-model-len", "8192", "--enforce-eager", "--max-num-seqs", "256",
+    ]
+    worker_env = next(l for l in lines() if l.startswith("worker env"))
+    assert "WORKER_ENGINE_URL=http://127.0.0.1:8123" in worker_env
+    assert "WORKER_ENGINE_MAX_NUM_SEQS=256" in worker_env and "WORKER_MODEL=my-model" in worker_env
+
+
+def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
+    start, lines = run
+    p = start(ENGINE_ARGS="--max-num-seqs 64", ENGINE_MAX_NUM_SEQS="999")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    engine_argv = next(l for l in lines() if l.startswith("engine argv"))
+    assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith("--max-num-seqs 64")
+    assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in next(l for l in lines() if l.startswith("worker env"))
+    assert "WORKER_MODEL=org/weights" in next(l for l in lines() if l.startswith("worker env"))
+
+
+def test_sigterm_drains_the_worker_before_stopping_the_engine(run):
+    start, lines = run
+    p = start(WORKER_DRAIN="0.5")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    events = [l for l in lines() if l.split()[1] in ("TERM", "exit")]
+    assert events == ["worker TERM", "worker exit", "engine TERM", "engine exit"]
+
+
+def test_an_engine_that_ignores_sigterm_is_killed(run):
+    start, lines = run
+    p = start(ENGINE_IGNORE_TERM="1", ENGINE_STOP_SECONDS="1")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    assert "engine did not stop" in p.stderr.read()
+
+
+def test_the_engine_dying_fails_the_task_and_stops_the_worker(run):
+    start, lines = run
+    p = start(ENGINE_EXIT_AFTER="0.3", ENGINE_EXIT_CODE="3")
+    assert p.wait(10) == 3
+    assert lines()[-2:] == ["worker TERM", "worker exit"]
+    assert "the engine exited (3)" in p.stderr.read()
+
+
+def test_the_engine_exiting_cleanly_still_fails_the_task(run):
+    start, _ = run
+    p = start(ENGINE_EXIT_AFTER="0.3", ENGINE_EXIT_CODE="0")
+    assert p.wait(10) == 1
+
+
+def test_the_worker_dying_fails_the_task_and_stops_the_engine(run):
+    start, lines = run
+    p = start(WORKER_EXIT_AFTER="0.3", WORKER_EXIT_CODE="5")
+    assert p.wait(10) == 5
+    assert lines()[-2:] == ["engine TERM", "engine exit"]
+
+
+def test_engine_model_is_required(run, tmp_path):
+    p = subprocess.run(["bash", str(ENTRYPOINT)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert p.returncode != 0 and "ENGINE_MODEL" in p.stderr

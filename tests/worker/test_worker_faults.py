@@ -1,0 +1,250 @@
+"""The worker's fault handling, through the real lifecycle on moto (API -> ingest -> worker ->
+workflow on moto's Step Functions interpreter), with a FAKE OpenAI-compatible engine that injects
+the faults: engine 500s, timeouts, 429/503 bursts, a worker killed mid-chunk, a poison chunk
+through the DLQ, SIGTERM mid-chunk, the engine going down."""
+
+import asyncio
+import json
+
+import pytest
+
+from functions.core import clients, schema
+from functions.dlq import handler as dlq_handler
+from functions.dlq.logic import ERROR_CODE as DLQ_CODE
+from infra import names
+from infra.local.pollers import drain_queue
+from tests.unit.batch_helpers import line, wait_for_execution
+from tests.unit.test_workflow import assert_invariants, read_file, start
+from tests.worker.fake_engine import HANG, FakeEngine, chat_answer, content
+from tests.worker.harness import WorkerThread, dlq_url, queue_depth, wait_until, worker_config
+
+pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=3, drain_poll_seconds=0, drain_grace_seconds=30)]
+
+
+@pytest.fixture
+def fake():
+    engine = FakeEngine().start()
+    yield engine
+    engine.stop()
+
+
+def ids(n):
+    return [f"req-{i}" for i in range(n)]
+
+
+def finish(client, deployed, batch_id):
+    execution = wait_for_execution(deployed, batch_id)
+    assert execution["status"] == "SUCCEEDED", execution
+    return client.batches.retrieve(batch_id)
+
+
+def test_a_batch_runs_through_the_worker_in_input_order(client, stores, deployed, fake):
+    async def respond(path, body, seen):
+        i = int(content(body).split()[-1])
+        await asyncio.sleep(0.02 * ((7 * i) % 5))  # answers arrive out of order
+        return 200, chat_answer(body, completion_tokens=i + 1)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(10)])
+    worker = WorkerThread(worker_config(deployed, fake.url, max_in_flight=4), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(10))
+    assert [l.custom_id for l in out] == ids(10) and err == []
+    assert done.status == "completed"
+    assert done.usage.input_tokens == 100 and done.usage.output_tokens == sum(range(1, 11))
+    assert fake.max_concurrent <= 4  # the global cap holds across the 4 chunks
+    assert all(l.response.request_id.startswith("req_") for l in out)
+    assert worker.worker.metrics.totals.chunks_done == 4
+
+
+def test_engine_500s_become_error_lines_with_status_and_body(client, stores, deployed, fake):
+    boom = {"error": {"message": "engine exploded", "type": "InternalServerError", "param": None, "code": 500}}
+
+    def respond(path, body, seen):
+        return (500, boom) if content(body) in ("hi 1", "hi 4") else (200, chat_answer(body))
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(6)])
+    worker = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(6))
+    assert [l.custom_id for l in err] == ["req-1", "req-4"]
+    for l in err:
+        assert l.error is None and l.response.status_code == 500 and l.response.body == boom
+    assert done.request_counts.completed == 4 and done.request_counts.failed == 2
+    assert len(fake.requests) == 6  # a 500 is a result: not retried
+
+
+def test_timeouts_are_retried_then_become_error_lines(client, stores, deployed, fake):
+    def respond(path, body, seen):
+        if content(body) == "hi 1":
+            return HANG  # never answers
+        if content(body) == "hi 2" and seen == 0:
+            return HANG  # answers on the retry
+        return 200, chat_answer(body)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(4)])
+    config = worker_config(deployed, fake.url, request_timeout_seconds=0.5, max_attempts=3)
+    worker = WorkerThread(config, deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(4))
+    assert [l.custom_id for l in out] == ["req-0", "req-2", "req-3"]
+    (timed_out,) = err
+    assert timed_out.custom_id == "req-1" and timed_out.response is None
+    assert timed_out.error.code == "engine_timeout" and "3 attempts" in timed_out.error.message
+    assert fake.contents().count("hi 1") == 3 and fake.contents().count("hi 2") == 2
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_overload_bursts_back_off_and_fail_no_line(client, stores, deployed, fake, status):
+    burst = {"left": 12}
+
+    def respond(path, body, seen):
+        if burst["left"] > 0:
+            burst["left"] -= 1
+            headers = {"Retry-After": "0"} if status == 503 else {}
+            return status, {"error": {"message": "overloaded", "type": "ServiceUnavailable", "code": status}}, headers
+        return 200, chat_answer(body)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(8)])
+    worker = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(8))
+    assert len(out) == 8 and err == [] and done.request_counts.failed == 0
+    stats = worker.worker.engine.stats
+    assert stats.overloaded == 12 and stats.answered[status] == 12 and stats.answered[200] == 8
+
+
+def test_a_worker_killed_mid_chunk_is_redelivered_without_duplicates(client, stores, deployed, fake):
+    release = {"slow": True}
+
+    async def respond(path, body, seen):
+        if release["slow"]:
+            await asyncio.sleep(30)  # the first worker dies while these are in flight
+        return 200, chat_answer(body)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(6)])
+    config = worker_config(deployed, fake.url, visibility_seconds=2, heartbeat_seconds=0.5)
+    first = WorkerThread(config, deployed, stores).start()
+    wait_until(lambda: len(fake.requests) >= 3, what="the first worker's requests")
+    first.kill()
+    assert stores.batches.get("acme", batch.id).chunks_done == 0
+    release["slow"] = False
+    second = WorkerThread(config, deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    second.stop()
+    out, err = assert_invariants(client, done, ids(6))
+    assert len(out) == 6 and err == [] and done.request_counts.completed == 6
+    assert done.usage.output_tokens == 18  # each line counted once
+    assert second.worker.metrics.totals.chunks_redelivered >= 1
+
+
+def test_a_poison_chunk_goes_through_the_dlq_and_the_batch_completes(client, stores, deployed, fake):
+    """A request that kills its worker every time: after WORK_MAX_RECEIVES receives SQS moves
+    the chunk to the DLQ; the DLQ handler fails its lines and counts it; the batch completes."""
+    fake.respond = lambda path, body, seen: (200, chat_answer(body)) if content(body) != "hi 4" else HANG
+    lines = [line(i) for i in range(6)]  # chunks: 0-2, 3-5 (the poison line is in the second)
+    batch = start(client, stores, lines)
+    config = worker_config(deployed, fake.url, visibility_seconds=1, heartbeat_seconds=0.3)
+    queue = deployed.models["test-chat"].queue_url
+    for attempt in range(names.WORK_MAX_RECEIVES):
+        worker = WorkerThread(config, deployed, stores).start()
+        wait_until(lambda: fake.contents().count("hi 4") == attempt + 1, what="the poison request")
+        worker.kill()  # the poison request crashed the engine/worker
+    worker = WorkerThread(config, deployed, stores).start()
+    dead = dlq_url(queue)
+    wait_until(lambda: queue_depth(dead)[0] == 1, timeout=30, what="the chunk in the DLQ")
+    worker.stop()
+    assert drain_queue(clients.client("sqs"), dead, dlq_handler.handler, name="dlq") == 1
+    done = finish(client, deployed, batch.id)
+    assert done.status == "completed"
+    out, err = assert_invariants(client, done, ids(6))
+    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-2"]
+    assert [l.custom_id for l in err] == ["req-3", "req-4", "req-5"]
+    for l in err:
+        assert l.response is None and l.error.code == DLQ_CODE and "dead-lettered" in l.error.message
+    assert queue_depth(queue) == (0, 0)
+
+
+def test_sigterm_mid_chunk_finishes_the_chunk_and_takes_no_more_work(client, stores, deployed, fake):
+    async def respond(path, body, seen):
+        await asyncio.sleep(0.5)
+        return 200, chat_answer(body)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(6)])
+    worker = WorkerThread(worker_config(deployed, fake.url, max_in_flight=3, max_open_chunks=1), deployed, stores).start()
+    wait_until(lambda: len(fake.requests) >= 1, what="the first chunk running")
+    worker.stop()  # SIGTERM mid-chunk, drain time is plenty
+    counted = stores.batches.counted_chunks("acme", batch.id)
+    assert list(counted) == [0] and counted[0].completed == 3  # finished the chunk it had
+    assert len(fake.requests) == 3  # took no more work
+    queue = deployed.models["test-chat"].queue_url
+    assert queue_depth(queue) == (1, 0)  # the other chunk waits, visible, for another worker
+    other = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    other.stop()
+    assert_invariants(client, done, ids(6))
+
+
+def test_sigterm_past_the_drain_time_releases_the_chunk_at_once(client, stores, deployed, fake):
+    slow = {"on": True}
+
+    async def respond(path, body, seen):
+        while slow["on"]:
+            await asyncio.sleep(0.05)
+        return 200, chat_answer(body)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(3)])
+    queue = deployed.models["test-chat"].queue_url
+    worker = WorkerThread(worker_config(deployed, fake.url, drain_seconds=0.2), deployed, stores).start()
+    wait_until(lambda: len(fake.requests) == 3, what="the chunk running")
+    assert queue_depth(queue) == (0, 1)
+    worker.stop(timeout=10)  # exits cleanly (no error raised by join)
+    assert worker.worker.metrics.totals.chunks_released == 1
+    assert queue_depth(queue) == (1, 0)  # visible again at once (not after the 120 s visibility)
+    assert stores.batches.get("acme", batch.id).chunks_done == 0
+    slow["on"] = False
+    other = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    other.stop()
+    out, _ = assert_invariants(client, done, ids(3))
+    assert len(out) == 3
+
+
+def test_engine_down_releases_the_chunk_instead_of_failing_its_lines(client, stores, deployed, fake):
+    def respond(path, body, seen):
+        fake.health_status = 503  # the engine dies with the first request in flight
+        return HANG
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(2)])
+    config = worker_config(deployed, fake.url, request_timeout_seconds=0.3, max_attempts=2, health_timeout_seconds=60)
+    worker = WorkerThread(config, deployed, stores).start()
+    wait_until(lambda: worker.worker.metrics.totals.chunks_released == 1, what="the chunk released")
+    assert stores.batches.get("acme", batch.id).chunks_done == 0  # no line failed
+    fake.respond = lambda path, body, seen: (200, chat_answer(body))
+    fake.health_status = 200  # back: the worker takes work again
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(2))
+    assert len(out) == 2 and err == []
+
+
+def test_a_cancelled_batch_chunk_is_skipped(client, stores, deployed, fake):
+    batch = start(client, stores, [line(i) for i in range(3)])
+    client.batches.cancel(batch.id)
+    done = finish(client, deployed, batch.id)
+    worker = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
+    wait_until(lambda: worker.worker.metrics.totals.chunks_skipped == 1, what="the chunk skipped")
+    worker.stop()
+    assert fake.requests == [] and done.status == "cancelled"
+    assert queue_depth(deployed.models["test-chat"].queue_url) == (0, 0)

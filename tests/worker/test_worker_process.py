@@ -1,0 +1,124 @@
+"""`python -m gpu_worker` as a real process, sent a real SIGTERM mid-chunk, against moto in server
+mode (the process reaches it over loopback) and the fake engine."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+from functions.core import clients, deps, schema
+from functions.core.messages import WorkMessage
+from functions.core.records import BatchRecord
+from functions.core.stores import Stores
+from infra.local.resources import create_resources
+from tests.conftest import TEST_SETTINGS
+from tests.worker.fake_engine import FakeEngine, chat_answer
+from tests.worker.harness import queue_depth, wait_until
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def moto_server(monkeypatch):
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    deps.reset()
+    yield endpoint
+    deps.reset()
+    # moto's backends are per process, not per server: leave nothing for the next test.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
+    server.stop()
+
+
+def line(i):
+    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+                       "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}})
+
+
+@pytest.fixture
+def batch(moto_server):
+    """An in_progress batch of 4 lines in 2 chunks, their 2 work messages queued."""
+    settings = create_resources(TEST_SETTINGS, clients.client, prefix="proc-test")
+    stores = Stores.from_settings(settings)
+    data = "".join(line(i) + "\n" for i in range(4)).encode()
+    key = schema.batch_input_key("acme", "batch_proc")
+    stores.objects.put(key, data)
+    now = int(time.time())
+    stores.batches.create(BatchRecord(
+        tenant="acme", id="batch_proc", input_file_id="file-x", endpoint="/v1/chat/completions",
+        completion_window="24h", created_at=now, expires_at=now + 86400, status="in_progress",
+        accepting=True, enqueued=True, total=4, chunk_count=2, input_key=key, model="test-chat",
+    ))
+    cut = len(line(0)) + len(line(1)) + 2
+    messages = [
+        WorkMessage(batch_id="batch_proc", tenant="acme", chunk=0, input_key=key, byte_start=0, byte_end=cut,
+                    first_line=1, line_count=2, endpoint="/v1/chat/completions", model="test-chat", expires_at=now + 86400),
+        WorkMessage(batch_id="batch_proc", tenant="acme", chunk=1, input_key=key, byte_start=cut, byte_end=len(data),
+                    first_line=3, line_count=2, endpoint="/v1/chat/completions", model="test-chat", expires_at=now + 86400),
+    ]
+    url = settings.models["test-chat"].queue_url
+    for m in messages:
+        clients.client("sqs").send_message(QueueUrl=url, MessageBody=m.model_dump_json())
+    return settings, stores, url
+
+
+def start_worker(settings, endpoint, engine_url, **worker_env):
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
+    env.update(settings.to_env())
+    env.update({
+        "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": REPO, "WORKER_MODEL": "test-chat", "WORKER_ENGINE_URL": engine_url,
+        "WORKER_MAX_IN_FLIGHT": "2", "WORKER_MAX_OPEN_CHUNKS": "1", "WORKER_POLL_WAIT_SECONDS": "1",
+        **{f"WORKER_{k.upper()}": str(v) for k, v in worker_env.items()},
+    })
+    return subprocess.Popen([sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigterm_mid_chunk_past_the_drain_time_releases_the_message(batch, moto_server):
+    settings, stores, url = batch
+    fake = FakeEngine(lambda path, body, seen: "hang").start()
+    try:
+        process = start_worker(settings, moto_server, fake.url, drain_seconds=0.5)
+        wait_until(lambda: len(fake.requests) == 2, timeout=30, what="the chunk's requests")
+        assert queue_depth(url) == (1, 1)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        fake.stop()
+    assert process.returncode == 0, output
+    assert "released on shutdown" in output and '"stopped"' in output
+    assert queue_depth(url) == (2, 0)  # visible at once for another worker
+    assert stores.batches.get("acme", "batch_proc").chunks_done == 0
+
+
+def test_sigterm_mid_chunk_finishes_it_and_exits_cleanly(batch, moto_server):
+    settings, stores, url = batch
+
+    async def respond(path, body, seen):
+        import asyncio
+
+        await asyncio.sleep(1.0)
+        return 200, chat_answer(body)
+
+    fake = FakeEngine(respond).start()
+    try:
+        process = start_worker(settings, moto_server, fake.url, drain_seconds=30)
+        wait_until(lambda: len(fake.requests) == 2, timeout=30, what="the chunk's requests")
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        fake.stop()
+    assert process.returncode == 0, output
+    assert len(fake.requests) == 2  # no work taken after SIGTERM
+    batch_record = stores.batches.get("acme", "batch_proc")
+    assert batch_record.chunks_done == 1 and batch_record.completed == 2
+    assert queue_depth(url) == (1, 0)  # the finished chunk's message deleted, the other untouched
+    assert '"chunk done"' in output and '"worker stats"' in output and '"_aws"' in output  # logs + EMF
