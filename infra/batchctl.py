@@ -1,7 +1,9 @@
-"""batchctl: administer a deployment (API keys).
+"""batchctl: the operator and user CLI of a deployment.
 
     batchctl keys create --tenant NAME     prints a new key for NAME
     batchctl keys revoke KEY               revokes KEY
+    batchctl files upload PATH             uploads a file (large ones through the Uploads API)
+    batchctl batches create|get|list|cancel|wait|download ...   (see infra/cli_batches.py)
     batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL
                                            runs a local batch file through an engine (no AWS)
 
@@ -26,7 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from functions.core import auth
 from functions.core.records import check_tenant
 from functions.core.stores import KeyRepo, Table
-from infra import names
+from infra import cli_batches, names
 from infra.local import state as local_state
 
 STACK_ENV = "BATCHAPI_STACK"
@@ -94,6 +96,13 @@ def aws_target(cloudformation: Any, stack: str) -> Target:
     return Target(kind="aws", table_name=outputs[names.OUTPUT_TABLE], description=f"stack {stack} ({api})")
 
 
+def api_url(cloudformation: Any, stack: str) -> str:
+    outputs = stack_outputs(cloudformation, stack)
+    if names.OUTPUT_API_URL not in outputs:
+        raise TargetError(f"stack {stack!r} has no {names.OUTPUT_API_URL!r} output (is it this project's stack?)")
+    return outputs[names.OUTPUT_API_URL]
+
+
 def resolve_target(
     mode: str | None,
     *,
@@ -156,6 +165,7 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--tenant", required=True, type=_tenant, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
     revoke = keys.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key")
+    cli_batches.add_parsers(commands)
     from gpu_worker import offline  # run-batch: the worker's offline mode (no AWS)
 
     offline.add_parser(commands)
@@ -190,6 +200,14 @@ def main(
         return offline.command(args, err=err)
     stack = args.stack or env.get(STACK_ENV) or names.STACK_NAME
     path: Path = local_state.state_path(env)
+    if args.command in ("files", "batches"):
+        state = local_state.LocalState.read(path)
+        return cli_batches.main_user(
+            args, env,
+            local_base_url=state.api_base_url if state is not None and local_answers(state) else None,
+            aws_base_url=lambda: api_url(boto3.Session().client("cloudformation", config=_CONFIG), stack),
+            out=out, err=err,
+        )
     try:
         target = resolve_target(
             args.target,

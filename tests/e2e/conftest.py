@@ -22,7 +22,9 @@ from infra.local import state as local_state
 REPO = Path(__file__).resolve().parents[2]
 READY_PREFIX = "READY "
 READY_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
+#: With the vLLM engines (each loads its model on the CPU in 20-40 s, both at once).
+ENGINES_READY_TIMEOUT = 300.0
+STOP_TIMEOUT = 60.0
 
 
 def free_port() -> int:
@@ -95,6 +97,21 @@ class LocalDeployment:
             self.process.wait()
             pytest.fail(f"the local deployment did not stop within {STOP_TIMEOUT}s of signal {signum}:\n{self.log()}")
 
+    def leftovers(self) -> list[str]:
+        """Processes still running that this deployment started (its engines and workers run in
+        process groups of their own; they carry its state directory in their environment)."""
+        marker = f"{local_state.STATE_DIR_ENV}={self.state_dir}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+        return found
+
     def group_alive(self) -> bool:
         """True while any process of the deployment's session (its process group) exists."""
         try:
@@ -124,7 +141,8 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the test can check nothing is left
         )
-    deadline = started + READY_TIMEOUT
+    timeout = ENGINES_READY_TIMEOUT if engines else READY_TIMEOUT
+    deadline = started + timeout
     while True:
         ready = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith(READY_PREFIX)]
         if ready:
@@ -137,7 +155,7 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
         if time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            pytest.fail(f"python -m infra.local was not ready within {READY_TIMEOUT}s:\n{log_path.read_text()}")
+            pytest.fail(f"python -m infra.local was not ready within {timeout}s:\n{log_path.read_text()}")
         time.sleep(0.05)
 
 
@@ -152,6 +170,19 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]
         code = deployment.stop(signal.SIGINT)
     assert code == 0, deployment.log()
     assert not deployment.state_file.exists()
+
+
+@pytest.fixture(scope="session")
+def local_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+    """The whole system as `make up` runs it, engines and workers included (started once)."""
+    deployment = start_local_deployment(tmp_path_factory.mktemp("local-engines"), engines=True)
+    try:
+        yield deployment
+    finally:
+        code = deployment.stop(signal.SIGINT)
+    assert code == 0, deployment.log()
+    assert not deployment.group_alive(), "make up left processes behind"
+    assert deployment.leftovers() == [], "make up left engines or workers behind"
 
 
 @pytest.fixture

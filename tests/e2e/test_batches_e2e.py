@@ -1,0 +1,216 @@
+"""The whole system as `make up` runs it (real vLLM on the CPU, real small models), driven only
+with the official openai SDK: chat, embeddings and completions batches, validation failures, engine
+rejections, cancel, expiry, two tenants, a large input and a large output.
+
+Greedy text differs between runs and machines: these tests assert structure, status codes, counts
+and usage, never text."""
+
+import json
+import re
+import time
+
+import pytest
+from openai import OpenAI
+from openai.types import Batch, Completion, CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion
+
+from functions.core.models import BatchOutputLine
+from infra import names
+
+pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
+
+CHAT, EMBED = names.LOCAL_CHAT_MODEL, names.LOCAL_EMBED_MODEL
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+@pytest.fixture
+def sdk(local_engines, request) -> OpenAI:
+    """A tenant of this test's own, so its listings see only its objects."""
+    tenant = "e2e-" + re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:50]
+    return local_engines.client(local_engines.new_key(tenant))
+
+
+def chat_line(i: int, content: str | None = None, max_tokens: int = 16) -> dict:
+    messages = [{"role": "user", "content": content or f"Say a word about the number {i}."}]
+    return {"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": CHAT, "messages": messages, "max_tokens": max_tokens, "temperature": 0}}
+
+
+def submit(sdk: OpenAI, rows: list[dict], endpoint: str = "/v1/chat/completions", window: str = "24h") -> Batch:
+    data = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
+    if len(data) > 4 * 1024 * 1024:
+        upload = sdk.uploads.upload_file_chunked(
+            file=data, filename="input.jsonl", bytes=len(data), mime_type="application/jsonl",
+            purpose="batch", part_size=4 * 1024 * 1024,
+        )
+        file_id = upload.file.id
+    else:
+        file_id = sdk.files.create(file=("input.jsonl", data), purpose="batch").id
+    return sdk.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window=window)
+
+
+def wait(sdk: OpenAI, batch_id: str, *, until=TERMINAL, timeout: float = 240) -> Batch:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = sdk.batches.retrieve(batch_id)
+        if batch.status in until:
+            return batch
+        time.sleep(0.25)
+    raise AssertionError(f"batch {batch_id} still {batch.status} after {timeout}s")
+
+
+def lines(sdk: OpenAI, file_id: str | None) -> list[BatchOutputLine]:
+    if not file_id:
+        return []
+    return [BatchOutputLine.model_validate_json(row) for row in sdk.files.content(file_id).content.splitlines()]
+
+
+def check_invariants(sdk: OpenAI, batch: Batch, custom_ids: list[str]) -> tuple[list[BatchOutputLine], list[BatchOutputLine]]:
+    out, err = lines(sdk, batch.output_file_id), lines(sdk, batch.error_file_id)
+    counts = batch.request_counts
+    assert counts.total == len(custom_ids)
+    assert (counts.completed, counts.failed) == (len(out), len(err))
+    assert sorted(l.custom_id for l in out + err) == sorted(custom_ids)  # every line exactly once
+    position = {c: i for i, c in enumerate(custom_ids)}
+    for part in (out, err):
+        assert [position[l.custom_id] for l in part] == sorted(position[l.custom_id] for l in part)  # input order
+    return out, err
+
+
+def test_chat_batch_of_100(sdk):
+    rows = [chat_line(i) for i in range(100)]
+    batch = wait(sdk, submit(sdk, rows).id)
+    assert batch.status == "completed", batch
+    assert batch.model == CHAT and batch.completed_at >= batch.finalizing_at >= batch.in_progress_at
+    out, err = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    assert len(out) == 100 and err == [] and batch.error_file_id is None
+    prompt = completion = 0
+    for line in out:
+        assert line.error is None and line.response.status_code == 200 and line.response.request_id
+        body = ChatCompletion.model_validate(line.response.body)
+        assert body.object == "chat.completion" and body.model == CHAT
+        assert 1 <= body.usage.completion_tokens <= 16
+        prompt += body.usage.prompt_tokens
+        completion += body.usage.completion_tokens
+    assert (batch.usage.input_tokens, batch.usage.output_tokens) == (prompt, completion)
+    assert batch.usage.total_tokens == prompt + completion
+
+
+def test_embeddings_batch(sdk):
+    rows = [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": EMBED, "input": f"sentence number {i}"}} for i in range(30)]
+    batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id)
+    assert batch.status == "completed", batch
+    out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    for line in out:
+        body = CreateEmbeddingResponse.model_validate(line.response.body)
+        assert len(body.data) == 1 and len(body.data[0].embedding) == 384
+    assert batch.usage.input_tokens > 0 and batch.usage.output_tokens == 0
+
+
+def test_completions_batch(sdk):
+    rows = [{"custom_id": f"cmp-{i}", "method": "POST", "url": "/v1/completions",
+             "body": {"model": CHAT, "prompt": f"Count: {i},", "max_tokens": 8, "temperature": 0}} for i in range(10)]
+    batch = wait(sdk, submit(sdk, rows, endpoint="/v1/completions").id)
+    assert batch.status == "completed", batch
+    out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    for line in out:
+        body = Completion.model_validate(line.response.body)
+        assert body.object == "text_completion" and 1 <= body.usage.completion_tokens <= 8
+
+
+def test_bad_lines_fail_the_batch(sdk):
+    rows = [chat_line(0), {"custom_id": "chat-0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": CHAT}},
+            {**chat_line(2), "url": "/v1/embeddings"}]
+    batch = wait(sdk, submit(sdk, rows).id)
+    assert batch.status == "failed" and batch.output_file_id is None
+    assert [(e.code, e.line) for e in batch.errors.data] == [("duplicate_custom_id", 2), ("invalid_url", 3)]
+
+
+def test_lines_the_engine_rejects_land_in_the_error_file(sdk):
+    too_long = "word " * 3000  # over the 2048-token context
+    rows = [chat_line(0), chat_line(1, content=too_long), chat_line(2), chat_line(3, content=too_long)]
+    batch = wait(sdk, submit(sdk, rows).id)
+    assert batch.status == "completed", batch
+    out, err = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    assert [l.custom_id for l in out] == ["chat-0", "chat-2"]
+    assert [l.custom_id for l in err] == ["chat-1", "chat-3"]
+    for line in err:
+        assert line.response.status_code == 400 and "context length" in line.response.body["error"]["message"]
+
+
+def test_cancel_mid_run_keeps_partial_output(sdk):
+    rows = [chat_line(i, max_tokens=64) for i in range(400)]
+    batch = submit(sdk, rows)
+    running = wait(sdk, batch.id, until=("in_progress",), timeout=60)
+    deadline = time.monotonic() + 120
+    while sdk.batches.retrieve(batch.id).request_counts.completed == 0:  # let some finish
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert sdk.batches.cancel(running.id).status == "cancelling"
+    done = wait(sdk, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at >= done.cancelling_at
+    out, err = check_invariants(sdk, done, [r["custom_id"] for r in rows])
+    assert 0 < len(out) < 400
+    assert {l.error.code for l in err if l.error} == {"batch_cancelled"}
+
+
+def test_short_window_expires_with_batch_expired_lines(sdk):
+    rows = [chat_line(i, max_tokens=128) for i in range(400)]
+    batch = wait(sdk, submit(sdk, rows, window="15s").id, timeout=120)
+    assert batch.status == "expired", batch
+    assert batch.expired_at >= batch.expires_at
+    out, err = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    assert len(out) < 400 and any(l.error and l.error.code == "batch_expired" for l in err)
+
+
+def test_tenants_see_only_their_own(local_engines, sdk):
+    other = local_engines.client(local_engines.new_key("e2e-other-tenant"))
+    batch = wait(sdk, submit(sdk, [chat_line(0)]).id)
+    assert other.batches.list().data == [] and all(f.id != batch.input_file_id for f in other.files.list())
+    for call in (lambda: other.batches.retrieve(batch.id), lambda: other.files.content(batch.output_file_id)):
+        with pytest.raises(Exception) as info:
+            call()
+        assert getattr(info.value, "status_code", None) == 404
+
+
+def test_large_input_through_uploads_and_large_output_through_the_redirect(sdk):
+    # ~5 MB of input (long custom_ids) and ~10 MB of embeddings out: both above the 4 MiB limits.
+    rows = [{"custom_id": f"big-{i}-" + "x" * 4000, "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": EMBED, "input": f"text {i}"}} for i in range(1200)]
+    batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id, timeout=300)
+    assert batch.status == "completed", batch
+    output = sdk.files.retrieve(batch.output_file_id)
+    assert output.bytes > 4 * 1024 * 1024
+    raw = sdk.files.with_raw_response.content(batch.output_file_id)
+    assert raw.http_response.history and raw.http_response.history[0].status_code == 307
+    assert len(raw.http_response.content) == output.bytes
+    out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    assert len(out) == 1200
+
+
+def test_batchctl_submits_waits_and_downloads(local_engines, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("batchctl")
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(chat_line(i)) for i in range(5)) + "\n")
+
+    def batchctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(script), *args], env=local_engines.env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    created = batchctl("batches", "create", "--input", str(src), "--metadata", "via=batchctl")
+    assert created.returncode == 0, created.stderr
+    batch = Batch.model_validate_json(created.stdout)
+    waited = batchctl("batches", "wait", batch.id, "--interval", "0.5")
+    assert waited.returncode == 0, waited.stderr
+    assert Batch.model_validate_json(waited.stdout).status == "completed"
+    assert "completed" in waited.stderr and "5/5" in waited.stderr  # the progress bar
+    downloaded = batchctl("batches", "download", batch.id, "-o", "out.jsonl")
+    assert downloaded.returncode == 0, downloaded.stderr
+    rows = [BatchOutputLine.model_validate_json(r) for r in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r.custom_id for r in rows] == [f"chat-{i}" for i in range(5)]
+    listed = batchctl("batches", "list")
+    assert batch.id in listed.stdout
