@@ -172,7 +172,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]
     assert not deployment.state_file.exists()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped when tests/e2e is done: the worker tests start their own engines
 def local_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     """The whole system as `make up` runs it, engines and workers included (started once)."""
     deployment = start_local_deployment(tmp_path_factory.mktemp("local-engines"), engines=True)

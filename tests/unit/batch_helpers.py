@@ -85,7 +85,7 @@ def run_chunk(stores: Stores, message: WorkMessage, *, start: bool = True) -> ac
     return accounting.record_chunk(stores, message, completed=completed, failed=failed, usage=usage, now=int(_time.time()))
 
 
-def wait_for_execution(settings: Settings, batch_id: str, timeout: float = 30.0) -> dict[str, Any]:
+def wait_for_execution(settings: Settings, batch_id: str, timeout: float = 90.0) -> dict[str, Any]:
     sfn = clients.client("stepfunctions")
     arn = f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{batch_id}"
     deadline = _time.monotonic() + timeout
