@@ -64,8 +64,12 @@ def upload_part_key(tenant: str, upload_id: str, part_id: str) -> str:
     return f"{upload_prefix(tenant, upload_id)}{part_id}"
 
 
+#: Everything a batch owns (its input snapshot, chunk manifest, result parts) lives under here.
+BATCHES_PREFIX = "batches/"
+
+
 def batch_prefix(tenant: str, batch_id: str) -> str:
-    return f"batches/{tenant}/{batch_id}/"
+    return f"{BATCHES_PREFIX}{tenant}/{batch_id}/"
 
 
 #: The snapshot of a batch's input; its ObjectCreated event starts ingestion.

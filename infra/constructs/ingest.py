@@ -26,7 +26,7 @@ from .lambdas import Lambdas
 from .storage import Storage
 
 #: Key filter of the S3 notification: the batch input snapshots (``schema.batch_input_key``).
-SNAPSHOT_PREFIX = schema.batch_prefix("t", "b").split("/", 1)[0] + "/"
+SNAPSHOT_PREFIX = schema.BATCHES_PREFIX
 SNAPSHOT_SUFFIX = schema.INPUT_NAME
 #: S3 key patterns the functions are granted (built from the same key functions the code uses).
 INPUT_KEYS = schema.batch_input_key("*", "*")
@@ -44,11 +44,6 @@ DLQ_HANDLER_TIMEOUT = cdk.Duration.minutes(5)
 DLQ_HANDLER_VISIBILITY = cdk.Duration.seconds(6 * DLQ_HANDLER_TIMEOUT.to_seconds())
 #: Work messages wait at most one completion window (24 h); dead letters are kept for inspection.
 RETENTION = cdk.Duration.days(14)
-
-
-def dead_letter_name(queue_name: str) -> str:
-    """The DLQ of a queue, named as the local deployment names it."""
-    return f"{queue_name}-dlq"
 
 
 class Ingest(Construct):
@@ -173,7 +168,7 @@ class Ingest(Construct):
         queue = sqs.Queue(
             self,
             id,
-            queue_name=dead_letter_name(source_name),
+            queue_name=names.dead_letter_queue_name(source_name),
             retention_period=RETENTION,
             visibility_timeout=DLQ_HANDLER_VISIBILITY,
             encryption=sqs.QueueEncryption.SQS_MANAGED,

@@ -37,7 +37,7 @@ def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix
                     "QueueArn": ingest_arn,
                     "Events": ["s3:ObjectCreated:*"],
                     "Filter": {"Key": {"FilterRules": [
-                        {"Name": "prefix", "Value": "batches/"},
+                        {"Name": "prefix", "Value": schema.BATCHES_PREFIX},
                         {"Name": "suffix", "Value": schema.INPUT_NAME},
                     ]}},
                 }

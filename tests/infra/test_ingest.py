@@ -29,7 +29,7 @@ def test_input_snapshots_notify_the_ingest_queue(synth):
     assert config["QueueArn"] == {"Fn::GetAtt": [synth.logical_id(synth.stack.ingest.ingest_queue), "Arn"]}
     assert config["Events"] == ["s3:ObjectCreated:*"]
     rules = {r["Name"]: r["Value"] for r in config["Filter"]["Key"]["FilterRules"]}
-    assert rules == {"prefix": "batches/", "suffix": schema.INPUT_NAME}
+    assert rules == {"prefix": schema.BATCHES_PREFIX, "suffix": schema.INPUT_NAME}
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_ingest_queue_named_and_redriven_like_the_local_deployment(synth):
     named = _named_queues(synth)
     name = names.ingest_queue_name(names.STACK_NAME)
     _, queue = named[name]
-    dlq_id, dlq = named[ingest.dead_letter_name(name)]
+    dlq_id, dlq = named[names.dead_letter_queue_name(name)]
     assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": names.INGEST_MAX_RECEIVES}
     # A message must not reappear while its invocation still runs (AWS: >= 6 x the timeout).
     assert queue["VisibilityTimeout"] >= 6 * _functions(synth)["ingest"][1]["Timeout"]
@@ -87,14 +87,14 @@ def test_one_work_queue_and_dlq_per_model(synth):
     for model in synth.config.models:
         name = names.work_queue_name(names.STACK_NAME, model.name)
         queue_id, queue = named[name]
-        dlq_id, dlq = named[ingest.dead_letter_name(name)]
+        dlq_id, dlq = named[names.dead_letter_queue_name(name)]
         assert queue_id == synth.logical_id(synth.stack.ingest.work_queues[model.name])
         assert dlq_id == synth.logical_id(synth.stack.ingest.work_dead_letters[model.name])
         assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": names.WORK_MAX_RECEIVES}
         assert queue["VisibilityTimeout"] == names.WORK_VISIBILITY_SECONDS
         # A batch may wait its whole completion window (24 h) for a GPU.
         assert queue["MessageRetentionPeriod"] >= 86_400
-        assert len(name) <= 80 and len(ingest.dead_letter_name(name)) <= 80
+        assert len(name) <= 80 and len(names.dead_letter_queue_name(name)) <= 80
 
 
 def _mappings(synth) -> dict[str, dict]:
