@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from . import schema
+from .messages import Chunk, WorkMessage
 from .models import (
     Batch,
     BatchError,
@@ -235,6 +236,14 @@ class BatchRecord(Record):
 
     def keys(self) -> dict[str, str]:
         return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.id)}
+
+    def work_message(self, chunk: Chunk) -> WorkMessage:
+        """The SQS work message for one chunk of this batch."""
+        assert self.model is not None, "a batch has a model once it is in progress"
+        return WorkMessage(
+            **chunk.model_dump(), batch_id=self.id, tenant=self.tenant, input_key=self.input_key,
+            endpoint=self.endpoint, model=self.model, expires_at=self.expires_at,
+        )
 
     def event_detail(self) -> dict[str, Any]:
         """The detail of the EventBridge event for this batch's status."""

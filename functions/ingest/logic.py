@@ -11,7 +11,7 @@ from typing import Any
 from functions.core import limits, schema
 from functions.core.errors import ConditionFailed
 from functions.core.lines import LineError, check_request, iter_lines, parse_request
-from functions.core.messages import Chunk, ChunkManifest, WorkMessage
+from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core.stores import ObjectStore, Stores
@@ -169,23 +169,7 @@ def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
 def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
     if batch.status == "in_progress":
         manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
-        assert batch.model is not None
-        messages = [
-            WorkMessage(
-                batch_id=batch.id,
-                tenant=batch.tenant,
-                chunk=c.chunk,
-                input_key=batch.input_key,
-                byte_start=c.byte_start,
-                byte_end=c.byte_end,
-                first_line=c.first_line,
-                line_count=c.line_count,
-                endpoint=batch.endpoint,
-                model=batch.model,
-                expires_at=batch.expires_at,
-            ).model_dump_json()
-            for c in manifest.chunks
-        ]
+        messages = [batch.work_message(c).model_dump_json() for c in manifest.chunks]
         stores.queues.send(settings.models[batch.model].queue_url, messages)
     stores.workflows.start(
         batch.id,

@@ -146,7 +146,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
     from functions.core import clients, deps, ids, schema
     from functions.core.accounting import Usage, record_chunk, start_chunk
     from functions.core.lines import iter_lines
-    from functions.core.messages import ChunkManifest, WorkMessage
+    from functions.core.messages import ChunkManifest
     from functions.core.records import FileRecord
     from functions.core import results
     from infra.local.resources import create_resources
@@ -180,10 +180,7 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
     record = stores.batches.get("bench", batch.id)
     started = time.perf_counter()
     for c in manifest.chunks:
-        message = WorkMessage(batch_id=batch.id, tenant="bench", chunk=c.chunk, input_key=record.input_key,
-                              byte_start=c.byte_start, byte_end=c.byte_end, first_line=c.first_line,
-                              line_count=c.line_count, endpoint=record.endpoint, model="bench-chat",
-                              expires_at=record.expires_at)
+        message = record.work_message(c)
         start_chunk(stores, message)
         out, usage = [], Usage()
         for line in iter_lines(stores.objects.iter_range(record.input_key, c.byte_start, c.byte_end),
