@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+#: Loopback only, never through a proxy (urlopen's global opener keeps the proxies of the
+#: environment it was first built in, e.g. a test's dead proxy).
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 SERVE = REPO / "gpu_worker" / "engine" / "serve.sh"
 ENGINE_VENV = Path(os.environ.get("ENGINE_VENV", REPO / ".venv-engine"))
 MODELS_DIR = Path(os.environ.get("ENGINE_MODELS_DIR", REPO / ".models"))
@@ -49,7 +52,7 @@ class Server:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+            with DIRECT.open(f"{self.url}/health", timeout=2) as resp:
                 return resp.status == 200
         except OSError:
             return False

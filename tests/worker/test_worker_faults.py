@@ -38,6 +38,16 @@ def finish(client, deployed, batch_id):
     return client.batches.retrieve(batch_id)
 
 
+def run_lines(client, stores, deployed, fake, n, **config):
+    """A batch of n chat lines through one worker to the end of its workflow; the invariants hold."""
+    batch = start(client, stores, [line(i) for i in range(n)])
+    worker = WorkerThread(worker_config(deployed, fake.url, **config), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(n))
+    return done, out, err, worker
+
+
 def test_a_batch_runs_through_the_worker_in_input_order(client, stores, deployed, fake):
     async def respond(path, body, seen):
         i = int(content(body).split()[-1])
@@ -45,11 +55,7 @@ def test_a_batch_runs_through_the_worker_in_input_order(client, stores, deployed
         return 200, chat_answer(body, completion_tokens=i + 1)
 
     fake.respond = respond
-    batch = start(client, stores, [line(i) for i in range(10)])
-    worker = WorkerThread(worker_config(deployed, fake.url, max_in_flight=4), deployed, stores).start()
-    done = finish(client, deployed, batch.id)
-    worker.stop()
-    out, err = assert_invariants(client, done, ids(10))
+    done, out, err, worker = run_lines(client, stores, deployed, fake, 10, max_in_flight=4)
     assert [l.custom_id for l in out] == ids(10) and err == []
     assert done.status == "completed"
     assert done.usage.input_tokens == 100 and done.usage.output_tokens == sum(range(1, 11))
@@ -65,11 +71,7 @@ def test_engine_500s_become_error_lines_with_status_and_body(client, stores, dep
         return (500, boom) if content(body) in ("hi 1", "hi 4") else (200, chat_answer(body))
 
     fake.respond = respond
-    batch = start(client, stores, [line(i) for i in range(6)])
-    worker = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
-    done = finish(client, deployed, batch.id)
-    worker.stop()
-    out, err = assert_invariants(client, done, ids(6))
+    done, out, err, _ = run_lines(client, stores, deployed, fake, 6)
     assert [l.custom_id for l in err] == ["req-1", "req-4"]
     for l in err:
         assert l.error is None and l.response.status_code == 500 and l.response.body == boom
@@ -86,12 +88,7 @@ def test_timeouts_are_retried_then_become_error_lines(client, stores, deployed, 
         return 200, chat_answer(body)
 
     fake.respond = respond
-    batch = start(client, stores, [line(i) for i in range(4)])
-    config = worker_config(deployed, fake.url, request_timeout_seconds=0.5, max_attempts=3)
-    worker = WorkerThread(config, deployed, stores).start()
-    done = finish(client, deployed, batch.id)
-    worker.stop()
-    out, err = assert_invariants(client, done, ids(4))
+    done, out, err, _ = run_lines(client, stores, deployed, fake, 4, request_timeout_seconds=0.5, max_attempts=3)
     assert [l.custom_id for l in out] == ["req-0", "req-2", "req-3"]
     (timed_out,) = err
     assert timed_out.custom_id == "req-1" and timed_out.response is None
@@ -111,11 +108,7 @@ def test_overload_bursts_back_off_and_fail_no_line(client, stores, deployed, fak
         return 200, chat_answer(body)
 
     fake.respond = respond
-    batch = start(client, stores, [line(i) for i in range(8)])
-    worker = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
-    done = finish(client, deployed, batch.id)
-    worker.stop()
-    out, err = assert_invariants(client, done, ids(8))
+    done, out, err, worker = run_lines(client, stores, deployed, fake, 8)
     assert len(out) == 8 and err == [] and done.request_counts.failed == 0
     stats = worker.worker.engine.stats
     assert stats.overloaded == 12 and stats.answered[status] == 12 and stats.answered[200] == 8

@@ -19,6 +19,7 @@ from functions.core.stores import Stores
 from infra.local.resources import create_resources
 from tests.conftest import TEST_SETTINGS
 from tests.worker.fake_engine import FakeEngine, chat_answer
+from tests.worker.engines import DIRECT
 from tests.worker.harness import queue_depth, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +35,7 @@ def moto_server(monkeypatch):
     yield endpoint
     deps.reset()
     # moto's backends are per process, not per server: leave nothing for the next test.
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
+    DIRECT.open(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10)
     server.stop()
 
 
