@@ -160,8 +160,6 @@ async def process_chunk(
 async def _commit(
     stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, *, io: Io, now: Callable[[], float]
 ) -> tuple[int, int, ChunkOutcome]:
-    completed, failed = await io(results.write_parts, stores.objects, message, lines)
-    outcome = await io(
-        accounting.record_chunk, stores, message, completed=completed, failed=failed, usage=usage, now=int(now())
-    )
-    return completed, failed, outcome
+    parts = await io(results.write_parts, stores.objects, message, lines)
+    outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()))
+    return parts.completed, parts.failed, outcome

@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from .errors import ConditionFailed
 from .messages import WorkMessage
 from .records import BatchRecord, ChunkRecord
+from .results import Parts
 from .stores import ChunkOutcome, Stores
 
 #: Chunk markers outlive the batch's window by this much (finalize reads them).
@@ -46,16 +47,16 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
         return None
 
 
-def record_chunk(
-    stores: Stores, message: WorkMessage, *, completed: int, failed: int, usage: Usage, now: int
-) -> ChunkOutcome:
-    """Count a finished chunk once; if every chunk is now counted, resume the workflow."""
+def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int) -> ChunkOutcome:
+    """Count a finished chunk (the attempt that wrote ``parts``) once; if every chunk is now
+    counted, resume the workflow."""
     marker = ChunkRecord(
         tenant=message.tenant,
         batch_id=message.batch_id,
         chunk=message.chunk,
-        completed=completed,
-        failed=failed,
+        attempt=parts.attempt,
+        completed=parts.completed,
+        failed=parts.failed,
         recorded_at=now,
         expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
         **usage.model_dump(),

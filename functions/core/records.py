@@ -287,6 +287,8 @@ class ChunkRecord(Record):
     tenant: str
     batch_id: str
     chunk: int
+    #: The attempt whose result parts were counted (finalize reads those parts only).
+    attempt: str
     completed: int
     failed: int
     input_tokens: int = 0

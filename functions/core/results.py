@@ -1,8 +1,10 @@
 """Batch result lines and the per-chunk result parts, shared by the worker, the DLQ handler and
 finalize. A line whose request got a 2xx goes to the output part; anything else (an engine error
-status, or no response at all) to the error part. Part keys are deterministic, so a redelivered
-chunk overwrites its own parts."""
+status, or no response at all) to the error part. Each attempt at a chunk writes its own parts;
+the count marker records which attempt was counted, and finalize reads only that one."""
 
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from . import ids, schema
@@ -32,11 +34,22 @@ def succeeded(line: BatchOutputLine) -> bool:
     return line.response is not None and 200 <= line.response.status_code < 300
 
 
-def write_parts(objects: ObjectStore, message: WorkMessage, lines: list[BatchOutputLine]) -> tuple[int, int]:
-    """Write a chunk's output and error parts (lines in input order); returns (completed, failed)."""
+@dataclass(frozen=True)
+class Parts:
+    """The result parts one attempt at a chunk wrote."""
+
+    attempt: str
+    completed: int
+    failed: int
+
+
+def write_parts(objects: ObjectStore, message: WorkMessage, lines: list[BatchOutputLine]) -> Parts:
+    """Write a chunk's output and error parts (lines in input order) under a new attempt id."""
+    attempt = secrets.token_hex(6)
     out = [line for line in lines if succeeded(line)]
     err = [line for line in lines if not succeeded(line)]
     for kind, part in (("out", out), ("err", err)):
         body = b"".join(line.model_dump_json().encode() + b"\n" for line in part)
-        objects.put(schema.chunk_part_key(message.tenant, message.batch_id, message.chunk, kind), body, "application/jsonl")
-    return len(out), len(err)
+        key = schema.chunk_part_key(message.tenant, message.batch_id, message.chunk, attempt, kind)
+        objects.put(key, body, "application/jsonl")
+    return Parts(attempt=attempt, completed=len(out), failed=len(err))

@@ -92,6 +92,8 @@ def batch_manifest_key(tenant: str, batch_id: str) -> str:
     return f"{batch_prefix(tenant, batch_id)}chunks.json"
 
 
-def chunk_part_key(tenant: str, batch_id: str, chunk: int, kind: str) -> str:
-    """Where a worker writes a chunk's results; ``kind`` is "out" or "err"."""
-    return f"{batch_prefix(tenant, batch_id)}parts/{chunk:06d}.{kind}.jsonl"
+def chunk_part_key(tenant: str, batch_id: str, chunk: int, attempt: str, kind: str) -> str:
+    """Where one attempt at a chunk writes its results; ``kind`` is "out" or "err". Each attempt
+    writes its own keys and the chunk's count marker names the attempt that was counted, so a
+    second worker running the same chunk can never change the counted results."""
+    return f"{batch_prefix(tenant, batch_id)}parts/{chunk:06d}.{attempt}.{kind}.jsonl"

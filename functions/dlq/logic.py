@@ -56,6 +56,6 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int, now
         for raw in iter_lines(data, max_line_bytes=max_line_bytes, start=message.byte_start, first_number=message.first_line)
         if not raw.blank
     ]
-    completed, failed = results.write_parts(stores.objects, message, lines)
-    outcome = accounting.record_chunk(stores, message, completed=completed, failed=failed, usage=accounting.Usage(), now=now)
-    return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", failed, outcome.last)
+    parts = results.write_parts(stores.objects, message, lines)
+    outcome = accounting.record_chunk(stores, message, parts=parts, usage=accounting.Usage(), now=now)
+    return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", parts.failed, outcome.last)

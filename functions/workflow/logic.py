@@ -115,9 +115,9 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: in
             if marker is not None:
                 # The marker's counts say which parts hold lines: no request for an empty part.
                 if marker.completed:
-                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "out"), output)
+                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "out"), output)
                 if marker.failed:
-                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, "err"), errors)
+                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors)
             else:
                 never_ran += _write_never_ran(stores, batch, chunk, errors, reason)
     expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS

@@ -32,7 +32,7 @@ SNAPSHOT_SUFFIX = schema.INPUT_NAME
 INPUT_KEYS = schema.batch_input_key("*", "*")
 MANIFEST_KEYS = schema.batch_manifest_key("*", "*")
 BATCH_KEYS = schema.batch_prefix("*", "*") + "*"
-PART_KEYS = schema.chunk_part_key("*", "*", 0, "out").rsplit("/", 1)[0] + "/*"
+PART_KEYS = schema.chunk_part_key("*", "*", 0, "*", "out").rsplit("/", 1)[0] + "/*"
 
 #: The ingest Lambda validates and fans out one whole batch per invocation (up to 200 MB of input).
 INGEST_TIMEOUT = cdk.Duration.minutes(10)
@@ -144,7 +144,7 @@ class Ingest(Construct):
         acknowledge_data_grants(self.dlq_function.role, storage, {
             INPUT_KEYS: "Reads the dead-lettered chunk's lines (a ranged GET of the input snapshot) for their "
             "custom_ids; any tenant's batch can dead-letter a chunk.",
-            PART_KEYS: "Writes the chunk's error part (deterministic key under the batch).",
+            PART_KEYS: "Writes the chunk's error part (a key per attempt under the batch's parts/).",
         }, table="the handler reads the batch and its chunk markers and records the chunk in one transaction.")
 
         # CDK's own handler that writes the bucket's notification configuration (a custom resource:

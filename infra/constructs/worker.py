@@ -397,7 +397,7 @@ class ModelWorker(Construct):
         acknowledge_data_grants(self.task_definition.task_role, storage, {
             INPUT_KEYS: "The worker reads its chunk's lines (one ranged GET of any tenant's batch input snapshot); "
             "input snapshots only.",
-            PART_KEYS: "The worker writes its chunk's output and error parts (deterministic keys under the batch's parts/).",
+            PART_KEYS: "The worker writes its chunk's output and error parts (keys per attempt under the batch's parts/).",
         }, table="the worker reads the batch and its chunk markers and counts the chunk in one transaction.")
         acknowledge(
             self.task_definition.execution_role,

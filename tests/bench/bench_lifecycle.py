@@ -192,8 +192,8 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
                     "usage": {"prompt_tokens": 900, "completion_tokens": 16, "total_tokens": 916}}
             usage.add_response(body["usage"])
             out.append(results.response_line(custom_id, 200, body, "r"))
-        completed, failed = results.write_parts(stores.objects, message, out)
-        record_chunk(stores, message, completed=completed, failed=failed, usage=usage, now=int(time.time()))
+        parts = results.write_parts(stores.objects, message, out)
+        record_chunk(stores, message, parts=parts, usage=usage, now=int(time.time()))
     chunks_wall = time.perf_counter() - started
     chunk_requests = dict(counter)
 

@@ -37,7 +37,7 @@ def test_input_snapshots_notify_the_ingest_queue(synth):
     [
         (schema.batch_input_key("tenant-a", "batch_1"), True),
         (schema.batch_manifest_key("tenant-a", "batch_1"), False),
-        (schema.chunk_part_key("tenant-a", "batch_1", 3, "out"), False),
+        (schema.chunk_part_key("tenant-a", "batch_1", 3, "a1b2c3", "out"), False),
         (schema.file_key("tenant-a", "file-1"), False),
         (schema.upload_part_key("tenant-a", "upload_1", "part_1"), False),
     ],

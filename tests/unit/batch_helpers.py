@@ -81,8 +81,8 @@ def run_chunk(stores: Stores, message: WorkMessage, *, start: bool = True) -> ac
         if status == 200:
             usage.add_response(body.get("usage"))
         lines.append(results.response_line(request["custom_id"], status, body, f"req-{message.chunk}"))
-    completed, failed = results.write_parts(stores.objects, message, lines)
-    return accounting.record_chunk(stores, message, completed=completed, failed=failed, usage=usage, now=int(_time.time()))
+    parts = results.write_parts(stores.objects, message, lines)
+    return accounting.record_chunk(stores, message, parts=parts, usage=usage, now=int(_time.time()))
 
 
 def wait_for_execution(settings: Settings, batch_id: str, timeout: float = 90.0) -> dict[str, Any]:

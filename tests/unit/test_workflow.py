@@ -2,6 +2,7 @@
 its Lambda tasks answered by our workflow handler; chunks run by the worker's accounting path."""
 
 import json
+import types
 
 import pytest
 from openai.types import Batch
@@ -208,7 +209,9 @@ def test_expire_mid_run(client, stores, deployed, events):
 def test_finalize_failure_lands_in_failed(client, stores, deployed, events, monkeypatch):
     from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 
-    monkeypatch.setattr(retrier_decl.time, "sleep", lambda _: None)  # no real backoff in the test
+    # No real backoff between the state machine's retries (only the retrier's own `time` is
+    # replaced: patching time.sleep itself would turn every wait loop into a busy loop).
+    monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=lambda _: None))
     batch = start(client, stores, [line(0)])
     stores.objects.delete(schema.batch_manifest_key("acme", batch.id))  # finalize cannot work now
     (only,) = take_work(deployed)
@@ -231,3 +234,22 @@ def test_finalize_is_idempotent(client, stores, deployed):
     assert logic.finalize(stores, "acme", batch.id, "complete", now=done.completed_at + 5) == {"status": "completed"}
     assert client.batches.retrieve(batch.id) == done
     assert len([f for f in client.files.list() if f.purpose == "batch_output"]) == 1
+
+
+def test_two_workers_racing_on_one_chunk_cannot_change_the_counted_results(client, stores, deployed):
+    """A chunk redelivered while its first worker still runs: both write parts, one is counted,
+    and the files hold exactly the counted attempt's lines."""
+    from functions.core import accounting, results
+
+    batch = start(client, stores, [line(0), line(1)])
+    (message,) = take_work(deployed)
+    ok = [results.response_line(f"req-{i}", 200, {"object": "chat.completion", "i": i}, "a") for i in range(2)]
+    failed = [results.error_line(f"req-{i}", "server_error", "engine died") for i in range(2)]
+    first = results.write_parts(stores.objects, message, ok)
+    second = results.write_parts(stores.objects, message, failed)  # written after, by the other worker
+    assert accounting.record_chunk(stores, message, parts=first, usage=accounting.Usage(), now=0).counted
+    assert not accounting.record_chunk(stores, message, parts=second, usage=accounting.Usage(), now=0).counted
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    out, err = assert_invariants(client, done, ["req-0", "req-1"])
+    assert [l.response.body["i"] for l in out] == [0, 1] and err == [] and done.error_file_id is None
