@@ -110,8 +110,8 @@ def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> 
 
 def already_counted(stores: Stores, message: WorkMessage) -> bool:
     """True if this chunk's marker exists (a redelivery after a worker recorded it but died
-    before deleting the message): running it again would overwrite its counted parts."""
-    return message.chunk in stores.batches.counted_chunks(message.tenant, message.batch_id)
+    before deleting the message): running it again would only waste the engine's time."""
+    return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None
 
 
 async def process_chunk(

@@ -415,6 +415,11 @@ class BatchRepo:
         last = current.chunk_count > 0 and current.chunks_done >= current.chunk_count
         return ChunkOutcome(counted=counted, last=last, batch=current)
 
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:
+        """The count marker of one chunk (None while it is not counted): one GetItem."""
+        item = self._table.get(chunks_pk(tenant, batch_id), ChunkRecord.sort_key(chunk))
+        return ChunkRecord.from_item(item) if item else None
+
     def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
         items, _ = self._table.query_page(
             pk=chunks_pk(tenant, batch_id), prefix=ChunkRecord.PREFIX, after=None, ascending=True,

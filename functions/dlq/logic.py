@@ -46,7 +46,7 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int, now
     if not batch.accepting:
         # Finalize already closed the batch: its requests got batch_expired/batch_cancelled lines.
         return DeadLetterOutcome("batch_closed")
-    if message.chunk in stores.batches.counted_chunks(message.tenant, message.batch_id):
+    if stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None:
         # A worker did count it (and died before deleting the message): keep its results.
         return DeadLetterOutcome("already_counted")
     data = stores.objects.iter_range(message.input_key, message.byte_start, message.byte_end)

@@ -28,12 +28,12 @@ def test_a_chunk_already_counted_keeps_its_results(client, stores, deployed):
     run_ingest()
     first, second = take_work(deployed)
     run_chunk(stores, first)
-    counted = stores.batches.counted_chunks("acme", batch.id)[0]
+    counted = stores.batches.counted_chunk("acme", batch.id, 0)
     key = schema.chunk_part_key("acme", batch.id, 0, counted.attempt, "out")
     before = stores.objects.get(key)
     assert dead_letter(deployed, [first.model_dump_json()]) == 1
     assert stores.objects.get(key) == before
-    assert stores.batches.counted_chunks("acme", batch.id)[0] == counted
+    assert stores.batches.counted_chunk("acme", batch.id, 0) == counted
     assert stores.batches.get("acme", batch.id).completed == 2
     # the other chunk, dead-lettered, is failed and counted
     outcome = fail_chunk(stores, second, max_line_bytes=10**6, now=0)
