@@ -4,10 +4,12 @@ status, or no response at all) to the error part. Each attempt at a chunk writes
 the count marker records which attempt was counted, and finalize reads only that one."""
 
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from . import ids, schema
+from .lines import LineError, RawLine, iter_lines, parse_request
 from .messages import WorkMessage
 from .models import BatchLineError, BatchLineResponse, BatchOutputLine
 from .stores import ObjectStore
@@ -28,6 +30,25 @@ def error_line(custom_id: str, code: str, message: str) -> BatchOutputLine:
     return BatchOutputLine(
         id=ids.new_id(ids.BATCH_REQUEST), custom_id=custom_id, response=None, error=BatchLineError(code=code, message=message)
     )
+
+
+def unrun_lines(objects: ObjectStore, message: WorkMessage, code: str, text: str) -> Iterator[BatchOutputLine]:
+    """An error line for every request line of a chunk that did not run (dead-lettered, or left
+    when its batch was cancelled or expired), in input order: one ranged GET of the chunk."""
+    raw = objects.iter_range(message.input_key, message.byte_start, message.byte_end)
+    # A line never exceeds its chunk, so the chunk's size bounds the line reader.
+    size = message.byte_end - message.byte_start
+    for line in iter_lines(raw, max_line_bytes=size, start=message.byte_start, first_number=message.first_line):
+        if not line.blank:
+            yield error_line(_custom_id(line), code, text)
+
+
+def _custom_id(line: RawLine) -> str:
+    try:
+        value = parse_request(line).get("custom_id")
+    except LineError:
+        value = None
+    return value if isinstance(value, str) and value else f"line-{line.number}"
 
 
 def succeeded(line: BatchOutputLine) -> bool:

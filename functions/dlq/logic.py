@@ -6,7 +6,6 @@ workflow as usual)."""
 from dataclasses import dataclass
 
 from functions.core import accounting, results
-from functions.core.lines import LineError, RawLine, iter_lines, parse_request
 from functions.core.messages import WorkMessage
 from functions.core.stores import Stores
 
@@ -30,15 +29,7 @@ class DeadLetterOutcome:
     last: bool = False
 
 
-def _custom_id(raw: RawLine) -> str:
-    try:
-        value = parse_request(raw).get("custom_id")
-    except LineError:
-        value = None
-    return value if isinstance(value, str) and value else f"line-{raw.number}"
-
-
-def fail_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int, now: int) -> DeadLetterOutcome:
+def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterOutcome:
     """Write an error line for every request line of the chunk and count the chunk (once)."""
     batch = stores.batches.get(message.tenant, message.batch_id)
     if batch is None:
@@ -49,13 +40,7 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int, now
     if stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None:
         # A worker did count it (and died before deleting the message): keep its results.
         return DeadLetterOutcome("already_counted")
-    data = stores.objects.iter_range(message.input_key, message.byte_start, message.byte_end)
-    text = error_message(message)
-    lines = [
-        results.error_line(_custom_id(raw), ERROR_CODE, text)
-        for raw in iter_lines(data, max_line_bytes=max_line_bytes, start=message.byte_start, first_number=message.first_line)
-        if not raw.blank
-    ]
+    lines = list(results.unrun_lines(stores.objects, message, ERROR_CODE, error_message(message)))
     parts = results.write_parts(stores.objects, message, lines)
     outcome = accounting.record_chunk(stores, message, parts=parts, usage=accounting.Usage(), now=now)
     return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", parts.failed, outcome.last)

@@ -2,14 +2,12 @@
 
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
-import json
 from typing import Any, Literal
 
-from functions.core import ids, limits, schema
+from functions.core import ids, limits, results, schema
 from functions.core.errors import ConditionFailed
-from functions.core.lines import iter_lines
 from functions.core.messages import Chunk, ChunkManifest
-from functions.core.models import TERMINAL_STATUSES, BatchLineError, BatchOutputLine
+from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.settings import Settings
 from functions.core.stores import MultipartWriter, Stores
@@ -157,21 +155,8 @@ def _append_part(stores: Stores, key: str, writer: MultipartWriter) -> None:
 def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: MultipartWriter, reason: str) -> int:
     code, message = NEVER_RAN[reason]
     count = 0
-    lines = iter_lines(
-        stores.objects.iter_range(batch.input_key, chunk.byte_start, chunk.byte_end),
-        max_line_bytes=chunk.byte_end - chunk.byte_start,  # validated input: a line fits its chunk
-        start=chunk.byte_start,
-        first_number=chunk.first_line,
-    )
-    for line in lines:
-        if line.blank:
-            continue
-        custom_id = json.loads(line.text)["custom_id"]
-        out = BatchOutputLine(
-            id=ids.new_id(ids.BATCH_REQUEST), custom_id=custom_id, response=None,
-            error=BatchLineError(code=code, message=message),
-        )
-        writer.write(out.model_dump_json().encode() + b"\n")
+    for line in results.unrun_lines(stores.objects, batch.work_message(chunk), code, message):
+        writer.write(line.model_dump_json().encode() + b"\n")
         count += 1
     return count
 

@@ -36,7 +36,7 @@ def test_a_chunk_already_counted_keeps_its_results(client, stores, deployed):
     assert stores.batches.counted_chunk("acme", batch.id, 0) == counted
     assert stores.batches.get("acme", batch.id).completed == 2
     # the other chunk, dead-lettered, is failed and counted
-    outcome = fail_chunk(stores, second, max_line_bytes=10**6, now=0)
+    outcome = fail_chunk(stores, second, now=0)
     assert (outcome.action, outcome.failed, outcome.last) == ("recorded", 2, True)
     assert stores.batches.get("acme", batch.id).failed == 2
 
@@ -46,7 +46,7 @@ def test_a_closed_batch_is_left_alone(client, stores, deployed):
     run_ingest()
     (only,) = take_work(deployed)
     stores.batches.update(stores.batches.get("acme", batch.id), values={"accepting": False})
-    assert fail_chunk(stores, only, max_line_bytes=10**6, now=0).action == "batch_closed"
+    assert fail_chunk(stores, only, now=0).action == "batch_closed"
     assert stores.objects.list_keys(schema.batch_prefix("acme", batch.id) + "parts/") == []
 
 
