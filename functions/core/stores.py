@@ -505,50 +505,14 @@ class ObjectStore:
         )
 
     def concatenate(self, dest: str, sources: list[tuple[str, int]]) -> None:
-        """Write the concatenation of ``sources`` (key, size) to ``dest`` with S3 multipart.
-
-        S3 requires every part but the last to be at least 5 MiB. A source that is large enough
-        is copied server-side (UploadPartCopy); smaller ones are read and coalesced until the
-        buffer reaches the minimum, so memory stays bounded by the minimum plus one source."""
+        """Write the concatenation of ``sources`` (key, size) to ``dest`` (one source: a plain
+        server-side copy; more: a multipart upload, see ``MultipartWriter.append_object``)."""
         if len(sources) == 1:
-            with _translate():
-                self._s3.copy_object(Bucket=self.bucket, Key=dest, CopySource={"Bucket": self.bucket, "Key": sources[0][0]})
+            self.copy(sources[0][0], dest)
             return
-        with _translate():
-            upload_id = self._s3.create_multipart_upload(Bucket=self.bucket, Key=dest)["UploadId"]
-        parts: list[dict[str, Any]] = []
-        buffer = bytearray()
-
-        def flush() -> None:
-            with _translate():
-                resp = self._s3.upload_part(
-                    Bucket=self.bucket, Key=dest, UploadId=upload_id, PartNumber=len(parts) + 1, Body=bytes(buffer)
-                )
-            parts.append({"PartNumber": len(parts) + 1, "ETag": resp["ETag"]})
-            buffer.clear()
-
-        try:
+        with self.writer(dest) as writer:
             for key, size in sources:
-                if not buffer and size >= limits.S3_MIN_PART_BYTES:
-                    with _translate():
-                        resp = self._s3.upload_part_copy(
-                            Bucket=self.bucket, Key=dest, UploadId=upload_id, PartNumber=len(parts) + 1,
-                            CopySource={"Bucket": self.bucket, "Key": key},
-                        )
-                    parts.append({"PartNumber": len(parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
-                    continue
-                buffer += self.get(key)
-                if len(buffer) >= limits.S3_MIN_PART_BYTES:
-                    flush()
-            if buffer or not parts:
-                flush()
-            with _translate():
-                self._s3.complete_multipart_upload(
-                    Bucket=self.bucket, Key=dest, UploadId=upload_id, MultipartUpload={"Parts": parts}
-                )
-        except BaseException:
-            self._s3.abort_multipart_upload(Bucket=self.bucket, Key=dest, UploadId=upload_id)
-            raise
+                writer.append_object(key, size)
 
 
 class MultipartWriter:
@@ -571,13 +535,33 @@ class MultipartWriter:
         if len(self._buffer) >= self.PART_BYTES:
             self._flush()
 
+    def append_object(self, key: str, size: int) -> None:
+        """Append another object of the bucket. S3 wants every part but the last to be at least
+        5 MiB: an object that large, arriving on a part boundary, is copied server-side
+        (UploadPartCopy); a smaller one is read and coalesced with its neighbours."""
+        if self._buffer or size < limits.S3_MIN_PART_BYTES:
+            with _translate():
+                self.write(self._s3.get_object(Bucket=self._bucket, Key=key)["Body"].read())
+            return
+        with _translate():
+            resp = self._s3.upload_part_copy(
+                Bucket=self._bucket, Key=self.key, UploadId=self._started(), PartNumber=len(self._parts) + 1,
+                CopySource={"Bucket": self._bucket, "Key": key},
+            )
+        self._parts.append({"PartNumber": len(self._parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
+        self.bytes += size
+
+    def _started(self) -> str:
+        if self._upload_id is None:
+            with _translate():
+                self._upload_id = self._s3.create_multipart_upload(Bucket=self._bucket, Key=self.key)["UploadId"]
+        return self._upload_id
+
     def _flush(self) -> None:
         with _translate():
-            if self._upload_id is None:
-                self._upload_id = self._s3.create_multipart_upload(Bucket=self._bucket, Key=self.key)["UploadId"]
             number = len(self._parts) + 1
             resp = self._s3.upload_part(
-                Bucket=self._bucket, Key=self.key, UploadId=self._upload_id, PartNumber=number, Body=bytes(self._buffer)
+                Bucket=self._bucket, Key=self.key, UploadId=self._started(), PartNumber=number, Body=bytes(self._buffer)
             )
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
         self._buffer.clear()
