@@ -45,11 +45,10 @@ class LineResult:
 async def run_line(engine: EngineClient, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = ()) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
     None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``."""
-    custom_id = f"line-{raw.number}"
+    custom_id = results.custom_id_of(None, raw)
     try:
         obj = parse_request(raw)
-        if isinstance(obj.get("custom_id"), str) and obj["custom_id"]:
-            custom_id = obj["custom_id"]
+        custom_id = results.custom_id_of(obj, raw)
         url = obj.get("url")
         if endpoint is None:
             if url not in set(endpoints):

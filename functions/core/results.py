@@ -40,14 +40,16 @@ def unrun_lines(objects: ObjectStore, message: WorkMessage, code: str, text: str
     size = message.byte_end - message.byte_start
     for line in iter_lines(raw, max_line_bytes=size, start=message.byte_start, first_number=message.first_line):
         if not line.blank:
-            yield error_line(_custom_id(line), code, text)
+            try:
+                request = parse_request(line)
+            except LineError:
+                request = None
+            yield error_line(custom_id_of(request, line), code, text)
 
 
-def _custom_id(line: RawLine) -> str:
-    try:
-        value = parse_request(line).get("custom_id")
-    except LineError:
-        value = None
+def custom_id_of(request: dict[str, Any] | None, line: RawLine) -> str:
+    """A result line's custom_id: the request's, or ``line-<n>`` for a line without a usable one."""
+    value = request.get("custom_id") if request is not None else None
     return value if isinstance(value, str) and value else f"line-{line.number}"
 
 
