@@ -126,9 +126,7 @@ def _get(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
 
 
 def list_batches(stores: Stores, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
-    check_list_params(limit, "desc", after, max_limit=limits.BATCHES_LIST_MAX_LIMIT)
-    if after is not None and not ids.is_valid(after, ids.BATCH):
-        raise InvalidRequest(f"Invalid value for 'after': {after!r}. It must be a batch id.", param="after", code="invalid_value")
+    check_list_params(limit, "desc", after, max_limit=limits.BATCHES_LIST_MAX_LIMIT, id_prefix=ids.BATCH, kind="batch")
     records, has_more = stores.batches.list(tenant, after=after, limit=limit)
     return ListPage[Batch].of([r.to_wire() for r in records], has_more)
 

@@ -52,8 +52,9 @@ def create_file(
     return record.to_wire()
 
 
-def check_list_params(limit: int, order: str, after: str | None, *, max_limit: int) -> bool:
-    """Validate list parameters; returns True for ascending order."""
+def check_list_params(limit: int, order: str, after: str | None, *, max_limit: int, id_prefix: str, kind: str) -> bool:
+    """Validate list parameters (``after`` must be an id of the listed ``kind``); returns True for
+    ascending order."""
     if not 1 <= limit <= max_limit:
         raise InvalidRequest(
             f"Invalid value for 'limit': {limit}. It must be between 1 and {max_limit}.", param="limit", code="invalid_value"
@@ -62,15 +63,17 @@ def check_list_params(limit: int, order: str, after: str | None, *, max_limit: i
         raise InvalidRequest(
             f"Invalid value for 'order': {order!r}. Supported values are: 'asc', 'desc'.", param="order", code="invalid_value"
         )
+    if after is not None and not ids.is_valid(after, id_prefix):
+        raise InvalidRequest(f"Invalid value for 'after': {after!r}. It must be a {kind} id.", param="after", code="invalid_value")
     return order == "asc"
 
 
 def list_files(
     stores: Stores, tenant: str, *, purpose: str | None, limit: int, order: str, after: str | None, now: int
 ) -> ListPage[FileObject]:
-    ascending = check_list_params(limit, order, after, max_limit=limits.FILES_LIST_MAX_LIMIT)
-    if after is not None and not ids.is_valid(after, ids.FILE):
-        raise InvalidRequest(f"Invalid value for 'after': {after!r}. It must be a file id.", param="after", code="invalid_value")
+    ascending = check_list_params(
+        limit, order, after, max_limit=limits.FILES_LIST_MAX_LIMIT, id_prefix=ids.FILE, kind="file"
+    )
     if purpose is not None and purpose not in limits.FILE_PURPOSES:
         raise InvalidRequest(
             f"Invalid value for 'purpose': {purpose!r}. Supported values are: "
