@@ -34,7 +34,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.worker import engines
+from tests.integration.worker import engines
 
 MAX_NUM_SEQS = 128
 KV_CACHE = "1G"
@@ -162,7 +162,7 @@ def bench_sqs(url: str, input_path: Path) -> dict:
     from gpu_worker.metrics import WorkerMetrics, make_logger
     from gpu_worker.queue import WorkQueue
     from infra.local.resources import create_resources
-    from tests.worker.harness import worker_config
+    from tests.integration.worker.harness import worker_config
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "bench")

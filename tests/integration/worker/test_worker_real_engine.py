@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from functions.core.settings import ModelRoute
-from tests.unit.batch_helpers import run_ingest, submit, wait_for_execution, wait_for_task_token
-from tests.unit.test_workflow import read_file
-from tests.worker import engines
-from tests.worker.harness import WorkerThread, worker_config
+from tests.integration.batch_helpers import run_ingest, submit, wait_for_execution, wait_for_task_token
+from tests.integration.test_workflow import read_file
+from tests.integration.worker import engines
+from tests.integration.worker.harness import WorkerThread, worker_config
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
 #: The chat server rejects requests beyond this many unfinished ones with 503 (vLLM admission

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: Loopback only, never through a proxy (urlopen's global opener keeps the proxies of the
 #: environment it was first built in, e.g. a test's dead proxy).
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -10,7 +10,7 @@ from openai.types import Batch
 from functions.core import clients, schema
 from functions.core.models import BatchOutputLine
 from functions.workflow import logic
-from tests.unit.batch_helpers import (
+from tests.integration.batch_helpers import (
     line,
     run_chunk,
     run_ingest,

@@ -12,7 +12,7 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient, EngineDown, RetryPolicy
 from gpu_worker.offline import run_file
 from infra import batchctl
-from tests.worker.fake_engine import FakeEngine, chat_answer, content
+from tests.fakes.engine import FakeEngine, chat_answer, content
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from functions.core.records import BatchRecord
 from functions.core.stores import Stores
 from infra.local.resources import create_resources
 from tests.conftest import TEST_SETTINGS
-from tests.worker.fake_engine import FakeEngine, chat_answer
-from tests.worker.engines import DIRECT
-from tests.worker.harness import queue_depth, wait_until
+from tests.fakes.engine import FakeEngine, chat_answer
+from tests.integration.worker.engines import DIRECT
+from tests.integration.worker.harness import queue_depth, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,7 +8,7 @@ from functions.core import clients, schema
 from functions.core.lines import iter_lines
 from functions.ingest import logic
 from functions.ingest.handler import snapshot_keys
-from tests.unit.batch_helpers import CHAT, executions, line, run_ingest, submit, take_work
+from tests.integration.batch_helpers import CHAT, executions, line, run_ingest, submit, take_work
 
 
 def lines_of(content: bytes, start: int, end: int, first: int):

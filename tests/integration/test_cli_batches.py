@@ -9,7 +9,7 @@ import pytest
 from openai.types import Batch, FileObject
 
 from infra import cli_batches
-from tests.unit.batch_helpers import line, run_ingest
+from tests.integration.batch_helpers import line, run_ingest
 
 
 def parse(*argv: str) -> argparse.Namespace:

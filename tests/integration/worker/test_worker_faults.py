@@ -13,10 +13,10 @@ from functions.dlq import handler as dlq_handler
 from functions.dlq.logic import ERROR_CODE as DLQ_CODE
 from infra import names
 from infra.local.pollers import drain_queue
-from tests.unit.batch_helpers import line, wait_for_execution
-from tests.unit.test_workflow import assert_invariants, read_file, start
-from tests.worker.fake_engine import HANG, FakeEngine, chat_answer, content
-from tests.worker.harness import WorkerThread, dlq_url, queue_depth, wait_until, worker_config
+from tests.integration.batch_helpers import line, wait_for_execution
+from tests.integration.test_workflow import assert_invariants, read_file, start
+from tests.fakes.engine import HANG, FakeEngine, chat_answer, content
+from tests.integration.worker.harness import WorkerThread, dlq_url, queue_depth, wait_until, worker_config
 
 pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=3, drain_poll_seconds=0, drain_grace_seconds=30)]
 

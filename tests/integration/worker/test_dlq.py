@@ -8,8 +8,8 @@ from functions.core import clients, schema
 from functions.dlq import handler as dlq_handler
 from functions.dlq.logic import fail_chunk
 from infra.local.pollers import drain_queue
-from tests.unit.batch_helpers import line, run_chunk, run_ingest, submit, take_work
-from tests.worker.harness import dlq_url, queue_depth
+from tests.integration.batch_helpers import line, run_chunk, run_ingest, submit, take_work
+from tests.integration.worker.harness import dlq_url, queue_depth
 
 pytestmark = pytest.mark.settings(chunk_max_lines=2)
 

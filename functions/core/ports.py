@@ -1,0 +1,189 @@
+"""Ports: what the logic needs from the outside world, and nothing about how it is provided.
+
+Logic (the API, ingest, the workflow tasks, chunk accounting, the GPU worker) takes a ``Stores``
+and calls these protocols only. The AWS adapters live in ``functions.core.aws`` (one module per
+service); in-memory fakes that fail the ways AWS fails live in ``tests/fakes``.
+
+Errors every port may raise (``functions.core.errors``): ``ConditionFailed`` when a conditional
+write does not hold, ``Throttled`` when the service throttled or conflicted after the SDK's own
+retries. Anything else is a bug or an outage and propagates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord
+
+
+# --- Bytes ------------------------------------------------------------------------------------
+class ObjectWriter(Protocol):
+    """Streams bytes into one object. A context manager: completes on success, aborts on error,
+    and writes no object at all when no byte was written."""
+
+    key: str
+    bytes: int
+
+    def write(self, data: bytes) -> None: ...
+    def append_object(self, key: str, size: int) -> None: ...
+    def __enter__(self) -> ObjectWriter: ...
+    def __exit__(self, exc_type: Any, *_: Any) -> None: ...
+
+
+class Objects(Protocol):
+    """The object store (S3): whole objects, ranges, streaming writes, presigned reads."""
+
+    def put(self, key: str, body: bytes, content_type: str = "application/octet-stream") -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def iter_bytes(self, key: str, chunk_size: int = ...) -> Iterator[bytes]: ...
+    def iter_range(self, key: str, start: int, end: int, chunk_size: int = ...) -> Iterator[bytes]: ...
+    def copy(self, source: str, dest: str) -> None: ...
+    def size(self, key: str) -> int: ...
+    def delete(self, key: str) -> None: ...
+    def delete_many(self, keys: Iterable[str]) -> None: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
+    def presigned_get(self, key: str, *, seconds: int, filename: str) -> str: ...
+    def writer(self, key: str) -> ObjectWriter: ...
+    def concatenate(self, dest: str, sources: list[tuple[str, int]]) -> None: ...
+
+
+# --- State ------------------------------------------------------------------------------------
+class FileStore(Protocol):
+    def create(self, record: FileRecord) -> None: ...
+    def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None: ...
+    def delete(self, tenant: str, file_id: str) -> FileRecord | None: ...
+    def list(
+        self, tenant: str, *, purpose: str | None, after: str | None, ascending: bool, limit: int, now: int
+    ) -> tuple[list[FileRecord], bool]: ...
+
+
+class UploadStore(Protocol):
+    def create(self, record: UploadRecord) -> None: ...
+    def get(self, tenant: str, upload_id: str) -> UploadRecord | None: ...
+    def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
+        """Move a pending upload to ``status``; ConditionFailed if it is no longer pending."""
+    def complete(self, record: UploadRecord, file: FileRecord) -> None:
+        """Atomically create the File and mark the pending upload completed with its id."""
+    def add_part(self, part: UploadPartRecord) -> None: ...
+    def parts(self, tenant: str, upload_id: str, part_ids: list[str]) -> dict[str, UploadPartRecord]: ...
+
+
+class KeyStore(Protocol):
+    def create(self, record: ApiKeyRecord) -> None: ...
+    def get(self, key_hash: str) -> ApiKeyRecord | None: ...
+    def delete(self, key_hash: str) -> ApiKeyRecord | None: ...
+
+
+class BatchStore(Protocol):
+    def create(self, record: BatchRecord) -> None: ...
+    def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...
+    def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]: ...
+    def update(
+        self,
+        tenant: str,
+        batch_id: str,
+        *,
+        values: dict[str, Any] | None = None,
+        defaults: dict[str, Any] | None = None,
+        add: dict[str, Any] | None = None,
+        remove: tuple[str, ...] = (),
+        expect: dict[str, Any] | None = None,
+    ) -> BatchRecord:
+        """One conditional write: SET ``values``, SET ``defaults`` where absent, ADD ``add``
+        (numbers, or sets), REMOVE ``remove``; only if the batch exists and every ``expect``
+        attribute equals its value (a tuple: is one of them; None: is absent). Returns the batch
+        as now stored; ConditionFailed otherwise."""
+    def count_chunk(self, marker: ChunkRecord) -> bool:
+        """Write the chunk's marker and add its counts to the batch in one transaction, only while
+        the batch accepts chunks. True if this call counted it; False for a duplicate or a late
+        chunk."""
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None: ...
+    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]: ...
+    def finish(
+        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
+    ) -> None:
+        """Create the batch's output files and set its terminal state in one transaction."""
+
+
+# --- Messages, workflows, events --------------------------------------------------------------
+@dataclass(frozen=True)
+class Received:
+    """A message as a consumer receives it."""
+
+    message_id: str
+    receipt: str
+    body: str
+    #: How often the queue has delivered this message (1 on the first delivery).
+    receive_count: int
+
+
+class WorkQueue(Protocol):
+    """One queue (SQS): send in batches, receive, keep invisible, release, delete."""
+
+    url: str
+
+    def send(self, bodies: list[str]) -> None: ...
+    def receive(self, max_messages: int, wait_seconds: int, visibility_seconds: int) -> list[Received]: ...
+    def extend(self, receipt: str, seconds: int) -> bool:
+        """Keep a message invisible ``seconds`` more; False if the receipt is no longer valid."""
+    def release(self, receipt: str, after_seconds: int = 0) -> bool:
+        """Make a message visible again (at once, or after ``after_seconds``)."""
+    def delete(self, receipt: str) -> None: ...
+
+
+class Queues(Protocol):
+    """The queues by URL (a deployment has one work queue per served model)."""
+
+    def queue(self, url: str) -> WorkQueue: ...
+
+
+class Workflows(Protocol):
+    """Batch workflows (Step Functions): start one per batch, resume its waiting task."""
+
+    def start(self, name: str, payload: dict[str, Any]) -> None:
+        """Start the execution ``name``; starting it again is a no-op."""
+    def signal(self, token: str, output: dict[str, Any]) -> bool:
+        """Resume the waiting task with ``output``; False if the token is no longer valid."""
+
+
+class Events(Protocol):
+    """Lifecycle events (EventBridge)."""
+
+    def publish(self, detail_type: str, detail: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Stores:
+    """Everything logic reaches outside the process, as ports."""
+
+    objects: Objects
+    files: FileStore
+    uploads: UploadStore
+    keys: KeyStore
+    batches: BatchStore
+    queues: Queues
+    workflows: Workflows
+    events: Events
+
+
+# --- The inference engine (the worker's side) ---------------------------------------------------
+class EngineReply(Protocol):
+    """One line's outcome: the HTTP status and parsed body (status None: the engine never
+    answered, ``error_code``/``error_message`` say why)."""
+
+    status: int | None
+    body: Any
+    request_id: str
+    error_code: str
+    error_message: str
+
+
+class Engine(Protocol):
+    """The OpenAI-compatible engine beside the worker (vLLM's server on loopback). Transport
+    faults are retried inside; what comes back is the request's answer, whatever its status."""
+
+    async def healthy(self) -> bool: ...
+    async def wait_healthy(self, timeout: float, interval: float = 1.0) -> float: ...
+    async def post(self, path: str, body: dict[str, Any]) -> EngineReply: ...
