@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-unit test-e2e install clean
+.PHONY: up test test-unit test-e2e test-slow install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test-unit: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(PY) -m pytest -m e2e
+
+## Only the long-running tests (marked `slow`: the worker against the real engine, the e2e batch
+## suite); `make test` runs them with the rest.
+test-slow: $(STAMP) engine
+	$(PY) -m pytest -m slow
 
 clean:
 	rm -rf $(VENV) .pytest_cache .local-state

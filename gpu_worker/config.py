@@ -1,18 +1,19 @@
 """The worker's own configuration, read from the environment once per process.
 
-Every field is ``WORKER_<FIELD>`` in the environment (e.g. ``WORKER_MAX_IN_FLIGHT``). The
-deployment's shared settings (table, bucket, queues, state machine) come from
+Every field is ``WORKER_<FIELD>`` in the environment (e.g. ``WORKER_MAX_IN_FLIGHT``); an empty
+value counts as unset. Read by the same loader as the deployment settings
+(``functions.core.settings.EnvSettings``, pydantic-settings). The deployment's shared settings (table, bucket, queues, state machine) come from
 ``functions.core.settings.Settings`` (``BATCHAPI_*``), exactly as the Lambdas read them.
 Logic receives a ``WorkerConfig``; nothing below ``__main__`` reads ``os.environ``.
 """
 
 import math
-from collections.abc import Mapping
-from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
-from infra import names
+from functions.core import names
+from functions.core.settings import EnvSettings
 
 ENV_PREFIX = "WORKER_"
 
@@ -25,8 +26,8 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 256
 IN_FLIGHT_PER_SEQ = 2
 
 
-class WorkerConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class WorkerConfig(EnvSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True)
 
     #: The served model name whose work queue this worker drains (a key of Settings.models).
     model: str = ""
@@ -66,15 +67,6 @@ class WorkerConfig(BaseModel):
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"
     service: str = "gpu-worker"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None and raw != "":
-                values[name] = raw
-        return cls.model_validate(values)
 
     def in_flight_cap(self) -> int:
         """The global cap on requests in flight (module docstring of loop.py explains the default)."""

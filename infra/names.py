@@ -1,7 +1,25 @@
-"""Names shared by the CDK app, the local deployment and batchctl, defined once."""
+"""Names of the CDK app, the local deployment and batchctl, defined once.
 
-import re
+Names the Lambdas and the worker also need (queues, DLQs, receives, visibility, the state machine,
+the event source, the batches/ prefix) live in ``functions/core/names.py`` (``infra`` imports
+``functions``, never the reverse) and are re-exported here, so ``names.work_queue_name`` reads the
+same everywhere in ``infra``.
+"""
+
 from typing import Final
+
+from functions.core.names import (  # noqa: F401 - re-exported for infra
+    BATCHES_PREFIX,
+    EVENT_SOURCE,
+    INGEST_MAX_RECEIVES,
+    WORK_MAX_RECEIVES,
+    WORK_VISIBILITY_SECONDS,
+    dead_letter_queue_name,
+    ingest_queue_name,
+    model_slug,
+    state_machine_name,
+    work_queue_name,
+)
 
 #: The CloudFormation stack `cdk deploy` creates (override with BATCHAPI_STACK for batchctl).
 STACK_NAME: Final = "BatchApi"
@@ -28,35 +46,6 @@ LOCAL_COMPLETION_WINDOWS: Final = ("24h", "1h", "10m", "1m", "30s", "15s")
 #: Where a running `make up` writes how to reach it (batchctl reads it): <repo>/.local-state/
 LOCAL_STATE_DIR: Final = ".local-state"
 LOCAL_STATE_FILE: Final = "endpoint.json"
-
-# --- Queues and workflow (the stack and the local deployment name them alike) -------------------
-#: After this many receives a work message goes to its queue's DLQ (a poison chunk).
-WORK_MAX_RECEIVES: Final = 3
-#: After this many receives an ingest event goes to the ingest DLQ.
-INGEST_MAX_RECEIVES: Final = 5
-#: Work messages stay invisible this long per receive; the worker extends it while a chunk runs.
-WORK_VISIBILITY_SECONDS: Final = 120
-
-
-def model_slug(model: str) -> str:
-    """A model name as it may appear in resource names."""
-    return re.sub(r"[^A-Za-z0-9-]+", "-", model).strip("-")[:40]
-
-
-def work_queue_name(prefix: str, model: str) -> str:
-    return f"{prefix}-work-{model_slug(model)}"
-
-
-def dead_letter_queue_name(queue_name: str) -> str:
-    return f"{queue_name}-dlq"
-
-
-def ingest_queue_name(prefix: str) -> str:
-    return f"{prefix}-ingest"
-
-
-def state_machine_name(prefix: str) -> str:
-    return f"{prefix}-batch"
 
 
 def _local_models() -> dict:

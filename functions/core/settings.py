@@ -3,19 +3,69 @@
 Every setting is a field here; its environment variable is ``BATCHAPI_<FIELD>``. The CDK stack
 and the local deployment produce the environment with ``Settings.to_env()``, so the names exist
 in one place only. Logic receives a ``Settings`` object and never reads ``os.environ``.
+
+One loader for every process that reads its configuration from the environment: ``EnvSettings``
+(pydantic-settings), subclassed by ``Settings`` (the Lambdas and the worker, ``BATCHAPI_``), the
+worker's ``WorkerConfig`` (``WORKER_``) and batchctl's ``CliSettings`` (``BATCHAPI_``). The one
+rule: a field is ``<PREFIX><FIELD>``; a string or number is read as it is, anything else (lists,
+tuples, mappings, models) is JSON; a class decides whether an empty value counts as unset
+(``env_ignore_empty``). ``from_env(mapping)`` reads a given mapping (``os.environ`` in ``main``s,
+a dict in tests); constructing a class directly reads nothing from the environment.
 """
 
 import json
 import os
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, Self
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.sources.utils import parse_env_vars
 
 from . import limits
 
 ENV_PREFIX = "BATCHAPI_"
+
+
+class _MappingSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]):
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._env, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+
+class EnvSettings(BaseSettings):
+    """Base of every settings class read from the environment (see the module docstring)."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", case_sensitive=False)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Built directly (tests, the stack), a settings object is exactly its arguments.
+        return (init_settings,)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Self:
+        """The settings ``env`` gives (fields it does not name keep their defaults). Raises
+        pydantic's ValidationError naming the field of an invalid value, or
+        pydantic_settings.SettingsError naming the variable of invalid JSON."""
+        return cls(**_MappingSource(cls, env)())
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        return cls.model_config.get("env_prefix", "").upper() + field.upper()
 
 
 class ModelRoute(BaseModel):
@@ -27,8 +77,8 @@ class ModelRoute(BaseModel):
     queue_url: str = ""
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class Settings(EnvSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
 
     table_name: str
     bucket_name: str
@@ -54,15 +104,6 @@ class Settings(BaseModel):
     drain_poll_seconds: int = Field(default=limits.DEFAULT_DRAIN_POLL_SECONDS, ge=0)
     state_machine_arn: str = ""
     event_bus_name: str = "default"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Self:
-        values: dict[str, Any] = {}
-        for name, field in cls.model_fields.items():
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None:
-                values[name] = raw if field.annotation in (str, int) else json.loads(raw)
-        return cls.model_validate(values)
 
     def to_env(self) -> dict[str, str]:
         return {

@@ -8,18 +8,10 @@ from aws_lambda_powertools.utilities.data_classes import DynamoDBStreamEvent, ev
 from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import DynamoDBRecordEventName
 
 from functions.core import deps
-from functions.core.records import FileRecord
-from functions.core.stores import ObjectStore
+
+from .logic import purge_removed
 
 logger = Logger(service="batch-api-reaper")
-
-
-def purge_removed(objects: ObjectStore, old_items: list[dict[str, Any]]) -> list[str]:
-    """Delete the S3 bytes of every removed file item; returns the keys deleted."""
-    keys = [item["s3_key"] for item in old_items if str(item.get("sk", "")).startswith(FileRecord.sort_key(""))]
-    if keys:
-        objects.delete_many(keys)
-    return keys
 
 
 @event_source(data_class=DynamoDBStreamEvent)

@@ -26,7 +26,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from functions.core.models import TERMINAL_STATUSES
-from functions.core.stores import Events
+from functions.core.names import EVENT_SOURCE
 from infra.config import DeployConfig
 
 from .common import log_group
@@ -216,7 +216,7 @@ class Monitoring(Construct):
             "BatchEventsRule",
             event_bus=bus,
             description="Terminal batch events (batch.completed/failed/expired/cancelled) into the batch events log",
-            event_pattern=events.EventPattern(source=[Events.SOURCE], detail_type=batch_detail_types()),
+            event_pattern=events.EventPattern(source=[EVENT_SOURCE], detail_type=batch_detail_types()),
         )
         rule.add_target(_LogGroupTarget(group))
         logs.MetricFilter(

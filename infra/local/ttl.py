@@ -9,13 +9,13 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr
 
 from functions.core import schema
-from functions.core.stores import ObjectStore
-from functions.reaper.handler import purge_removed
+from functions.core.ports import Objects
+from functions.reaper.logic import purge_removed
 
 log = logging.getLogger("infra.local.ttl")
 
 
-def expire_once(table: Any, objects: ObjectStore, now: int) -> int:
+def expire_once(table: Any, objects: Objects, now: int) -> int:
     """Delete every item whose TTL has passed; returns how many were removed."""
     kwargs: dict[str, Any] = {"FilterExpression": Attr(schema.TTL).lte(now)}
     removed: list[dict[str, Any]] = []
@@ -35,7 +35,7 @@ def expire_once(table: Any, objects: ObjectStore, now: int) -> int:
 
 
 def start_sweeper(
-    table: Any, objects: ObjectStore, clock: Callable[[], int], stop: threading.Event, every: float = 30.0
+    table: Any, objects: Objects, clock: Callable[[], int], stop: threading.Event, every: float = 30.0
 ) -> threading.Thread:
     def run() -> None:
         while not stop.wait(every):

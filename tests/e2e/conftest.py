@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from infra import batchctl, names
+from batchctl import keys as batchctl_keys
+from batchctl import targets as batchctl_targets
+from infra import names
 from infra.local import state as local_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +86,7 @@ class LocalDeployment:
 
     def new_key(self, tenant: str) -> str:
         """A key for ``tenant``, created with batchctl's logic against this deployment's moto."""
-        return batchctl.create_key(batchctl.key_repo(batchctl.local_target(self.state)), tenant, now=int(time.time()))
+        return batchctl_keys.create_key(batchctl_keys.key_repo(batchctl_targets.local_target(self.state)), tenant, now=int(time.time()))
 
     def stop(self, signum: int = signal.SIGINT) -> int:
         """Send ``signum`` (Ctrl-C by default) and return the exit status."""

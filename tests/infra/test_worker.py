@@ -191,11 +191,11 @@ def test_image_asset_is_built_from_the_worker_dockerfile_with_only_what_it_copie
         staged = synth.outdir / source["directory"]
         files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
         assert {worker_construct.DOCKERFILE, "gpu_worker/entrypoint.sh", "gpu_worker/__main__.py",
-                "functions/core/settings.py", "infra/names.py", "pyproject.toml"} <= files
+                "functions/core/settings.py", "functions/core/names.py", "pyproject.toml"} <= files
         assert not {f for f in files if f.startswith(("tests/", ".venv", "gpu_worker/engine/", "docs/"))}
         assert not {f for f in files if "__pycache__" in f or f.endswith(".pyc")}
-        assert {f.split("/")[0] for f in files} <= {"functions", "gpu_worker", "infra", "pyproject.toml", "README.md"}
-        assert {f for f in files if f.startswith("infra/")} == {"infra/__init__.py", "infra/names.py"}
+        # The worker imports functions/ and itself only (tests/unit/test_imports.py): no infra/, no batchctl/.
+        assert {f.split("/")[0] for f in files} <= {"functions", "gpu_worker", "pyproject.toml", "README.md"}
 
 
 # --- least privilege ------------------------------------------------------------------------------

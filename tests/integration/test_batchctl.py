@@ -11,13 +11,15 @@ from openai import AuthenticationError, OpenAI
 
 from functions.core import auth, clients
 from functions.core.settings import Settings
-from infra import batchctl, names
+from batchctl import cli, targets
+from batchctl.settings import STACK_ENV
+from infra import names
 from infra.local import state as local_state
 
 
 def run_cli(*argv: str, env: dict[str, str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = batchctl.main(list(argv), env=env, out=out, err=err)
+    code = cli.main(list(argv), env=env, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -105,14 +107,14 @@ def test_revoking_an_unknown_key_fails(stack: None, env: dict[str, str]) -> None
 @pytest.mark.parametrize("tenant", ["", "bad name", "-leading-dash", "x" * 65, "tenant/with/slash"])
 def test_invalid_tenant_exits_2_with_a_clear_message(tenant: str, env: dict[str, str], capsys) -> None:
     with pytest.raises(SystemExit) as info:
-        batchctl.main(["keys", "create", f"--tenant={tenant}"], env=env)
+        cli.main(["keys", "create", f"--tenant={tenant}"], env=env)
     assert info.value.code == 2
     assert "invalid tenant name" in capsys.readouterr().err
 
 
 def test_missing_command_exits_2(env: dict[str, str]) -> None:
     with pytest.raises(SystemExit) as info:
-        batchctl.main(["keys"], env=env)
+        cli.main(["keys"], env=env)
     assert info.value.code == 2
 
 
@@ -124,11 +126,11 @@ def test_stack_name_from_env_or_flag(aws: None, settings: Settings, env: dict[st
     assert code == 1
     assert names.STACK_NAME in err  # the default stack does not exist here
 
-    code, out, err = run_cli("keys", "create", "--tenant", "t1", env={**env, batchctl.STACK_ENV: "Staging"})
+    code, out, err = run_cli("keys", "create", "--tenant", "t1", env={**env, STACK_ENV: "Staging"})
     assert code == 0, err
     assert "stack Staging" in err
 
-    code, out, err = run_cli("--stack", "Staging", "keys", "create", "--tenant", "t1", env={**env, batchctl.STACK_ENV: "Nope"})
+    code, out, err = run_cli("--stack", "Staging", "keys", "create", "--tenant", "t1", env={**env, STACK_ENV: "Nope"})
     assert code == 0, err
     assert "stack Staging" in err
 
@@ -146,15 +148,15 @@ STATE = local_state.LocalState(
     moto_endpoint="http://127.0.0.1:4566", api_base_url="http://127.0.0.1:8080/v1",
     table_name="batch-api-local", bucket_name="batch-api-local", pid=1,
 )
-AWS = batchctl.Target(kind="aws", table_name="from-stack")
+AWS = targets.Target(kind="aws", table_name="from-stack")
 
 
 def never(*_: object) -> bool:
     raise AssertionError("must not be called")
 
 
-def aws_down() -> batchctl.Target:
-    raise batchctl.TargetError("stack 'BatchApi' does not exist")
+def aws_down() -> targets.Target:
+    raise targets.TargetError("stack 'BatchApi' does not exist")
 
 
 @pytest.mark.parametrize(
@@ -168,7 +170,7 @@ def aws_down() -> batchctl.Target:
     ],
 )
 def test_resolve_target(mode, state, answers, expected) -> None:
-    target = batchctl.resolve_target(mode, state=state, answers=answers, aws=lambda: AWS)
+    target = targets.resolve_target(mode, state=state, answers=answers, aws=lambda: AWS)
     assert target.kind == expected
     if expected == "local":
         assert (target.endpoint_url, target.table_name, target.region) == (
@@ -180,13 +182,13 @@ def test_resolve_target(mode, state, answers, expected) -> None:
 
 @pytest.mark.parametrize(("state", "answers"), [(None, never), (STATE, lambda s: False)])
 def test_forced_local_without_a_running_deployment_fails(state, answers) -> None:
-    with pytest.raises(batchctl.TargetError, match="make up"):
-        batchctl.resolve_target("local", state=state, answers=answers, aws=never)
+    with pytest.raises(targets.TargetError, match="make up"):
+        targets.resolve_target("local", state=state, answers=answers, aws=never)
 
 
 def test_auto_mode_explains_both_failures() -> None:
-    with pytest.raises(batchctl.TargetError, match=r"no local deployment.*BatchApi"):
-        batchctl.resolve_target(None, state=None, answers=never, aws=aws_down)
+    with pytest.raises(targets.TargetError, match=r"no local deployment.*BatchApi"):
+        targets.resolve_target(None, state=None, answers=never, aws=aws_down)
 
 
 def closed_port() -> int:
@@ -199,7 +201,7 @@ def test_stale_state_file_falls_back_to_aws(stack: None, env: dict[str, str]) ->
     """A state file left by a killed `make up` whose moto no longer answers is ignored."""
     stale = STATE.model_copy(update={"moto_endpoint": f"http://127.0.0.1:{closed_port()}"})
     stale.write(local_state.state_path(env))
-    assert not batchctl.local_answers(stale)
+    assert not targets.local_answers(stale)
 
     code, out, err = run_cli("keys", "create", "--tenant", "newco", env=env)
     assert code == 0, err

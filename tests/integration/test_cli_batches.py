@@ -8,7 +8,8 @@ import os
 import pytest
 from openai.types import Batch, FileObject
 
-from infra import cli_batches
+from batchctl import batches as cli_batches
+from batchctl.settings import CliSettings
 from tests.integration.batch_helpers import line, run_ingest
 
 
@@ -68,9 +69,9 @@ def test_wait_shows_progress_and_times_out(client, tmp_path):
 def test_api_client_resolution():
     args = parse("batches", "list")
     args.base_url = args.api_key = None
-    local = cli_batches.api_client(args, {}, local_base_url="http://127.0.0.1:8080/v1", aws_base_url=lambda: "x")
+    local = cli_batches.api_client(args, CliSettings.from_env({}), local_base_url="http://127.0.0.1:8080/v1", aws_base_url=lambda: "x")
     assert str(local.base_url).startswith("http://127.0.0.1:8080/v1") and local.api_key == "sk-local"
-    aws = cli_batches.api_client(args, {"OPENAI_API_KEY": "sk-x"}, local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")
+    aws = cli_batches.api_client(args, CliSettings.from_env({"OPENAI_API_KEY": "sk-x"}), local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")
     assert str(aws.base_url).startswith("https://api.example/prod/v1") and aws.api_key == "sk-x"
     with pytest.raises(ValueError, match="API key"):
-        cli_batches.api_client(args, {}, local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")
+        cli_batches.api_client(args, CliSettings.from_env({}), local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")

@@ -8,13 +8,14 @@
 
 The API is the local deployment's (its state file) unless ``--base-url``/``BATCHAPI_BASE_URL`` or
 ``--aws`` (the stack's ApiUrl output) says otherwise; the key is ``--api-key``, else
-``BATCHAPI_API_KEY`` or ``OPENAI_API_KEY``, else the local key. Objects print as JSON lines.
+``BATCHAPI_API_KEY`` or ``OPENAI_API_KEY`` (``CliSettings``), else the local key. Objects print as
+JSON lines.
 """
 
 import argparse
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -23,6 +24,8 @@ from openai import OpenAI
 from functions.core import limits
 from functions.core.models import TERMINAL_STATUSES
 from infra import names
+
+from .settings import CliSettings
 
 #: Files larger than this go through the Uploads API in parts of this size (a Lambda request's limit).
 PART_BYTES = limits.MAX_UPLOAD_PART_BYTES
@@ -136,11 +139,11 @@ def run(args: argparse.Namespace, client: OpenAI, *, out: TextIO, err: TextIO) -
     return 0
 
 
-def api_client(args: argparse.Namespace, env: Mapping[str, str], *, local_base_url: str | None,
+def api_client(args: argparse.Namespace, settings: CliSettings, *, local_base_url: str | None,
                aws_base_url: Callable[[], str]) -> OpenAI:
     """The SDK client for the chosen deployment."""
-    base_url = args.base_url or env.get("BATCHAPI_BASE_URL")
-    key = args.api_key or env.get("BATCHAPI_API_KEY") or env.get("OPENAI_API_KEY")
+    base_url = args.base_url or settings.base_url
+    key = args.api_key or settings.api_key
     if not base_url:
         if args.target != "aws" and local_base_url:
             base_url, key = local_base_url, key or names.LOCAL_KEY
@@ -151,10 +154,10 @@ def api_client(args: argparse.Namespace, env: Mapping[str, str], *, local_base_u
     return OpenAI(base_url=base_url, api_key=key)
 
 
-def main_user(args: argparse.Namespace, env: Mapping[str, str], *, local_base_url: str | None,
+def main_user(args: argparse.Namespace, settings: CliSettings, *, local_base_url: str | None,
               aws_base_url: Callable[[], str], out: TextIO, err: TextIO) -> int:
     try:
-        client = api_client(args, env, local_base_url=local_base_url, aws_base_url=aws_base_url)
+        client = api_client(args, settings, local_base_url=local_base_url, aws_base_url=aws_base_url)
         return run(args, client, out=out, err=err)
     except Exception as exc:  # noqa: BLE001 - a CLI: one line, exit 1
         print(f"batchctl: {exc}", file=err or sys.stderr)

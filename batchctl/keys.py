@@ -1,0 +1,61 @@
+"""``batchctl keys create|revoke``: API keys, written straight into the deployment's table (stored
+as hashes, ``functions.core.auth``)."""
+
+import argparse
+from typing import TextIO
+
+import boto3
+
+from functions.core import auth
+from functions.core.aws.dynamodb import Table
+from functions.core.aws.repos import KeyRepo
+from functions.core.records import check_tenant
+from infra.local import state as local_state
+
+from .targets import CONFIG, Target, local_session
+
+
+def key_repo(target: Target) -> KeyRepo:
+    if target.kind == "local":
+        session = local_session(target.region or local_state.REGION)
+    else:
+        session = boto3.Session()  # the standard credential chain
+    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
+    return KeyRepo(Table(dynamodb.Table(target.table_name)))
+
+
+def create_key(keys: KeyRepo, tenant: str, now: int) -> str:
+    return auth.create_key(keys, tenant, now=now)
+
+
+def revoke_key(keys: KeyRepo, key: str) -> str | None:
+    """Revoke ``key``; returns its tenant, or None if there was no such key."""
+    record = auth.revoke_key(keys, key)
+    return record.tenant if record else None
+
+
+def _tenant(value: str) -> str:
+    try:
+        return check_tenant(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    keys = commands.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
+    create = keys.add_parser("create", help="create a key for a tenant and print it")
+    create.add_argument("--tenant", required=True, type=_tenant, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
+    revoke = keys.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key")
+
+
+def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO) -> int:
+    if args.action == "create":
+        print(create_key(keys, args.tenant, now), file=out)
+        return 0
+    tenant = revoke_key(keys, args.key)
+    if tenant is None:
+        print("batchctl: no such key", file=err)
+        return 1
+    print(f"revoked the key of tenant {tenant!r}", file=out)
+    return 0

@@ -1,0 +1,116 @@
+"""Which deployment batchctl talks to.
+
+The local deployment (``make up``) when its state file exists and its moto answers; otherwise AWS,
+through the standard credential chain and the outputs of the CloudFormation stack (``--stack``,
+else ``BATCHAPI_STACK``, else the default name). ``--local``/``--aws`` force one.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from infra import names
+from infra.local import state as local_state
+
+#: A short, single-attempt probe: is the local deployment there?
+_PROBE_CONFIG = Config(connect_timeout=1, read_timeout=2, retries={"total_max_attempts": 1})
+CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
+
+
+class TargetError(Exception):
+    """No deployment to talk to (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the deployment's table lives. ``endpoint_url`` is set for the local deployment only."""
+
+    kind: str  # "local" | "aws"
+    table_name: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    description: str = ""
+
+
+def state_file(local_state_dir: str) -> Path:
+    """The running local deployment's state file (``local_state_dir`` empty: the default place)."""
+    return local_state.state_path({local_state.STATE_DIR_ENV: local_state_dir} if local_state_dir else {})
+
+
+def local_target(state: local_state.LocalState) -> Target:
+    return Target(
+        kind="local", table_name=state.table_name, endpoint_url=state.moto_endpoint, region=state.region,
+        description=f"local deployment at {state.api_base_url}",
+    )
+
+
+def local_session(region: str) -> boto3.Session:
+    return boto3.Session(
+        aws_access_key_id=local_state.ACCESS_KEY_ID,
+        aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
+        region_name=region,
+    )
+
+
+def local_answers(state: local_state.LocalState) -> bool:
+    """True if the moto endpoint in ``state`` answers and holds the deployment's table."""
+    client = local_session(state.region).client("dynamodb", endpoint_url=state.moto_endpoint, config=_PROBE_CONFIG)
+    try:
+        client.describe_table(TableName=state.table_name)
+    except (BotoCoreError, ClientError):
+        return False
+    return True
+
+
+def cloudformation() -> Any:
+    return boto3.Session().client("cloudformation", config=CONFIG)
+
+
+def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
+    try:
+        stacks = cloudformation.describe_stacks(StackName=stack)["Stacks"]
+    except ClientError as exc:
+        raise TargetError(f"cannot read stack {stack!r}: {exc.response['Error'].get('Message', exc)}") from None
+    except BotoCoreError as exc:
+        raise TargetError(f"cannot reach AWS: {exc}") from None
+    return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+
+
+def aws_target(cloudformation: Any, stack: str) -> Target:
+    outputs = stack_outputs(cloudformation, stack)
+    if names.OUTPUT_TABLE not in outputs:
+        raise TargetError(f"stack {stack!r} has no {names.OUTPUT_TABLE!r} output (is it this project's stack?)")
+    api = outputs.get(names.OUTPUT_API_URL, "?")
+    return Target(kind="aws", table_name=outputs[names.OUTPUT_TABLE], description=f"stack {stack} ({api})")
+
+
+def api_url(cloudformation: Any, stack: str) -> str:
+    outputs = stack_outputs(cloudformation, stack)
+    if names.OUTPUT_API_URL not in outputs:
+        raise TargetError(f"stack {stack!r} has no {names.OUTPUT_API_URL!r} output (is it this project's stack?)")
+    return outputs[names.OUTPUT_API_URL]
+
+
+def resolve_target(
+    mode: str | None,
+    *,
+    state: local_state.LocalState | None,
+    answers: Callable[[local_state.LocalState], bool],
+    aws: Callable[[], Target],
+) -> Target:
+    """``mode`` is "local", "aws" or None (local if it runs, else AWS)."""
+    if mode != "aws" and state is not None and answers(state):
+        return local_target(state)
+    if mode == "local":
+        raise TargetError("no local deployment is running (start it with `make up`)")
+    if mode == "aws":
+        return aws()
+    try:
+        return aws()
+    except (TargetError, BotoCoreError, ClientError) as exc:
+        raise TargetError(f"no local deployment is running (`make up`), and AWS failed: {exc}") from None

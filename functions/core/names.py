@@ -1,0 +1,57 @@
+"""Names and numbers shared by the Lambdas, the worker and whoever builds their resources (the CDK
+stack and the local deployment, in ``infra``), defined once.
+
+``functions`` and ``gpu_worker`` take them from here; ``infra`` imports them (never the other way:
+``tests/unit/test_imports.py``). Names that only ``infra`` uses (the stack, its outputs, the local
+deployment) live in ``infra/names.py``.
+"""
+
+import re
+from typing import Final
+
+from .schema import BATCHES_PREFIX
+
+__all__ = [
+    "BATCHES_PREFIX",
+    "EVENT_SOURCE",
+    "INGEST_MAX_RECEIVES",
+    "WORK_MAX_RECEIVES",
+    "WORK_VISIBILITY_SECONDS",
+    "dead_letter_queue_name",
+    "ingest_queue_name",
+    "model_slug",
+    "state_machine_name",
+    "work_queue_name",
+]
+
+#: The EventBridge ``source`` of every batch event (the README promises ``batch-api``).
+EVENT_SOURCE: Final = "batch-api"
+
+# --- Queues and workflow (the stack and the local deployment name them alike) -------------------
+#: After this many receives a work message goes to its queue's DLQ (a poison chunk).
+WORK_MAX_RECEIVES: Final = 3
+#: After this many receives an ingest event goes to the ingest DLQ.
+INGEST_MAX_RECEIVES: Final = 5
+#: Work messages stay invisible this long per receive; the worker extends it while a chunk runs.
+WORK_VISIBILITY_SECONDS: Final = 120
+
+
+def model_slug(model: str) -> str:
+    """A model name as it may appear in resource names."""
+    return re.sub(r"[^A-Za-z0-9-]+", "-", model).strip("-")[:40]
+
+
+def work_queue_name(prefix: str, model: str) -> str:
+    return f"{prefix}-work-{model_slug(model)}"
+
+
+def dead_letter_queue_name(queue_name: str) -> str:
+    return f"{queue_name}-dlq"
+
+
+def ingest_queue_name(prefix: str) -> str:
+    return f"{prefix}-ingest"
+
+
+def state_machine_name(prefix: str) -> str:
+    return f"{prefix}-batch"

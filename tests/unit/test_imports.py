@@ -1,0 +1,106 @@
+"""Imports go one way: ``infra`` (the CDK app, the local deployment) and ``batchctl`` may import
+``functions`` and ``gpu_worker``; ``gpu_worker`` may import ``functions``; never the reverse. And
+inside ``functions``, AWS SDK calls live in the adapters: ``boto3``/``botocore`` only in
+``functions/core/aws/`` and ``functions/core/clients.py``, Powertools only in the Lambda handler
+modules (``functions/<lambda>/handler.py``) and the adapters.
+
+Every ``import``/``from ... import`` anywhere in a module counts (also inside functions), relative
+imports resolved to the absolute module they name.
+"""
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, *, is_package: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``source`` (the module ``module``)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            yield node.lineno, target
+            for alias in node.names:  # `from functions import x` may name a module x
+                yield node.lineno, f"{target}.{alias.name}"
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def violations(root: str, forbidden: set[str], *, allowed: tuple[str, ...] = ()) -> list[str]:
+    """``root``'s modules importing a top-level package in ``forbidden``, outside ``allowed``
+    (paths relative to the repository, a trailing ``/`` for a whole folder)."""
+    found = []
+    for path in sorted((REPO / root).rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in allowed):
+            continue
+        for line, name in imported_modules(path.read_text(), module_name(path), is_package=path.name == "__init__.py"):
+            if top(name) in forbidden:
+                found.append(f"{rel}:{line} imports {name}")
+    return sorted(set(found))
+
+
+def lambda_handlers() -> tuple[str, ...]:
+    return tuple(p.relative_to(REPO).as_posix() for p in sorted((REPO / "functions").glob("*/handler.py")))
+
+
+def test_functions_import_neither_infra_nor_batchctl_nor_the_worker() -> None:
+    assert violations("functions", {"infra", "batchctl", "gpu_worker"}) == []
+
+
+def test_the_worker_imports_neither_infra_nor_batchctl() -> None:
+    assert violations("gpu_worker", {"infra", "batchctl"}) == []
+
+
+def test_aws_sdk_only_in_the_adapters_and_clients() -> None:
+    assert violations(
+        "functions", {"boto3", "botocore"}, allowed=("functions/core/aws/", "functions/core/clients.py")
+    ) == []
+
+
+def test_powertools_only_in_lambda_handlers_and_adapters() -> None:
+    handlers = lambda_handlers()
+    assert len(handlers) >= 6  # api, authorizer, dlq, ingest, reaper, workflow
+    assert violations("functions", {"aws_lambda_powertools"}, allowed=("functions/core/aws/", *handlers)) == []
+
+
+# --- the checker itself -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("source", "module", "expected"),
+    [
+        ("import infra.names", "functions.core.x", "infra.names"),
+        ("from infra import names", "functions.core.x", "infra"),
+        ("def f():\n    from batchctl import cli", "gpu_worker.loop", "batchctl"),
+        ("from ...infra import names", "functions.core.x", "infra"),  # relative, three levels up
+        ("import gpu_worker", "functions.api.handler", "gpu_worker"),
+    ],
+)
+def test_checker_sees_every_form_of_import(source: str, module: str, expected: str) -> None:
+    assert expected in {name for _, name in imported_modules(source, module)}
+
+
+def test_relative_imports_resolve_inside_their_package() -> None:
+    assert {n for _, n in imported_modules("from . import schema", "functions.core.names")} >= {"functions.core"}
+    assert {n for _, n in imported_modules("from .aws import sqs", "functions.core", is_package=True)} >= {
+        "functions.core.aws", "functions.core.aws.sqs",
+    }
