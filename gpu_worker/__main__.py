@@ -13,13 +13,15 @@ from collections.abc import Mapping
 
 from functions.core import clients
 from functions.core.settings import Settings
-from functions.core.stores import Stores
+from functions.core.aws import stores_from_settings
+from functions.core.ports import Stores
 
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .loop import Worker
 from .metrics import WorkerMetrics, make_logger
-from .queue import WorkQueue
+from functions.core.aws.sqs import SqsQueue
+from functions.core.ports import WorkQueue
 
 
 class ConfigError(Exception):
@@ -68,7 +70,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gpu_worker: configuration error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, settings, Stores.from_settings(settings), WorkQueue(clients.client("sqs"), url)))
+    return asyncio.run(serve(config, settings, stores_from_settings(settings), SqsQueue(clients.client("sqs"), url)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from functions.core import accounting, results
 from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
-from functions.core.stores import ChunkOutcome, Stores
+from functions.core.accounting import ChunkOutcome
+from functions.core.ports import Stores
 
 from .engine import EngineClient
 

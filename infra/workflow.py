@@ -11,6 +11,8 @@ batch's ``expires_at``, and how often draining checks for running chunks.
 import json
 from typing import Any
 
+from functions.core.accounting import SIGNAL_FIELD, Signal
+
 FUNCTION_PLACEHOLDER = "WorkflowFunctionArn"
 _LAMBDA_RETRY = {
     "ErrorEquals": ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException", "Lambda.TooManyRequestsException"],
@@ -49,9 +51,9 @@ def definition() -> dict[str, Any]:
                 ],
                 "Next": "Drain",
             },
-            "Expired": {"Type": "Pass", "Result": {"outcome": "expire"}, "ResultPath": "$.signal", "Next": "Drain"},
+            "Expired": {"Type": "Pass", "Result": Signal.EXPIRE.output(), "ResultPath": "$.signal", "Next": "Drain"},
             "Drain": {
-                **_invoke("drain", {"signal.$": "$.signal.outcome"}),
+                **_invoke("drain", {"signal.$": f"$.signal.{SIGNAL_FIELD}"}),
                 "ResultSelector": {"drained.$": "$.Payload.drained", "reason.$": "$.Payload.reason"},
                 "ResultPath": "$.drain",
                 "Retry": [_LAMBDA_RETRY],

@@ -2,12 +2,13 @@
 
 from typing import Any
 
-from functions.core import ids, limits, schema
+from functions.core import accounting, ids, limits, schema
+from functions.core.accounting import Signal
 from functions.core.errors import ConditionFailed, InvalidRequest, not_found
 from functions.core.models import Batch, ListPage, Model
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 
 from .files import check_list_params
 
@@ -140,12 +141,12 @@ def cancel_batch(stores: Stores, tenant: str, batch_id: str, *, now: int) -> Bat
         return record.to_wire()
     try:
         record = stores.batches.update(
-            record, values={"status": "cancelling", "cancelling_at": now}, expect={"status": CANCELLABLE}
+            record.tenant, record.id, values={"status": "cancelling", "cancelling_at": now}, expect={"status": CANCELLABLE}
         )
     except ConditionFailed:
         return _get(stores, tenant, batch_id).to_wire()  # it moved on meanwhile
     if record.task_token:
-        stores.workflows.signal(record.task_token, {"outcome": "cancel"})
+        accounting.signal(stores.workflows, record.task_token, Signal.CANCEL)
     return record.to_wire()
 
 

@@ -7,7 +7,7 @@ from functions.core.errors import InvalidRequest, not_found
 from functions.core.models import FileDeleted, FileObject, ListPage
 from functions.core.records import FileRecord
 from functions.core.settings import Settings
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 
 from .common import check_purpose, check_size, expiry_seconds
 

@@ -8,7 +8,7 @@ from functions.core.errors import ConditionFailed, Conflict, InvalidRequest, Pay
 from functions.core.models import Upload, UploadPart
 from functions.core.records import FileRecord, UploadPartRecord, UploadRecord
 from functions.core.settings import Settings
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 
 from .common import check_purpose, check_size, expiry_seconds
 

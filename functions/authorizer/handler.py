@@ -12,7 +12,7 @@ from aws_lambda_powertools import Logger
 from functions.core import deps
 from functions.core.auth import resolve_tenant
 from functions.core.errors import AuthenticationFailed
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 
 logger = Logger(service="batch-api-authorizer")
 

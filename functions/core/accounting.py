@@ -1,15 +1,69 @@
-"""Chunk accounting, shared by the GPU worker and the DLQ handler: a chunk is counted exactly once,
-only while its batch accepts chunks, and whoever counts the last one signals the workflow."""
+"""Chunk accounting and the batch lifecycle's vocabulary, shared by the API, ingest, the workflow,
+the GPU worker and the DLQ handler.
 
-from typing import Any
+- A chunk is counted exactly once, only while its batch accepts chunks; whoever counts the last one
+  (or a duplicate of it) signals the workflow.
+- ``Signal`` is what resumes a waiting workflow (its output is ``{"outcome": <signal>}``, which the
+  state machine reads at ``$.signal.outcome``).
+- Lifecycle events are named ``batch.<status>``: ``event_type`` is the one place that says so.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
 
 from pydantic import BaseModel
 
 from .errors import ConditionFailed
 from .messages import WorkMessage
+from .ports import Events, Stores, Workflows
 from .records import BatchRecord, ChunkRecord
 from .results import Parts
-from .stores import ChunkOutcome, Stores
+
+#: The field of a signal's output that carries the signal (the state machine reads it).
+SIGNAL_FIELD: Final = "outcome"
+
+
+class Signal(StrEnum):
+    """Why a waiting batch workflow resumes."""
+
+    COMPLETE = "complete"
+    CANCEL = "cancel"
+    EXPIRE = "expire"
+
+    def output(self) -> dict[str, str]:
+        """The task output that carries this signal."""
+        return {SIGNAL_FIELD: self.value}
+
+
+def signal(workflows: Workflows, token: str, what: Signal) -> bool:
+    """Resume the workflow waiting on ``token``; False if it no longer waits on it."""
+    return workflows.signal(token, what.output())
+
+
+def event_type(status: str) -> str:
+    """The EventBridge detail-type of a batch reaching ``status``."""
+    return f"batch.{status}"
+
+
+def publish_status(events: Events, batch: BatchRecord) -> None:
+    """Publish the batch's current status (at least once: subscribers dedupe on id and status)."""
+    events.publish(event_type(batch.status), batch.event_detail())
+
+
+@dataclass(frozen=True)
+class ChunkOutcome:
+    """What recording a chunk did: ``counted`` is False for a duplicate or a late chunk;
+    ``last`` is True when, after this call, every chunk of the batch is counted."""
+
+    counted: bool
+    last: bool
+    batch: BatchRecord
+
+
+def all_counted(batch: BatchRecord) -> bool:
+    """Every chunk of the batch is counted (a batch not yet cut into chunks never is)."""
+    return batch.chunk_count > 0 and batch.chunks_done >= batch.chunk_count
 
 #: Chunk markers outlive the batch's window by this much (finalize reads them).
 MARKER_RETENTION_SECONDS = 7 * 86_400
@@ -36,12 +90,10 @@ class Usage(BaseModel):
 def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
     """Note that a worker started this chunk; None if the batch no longer takes new work
     (cancelled, expiring, finished), in which case the chunk is skipped."""
-    batch = stores.batches.get(message.tenant, message.batch_id)
-    if batch is None:
-        return None
     try:
         return stores.batches.update(
-            batch, add={"started_chunks": {message.chunk}}, expect={"status": "in_progress", "accepting": True}
+            message.tenant, message.batch_id,
+            add={"started_chunks": {message.chunk}}, expect={"status": "in_progress", "accepting": True},
         )
     except ConditionFailed:
         return None
@@ -61,7 +113,13 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
         expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
         **usage.model_dump(),
     )
-    outcome = stores.batches.record_chunk(marker)
-    if outcome.last and outcome.batch.task_token:
-        stores.workflows.signal(outcome.batch.task_token, {"outcome": "complete"})
-    return outcome
+    counted = stores.batches.count_chunk(marker)
+    batch = stores.batches.get(message.tenant, message.batch_id)
+    if batch is None:
+        raise LookupError(f"batch {message.batch_id} of tenant {message.tenant} vanished while counting a chunk")
+    # A duplicate of the last chunk reports last too: its first delivery may have died before
+    # signalling, and signalling twice is harmless.
+    last = all_counted(batch)
+    if last and batch.task_token:
+        signal(stores.workflows, batch.task_token, Signal.COMPLETE)
+    return ChunkOutcome(counted=counted, last=last, batch=batch)

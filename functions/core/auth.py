@@ -5,7 +5,7 @@ import secrets
 
 from .errors import AuthenticationFailed
 from .records import ApiKeyRecord, check_tenant
-from .stores import KeyRepo
+from .ports import KeyStore
 
 KEY_PREFIX = "sk-"
 
@@ -14,7 +14,7 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(keys: KeyRepo, tenant: str, now: int, key: str | None = None) -> str:
+def create_key(keys: KeyStore, tenant: str, now: int, key: str | None = None) -> str:
     """Create a key for ``tenant`` (a new random one unless ``key`` is given) and return it.
     Creating the same key twice for the same tenant is a no-op; for another tenant, an error."""
     check_tenant(tenant)
@@ -28,7 +28,7 @@ def create_key(keys: KeyRepo, tenant: str, now: int, key: str | None = None) -> 
     return key
 
 
-def revoke_key(keys: KeyRepo, key: str) -> ApiKeyRecord | None:
+def revoke_key(keys: KeyStore, key: str) -> ApiKeyRecord | None:
     return keys.delete(hash_key(key))
 
 
@@ -43,7 +43,7 @@ def bearer_token(authorization: str | None) -> str:
     return token
 
 
-def resolve_tenant(keys: KeyRepo, authorization: str | None) -> str:
+def resolve_tenant(keys: KeyStore, authorization: str | None) -> str:
     token = bearer_token(authorization)
     record = keys.get(hash_key(token))
     if record is None:

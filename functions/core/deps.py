@@ -7,7 +7,8 @@ from typing import Any, TypeVar
 
 from . import clients
 from .settings import Settings, current
-from .stores import Stores
+from .aws import stores_from_settings
+from .ports import Stores
 
 F = TypeVar("F", bound=Callable[..., Any])
 _caches: list[Any] = []
@@ -26,7 +27,30 @@ def settings() -> Settings:
 
 @per_process
 def stores() -> Stores:
-    return Stores.from_settings(current())
+    return stores_from_settings(current())
+
+
+#: A clock: the current time in unix seconds.
+Clock = Callable[[], int]
+
+
+def wall_clock() -> int:
+    import time
+
+    return int(time.time())
+
+
+_clock: list[Clock] = [wall_clock]
+
+
+def clock() -> Clock:
+    """The process's clock; handlers take time only from it (``use_clock`` replaces it)."""
+    return _clock[0]
+
+
+def use_clock(fn: Clock | None) -> None:
+    """Make ``fn`` the process's clock (None: the wall clock again). Tests inject theirs here."""
+    _clock[0] = fn or wall_clock
 
 
 def reset() -> None:

@@ -12,7 +12,7 @@ from . import ids, schema
 from .lines import LineError, RawLine, iter_lines, parse_request
 from .messages import WorkMessage
 from .models import BatchLineError, BatchLineResponse, BatchOutputLine
-from .stores import ObjectStore
+from .ports import Objects
 
 
 def response_line(custom_id: str, status_code: int, body: Any, request_id: str) -> BatchOutputLine:
@@ -32,7 +32,7 @@ def error_line(custom_id: str, code: str, message: str) -> BatchOutputLine:
     )
 
 
-def unrun_lines(objects: ObjectStore, message: WorkMessage, code: str, text: str) -> Iterator[BatchOutputLine]:
+def unrun_lines(objects: Objects, message: WorkMessage, code: str, text: str) -> Iterator[BatchOutputLine]:
     """An error line for every request line of a chunk that did not run (dead-lettered, or left
     when its batch was cancelled or expired), in input order: one ranged GET of the chunk."""
     raw = objects.iter_range(message.input_key, message.byte_start, message.byte_end)
@@ -66,7 +66,7 @@ class Parts:
     failed: int
 
 
-def write_parts(objects: ObjectStore, message: WorkMessage, lines: list[BatchOutputLine]) -> Parts:
+def write_parts(objects: Objects, message: WorkMessage, lines: list[BatchOutputLine]) -> Parts:
     """Write a chunk's output and error parts (lines in input order) under a new attempt id."""
     attempt = secrets.token_hex(6)
     out = [line for line in lines if succeeded(line)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from functions.core import accounting, results
 from functions.core.messages import WorkMessage
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 
 #: The error code of a dead-lettered chunk's lines (OpenAI's code for a failure on its side).
 ERROR_CODE = "server_error"

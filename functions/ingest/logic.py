@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import limits, schema
+from functions.core import accounting, limits, schema
 from functions.core.errors import ConditionFailed
 from functions.core.lines import LineError, check_request, iter_lines, parse_request
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
-from functions.core.stores import ObjectStore, Stores
+from functions.core.ports import Objects, Stores
 
 
 class BatchNotVisibleYet(Exception):
@@ -29,7 +29,7 @@ class Validation:
     chunks: list[Chunk] = field(default_factory=list)
 
 
-def validate(objects: ObjectStore, settings: Settings, batch: BatchRecord) -> Validation:
+def validate(objects: Objects, settings: Settings, batch: BatchRecord) -> Validation:
     """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
     custom_ids (bounded by the line limit)."""
     result = Validation()
@@ -129,18 +129,18 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
     if result.errors:
         try:
             failed = stores.batches.update(
-                batch, values={"status": "failed", "failed_at": now, "errors": result.errors}, expect={"status": "validating"}
+                batch.tenant, batch.id, values={"status": "failed", "failed_at": now, "errors": result.errors}, expect={"status": "validating"}
             )
         except ConditionFailed:
             return _reread(stores, batch)
-        stores.events.publish("batch.failed", failed.event_detail())
+        accounting.publish_status(stores.events, failed)
         return failed
     # The manifest is deterministic: a repeated ingest writes the same bytes.
     manifest = ChunkManifest(chunks=result.chunks).model_dump_json().encode()
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
     try:
         return stores.batches.update(
-            batch,
+            batch.tenant, batch.id,
             values={
                 "status": "in_progress",
                 "in_progress_at": now,
@@ -158,11 +158,11 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
 def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
     try:
         cancelled = stores.batches.update(
-            batch, values={"status": "cancelled", "cancelled_at": now}, expect={"status": "cancelling", "in_progress_at": None}
+            batch.tenant, batch.id, values={"status": "cancelled", "cancelled_at": now}, expect={"status": "cancelling", "in_progress_at": None}
         )
     except ConditionFailed:
         return _reread(stores, batch).status
-    stores.events.publish("batch.cancelled", cancelled.event_detail())
+    accounting.publish_status(stores.events, cancelled)
     return cancelled.status
 
 
@@ -170,7 +170,7 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
     if batch.status == "in_progress":
         manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
         messages = [batch.work_message(c).model_dump_json() for c in manifest.chunks]
-        stores.queues.send(settings.models[batch.model].queue_url, messages)
+        stores.queues.queue(settings.models[batch.model].queue_url).send(messages)
     stores.workflows.start(
         batch.id,
         {
@@ -180,7 +180,7 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
             "poll_seconds": settings.drain_poll_seconds,
         },
     )
-    stores.batches.update(batch, values={"enqueued": True})
+    stores.batches.update(batch.tenant, batch.id, values={"enqueued": True})
 
 
 def _reread(stores: Stores, batch: BatchRecord) -> BatchRecord:

@@ -2,28 +2,27 @@
 
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
-from typing import Any, Literal
+from typing import Any
 
-from functions.core import ids, limits, results, schema
+from functions.core import accounting, ids, limits, results, schema
+from functions.core.accounting import Signal
 from functions.core.errors import ConditionFailed
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.settings import Settings
-from functions.core.stores import MultipartWriter, Stores
-
-Reason = Literal["complete", "cancel", "expire"]
+from functions.core.ports import ObjectWriter, Stores
 
 #: What a request that never ran says, by why the batch closed.
-NEVER_RAN: dict[str, tuple[str, str]] = {
-    "cancel": ("batch_cancelled", "The batch was cancelled before this request ran."),
-    "expire": ("batch_expired", "The batch expired before this request could be completed."),
-    "complete": ("batch_incomplete", "This request was not run."),
+NEVER_RAN: dict[Signal, tuple[str, str]] = {
+    Signal.CANCEL: ("batch_cancelled", "The batch was cancelled before this request ran."),
+    Signal.EXPIRE: ("batch_expired", "The batch expired before this request could be completed."),
+    Signal.COMPLETE: ("batch_incomplete", "This request was not run."),
 }
-TERMINAL: dict[str, tuple[str, str]] = {
-    "complete": ("completed", "completed_at"),
-    "cancel": ("cancelled", "cancelled_at"),
-    "expire": ("expired", "expired_at"),
+TERMINAL: dict[Signal, tuple[str, str]] = {
+    Signal.COMPLETE: ("completed", "completed_at"),
+    Signal.CANCEL: ("cancelled", "cancelled_at"),
+    Signal.EXPIRE: ("expired", "expired_at"),
 }
 
 
@@ -39,21 +38,21 @@ def register(stores: Stores, tenant: str, batch_id: str, token: str) -> dict[str
     signal may have come before there was a token to signal), resume the workflow now."""
     batch = _batch(stores, tenant, batch_id)
     try:
-        batch = stores.batches.update(batch, values={"task_token": token}, expect={"status": ("in_progress", "cancelling")})
+        batch = stores.batches.update(batch.tenant, batch.id, values={"task_token": token}, expect={"status": ("in_progress", "cancelling")})
     except ConditionFailed:
         batch = _batch(stores, tenant, batch_id)
     if batch.status == "cancelling":
-        stores.workflows.signal(token, {"outcome": "cancel"})
+        accounting.signal(stores.workflows, token, Signal.CANCEL)
     elif batch.status != "in_progress" or batch.chunks_done >= batch.chunk_count:
-        stores.workflows.signal(token, {"outcome": "complete"})
+        accounting.signal(stores.workflows, token, Signal.COMPLETE)
     return {"registered": True}
 
 
-def reason_for(batch: BatchRecord, signalled: str) -> Reason:
+def reason_for(batch: BatchRecord, signalled: str) -> Signal:
     """A cancel wins over whatever signal arrived (a last chunk may race the cancel)."""
     if batch.status == "cancelling":
-        return "cancel"
-    return "expire" if signalled == "expire" else "cancel" if signalled == "cancel" else "complete"
+        return Signal.CANCEL
+    return Signal(signalled) if signalled in (Signal.EXPIRE, Signal.CANCEL) else Signal.COMPLETE
 
 
 def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signalled: str, now: int) -> dict[str, Any]:
@@ -64,16 +63,16 @@ def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signal
     if batch.status in TERMINAL_STATUSES:
         return {"drained": True, "reason": reason_for(batch, signalled)}
     reason = reason_for(batch, signalled)
-    if reason == "complete":
+    if reason == Signal.COMPLETE:
         return {"drained": True, "reason": reason}
     values: dict[str, Any] = {}
     defaults: dict[str, Any] = {"drain_deadline": now + settings.drain_grace_seconds}
-    if reason == "expire":
+    if reason == Signal.EXPIRE:
         values["status"] = "finalizing"
         defaults["finalizing_at"] = now
     try:
         batch = stores.batches.update(
-            batch, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
+            batch.tenant, batch.id, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
         )
     except ConditionFailed:
         batch = _batch(stores, tenant, batch_id)
@@ -87,7 +86,7 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: in
     never-ran lines, and set the terminal state. Idempotent: a retry after any crash converges."""
     batch = _batch(stores, tenant, batch_id)
     if batch.status in TERMINAL_STATUSES:
-        stores.events.publish(f"batch.{batch.status}", batch.event_detail())  # at-least-once
+        accounting.publish_status(stores.events, batch)  # at-least-once
         return {"status": batch.status}
     reason = reason_for(batch, signalled)
     values: dict[str, Any] = {"accepting": False}
@@ -95,11 +94,11 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: in
         "planned_output_file_id": ids.new_id(ids.FILE),
         "planned_error_file_id": ids.new_id(ids.FILE),
     }
-    if reason != "cancel":
+    if reason != Signal.CANCEL:
         values["status"] = "finalizing"
         defaults["finalizing_at"] = now
     batch = stores.batches.update(
-        batch, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
+        batch.tenant, batch.id, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
     )
     counted = stores.batches.counted_chunks(tenant, batch_id)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
@@ -139,20 +138,20 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: in
         "error_file_id": batch.planned_error_file_id if errors.bytes else None,
     }
     try:
-        stores.batches.finish(batch, files, final, expect={"status": batch.status, "accepting": False})
+        stores.batches.finish(tenant, batch_id, files, final, expect={"status": batch.status, "accepting": False})
     except ConditionFailed:
         pass  # a concurrent retry finished it
     batch = _batch(stores, tenant, batch_id)
-    stores.events.publish(f"batch.{batch.status}", batch.event_detail())
+    accounting.publish_status(stores.events, batch)
     return {"status": batch.status}
 
 
-def _append_part(stores: Stores, key: str, writer: MultipartWriter) -> None:
+def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> None:
     for data in stores.objects.iter_bytes(key):
         writer.write(data)
 
 
-def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: MultipartWriter, reason: str) -> int:
+def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: ObjectWriter, reason: Signal) -> int:
     code, message = NEVER_RAN[reason]
     count = 0
     for line in results.unrun_lines(stores.objects, batch.work_message(chunk), code, message):
@@ -168,7 +167,7 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: dict[str, Any], now:
         cause = str(error.get("Cause") or error.get("Error") or "unknown error")[:500]
         try:
             batch = stores.batches.update(
-                batch,
+                batch.tenant, batch.id,
                 values={
                     "status": "failed",
                     "failed_at": now,
@@ -179,6 +178,6 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: dict[str, Any], now:
             )
         except ConditionFailed:
             batch = _batch(stores, tenant, batch_id)
-    stores.events.publish(f"batch.{batch.status}", batch.event_detail())
+    accounting.publish_status(stores.events, batch)
     return {"status": batch.status}
 

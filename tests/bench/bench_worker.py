@@ -156,11 +156,11 @@ def bench_sqs(url: str, input_path: Path) -> dict:
     from functions.core.messages import WorkMessage
     from functions.core.records import BatchRecord
     from functions.core.settings import ModelRoute, Settings
-    from functions.core.stores import Stores
+    from functions.core.aws import stores_from_settings
     from gpu_worker.engine import EngineClient
     from gpu_worker.loop import Worker
     from gpu_worker.metrics import WorkerMetrics, make_logger
-    from gpu_worker.queue import WorkQueue
+    from functions.core.aws.sqs import SqsQueue
     from infra.local.resources import create_resources
     from tests.integration.worker.harness import worker_config
 
@@ -174,7 +174,7 @@ def bench_sqs(url: str, input_path: Path) -> dict:
             Settings(table_name="bench", bucket_name="bench", models={engines.CHAT_MODEL: ModelRoute(endpoints=("/v1/chat/completions",))}),
             clients.client, prefix="bench",
         )
-        stores = Stores.from_settings(settings)
+        stores = stores_from_settings(settings)
         key = schema.batch_input_key("bench", "batch_bench")
         stores.objects.put(key, data)
         now = int(time.time())
@@ -201,7 +201,7 @@ def bench_sqs(url: str, input_path: Path) -> dict:
             logger.setLevel("WARNING")
             metrics = WorkerMetrics(namespace="Bench", service="bench", logger=logger, model=engines.CHAT_MODEL)
             async with EngineClient.from_config(config) as engine:
-                worker = Worker(config, stores=stores, queue=WorkQueue(clients.client("sqs"), queue_url), engine=engine,
+                worker = Worker(config, stores=stores, queue=SqsQueue(clients.client("sqs"), queue_url), engine=engine,
                                 metrics=metrics, logger=logger, max_line_bytes=settings.max_line_bytes,
                                 chunk_max_lines=settings.chunk_max_lines)
                 start = time.monotonic()

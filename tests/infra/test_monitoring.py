@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 from functions.core.models import TERMINAL_STATUSES
-from functions.core.stores import Events
+from functions.core.aws.eventbridge import EventBridge as Events
 from gpu_worker import metrics as worker_metrics
 from gpu_worker.config import WorkerConfig
 from infra.constructs import monitoring

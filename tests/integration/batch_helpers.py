@@ -50,7 +50,7 @@ import time as _time
 
 from functions.core import accounting, results
 from functions.core.lines import iter_lines
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 
 
 def fake_engine(body: dict[str, Any], custom_id: str) -> tuple[int, dict[str, Any]]:

@@ -173,10 +173,11 @@ def test_cancelled_while_validating_is_never_enqueued(client, deployed):
 def test_crash_between_state_change_and_fan_out_is_resumed(client, deployed, stores, settings, monkeypatch):
     batch = submit(client, ("\n".join(line(i) for i in range(3)) + "\n").encode())
 
-    def boom(*_, **__):
-        raise ConnectionError("died")
+    class DeadQueue:
+        def send(self, *_, **__):
+            raise ConnectionError("died")
 
-    monkeypatch.setattr(stores.queues, "send", boom)
+    monkeypatch.setattr(stores.queues, "queue", lambda url: DeadQueue())
     with pytest.raises(ConnectionError):
         logic.ingest(stores, deployed, "acme", batch.id, now=lambda: batch.created_at)
     assert client.batches.retrieve(batch.id).status == "in_progress"

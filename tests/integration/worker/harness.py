@@ -12,12 +12,12 @@ from aws_lambda_powertools import Logger
 
 from functions.core import clients
 from functions.core.settings import Settings
-from functions.core.stores import Stores
+from functions.core.ports import Stores
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
-from gpu_worker.queue import WorkQueue
+from functions.core.aws.sqs import SqsQueue
 
 
 def worker_config(settings: Settings, engine_url: str, model: str = "test-chat", **overrides: Any) -> WorkerConfig:
@@ -62,7 +62,7 @@ class WorkerThread:
         metrics = WorkerMetrics(namespace="Test", service="gpu-worker-test", logger=logger, model=self.config.model)
         async with EngineClient.from_config(self.config) as engine:
             self.worker = Worker(
-                self.config, stores=self.stores, queue=WorkQueue(clients.client("sqs"), self.config.queue_url),
+                self.config, stores=self.stores, queue=SqsQueue(clients.client("sqs"), self.config.queue_url),
                 engine=engine, metrics=metrics, logger=logger,
                 max_line_bytes=self.settings.max_line_bytes, chunk_max_lines=self.settings.chunk_max_lines,
             )

@@ -45,7 +45,7 @@ def test_a_closed_batch_is_left_alone(client, stores, deployed):
     batch = submit(client, (line(0) + "\n").encode())
     run_ingest()
     (only,) = take_work(deployed)
-    stores.batches.update(stores.batches.get("acme", batch.id), values={"accepting": False})
+    stores.batches.update("acme", batch.id, values={"accepting": False})
     assert fail_chunk(stores, only, now=0).action == "batch_closed"
     assert stores.objects.list_keys(schema.batch_prefix("acme", batch.id) + "parts/") == []
 

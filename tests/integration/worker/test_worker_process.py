@@ -15,7 +15,8 @@ from moto.server import ThreadedMotoServer
 from functions.core import clients, deps, schema
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
-from functions.core.stores import Stores
+from functions.core.aws import stores_from_settings
+from functions.core.ports import Stores
 from infra.local.resources import create_resources
 from tests.conftest import TEST_SETTINGS
 from tests.fakes.engine import FakeEngine, chat_answer
@@ -48,7 +49,7 @@ def line(i):
 def batch(moto_server):
     """An in_progress batch of 4 lines in 2 chunks, their 2 work messages queued."""
     settings = create_resources(TEST_SETTINGS, clients.client, prefix="proc-test")
-    stores = Stores.from_settings(settings)
+    stores = stores_from_settings(settings)
     data = "".join(line(i) + "\n" for i in range(4)).encode()
     key = schema.batch_input_key("acme", "batch_proc")
     stores.objects.put(key, data)

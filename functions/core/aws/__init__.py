@@ -1,0 +1,28 @@
+"""The AWS adapters of the ports in ``functions.core.ports``, one module per service, and the
+wiring that builds them from the deployment's settings. The only code that touches boto3 (with
+``functions.core.clients``, which makes the clients)."""
+
+from .. import clients
+from ..ports import Stores
+from ..settings import Settings
+from .dynamodb import Table
+from .eventbridge import EventBridge
+from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
+from .s3 import ObjectStore
+from .sqs import SqsQueues
+from .stepfunctions import StepFunctions
+
+
+def stores_from_settings(settings: Settings) -> Stores:
+    """Every port on AWS, for the deployment ``settings`` describe."""
+    table = Table(clients.dynamodb_table(settings.table_name))
+    return Stores(
+        objects=ObjectStore(clients.client("s3"), settings.bucket_name),
+        files=FileRepo(table),
+        uploads=UploadRepo(table),
+        keys=KeyRepo(table),
+        batches=BatchRepo(table),
+        queues=SqsQueues(clients.client("sqs")),
+        workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
+        events=EventBridge(clients.client("events"), settings.event_bus_name),
+    )

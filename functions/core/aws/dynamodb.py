@@ -1,0 +1,209 @@
+"""DynamoDB: a thin adapter over a boto3 ``Table`` resource speaking in items, and the conditional
+write operations (``Put``, ``Update``) compiled to DynamoDB expressions. The repositories built on
+it are in ``repos``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from boto3.dynamodb.conditions import Attr, ConditionExpressionBuilder, Key
+
+from .. import schema
+from ..errors import ConditionFailed
+from .errors import translate
+
+class Table:
+    """A thin adapter over a boto3 ``Table`` resource speaking in items."""
+
+    def __init__(self, table: Any):
+        self._table = table
+
+    def put(self, item: dict[str, Any], *, if_absent: bool = False) -> None:
+        kwargs: dict[str, Any] = {"Item": item}
+        if if_absent:
+            kwargs["ConditionExpression"] = Attr(schema.PK).not_exists()
+        with translate():
+            self._table.put_item(**kwargs)
+
+    def get(self, pk: str, sk: str) -> dict[str, Any] | None:
+        with translate():
+            return self._table.get_item(Key={schema.PK: pk, schema.SK: sk}, ConsistentRead=True).get("Item")
+
+    def delete(self, pk: str, sk: str) -> dict[str, Any] | None:
+        """Delete and return the old item (None if there was none)."""
+        with translate():
+            resp = self._table.delete_item(Key={schema.PK: pk, schema.SK: sk}, ReturnValues="ALL_OLD")
+        return resp.get("Attributes")
+
+    def update(self, op: "Update") -> dict[str, Any]:
+        """Apply one conditional update; returns the new item (ConditionFailed if it does not hold)."""
+        request = op.render(self._table.name)["Update"]
+        del request["TableName"]
+        with translate():
+            return self._table.update_item(**request, ReturnValues="ALL_NEW")["Attributes"]
+
+    def set_if(self, pk: str, sk: str, values: dict[str, Any], *, expect: dict[str, Any]) -> dict[str, Any]:
+        """Set attributes only if the item exists and matches ``expect``; returns the new item."""
+        return self.update(Update(pk, sk, values=values, expect=expect))
+
+    def query_page(
+        self,
+        *,
+        pk: str,
+        prefix: str,
+        after: str | None,
+        ascending: bool,
+        limit: int,
+        keep: Callable[[dict[str, Any]], bool] = lambda _: True,
+        index: str | None = None,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Up to ``limit`` items of partition ``pk`` whose sort key starts with ``prefix``, in sort
+        key order, strictly after the sort key ``prefix + after``. Returns (items, has_more).
+        Items for which ``keep`` is false (e.g. expired, awaiting TTL) are skipped."""
+        pk_name, sk_name = (schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK) if index else (schema.PK, schema.SK)
+        condition = Key(pk_name).eq(pk)
+        if after is None:
+            if prefix:
+                condition &= Key(sk_name).begins_with(prefix)
+        elif ascending:
+            condition &= Key(sk_name).gt(prefix + after)
+        else:
+            condition &= Key(sk_name).lt(prefix + after)
+        kwargs: dict[str, Any] = {
+            "KeyConditionExpression": condition,
+            "ScanIndexForward": ascending,
+            "Limit": min(limit + 1, 1000),
+        }
+        if index:
+            kwargs["IndexName"] = index
+        else:
+            kwargs["ConsistentRead"] = True
+        out: list[dict[str, Any]] = []
+        while True:
+            with translate():
+                resp = self._table.query(**kwargs)
+            for item in resp["Items"]:
+                if not item[sk_name].startswith(prefix):
+                    return out, False
+                if keep(item):
+                    if len(out) == limit:
+                        return out, True
+                    out.append(item)
+            if "LastEvaluatedKey" not in resp:
+                return out, False
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def batch_get(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Items for the given (pk, sk) keys, in no particular order (missing ones left out)."""
+        out: list[dict[str, Any]] = []
+        for start in range(0, len(keys), 100):
+            request = {
+                self._table.name: {
+                    "Keys": [{schema.PK: pk, schema.SK: sk} for pk, sk in keys[start : start + 100]],
+                    "ConsistentRead": True,
+                }
+            }
+            while request:
+                with translate():
+                    resp = self._table.meta.client.batch_get_item(RequestItems=request)
+                out.extend(resp["Responses"].get(self._table.name, []))
+                request = resp.get("UnprocessedKeys") or {}
+        return out
+
+    def transact(self, ops: list["Put | Update"]) -> None:
+        """Apply all ``ops`` atomically; ConditionFailed if any condition does not hold.
+        (The resource's client serializes native values, as for every other call here.)"""
+        client = self._table.meta.client
+        with translate():
+            try:
+                client.transact_write_items(TransactItems=[op.render(self._table.name) for op in ops])
+            except client.exceptions.TransactionCanceledException as exc:
+                reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+                if "ConditionalCheckFailed" in reasons:
+                    raise ConditionFailed(",".join(str(r) for r in reasons)) from exc
+                raise
+
+
+def _render(condition: Any, names: dict[str, str], values: dict[str, Any]) -> str:
+    built = ConditionExpressionBuilder().build_expression(condition)
+    names.update(built.attribute_name_placeholders)
+    values.update(built.attribute_value_placeholders)
+    return built.condition_expression
+
+
+@dataclass(frozen=True)
+class Put:
+    """A transactional put; ``if_absent`` makes it fail when the item exists."""
+
+    item: dict[str, Any]
+    if_absent: bool = False
+
+    def render(self, table: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"TableName": table, "Item": self.item}
+        if self.if_absent:
+            names: dict[str, str] = {}
+            values: dict[str, Any] = {}
+            body["ConditionExpression"] = _render(Attr(schema.PK).not_exists(), names, values)
+            body["ExpressionAttributeNames"] = names
+        return {"Put": body}
+
+
+def _expect(expect: dict[str, Any]) -> Any:
+    """The item exists and each attribute equals its value (a tuple: is one of its values;
+    None: is absent)."""
+    condition = Attr(schema.PK).exists()
+    for k, v in expect.items():
+        if v is None:
+            condition &= Attr(k).not_exists()
+        elif isinstance(v, tuple):
+            condition &= Attr(k).is_in(list(v))
+        else:
+            condition &= Attr(k).eq(v)
+    return condition
+
+
+@dataclass(frozen=True)
+class Update:
+    """A conditional update: SET ``values``, SET ``defaults`` only where absent, ADD ``add``
+    (numbers or sets), REMOVE ``remove``; only if the item exists and matches ``expect``."""
+
+    pk: str
+    sk: str
+    values: dict[str, Any] = field(default_factory=dict)
+    defaults: dict[str, Any] = field(default_factory=dict)
+    add: dict[str, Any] = field(default_factory=dict)
+    remove: tuple[str, ...] = ()
+    expect: dict[str, Any] = field(default_factory=dict)
+
+    def render(self, table: str) -> dict[str, Any]:
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        sets, adds, removes = [], [], []
+        for i, (k, v) in enumerate(self.values.items()):
+            names[f"#u{i}"], values[f":u{i}"] = k, v
+            sets.append(f"#u{i} = :u{i}")
+        for i, (k, v) in enumerate(self.defaults.items()):
+            names[f"#d{i}"], values[f":d{i}"] = k, v
+            sets.append(f"#d{i} = if_not_exists(#d{i}, :d{i})")
+        for i, (k, v) in enumerate(self.add.items()):
+            names[f"#a{i}"], values[f":a{i}"] = k, v
+            adds.append(f"#a{i} :a{i}")
+        for i, k in enumerate(self.remove):
+            names[f"#r{i}"] = k
+            removes.append(f"#r{i}")
+        clauses = [
+            f"{verb} {', '.join(parts)}" for verb, parts in (("SET", sets), ("ADD", adds), ("REMOVE", removes)) if parts
+        ]
+        expression = _render(_expect(self.expect), names, values)
+        request: dict[str, Any] = {
+            "TableName": table,
+            "Key": {schema.PK: self.pk, schema.SK: self.sk},
+            "UpdateExpression": " ".join(clauses),
+            "ConditionExpression": expression,
+            "ExpressionAttributeNames": names,
+        }
+        if values:
+            request["ExpressionAttributeValues"] = values
+        return {"Update": request}

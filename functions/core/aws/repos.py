@@ -1,0 +1,185 @@
+"""The state repositories (ports ``FileStore``, ``UploadStore``, ``KeyStore``, ``BatchStore``) on
+one DynamoDB table: every key built by ``schema`` and the records, every read keyed by tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import schema
+from ..errors import ConditionFailed
+from ..records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk
+from .dynamodb import Put, Table, Update
+
+class FileRepo:
+    def __init__(self, table: Table):
+        self._table = table
+
+    def create(self, record: FileRecord) -> None:
+        self._table.put(record.to_item(), if_absent=True)
+
+    def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
+        item = self._table.get(schema.tenant_pk(tenant), FileRecord.sort_key(file_id))
+        if item is None:
+            return None
+        record = FileRecord.from_item(item)
+        return None if record.expired(now) else record
+
+    def delete(self, tenant: str, file_id: str) -> FileRecord | None:
+        old = self._table.delete(schema.tenant_pk(tenant), FileRecord.sort_key(file_id))
+        return FileRecord.from_item(old) if old else None
+
+    def list(
+        self, tenant: str, *, purpose: str | None, after: str | None, ascending: bool, limit: int, now: int
+    ) -> tuple[list[FileRecord], bool]:
+        def alive(item: dict[str, Any]) -> bool:
+            return not (schema.TTL in item and int(item[schema.TTL]) <= now)
+
+        if purpose is None:
+            items, more = self._table.query_page(
+                pk=schema.tenant_pk(tenant), prefix=FileRecord.sort_key(""), after=after,
+                ascending=ascending, limit=limit, keep=alive,
+            )
+        else:
+            items, more = self._table.query_page(
+                pk=FileRecord.purpose_pk(tenant, purpose), prefix="", after=after,
+                ascending=ascending, limit=limit, keep=alive, index=schema.GSI_PURPOSE,
+            )
+        return [FileRecord.from_item(i) for i in items], more
+
+
+class UploadRepo:
+    def __init__(self, table: Table):
+        self._table = table
+
+    def create(self, record: UploadRecord) -> None:
+        self._table.put(record.to_item(), if_absent=True)
+
+    def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
+        item = self._table.get(schema.tenant_pk(tenant), UploadRecord.sort_key(upload_id))
+        return UploadRecord.from_item(item) if item else None
+
+    def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
+        """Move a pending upload to ``status``; ConditionFailed if it is no longer pending."""
+        item = self._table.set_if(
+            schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
+            {"status": status, **values}, expect={"status": "pending"},
+        )
+        return UploadRecord.from_item(item)
+
+    def complete(self, record: UploadRecord, file: FileRecord) -> None:
+        """Atomically create the File and mark the pending upload completed with its id."""
+        self._table.transact([
+            Put(file.to_item(), if_absent=True),
+            Update(
+                schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
+                values={"status": "completed", "file_id": file.id}, expect={"status": "pending"},
+            ),
+        ])
+
+    def add_part(self, part: UploadPartRecord) -> None:
+        self._table.put(part.to_item(), if_absent=True)
+
+    def parts(self, tenant: str, upload_id: str, part_ids: list[str]) -> dict[str, UploadPartRecord]:
+        items = self._table.batch_get(
+            [(schema.tenant_pk(tenant), UploadPartRecord.sort_key(upload_id, p)) for p in part_ids]
+        )
+        return {(r := UploadPartRecord.from_item(i)).id: r for i in items}
+
+
+class KeyRepo:
+    def __init__(self, table: Table):
+        self._table = table
+
+    def create(self, record: ApiKeyRecord) -> None:
+        self._table.put(record.to_item(), if_absent=True)
+
+    def get(self, key_hash: str) -> ApiKeyRecord | None:
+        item = self._table.get(schema.key_pk(key_hash), "KEY")
+        return ApiKeyRecord.from_item(item) if item else None
+
+    def delete(self, key_hash: str) -> ApiKeyRecord | None:
+        old = self._table.delete(schema.key_pk(key_hash), "KEY")
+        return ApiKeyRecord.from_item(old) if old else None
+
+
+class BatchRepo:
+    def __init__(self, table: Table):
+        self._table = table
+
+    def create(self, record: BatchRecord) -> None:
+        self._table.put(record.to_item(), if_absent=True)
+
+    def get(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        item = self._table.get(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id))
+        return BatchRecord.from_item(item) if item else None
+
+    def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
+        items, more = self._table.query_page(
+            pk=schema.tenant_pk(tenant), prefix=BatchRecord.sort_key(""), after=after, ascending=False, limit=limit
+        )
+        return [BatchRecord.from_item(i) for i in items], more
+
+    def update(
+        self,
+        tenant: str,
+        batch_id: str,
+        *,
+        values: dict[str, Any] | None = None,
+        defaults: dict[str, Any] | None = None,
+        add: dict[str, Any] | None = None,
+        remove: tuple[str, ...] = (),
+        expect: dict[str, Any] | None = None,
+    ) -> BatchRecord:
+        """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise)."""
+        item = self._table.update(
+            Update(
+                schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id),
+                values=values or {}, defaults=defaults or {}, add=add or {}, remove=remove, expect=expect or {},
+            )
+        )
+        return BatchRecord.from_item(item)
+
+    def count_chunk(self, marker: ChunkRecord) -> bool:
+        """Count a finished chunk exactly once: its marker and the batch counters in one
+        transaction, only while the batch accepts chunks. False for a duplicate or late chunk."""
+        counters = {
+            "completed": marker.completed,
+            "failed": marker.failed,
+            "input_tokens": marker.input_tokens,
+            "cached_tokens": marker.cached_tokens,
+            "output_tokens": marker.output_tokens,
+            "reasoning_tokens": marker.reasoning_tokens,
+            "chunks_done": 1,
+        }
+        try:
+            self._table.transact([
+                Put(marker.to_item(), if_absent=True),
+                Update(
+                    schema.tenant_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
+                    add=counters, expect={"accepting": True},
+                ),
+            ])
+        except ConditionFailed:
+            return False
+        return True
+
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:
+        """The count marker of one chunk (None while it is not counted): one GetItem."""
+        item = self._table.get(chunks_pk(tenant, batch_id), ChunkRecord.sort_key(chunk))
+        return ChunkRecord.from_item(item) if item else None
+
+    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
+        items, _ = self._table.query_page(
+            pk=chunks_pk(tenant, batch_id), prefix=ChunkRecord.PREFIX, after=None, ascending=True,
+            limit=10**9,
+        )
+        return {(r := ChunkRecord.from_item(i)).chunk: r for i in items}
+
+    def finish(
+        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
+    ) -> None:
+        """Create the batch's output files and set its terminal state in one transaction."""
+        self._table.transact([
+            *(Put(f.to_item()) for f in files),
+            Update(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect),
+        ])

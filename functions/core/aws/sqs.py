@@ -1,0 +1,86 @@
+"""SQS: the one queue adapter (port ``WorkQueue``), used by ingest to send work and by the GPU
+worker and the local pollers to receive it. Calls are blocking; the worker runs them in threads
+(the boto3 client is thread-safe)."""
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from ..errors import Throttled
+from ..ports import Received
+from .errors import translate
+
+#: SQS's SendMessageBatch and ReceiveMessage take at most 10 messages.
+SQS_BATCH_MAX = 10
+#: A batch send retries the entries SQS refused this many times.
+SEND_ATTEMPTS = 5
+#: Codes of ChangeMessageVisibility for a receipt that no longer holds the message.
+_STALE_RECEIPT = frozenset({
+    "ReceiptHandleIsInvalid", "MessageNotInflight", "AWS.SimpleQueueService.MessageNotInflight", "InvalidParameterValue",
+})
+
+
+class SqsQueue:
+    def __init__(self, sqs: Any, url: str):
+        self._sqs, self.url = sqs, url
+
+    def send(self, bodies: list[str]) -> None:
+        """Send in batches of ten; entries SQS refuses are retried, then Throttled."""
+        for start in range(0, len(bodies), SQS_BATCH_MAX):
+            entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies[start : start + SQS_BATCH_MAX])]
+            for _ in range(SEND_ATTEMPTS):
+                with translate():
+                    resp = self._sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
+                failed = {f["Id"] for f in resp.get("Failed", [])}
+                entries = [e for e in entries if e["Id"] in failed]
+                if not entries:
+                    break
+            else:
+                raise Throttled(f"SQS refused {len(entries)} messages after retries")
+
+    def receive(self, max_messages: int, wait_seconds: int, visibility_seconds: int) -> list[Received]:
+        resp = self._sqs.receive_message(
+            QueueUrl=self.url,
+            MaxNumberOfMessages=max(1, min(SQS_BATCH_MAX, max_messages)),
+            WaitTimeSeconds=wait_seconds,
+            VisibilityTimeout=visibility_seconds,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        )
+        return [
+            Received(
+                m["MessageId"], m["ReceiptHandle"], m["Body"],
+                int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+            )
+            for m in resp.get("Messages", [])
+        ]
+
+    def extend(self, receipt: str, seconds: int) -> bool:
+        """Keep a message invisible ``seconds`` more; False if the receipt is no longer valid
+        (the message was deleted, or its visibility already ran out and someone else has it)."""
+        return self._change_visibility(receipt, seconds)
+
+    def release(self, receipt: str, after_seconds: int = 0) -> bool:
+        """Make a message visible again (at once, or after ``after_seconds``) for another worker."""
+        return self._change_visibility(receipt, after_seconds)
+
+    def delete(self, receipt: str) -> None:
+        self._sqs.delete_message(QueueUrl=self.url, ReceiptHandle=receipt)
+
+    def _change_visibility(self, receipt: str, seconds: int) -> bool:
+        try:
+            self._sqs.change_message_visibility(QueueUrl=self.url, ReceiptHandle=receipt, VisibilityTimeout=seconds)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in _STALE_RECEIPT:
+                return False
+            raise
+        return True
+
+
+class SqsQueues:
+    """The port ``Queues``: a queue adapter by URL."""
+
+    def __init__(self, sqs: Any):
+        self._sqs = sqs
+
+    def queue(self, url: str) -> SqsQueue:
+        return SqsQueue(self._sqs, url)
