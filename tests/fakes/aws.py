@@ -1,0 +1,553 @@
+"""In-memory fakes of every port in ``functions.core.ports``, for unit tests of the logic.
+
+They keep the contracts the AWS adapters keep (conditional writes raise ``ConditionFailed``, a chunk
+is counted once and only while its batch accepts chunks, an unknown token is not signalled, a
+writer that wrote nothing leaves no object) and can be told to fail the ways AWS fails:
+
+    stores = fake_stores()
+    stores.faults.fail("batches.update", throttle())            # the next update throttles
+    stores.faults.fail("objects.put", TimeoutError(), times=2)  # the next two puts time out
+    stores.faults.fail("workflows.signal", conflict())          # a lost signal
+    queue.drop_next(1); queue.duplicate_next(1)                  # a lost / duplicated message
+
+Every call is counted in ``stores.faults.calls`` (by the same names), so a test can also assert
+how often a port was reached.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from functions.core.errors import ConditionFailed, Throttled
+from functions.core.ports import Received, Stores
+from functions.core.records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord
+
+
+# --- Faults -----------------------------------------------------------------------------------
+def throttle() -> Throttled:
+    """What an adapter raises once the SDK's retries gave up on throttling."""
+    return Throttled("The service is busy; retry the request shortly.")
+
+
+def conflict() -> Throttled:
+    """A DynamoDB TransactionConflictException, as the adapters report it today."""
+    return Throttled("TransactionConflict")
+
+
+def condition_failed() -> ConditionFailed:
+    return ConditionFailed("ConditionalCheckFailedException")
+
+
+class Faults:
+    """Scripted failures by operation name ("<port>.<method>", e.g. "batches.count_chunk")."""
+
+    def __init__(self) -> None:
+        self._plan: dict[str, list[BaseException]] = defaultdict(list)
+        self.calls: Counter[str] = Counter()
+
+    def fail(self, op: str, error: BaseException, times: int = 1) -> None:
+        """The next ``times`` calls of ``op`` raise ``error`` (before doing anything)."""
+        self._plan[op].extend([error] * times)
+
+    def pending(self, op: str) -> int:
+        return len(self._plan[op])
+
+    def check(self, op: str) -> None:
+        self.calls[op] += 1
+        if self._plan[op]:
+            raise self._plan[op].pop(0)
+
+
+class _Port:
+    name = ""
+
+    def __init__(self, faults: Faults):
+        self.faults = faults
+
+    def _op(self, method: str) -> None:
+        self.faults.check(f"{self.name}.{method}")
+
+
+# --- Objects ----------------------------------------------------------------------------------
+class FakeWriter:
+    def __init__(self, objects: FakeObjects, key: str):
+        self._objects, self.key = objects, key
+        self._buffer = bytearray()
+        self.bytes = 0
+        self.aborted = False
+
+    def write(self, data: bytes) -> None:
+        self._objects._op("writer.write")
+        self._buffer += data
+        self.bytes += len(data)
+
+    def append_object(self, key: str, size: int) -> None:
+        self.write(self._objects.get(key))
+
+    def __enter__(self) -> FakeWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:
+            self.aborted = True
+            return
+        if self.bytes:
+            self._objects._op("writer.complete")
+            self._objects.data[self.key] = bytes(self._buffer)
+
+
+class FakeObjects(_Port):
+    name = "objects"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.data: dict[str, bytes] = {}
+        self.writers: list[FakeWriter] = []
+
+    def put(self, key: str, body: bytes, content_type: str = "application/octet-stream") -> None:
+        self._op("put")
+        self.data[key] = bytes(body)
+
+    def get(self, key: str) -> bytes:
+        self._op("get")
+        if key not in self.data:
+            raise KeyError(f"NoSuchKey: {key}")
+        return self.data[key]
+
+    def iter_bytes(self, key: str, chunk_size: int = 1024 * 1024) -> Iterator[bytes]:
+        body = self.get(key)
+        for start in range(0, len(body), chunk_size):
+            yield body[start : start + chunk_size]
+
+    def iter_range(self, key: str, start: int, end: int, chunk_size: int = 1024 * 1024) -> Iterator[bytes]:
+        if end <= start:
+            return
+        body = self.get(key)[start:end]
+        for i in range(0, len(body), chunk_size):
+            yield body[i : i + chunk_size]
+
+    def copy(self, source: str, dest: str) -> None:
+        self._op("copy")
+        self.data[dest] = self.get(source)
+
+    def size(self, key: str) -> int:
+        return len(self.get(key))
+
+    def delete(self, key: str) -> None:
+        self._op("delete")
+        self.data.pop(key, None)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        self._op("delete_many")
+        for key in keys:
+            self.data.pop(key, None)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        self._op("list_keys")
+        return sorted(k for k in self.data if k.startswith(prefix))
+
+    def presigned_get(self, key: str, *, seconds: int, filename: str) -> str:
+        self._op("presigned_get")
+        return f"https://objects.invalid/{key}?expires={seconds}&filename={filename}"
+
+    def writer(self, key: str) -> FakeWriter:
+        self._op("writer")
+        w = FakeWriter(self, key)
+        self.writers.append(w)
+        return w
+
+    def concatenate(self, dest: str, sources: list[tuple[str, int]]) -> None:
+        self._op("concatenate")
+        self.data[dest] = b"".join(self.get(k) for k, _ in sources)
+
+
+# --- State ------------------------------------------------------------------------------------
+def _matches(item: dict[str, Any] | None, expect: dict[str, Any]) -> bool:
+    """The item exists and each attribute equals its value (tuple: is one of them; None: absent),
+    as the DynamoDB adapter's condition says."""
+    if item is None:
+        return False
+    for k, v in expect.items():
+        have = item.get(k)
+        if v is None:
+            if have is not None:
+                return False
+        elif isinstance(v, tuple):
+            if have not in v:
+                return False
+        elif have != v:
+            return False
+    return True
+
+
+def _apply(item: dict[str, Any], values: dict, defaults: dict, add: dict, remove: tuple) -> dict[str, Any]:
+    item = copy.deepcopy(item)
+    item.update(copy.deepcopy(values))
+    for k, v in defaults.items():
+        if item.get(k) is None:
+            item[k] = copy.deepcopy(v)
+    for k, v in add.items():
+        if isinstance(v, (set, frozenset)):
+            item[k] = set(item.get(k) or ()) | set(v)
+        else:
+            item[k] = (item.get(k) or 0) + v
+    for k in remove:
+        item[k] = None
+    return item
+
+
+class FakeFiles(_Port):
+    name = "files"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.items: dict[tuple[str, str], FileRecord] = {}
+
+    def create(self, record: FileRecord) -> None:
+        self._op("create")
+        if (record.tenant, record.id) in self.items:
+            raise condition_failed()
+        self.items[(record.tenant, record.id)] = record
+
+    def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
+        self._op("get")
+        record = self.items.get((tenant, file_id))
+        return None if record is None or record.expired(now) else record
+
+    def delete(self, tenant: str, file_id: str) -> FileRecord | None:
+        self._op("delete")
+        return self.items.pop((tenant, file_id), None)
+
+    def list(
+        self, tenant: str, *, purpose: str | None, after: str | None, ascending: bool, limit: int, now: int
+    ) -> tuple[list[FileRecord], bool]:
+        self._op("list")
+        ids = sorted(i for (t, i), r in self.items.items() if t == tenant and (purpose is None or r.purpose == purpose))
+        if not ascending:
+            ids.reverse()
+        if after is not None:
+            ids = [i for i in ids if (i > after if ascending else i < after)]
+        alive = [self.items[(tenant, i)] for i in ids if not self.items[(tenant, i)].expired(now)]
+        return alive[:limit], len(alive) > limit
+
+
+class FakeUploads(_Port):
+    name = "uploads"
+
+    def __init__(self, faults: Faults, files: FakeFiles):
+        super().__init__(faults)
+        self.items: dict[tuple[str, str], UploadRecord] = {}
+        self.part_items: dict[tuple[str, str, str], UploadPartRecord] = {}
+        self._files = files
+
+    def create(self, record: UploadRecord) -> None:
+        self._op("create")
+        if (record.tenant, record.id) in self.items:
+            raise condition_failed()
+        self.items[(record.tenant, record.id)] = record
+
+    def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
+        self._op("get")
+        return self.items.get((tenant, upload_id))
+
+    def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
+        self._op("transition")
+        current = self.items.get((record.tenant, record.id))
+        if current is None or current.status != "pending":
+            raise condition_failed()
+        new = current.model_copy(update={"status": status, **values})
+        self.items[(record.tenant, record.id)] = new
+        return new
+
+    def complete(self, record: UploadRecord, file: FileRecord) -> None:
+        self._op("complete")
+        current = self.items.get((record.tenant, record.id))
+        if current is None or current.status != "pending" or (file.tenant, file.id) in self._files.items:
+            raise condition_failed()
+        self._files.items[(file.tenant, file.id)] = file
+        self.items[(record.tenant, record.id)] = current.model_copy(update={"status": "completed", "file_id": file.id})
+
+    def add_part(self, part: UploadPartRecord) -> None:
+        self._op("add_part")
+        key = (part.tenant, part.upload_id, part.id)
+        if key in self.part_items:
+            raise condition_failed()
+        self.part_items[key] = part
+
+    def parts(self, tenant: str, upload_id: str, part_ids: list[str]) -> dict[str, UploadPartRecord]:
+        self._op("parts")
+        return {p: r for p in part_ids if (r := self.part_items.get((tenant, upload_id, p))) is not None}
+
+
+class FakeKeys(_Port):
+    name = "keys"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.items: dict[str, ApiKeyRecord] = {}
+
+    def create(self, record: ApiKeyRecord) -> None:
+        self._op("create")
+        if record.key_hash in self.items:
+            raise condition_failed()
+        self.items[record.key_hash] = record
+
+    def get(self, key_hash: str) -> ApiKeyRecord | None:
+        self._op("get")
+        return self.items.get(key_hash)
+
+    def delete(self, key_hash: str) -> ApiKeyRecord | None:
+        self._op("delete")
+        return self.items.pop(key_hash, None)
+
+
+class FakeBatches(_Port):
+    name = "batches"
+
+    def __init__(self, faults: Faults, files: FakeFiles):
+        super().__init__(faults)
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+        self.markers: dict[tuple[str, str, int], ChunkRecord] = {}
+        self._files = files
+
+    def put(self, record: BatchRecord) -> None:
+        """Test setup: store a batch as it is (no fault, no condition)."""
+        self.items[(record.tenant, record.id)] = record.model_dump()
+
+    def create(self, record: BatchRecord) -> None:
+        self._op("create")
+        if (record.tenant, record.id) in self.items:
+            raise condition_failed()
+        self.items[(record.tenant, record.id)] = record.model_dump()
+
+    def get(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        self._op("get")
+        item = self.items.get((tenant, batch_id))
+        return BatchRecord.model_validate(copy.deepcopy(item)) if item is not None else None
+
+    def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
+        self._op("list")
+        ids = sorted((i for (t, i) in self.items if t == tenant), reverse=True)
+        if after is not None:
+            ids = [i for i in ids if i < after]
+        return [BatchRecord.model_validate(copy.deepcopy(self.items[(tenant, i)])) for i in ids[:limit]], len(ids) > limit
+
+    def _update(self, tenant: str, batch_id: str, values: dict, defaults: dict, add: dict, remove: tuple, expect: dict) -> BatchRecord:
+        item = self.items.get((tenant, batch_id))
+        if not _matches(item, expect):
+            raise condition_failed()
+        assert item is not None
+        new = _apply(item, values, defaults, add, remove)
+        record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
+        self.items[(tenant, batch_id)] = record.model_dump()
+        return record
+
+    def update(
+        self,
+        tenant: str,
+        batch_id: str,
+        *,
+        values: dict[str, Any] | None = None,
+        defaults: dict[str, Any] | None = None,
+        add: dict[str, Any] | None = None,
+        remove: tuple[str, ...] = (),
+        expect: dict[str, Any] | None = None,
+    ) -> BatchRecord:
+        self._op("update")
+        return self._update(tenant, batch_id, values or {}, defaults or {}, add or {}, remove, expect or {})
+
+    def count_chunk(self, marker: ChunkRecord) -> bool:
+        self._op("count_chunk")
+        key = (marker.tenant, marker.batch_id, marker.chunk)
+        item = self.items.get((marker.tenant, marker.batch_id))
+        if key in self.markers or not _matches(item, {"accepting": True}):
+            return False
+        counters = {
+            "completed": marker.completed, "failed": marker.failed, "input_tokens": marker.input_tokens,
+            "cached_tokens": marker.cached_tokens, "output_tokens": marker.output_tokens,
+            "reasoning_tokens": marker.reasoning_tokens, "chunks_done": 1,
+        }
+        self._update(marker.tenant, marker.batch_id, {}, {}, counters, (), {"accepting": True})
+        self.markers[key] = marker
+        return True
+
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:
+        self._op("counted_chunk")
+        return self.markers.get((tenant, batch_id, chunk))
+
+    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
+        self._op("counted_chunks")
+        return {c: m for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)}
+
+    def finish(
+        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
+    ) -> None:
+        self._op("finish")
+        if not _matches(self.items.get((tenant, batch_id)), expect):
+            raise condition_failed()
+        for f in files:
+            self._files.items[(f.tenant, f.id)] = f
+        self._update(tenant, batch_id, values, {}, {}, (), expect)
+
+
+# --- Queues, workflows, events ----------------------------------------------------------------
+@dataclass
+class _Message:
+    id: str
+    body: str
+    receives: int = 0
+    visible: bool = True
+    receipt: str = ""
+    #: The delay a release asked for (the fake makes it visible at once; tests read this).
+    released_after: int | None = None
+
+
+class FakeQueue(_Port):
+    name = "queue"
+    _ids = itertools.count(1)
+
+    def __init__(self, faults: Faults, url: str):
+        super().__init__(faults)
+        self.url = url
+        self.messages: list[_Message] = []
+        self.deleted: list[str] = []
+        self.extended: list[tuple[str, int]] = []
+        self._drop = 0
+        self._duplicate = 0
+
+    # Faults particular to queues.
+    def drop_next(self, n: int = 1) -> None:
+        """The next ``n`` sent messages are acknowledged but never delivered (a lost message)."""
+        self._drop += n
+
+    def duplicate_next(self, n: int = 1) -> None:
+        """The next ``n`` sent messages are delivered twice (at-least-once delivery)."""
+        self._duplicate += n
+
+    def send(self, bodies: list[str]) -> None:
+        self._op("send")
+        for body in bodies:
+            if self._drop:
+                self._drop -= 1
+                continue
+            copies = 2 if self._duplicate else 1
+            if self._duplicate:
+                self._duplicate -= 1
+            for _ in range(copies):
+                self.messages.append(_Message(id=f"m-{next(self._ids)}", body=body))
+
+    def bodies(self) -> list[str]:
+        """Bodies of the messages still in the queue (visible or not)."""
+        return [m.body for m in self.messages]
+
+    def receive(self, max_messages: int, wait_seconds: int, visibility_seconds: int) -> list[Received]:
+        self._op("receive")
+        out = []
+        for m in self.messages:
+            if len(out) == max(1, min(10, max_messages)):
+                break
+            if m.visible:
+                m.visible, m.receives = False, m.receives + 1
+                m.receipt = f"{m.id}#{m.receives}"
+                out.append(Received(m.id, m.receipt, m.body, m.receives))
+        return out
+
+    def _by_receipt(self, receipt: str) -> _Message | None:
+        return next((m for m in self.messages if m.receipt == receipt and not m.visible), None)
+
+    def extend(self, receipt: str, seconds: int) -> bool:
+        self._op("extend")
+        self.extended.append((receipt, seconds))
+        return self._by_receipt(receipt) is not None
+
+    def release(self, receipt: str, after_seconds: int = 0) -> bool:
+        self._op("release")
+        m = self._by_receipt(receipt)
+        if m is None:
+            return False
+        m.visible, m.released_after = True, after_seconds
+        return True
+
+    def delete(self, receipt: str) -> None:
+        self._op("delete")
+        m = next((m for m in self.messages if m.receipt == receipt), None)
+        if m is not None:
+            self.messages.remove(m)
+            self.deleted.append(m.body)
+
+
+class FakeQueues:
+    def __init__(self, faults: Faults):
+        self._faults = faults
+        self.by_url: dict[str, FakeQueue] = {}
+
+    def queue(self, url: str) -> FakeQueue:
+        if url not in self.by_url:
+            self.by_url[url] = FakeQueue(self._faults, url)
+        return self.by_url[url]
+
+
+class FakeWorkflows(_Port):
+    name = "workflows"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.started: dict[str, dict[str, Any]] = {}
+        #: Every successful signal, in order: (token, output).
+        self.signals: list[tuple[str, dict[str, Any]]] = []
+        #: Tokens that no longer wait (resumed, timed out); signalling one returns False.
+        self.closed: set[str] = set()
+
+    def start(self, name: str, payload: dict[str, Any]) -> None:
+        self._op("start")
+        self.started.setdefault(name, payload)
+
+    def signal(self, token: str, output: dict[str, Any]) -> bool:
+        self._op("signal")
+        if token in self.closed:
+            return False
+        self.signals.append((token, output))
+        return True
+
+
+class FakeEvents(_Port):
+    name = "events"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.published: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
+        self._op("publish")
+        self.published.append((detail_type, detail))
+
+    def types(self) -> list[str]:
+        return [t for t, _ in self.published]
+
+
+@dataclass(frozen=True)
+class FakeStores(Stores):
+    """``Stores`` of fakes, plus the shared fault plan."""
+
+    faults: Faults = field(default_factory=Faults)
+
+
+def fake_stores() -> FakeStores:
+    faults = Faults()
+    files = FakeFiles(faults)
+    return FakeStores(
+        objects=FakeObjects(faults),
+        files=files,
+        uploads=FakeUploads(faults, files),
+        keys=FakeKeys(faults),
+        batches=FakeBatches(faults, files),
+        queues=FakeQueues(faults),
+        workflows=FakeWorkflows(faults),
+        events=FakeEvents(faults),
+        faults=faults,
+    )

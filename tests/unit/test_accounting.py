@@ -1,0 +1,110 @@
+"""Chunk accounting against the in-memory ports: counted once, only while the batch accepts
+chunks; the last chunk (or its duplicate) signals; faults at the store propagate."""
+
+import pytest
+
+from functions.core import accounting
+from functions.core.accounting import Signal
+from functions.core.errors import Throttled
+from functions.core.messages import WorkMessage
+from functions.core.records import BatchRecord
+from functions.core.results import Parts
+from tests.fakes.aws import conflict, fake_stores, throttle
+
+
+def batch(**over) -> BatchRecord:
+    fields = dict(
+        tenant="acme", id="batch_1", input_file_id="file-1", endpoint="/v1/chat/completions",
+        completion_window="24h", created_at=100, expires_at=100 + 86_400, status="in_progress",
+        model="m", total=3, chunk_count=2, accepting=True, input_key="batches/acme/batch_1/input.jsonl",
+        task_token="token-1",
+    )
+    return BatchRecord(**{**fields, **over})
+
+
+def message(chunk: int) -> WorkMessage:
+    return WorkMessage(
+        batch_id="batch_1", tenant="acme", chunk=chunk, input_key="k", byte_start=0, byte_end=10,
+        first_line=1, line_count=2, endpoint="/v1/chat/completions", model="m", expires_at=100 + 86_400,
+    )
+
+
+def record(stores, chunk: int, completed: int = 2, failed: int = 0, usage: accounting.Usage | None = None):
+    return accounting.record_chunk(
+        stores, message(chunk), parts=Parts(f"a{chunk}", completed, failed), usage=usage or accounting.Usage(), now=5
+    )
+
+
+def test_each_chunk_counts_once_and_the_last_signals_complete():
+    stores = fake_stores()
+    stores.batches.put(batch())
+    first = record(stores, 0)
+    assert (first.counted, first.last) == (True, False) and stores.workflows.signals == []
+    again = record(stores, 0)
+    assert (again.counted, again.last) == (False, False)
+    last = record(stores, 1, completed=1, failed=1)
+    assert (last.counted, last.last) == (True, True)
+    assert stores.workflows.signals == [("token-1", {"outcome": "complete"})]
+    assert (last.batch.completed, last.batch.failed, last.batch.chunks_done) == (3, 1, 2)
+    # A duplicate of the last chunk signals again (its first delivery may have died before it).
+    dup = record(stores, 1)
+    assert (dup.counted, dup.last) == (False, True) and len(stores.workflows.signals) == 2
+
+
+def test_a_closed_batch_counts_nothing():
+    stores = fake_stores()
+    stores.batches.put(batch(accepting=False))
+    outcome = record(stores, 0)
+    assert not outcome.counted and outcome.batch.chunks_done == 0 and stores.workflows.signals == []
+
+
+def test_the_last_chunk_before_the_workflow_waits_does_not_signal():
+    stores = fake_stores()
+    stores.batches.put(batch(chunk_count=1, task_token=None))
+    outcome = record(stores, 0)
+    assert outcome.last and stores.workflows.signals == []  # register() signals when the token arrives
+
+
+def test_usage_is_summed_with_cached_and_reasoning_tokens():
+    usage = accounting.Usage()
+    usage.add_response({"prompt_tokens": 10, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 6},
+                        "completion_tokens_details": {"reasoning_tokens": 3}})
+    usage.add_response({"input_tokens": 5, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1},
+                        "output_tokens_details": {"reasoning_tokens": 2}})
+    usage.add_response(None)
+    assert usage.model_dump() == {"input_tokens": 15, "cached_tokens": 7, "output_tokens": 6, "reasoning_tokens": 5}
+    stores = fake_stores()
+    stores.batches.put(batch(chunk_count=1))
+    outcome = record(stores, 0, usage=usage)
+    assert (outcome.batch.input_tokens, outcome.batch.cached_tokens, outcome.batch.output_tokens,
+            outcome.batch.reasoning_tokens) == (15, 7, 6, 5)
+    wire = outcome.batch.to_wire().usage
+    assert wire.input_tokens_details.cached_tokens == 7 and wire.output_tokens_details.reasoning_tokens == 5
+    assert wire.total_tokens == 21
+
+
+def test_start_chunk_is_one_conditional_write():
+    stores = fake_stores()
+    stores.batches.put(batch())
+    started = accounting.start_chunk(stores, message(1))
+    assert started is not None and started.started_chunks == {1}
+    assert stores.faults.calls["batches.update"] == 1 and stores.faults.calls["batches.get"] == 0
+    stores.batches.put(batch(status="cancelling"))
+    assert accounting.start_chunk(stores, message(0)) is None
+    assert accounting.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is None
+
+
+@pytest.mark.parametrize("fault", [throttle(), conflict()])
+def test_a_store_fault_while_counting_propagates_and_counts_nothing(fault):
+    stores = fake_stores()
+    stores.batches.put(batch())
+    stores.faults.fail("batches.count_chunk", fault)
+    with pytest.raises(Throttled):
+        record(stores, 0)
+    assert stores.batches.get("acme", "batch_1").chunks_done == 0
+    assert record(stores, 0).counted  # the retry counts it
+
+
+def test_signal_vocabulary():
+    assert [s.output() for s in Signal] == [{"outcome": "complete"}, {"outcome": "cancel"}, {"outcome": "expire"}]
+    assert accounting.event_type("completed") == "batch.completed"
