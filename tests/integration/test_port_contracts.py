@@ -1,0 +1,119 @@
+"""The port contracts, checked on both sides: the AWS adapters on moto and the in-memory fakes the
+unit tests use must behave alike (conditions, atomic counting, set ADDs, writers that leave nothing
+behind, queue receipts). A fake that is kinder than the adapter fails here."""
+
+import pytest
+
+from functions.core.errors import ConditionFailed
+from functions.core.ports import Stores
+from functions.core.records import BatchRecord, ChunkRecord, FileRecord
+from tests.fakes.aws import fake_stores
+
+
+@pytest.fixture(params=["moto", "fake"])
+def ports(request: pytest.FixtureRequest) -> Stores:
+    if request.param == "fake":
+        return fake_stores()
+    return request.getfixturevalue("stores")
+
+
+@pytest.fixture
+def queue_url(ports: Stores, request: pytest.FixtureRequest) -> str:
+    if isinstance(ports, type(fake_stores())):
+        return "fake://work"
+    return request.getfixturevalue("deployed").models["test-chat"].queue_url
+
+
+def new_batch(**over) -> BatchRecord:
+    fields = dict(
+        tenant="acme", id="batch_c1", input_file_id="file-1", endpoint="/v1/chat/completions",
+        completion_window="24h", created_at=100, expires_at=200, status="in_progress", model="m",
+        chunk_count=2, accepting=True, input_key="batches/acme/batch_c1/input.jsonl",
+    )
+    return BatchRecord(**{**fields, **over})
+
+
+def marker(chunk: int, completed: int = 2) -> ChunkRecord:
+    return ChunkRecord(tenant="acme", batch_id="batch_c1", chunk=chunk, attempt="a", completed=completed, failed=1,
+                       input_tokens=7, recorded_at=1, expires_at=10**10)
+
+
+def test_batch_update_conditions(ports: Stores):
+    ports.batches.create(new_batch())
+    with pytest.raises(ConditionFailed):
+        ports.batches.create(new_batch())
+    updated = ports.batches.update("acme", "batch_c1", values={"status": "cancelling"}, defaults={"cancelling_at": 5},
+                                   expect={"status": ("in_progress", "validating")})
+    assert (updated.status, updated.cancelling_at) == ("cancelling", 5)
+    again = ports.batches.update("acme", "batch_c1", defaults={"cancelling_at": 9}, add={"started_chunks": {1}})
+    assert again.cancelling_at == 5 and again.started_chunks == {1}
+    again = ports.batches.update("acme", "batch_c1", add={"started_chunks": {1, 2}, "completed": 3})
+    assert again.started_chunks == {1, 2} and again.completed == 3
+    with pytest.raises(ConditionFailed):
+        ports.batches.update("acme", "batch_c1", values={"status": "failed"}, expect={"status": "in_progress"})
+    with pytest.raises(ConditionFailed):  # absent attribute expected, present
+        ports.batches.update("acme", "batch_c1", values={"model": "x"}, expect={"cancelling_at": None})
+    with pytest.raises(ConditionFailed):  # no such batch: never created by an update
+        ports.batches.update("acme", "nope", values={"status": "failed"})
+    assert ports.batches.get("acme", "nope") is None
+    assert ports.batches.get("globex", "batch_c1") is None  # keyed by tenant
+    removed = ports.batches.update("acme", "batch_c1", remove=("cancelling_at",), expect={"cancelling_at": 5})
+    assert removed.cancelling_at is None
+
+
+def test_a_chunk_counts_once_and_only_while_accepting(ports: Stores):
+    ports.batches.create(new_batch())
+    assert ports.batches.count_chunk(marker(0))
+    assert not ports.batches.count_chunk(marker(0, completed=99))
+    batch = ports.batches.get("acme", "batch_c1")
+    assert (batch.completed, batch.failed, batch.input_tokens, batch.chunks_done) == (2, 1, 7, 1)
+    assert ports.batches.counted_chunk("acme", "batch_c1", 0).completed == 2
+    assert ports.batches.counted_chunk("acme", "batch_c1", 1) is None
+    ports.batches.update("acme", "batch_c1", values={"accepting": False})
+    assert not ports.batches.count_chunk(marker(1))
+    assert ports.batches.counted_chunk("acme", "batch_c1", 1) is None  # the marker rolled back with it
+    assert set(ports.batches.counted_chunks("acme", "batch_c1")) == {0}
+
+
+def test_finish_is_atomic(ports: Stores):
+    ports.batches.create(new_batch(accepting=False))
+    f = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3,
+                   created_at=1, expires_at=10**10, s3_key="files/acme/file-out")
+    with pytest.raises(ConditionFailed):
+        ports.batches.finish("acme", "batch_c1", [f], {"status": "completed"}, expect={"status": "finalizing"})
+    assert ports.files.get("acme", "file-out", now=2) is None  # no file without the status
+    ports.batches.finish("acme", "batch_c1", [f], {"status": "completed"}, expect={"status": "in_progress"})
+    assert ports.files.get("acme", "file-out", now=2) is not None
+    assert ports.batches.get("acme", "batch_c1").status == "completed"
+
+
+def test_a_writer_leaves_nothing_on_error_or_when_empty(ports: Stores):
+    with pytest.raises(RuntimeError):
+        with ports.objects.writer("x/failed") as w:
+            w.write(b"partial")
+            raise RuntimeError("died mid-assembly")
+    with ports.objects.writer("x/empty"):
+        pass
+    with ports.objects.writer("x/ok") as w:
+        w.write(b"ab")
+        w.write(b"c")
+    assert ports.objects.list_keys("x/") == ["x/ok"] and ports.objects.get("x/ok") == b"abc"
+    assert b"".join(ports.objects.iter_range("x/ok", 1, 3)) == b"bc"
+
+
+def test_queue_receipts(ports: Stores, queue_url: str):
+    queue = ports.queues.queue(queue_url)
+    queue.send([f"m{i}" for i in range(12)])
+    got = []
+    while batch := queue.receive(10, 0, 60):
+        got.extend(batch)
+    assert sorted(r.body for r in got) == sorted(f"m{i}" for i in range(12))
+    assert all(r.receive_count == 1 for r in got)
+    first = got[0]
+    assert queue.extend(first.receipt, 60)
+    assert queue.release(first.receipt)
+    again = queue.receive(10, 0, 60)
+    assert [r.body for r in again] == [first.body] and again[0].receive_count == 2
+    for r in [*got[1:], *again]:
+        queue.delete(r.receipt)
+    assert queue.receive(10, 0, 60) == []
