@@ -4,12 +4,14 @@ import json
 from typing import Any
 
 from ..errors import Throttled
+from ..names import EVENT_SOURCE
 from .errors import translate
+
 
 class EventBridge:
     """Publishes batch lifecycle events to EventBridge."""
 
-    SOURCE = "batch-api"
+    SOURCE = EVENT_SOURCE
 
     def __init__(self, events: Any, bus: str):
         self._events = events

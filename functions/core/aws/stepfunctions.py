@@ -5,6 +5,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+
 class StepFunctions:
     """Starts batch workflows and signals their waiting task."""
 
@@ -20,10 +21,10 @@ class StepFunctions:
             if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
                 raise
 
-    def signal(self, token: str, outcome: dict[str, Any]) -> bool:
+    def signal(self, token: str, output: dict[str, Any]) -> bool:
         """Resume the waiting task; False if the token is no longer valid (already resumed)."""
         try:
-            self._sfn.send_task_success(taskToken=token, output=json.dumps(outcome))
+            self._sfn.send_task_success(taskToken=token, output=json.dumps(output))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("TaskTimedOut", "InvalidToken", "TaskDoesNotExist"):
                 return False
