@@ -21,9 +21,7 @@ from functions.core.lines import LineError, RawLine, check_request, iter_lines, 
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.accounting import ChunkOutcome
-from functions.core.ports import Stores
-
-from .engine import EngineClient
+from functions.core.ports import Engine, Stores
 
 log = logging.getLogger("gpu_worker.chunk")
 T = TypeVar("T")
@@ -43,7 +41,7 @@ class LineResult:
         return results.succeeded(self.line)
 
 
-async def run_line(engine: EngineClient, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = ()) -> LineResult:
+async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = ()) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
     None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``."""
     custom_id = results.custom_id_of(None, raw)
@@ -62,7 +60,8 @@ async def run_line(engine: EngineClient, raw: RawLine, *, endpoint: str | None, 
     if reply.status is None:
         return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message))
     line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
-    usage = reply.body.get("usage") if reply.ok and isinstance(reply.body, dict) else None
+    ok = 200 <= reply.status < 300
+    usage = reply.body.get("usage") if ok and isinstance(reply.body, dict) else None
     return LineResult(line, usage)
 
 
@@ -117,7 +116,7 @@ def already_counted(stores: Stores, message: WorkMessage) -> bool:
 async def process_chunk(
     stores: Stores,
     message: WorkMessage,
-    engine: EngineClient,
+    engine: Engine,
     *,
     io: Io,
     max_line_bytes: int,

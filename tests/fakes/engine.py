@@ -2,9 +2,14 @@
 vLLM): /health, /v1/models, and POST endpoints answered by a test-controlled ``respond``.
 
 It runs in its own thread and event loop on an ephemeral loopback port. ``respond(path, body,
-seen)`` returns ``(status, json_body)``, ``(status, json_body, headers)``, or ``HANG`` (never
-answer); ``seen`` counts earlier requests with the same body (so "fail the first k attempts" is
-easy). Every request is recorded; ``max_concurrent`` is the most requests open at once.
+seen)`` returns ``(status, json_body)``, ``(status, json_body, headers)``, ``HANG`` (never
+answer) or ``DROP`` (close the connection without an answer); ``seen`` counts earlier requests
+with the same body (so "fail the first k attempts" is easy). Every request is recorded;
+``max_concurrent`` is the most requests open at once. ``health_status`` and ``models_status`` are
+what ``GET /health`` and ``GET /v1/models`` answer; ``probes`` records those GETs.
+
+``InProcessEngine`` is the same ``respond`` behind ``functions.core.ports.Engine`` with no HTTP
+at all: what chunk-level tests hand to ``gpu_worker.chunk.process_chunk``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,6 +25,7 @@ from typing import Any
 from aiohttp import web
 
 HANG = "hang"
+DROP = "drop"
 
 Respond = Callable[[str, dict[str, Any], int], Awaitable[Any] | Any]
 
@@ -48,6 +55,8 @@ class FakeEngine:
     def __init__(self, respond: Respond = default_respond):
         self.respond = respond
         self.health_status = 200
+        self.models_status = 200
+        self.probes: list[str] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.open = 0
         self.max_concurrent = 0
@@ -69,9 +78,13 @@ class FakeEngine:
 
     # --- handlers ----------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
+        self.probes.append(request.path)
         return web.Response(status=self.health_status)
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.probes.append(request.path)
+        if self.models_status != 200:
+            return web.json_response({"error": {"message": "no models"}}, status=self.models_status)
         return web.json_response({"object": "list", "data": [{"id": "test-chat", "object": "model", "max_model_len": 2048}]})
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
@@ -91,6 +104,10 @@ class FakeEngine:
                 hang = asyncio.get_running_loop().create_future()
                 self._hung.append(hang)
                 await hang
+                return web.Response(status=599)
+            if result == DROP:
+                assert request.transport is not None
+                request.transport.close()  # the client sees the connection end with no answer
                 return web.Response(status=599)
             status, payload, *rest = result
             headers = rest[0] if rest else {}
@@ -139,3 +156,38 @@ class FakeEngine:
         self._loop.call_soon_threadsafe(release)
         self._thread.join(10)
         self._thread = None
+
+
+class InProcessEngine:
+    """``functions.core.ports.Engine`` answered in-process by ``respond`` (same contract as
+    ``FakeEngine``'s, minus ``DROP``): no socket, no thread. Records every request."""
+
+    def __init__(self, respond: Respond = default_respond, *, max_in_flight: int = 64):
+        self.respond = respond
+        self.max_in_flight = max_in_flight
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self._seen: Counter[str] = Counter()
+
+    def contents(self) -> list[str]:
+        return [content(b) for _, b in self.requests]
+
+    async def healthy(self) -> bool:
+        return True
+
+    async def wait_healthy(self, timeout: float, interval: float = 1.0) -> float:
+        return 0.0
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        from gpu_worker.engine import Reply
+
+        key = json.dumps(body, sort_keys=True)
+        self.requests.append((path, body))
+        seen = self._seen[key]
+        self._seen[key] += 1
+        result = self.respond(path, body, seen)
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result == HANG:
+            await asyncio.get_running_loop().create_future()
+        status, payload, *_ = result
+        return Reply(status, payload, f"req_{uuid.uuid4().hex}")
