@@ -1,91 +1,34 @@
-"""Batches API logic (and the models list): takes its stores as arguments."""
-
-from typing import Any
+"""Batches API logic: takes its stores as arguments."""
 
 from functions.core import accounting, ids, limits, schema
 from functions.core.accounting import Signal
 from functions.core.errors import ConditionFailed, InvalidRequest, not_found
-from functions.core.models import Batch, ListPage, Model
+from functions.core.models import Batch, ListPage
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
-from .files import check_list_params
+from .protocol import BatchListQuery, CreateBatchBody
 
 #: Statuses from which a cancel moves the batch to cancelling.
 CANCELLABLE = ("validating", "in_progress")
 
 
-def _check_metadata(metadata: Any) -> dict[str, str] | None:
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict):
-        raise InvalidRequest("Invalid value for 'metadata': it must be an object of strings.", param="metadata", code="invalid_value")
-    if len(metadata) > limits.METADATA_MAX_PAIRS:
+def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBatchBody, *, now: int) -> Batch:
+    """A batch in ``validating`` over a snapshot of its input file (ingest takes it from there)."""
+    if body.endpoint not in settings.allowed_endpoints:
         raise InvalidRequest(
-            f"Invalid value for 'metadata': at most {limits.METADATA_MAX_PAIRS} key-value pairs are allowed.",
-            param="metadata", code="invalid_value",
-        )
-    for key, value in metadata.items():
-        if not isinstance(value, str):
-            raise InvalidRequest(f"Invalid value for 'metadata.{key}': values must be strings.", param="metadata", code="invalid_value")
-        if len(key) > limits.METADATA_MAX_KEY:
-            raise InvalidRequest(
-                f"Invalid value for 'metadata': keys may be at most {limits.METADATA_MAX_KEY} characters.",
-                param="metadata", code="invalid_value",
-            )
-        if len(value) > limits.METADATA_MAX_VALUE:
-            raise InvalidRequest(
-                f"Invalid value for 'metadata.{key}': values may be at most {limits.METADATA_MAX_VALUE} characters.",
-                param="metadata", code="invalid_value",
-            )
-    return metadata
-
-
-def _check_output_expiry(anchor: str | None, seconds: int | None) -> int | None:
-    if anchor is None and seconds is None:
-        return None
-    if anchor != "created_at":
-        raise InvalidRequest(
-            f"Invalid value for 'output_expires_after.anchor': {anchor!r}. Supported values are: 'created_at'.",
-            param="output_expires_after.anchor", code="invalid_value",
-        )
-    if seconds is None or not limits.EXPIRES_AFTER_MIN_SECONDS <= seconds <= limits.EXPIRES_AFTER_MAX_SECONDS:
-        raise InvalidRequest(
-            f"Invalid value for 'output_expires_after.seconds': {seconds}. It must be between "
-            f"{limits.EXPIRES_AFTER_MIN_SECONDS} and {limits.EXPIRES_AFTER_MAX_SECONDS}.",
-            param="output_expires_after.seconds", code="invalid_value",
-        )
-    return seconds
-
-
-def create_batch(
-    stores: Stores,
-    settings: Settings,
-    tenant: str,
-    *,
-    input_file_id: str,
-    endpoint: str,
-    completion_window: str,
-    metadata: Any = None,
-    output_expires_anchor: str | None = None,
-    output_expires_seconds: int | None = None,
-    now: int,
-) -> Batch:
-    if endpoint not in settings.allowed_endpoints:
-        raise InvalidRequest(
-            f"Invalid value for 'endpoint': {endpoint!r}. Supported values are: "
+            f"Invalid value for 'endpoint': {body.endpoint!r}. Supported values are: "
             + ", ".join(repr(e) for e in settings.allowed_endpoints) + ".",
             param="endpoint", code="invalid_value",
         )
-    if completion_window not in settings.completion_windows:
+    if body.completion_window not in settings.completion_windows:
         raise InvalidRequest(
-            f"Invalid value for 'completion_window': {completion_window!r}. Supported values are: "
+            f"Invalid value for 'completion_window': {body.completion_window!r}. Supported values are: "
             + ", ".join(repr(w) for w in settings.completion_windows) + ".",
             param="completion_window", code="invalid_value",
         )
-    checked_metadata = _check_metadata(metadata)
-    output_expiry = _check_output_expiry(output_expires_anchor, output_expires_seconds)
+    input_file_id = body.input_file_id
     file = stores.files.get(tenant, input_file_id, now) if ids.is_valid(input_file_id, ids.FILE) else None
     if file is None:
         raise not_found("File", input_file_id, param="input_file_id")
@@ -99,13 +42,13 @@ def create_batch(
         tenant=tenant,
         id=batch_id,
         input_file_id=input_file_id,
-        endpoint=endpoint,
-        completion_window=completion_window,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
         created_at=now,
-        expires_at=now + limits.window_seconds(completion_window),
-        metadata=checked_metadata,
+        expires_at=now + limits.window_seconds(body.completion_window),
+        metadata=body.metadata,
         input_key=schema.batch_input_key(tenant, batch_id),
-        output_expires_after=output_expiry,
+        output_expires_after=body.output_expires_after.seconds if body.output_expires_after else None,
     )
     # The snapshot first, then the record that makes the batch visible: a crash in between leaves
     # only an unreferenced snapshot (ingest finds no record, retries, dead-letters it), never a
@@ -126,9 +69,8 @@ def _get(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
     return record
 
 
-def list_batches(stores: Stores, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
-    check_list_params(limit, "desc", after, max_limit=limits.BATCHES_LIST_MAX_LIMIT, id_prefix=ids.BATCH, kind="batch")
-    records, has_more = stores.batches.list(tenant, after=after, limit=limit)
+def list_batches(stores: Stores, tenant: str, query: BatchListQuery) -> ListPage[Batch]:
+    records, has_more = stores.batches.list(tenant, after=query.after, limit=query.limit)
     return ListPage[Batch].of([r.to_wire() for r in records], has_more)
 
 
@@ -148,17 +90,3 @@ def cancel_batch(stores: Stores, tenant: str, batch_id: str, *, now: int) -> Bat
     if record.task_token:
         accounting.signal(stores.workflows, record.task_token, Signal.CANCEL)
     return record.to_wire()
-
-
-def list_models(settings: Settings, *, created: int) -> dict[str, Any]:
-    """GET /v1/models: the models this deployment serves."""
-    data = [Model(id=name, created=created, owned_by="batch-api").model_dump() for name in sorted(settings.models)]
-    return {"object": "list", "data": data}
-
-
-def get_model(settings: Settings, model_id: str, *, created: int) -> Model:
-    if model_id not in settings.models:
-        raise not_found("Model", model_id, param="model")
-    return Model(id=model_id, created=created, owned_by="batch-api")
-
-

@@ -1,40 +1,17 @@
-"""Parameter checks shared by the Files and Uploads logic."""
+"""Rules the Files and Uploads logic share (value rules live in ``protocol``)."""
 
 from functions.core import limits
 from functions.core.errors import InvalidRequest
 
-
-def check_purpose(purpose: str) -> str:
-    if purpose not in limits.UPLOAD_PURPOSES:
-        raise InvalidRequest(
-            f"Invalid value for 'purpose': {purpose!r}. Supported values are: "
-            + ", ".join(repr(p) for p in limits.UPLOAD_PURPOSES) + ".",
-            param="purpose",
-            code="invalid_value",
-        )
-    return purpose
+from .protocol import ExpiresAfter
 
 
-def expiry_seconds(purpose: str, anchor: str | None, seconds: int | None) -> int | None:
-    """Seconds after creation at which a file expires (None: never), from ``expires_after``."""
-    if anchor is None and seconds is None:
-        return limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS if purpose == "batch" else None
-    if anchor is None:
-        raise InvalidRequest("Missing required parameter: 'expires_after.anchor'.", param="expires_after.anchor", code="missing_required_parameter")
-    if seconds is None:
-        raise InvalidRequest("Missing required parameter: 'expires_after.seconds'.", param="expires_after.seconds", code="missing_required_parameter")
-    if anchor != "created_at":
-        raise InvalidRequest(
-            f"Invalid value for 'expires_after.anchor': {anchor!r}. Supported values are: 'created_at'.",
-            param="expires_after.anchor", code="invalid_value",
-        )
-    if not limits.EXPIRES_AFTER_MIN_SECONDS <= seconds <= limits.EXPIRES_AFTER_MAX_SECONDS:
-        raise InvalidRequest(
-            f"Invalid value for 'expires_after.seconds': {seconds}. It must be between "
-            f"{limits.EXPIRES_AFTER_MIN_SECONDS} and {limits.EXPIRES_AFTER_MAX_SECONDS}.",
-            param="expires_after.seconds", code="invalid_value",
-        )
-    return seconds
+def file_expiry(purpose: str, expires_after: ExpiresAfter | None) -> int | None:
+    """Seconds after creation at which a file expires (None: never): ``expires_after`` if given,
+    else 30 days for purpose=batch files and never for the others."""
+    if expires_after is not None:
+        return expires_after.seconds
+    return limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS if purpose == "batch" else None
 
 
 def check_size(purpose: str, filename: str, size: int, *, max_batch_bytes: int, max_bytes: int, param: str) -> None:

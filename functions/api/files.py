@@ -2,14 +2,15 @@
 
 from dataclasses import dataclass
 
-from functions.core import ids, limits, schema
-from functions.core.errors import InvalidRequest, not_found
+from functions.core import ids, schema
+from functions.core.errors import not_found
 from functions.core.models import FileDeleted, FileObject, ListPage
 from functions.core.records import FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
-from .common import check_purpose, check_size, expiry_seconds
+from .common import check_size, file_expiry
+from .protocol import ExpiresAfter, FileListQuery
 
 
 def create_file(
@@ -20,12 +21,10 @@ def create_file(
     filename: str,
     content: bytes,
     purpose: str,
-    expires_anchor: str | None,
-    expires_seconds: int | None,
+    expires_after: ExpiresAfter | None,
     now: int,
 ) -> FileObject:
-    check_purpose(purpose)
-    ttl = expiry_seconds(purpose, expires_anchor, expires_seconds)
+    ttl = file_expiry(purpose, expires_after)
     check_size(
         purpose, filename, len(content),
         max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file",
@@ -52,36 +51,9 @@ def create_file(
     return record.to_wire()
 
 
-def check_list_params(limit: int, order: str, after: str | None, *, max_limit: int, id_prefix: str, kind: str) -> bool:
-    """Validate list parameters (``after`` must be an id of the listed ``kind``); returns True for
-    ascending order."""
-    if not 1 <= limit <= max_limit:
-        raise InvalidRequest(
-            f"Invalid value for 'limit': {limit}. It must be between 1 and {max_limit}.", param="limit", code="invalid_value"
-        )
-    if order not in ("asc", "desc"):
-        raise InvalidRequest(
-            f"Invalid value for 'order': {order!r}. Supported values are: 'asc', 'desc'.", param="order", code="invalid_value"
-        )
-    if after is not None and not ids.is_valid(after, id_prefix):
-        raise InvalidRequest(f"Invalid value for 'after': {after!r}. It must be a {kind} id.", param="after", code="invalid_value")
-    return order == "asc"
-
-
-def list_files(
-    stores: Stores, tenant: str, *, purpose: str | None, limit: int, order: str, after: str | None, now: int
-) -> ListPage[FileObject]:
-    ascending = check_list_params(
-        limit, order, after, max_limit=limits.FILES_LIST_MAX_LIMIT, id_prefix=ids.FILE, kind="file"
-    )
-    if purpose is not None and purpose not in limits.FILE_PURPOSES:
-        raise InvalidRequest(
-            f"Invalid value for 'purpose': {purpose!r}. Supported values are: "
-            + ", ".join(repr(p) for p in limits.FILE_PURPOSES) + ".",
-            param="purpose", code="invalid_value",
-        )
+def list_files(stores: Stores, tenant: str, query: FileListQuery, *, now: int) -> ListPage[FileObject]:
     records, has_more = stores.files.list(
-        tenant, purpose=purpose, after=after, ascending=ascending, limit=limit, now=now
+        tenant, purpose=query.purpose, after=query.after, ascending=query.ascending, limit=query.limit, now=now
     )
     return ListPage[FileObject].of([r.to_wire() for r in records], has_more)
 

@@ -10,43 +10,26 @@ from functions.core.records import FileRecord, UploadPartRecord, UploadRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
-from .common import check_purpose, check_size, expiry_seconds
+from .common import check_size, file_expiry
+from .protocol import CompleteUploadBody, CreateUploadBody
 
 
-def create_upload(
-    stores: Stores,
-    settings: Settings,
-    tenant: str,
-    *,
-    filename: str,
-    purpose: str,
-    size: int,
-    mime_type: str,
-    expires_anchor: str | None,
-    expires_seconds: int | None,
-    now: int,
-) -> Upload:
-    check_purpose(purpose)
-    ttl = expiry_seconds(purpose, expires_anchor, expires_seconds)
-    if not filename:
-        raise InvalidRequest("Invalid value for 'filename': it must not be empty.", param="filename", code="invalid_value")
-    if not mime_type:
-        raise InvalidRequest("Invalid value for 'mime_type': it must not be empty.", param="mime_type", code="invalid_value")
+def create_upload(stores: Stores, settings: Settings, tenant: str, body: CreateUploadBody, *, now: int) -> Upload:
     check_size(
-        purpose, filename, size,
+        body.purpose, body.filename, body.bytes,
         max_batch_bytes=settings.max_batch_file_bytes, max_bytes=min(settings.max_file_bytes, limits.UPLOAD_MAX_BYTES),
         param="bytes",
     )
     record = UploadRecord(
         tenant=tenant,
         id=ids.new_id(ids.UPLOAD),
-        filename=filename,
-        purpose=purpose,
-        bytes=size,
-        mime_type=mime_type,
+        filename=body.filename,
+        purpose=body.purpose,
+        bytes=body.bytes,
+        mime_type=body.mime_type,
         created_at=now,
         expires_at=now + limits.UPLOAD_EXPIRY_SECONDS,
-        file_expires_after=ttl,
+        file_expires_after=file_expiry(body.purpose, body.expires_after),
     )
     stores.uploads.create(record)
     return record.to_wire(now)
@@ -94,9 +77,8 @@ def add_part(stores: Stores, settings: Settings, tenant: str, upload_id: str, *,
     return part.to_wire()
 
 
-def complete_upload(
-    stores: Stores, tenant: str, upload_id: str, *, part_ids: list[str], md5: str | None, now: int
-) -> Upload:
+def complete_upload(stores: Stores, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int) -> Upload:
+    part_ids, md5 = body.part_ids, body.md5
     record = _get(stores, tenant, upload_id)
     if record.status == "completed" and record.file_id:
         # A retried complete: answer as the first one did.

@@ -2,40 +2,50 @@
 
 Allows the whole API for a known key (so API Gateway may cache the answer per key) and passes the
 tenant in the authorizer context. Any failure raises ``Unauthorized``, which API Gateway answers
-with 401 and the OpenAI error envelope (its UNAUTHORIZED gateway response)."""
+with 401 and the OpenAI error envelope (its UNAUTHORIZED gateway response); a Deny policy would be
+a 403 instead."""
 
-import time
 from typing import Any
 
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.utilities.data_classes import event_source
+from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event import (
+    APIGatewayAuthorizerRequestEvent,
+    APIGatewayAuthorizerResponse,
+)
 
 from functions.core import deps
 from functions.core.auth import resolve_tenant
 from functions.core.errors import AuthenticationFailed
+from functions.core.http import AUTH_HEADER
 from functions.core.ports import Stores
 
 logger = Logger(service="batch-api-authorizer")
 
-def authorize(stores: Stores, headers: dict[str, str], method_arn: str) -> dict[str, Any]:
-    """The authorizer's answer for a request with these headers (AuthenticationFailed if none)."""
-    authorization = next((v for k, v in (headers or {}).items() if k.lower() == "authorization"), None)
-    tenant = resolve_tenant(stores.keys, authorization)
-    # arn:aws:execute-api:region:account:api-id/stage/METHOD/path -> allow every method and path.
-    api_arn = "/".join(method_arn.split("/")[:2]) + "/*"
-    return {
-        "principalId": tenant,
-        "policyDocument": {
-            "Version": "2012-10-17",
-            "Statement": [{"Action": "execute-api:Invoke", "Effect": "Allow", "Resource": api_arn}],
-        },
-        "context": {"tenant": tenant, "authorized_at": int(time.time())},
-    }
+
+def authorize(stores: Stores, event: APIGatewayAuthorizerRequestEvent, now: int) -> APIGatewayAuthorizerResponse:
+    """The policy for this request (AuthenticationFailed if its key resolves to no tenant)."""
+    headers = event.headers if event.raw_event.get("headers") else {}  # case-insensitive
+    tenant = resolve_tenant(stores.keys, headers.get(AUTH_HEADER))
+    arn = event.parsed_arn
+    policy = APIGatewayAuthorizerResponse(
+        principal_id=tenant,
+        region=arn.region,
+        aws_account_id=arn.aws_account_id,
+        api_id=arn.api_id,
+        stage=arn.stage,
+        context={"tenant": tenant, "authorized_at": now},
+        partition=arn.partition,
+    )
+    policy.allow_all_routes()  # every method and path of the stage: the answer is cached per key
+    return policy
 
 
 @logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+@event_source(data_class=APIGatewayAuthorizerRequestEvent)
+def handler(event: APIGatewayAuthorizerRequestEvent, context: Any) -> dict[str, Any]:
     try:
-        return authorize(deps.stores(), event.get("headers") or {}, event.get("methodArn", ""))
+        return authorize(deps.stores(), event, deps.clock()()).asdict()
     except AuthenticationFailed as exc:
         logger.info("rejected", extra={"reason": exc.message})
         raise Exception("Unauthorized") from None  # API Gateway's contract for a 401

@@ -32,10 +32,12 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+def clock() -> Iterator[Clock]:
+    """The clock the handlers take time from (``deps.use_clock``), for this test."""
     c = Clock()
-    monkeypatch.setattr(api_handler, "now", c)
-    return c
+    deps.use_clock(c)
+    yield c
+    deps.use_clock(None)
 
 
 #: moto runs state machines for tests marked ``workflow``; its Lambda tasks reach our handler.

@@ -1,5 +1,6 @@
 """API keys (hash-only storage, authorizer answers) and time-sortable ids."""
 
+import fnmatch
 import time
 
 import pytest
@@ -28,10 +29,14 @@ def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores):
     answer = authorizer.handler({"headers": {"authorization": f"Bearer {key}"}, "methodArn": ARN}, LocalLambdaContext("a"))
     assert answer["principalId"] == "acme"
     assert answer["context"]["tenant"] == "acme"
-    statement = answer["policyDocument"]["Statement"][0]
-    assert statement["Effect"] == "Allow"
-    # cached per key by API Gateway, so the policy must cover every route, not just this one
-    assert statement["Resource"] == "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/*"
+    stage = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod"
+    # cached per key by API Gateway, so the policy must cover every method and route of the stage
+    assert answer["policyDocument"]["Statement"] == [
+        {"Action": "execute-api:Invoke", "Effect": "Allow", "Resource": [f"{stage}/*/*"]}
+    ]
+    for route in ("GET/v1/files", "POST/v1/batches/batch_x/cancel", "DELETE/v1/files/file-x", "GET/v1/models"):
+        assert fnmatch.fnmatchcase(f"{stage}/{route}", f"{stage}/*/*")
+    assert not fnmatch.fnmatchcase(f"{stage.replace('/prod', '/other')}/GET/v1/files", f"{stage}/*/*")
 
 
 @pytest.mark.parametrize("header", [None, "", "Bearer ", "Token sk-x", "Bearer sk-unknown"])
