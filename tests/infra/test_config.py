@@ -72,30 +72,38 @@ def test_json_file_and_inline_json_and_object(tmp_path):
         assert config.parse(raw).throttle == config.ThrottleConfig(rate_limit=5, burst_limit=10)
 
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"limits": {"table_name": "x"}},  # wired by the stack, not a limit
-        {"limits": {"no_such_limit": 1}},
-        {"limits": {"max_file_bytes": 0}},  # Settings' own bounds apply
-        {"log_retention_days": 10},  # not a CloudWatch value
-        {"account": "123456789012"},  # region missing
-        {"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]},
-        {"models": [{"name": "m"}, {"name": "m"}]},
-        {"models": [{"name": "m", "endpoints": ["/v1/responses"]}]},  # not an allowed endpoint
-        {"models": [{"name": "m", "endpoints": []}]},
-        {"models": [{"name": "m", "engine_args": ["--max-model-len 8192"]}]},  # split on whitespace
-        {"models": [{"name": "m", "worker": {"queue_url": "x"}}]},  # wired by the stack
-        {"models": [{"name": "m", "worker": {"no_such_knob": 1}}]},
-        {"models": [{"name": "m", "worker": {"max_in_flight": -1}}]},  # WorkerConfig's own bounds
-        {"models": [{"name": "m", "spot": True, "on_demand_base": 2, "max_instances": 1}]},
-        {"models": [{"name": "m", "volume_gib": 10}]},
-        {"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567"], "availability_zones": []}},
-        {"network": {"vpc_id": "vpc-1", "subnet_ids": ["subnet-01234567"], "availability_zones": ["eu-west-1a"]}},
-        {"removal_policy": "snapshot"},
-        {"unknown_key": 1},
-    ],
-)
-def test_invalid_configs_are_rejected(bad):
-    with pytest.raises(ValidationError):
+#: (config, where the error is, what its message says): each config is rejected for its own reason.
+INVALID = [
+    ({"limits": {"table_name": "x"}}, ("limits",), "unknown limits ['table_name']"),  # wired by the stack
+    ({"limits": {"no_such_limit": 1}}, ("limits",), "unknown limits ['no_such_limit']"),
+    ({"limits": {"max_file_bytes": 0}}, ("limits", "max_file_bytes"), "greater than 0"),  # Settings' bounds
+    ({"log_retention_days": 10}, ("log_retention_days",), "log_retention_days must be one of"),  # not CloudWatch's
+    ({"account": "123456789012"}, (), "set both account and region"),
+    ({"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]}, ("models", 0), "max_instances < min_instances"),
+    ({"models": [{"name": "m"}, {"name": "m"}]}, ("models",), "model names must be unique"),
+    ({"models": [{"name": "m", "endpoints": ["/v1/responses"]}]}, (), "endpoints ['/v1/responses'] are not in allowed_endpoints"),
+    ({"models": [{"name": "m", "endpoints": []}]}, ("models", 0, "endpoints"), "at least 1 item"),
+    ({"models": [{"name": "m", "engine_args": ["--max-model-len 8192"]}]}, ("models", 0, "engine_args"), "no whitespace inside one"),
+    ({"models": [{"name": "m", "worker": {"queue_url": "x"}}]}, ("models", 0, "worker"), "unknown worker settings ['queue_url']"),
+    ({"models": [{"name": "m", "worker": {"no_such_knob": 1}}]}, ("models", 0, "worker"), "unknown worker settings ['no_such_knob']"),
+    ({"models": [{"name": "m", "worker": {"max_in_flight": -1}}]}, ("models", 0, "worker", "max_in_flight"), "greater than or equal to 0"),
+    ({"models": [{"name": "m", "spot": True, "on_demand_base": 2, "max_instances": 1}]}, ("models", 0), "on_demand_base > max_instances"),
+    ({"models": [{"name": "m", "volume_gib": 10}]}, ("models", 0, "volume_gib"), "greater than or equal to 30"),
+    ({"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567"], "availability_zones": []}},
+     ("network", "availability_zones"), "at least 1 item"),
+    ({"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567", "subnet-89abcdef"],
+                  "availability_zones": ["eu-west-1a"]}}, ("network",), "one availability zone per subnet id"),
+    ({"network": {"vpc_id": "vpc-1", "subnet_ids": ["subnet-01234567"], "availability_zones": ["eu-west-1a"]}},
+     ("network", "vpc_id"), "should match pattern"),
+    ({"removal_policy": "snapshot"}, ("removal_policy",), "'retain' or 'destroy'"),
+    ({"unknown_key": 1}, ("unknown_key",), "Extra inputs are not permitted"),
+]
+
+
+@pytest.mark.parametrize(("bad", "loc", "message"), INVALID)
+def test_invalid_configs_are_rejected_for_their_reason(bad, loc, message):
+    with pytest.raises(ValidationError) as info:
         config.parse(bad)
+    (error,) = info.value.errors()  # one error: the one this config is about
+    assert tuple(error["loc"]) == loc
+    assert message in error["msg"]
