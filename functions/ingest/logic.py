@@ -100,11 +100,13 @@ def ingest(
     tenant: str,
     batch_id: str,
     *,
-    now: Callable[[], int],
+    now: int,
     wait: Callable[[], None] = lambda: None,
     attempts: int = 1,
 ) -> str:
-    """Ingest the snapshot of one batch; returns the batch's status afterwards."""
+    """Ingest the snapshot of one batch at time ``now``; returns the batch's status afterwards.
+    A batch record not visible yet is read again up to ``attempts`` times (``wait`` between), then
+    BatchNotVisibleYet: the event is redelivered."""
     batch = None
     for attempt in range(attempts):
         batch = stores.batches.get(tenant, batch_id)
@@ -116,11 +118,11 @@ def ingest(
         raise BatchNotVisibleYet(f"no record for batch {batch_id} of tenant {tenant}")
 
     if batch.status == "validating":
-        batch = _validate_and_move(stores, settings, batch, now())
+        batch = _validate_and_move(stores, settings, batch, now)
     if batch.status == "cancelling" and batch.in_progress_at is None:
-        return _cancel_before_start(stores, batch, now())
+        return _cancel_before_start(stores, batch, now)
     if batch.status in ("in_progress", "cancelling") and not batch.enqueued:
-        _fan_out(stores, settings, batch, now())
+        _fan_out(stores, settings, batch, now)
     return batch.status
 
 

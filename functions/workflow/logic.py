@@ -13,6 +13,8 @@ from functions.core.records import BatchRecord, FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import ObjectWriter, Stores
 
+from .tasks import Drain, Fail, Finalize, Register, TaskError
+
 #: What a request that never ran says, by why the batch closed.
 NEVER_RAN: dict[Signal, tuple[str, str]] = {
     Signal.CANCEL: ("batch_cancelled", "The batch was cancelled before this request ran."),
@@ -24,6 +26,20 @@ TERMINAL: dict[Signal, tuple[str, str]] = {
     Signal.CANCEL: ("cancelled", "cancelled_at"),
     Signal.EXPIRE: ("expired", "expired_at"),
 }
+
+
+def run(task: Register | Drain | Finalize | Fail, stores: Stores, settings: Settings, *, now: int) -> dict[str, Any]:
+    """Run one task of the state machine at time ``now``."""
+    match task:
+        case Register():
+            return register(stores, task.tenant, task.batch_id, task.token)
+        case Drain():
+            return drain(stores, settings, task.tenant, task.batch_id, task.signal, now)
+        case Finalize():
+            return finalize(stores, task.tenant, task.batch_id, task.signal, now)
+        case Fail():
+            return fail(stores, task.tenant, task.batch_id, task.error, now)
+    raise TypeError(f"not a workflow task: {task!r}")
 
 
 def _batch(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
@@ -48,14 +64,14 @@ def register(stores: Stores, tenant: str, batch_id: str, token: str) -> dict[str
     return {"registered": True}
 
 
-def reason_for(batch: BatchRecord, signalled: str) -> Signal:
+def reason_for(batch: BatchRecord, signalled: Signal) -> Signal:
     """A cancel wins over whatever signal arrived (a last chunk may race the cancel)."""
     if batch.status == "cancelling":
         return Signal.CANCEL
     return Signal(signalled) if signalled in (Signal.EXPIRE, Signal.CANCEL) else Signal.COMPLETE
 
 
-def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signalled: str, now: int) -> dict[str, Any]:
+def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signalled: Signal, now: int) -> dict[str, Any]:
     """Wait for chunks already running (within the grace period) before finalizing a batch that
     was cancelled or expired; an expiring batch shows ``finalizing`` meanwhile and takes no new
     chunks. Returns {"drained": bool, "reason": ...}."""
@@ -81,7 +97,7 @@ def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signal
     return {"drained": drained, "reason": reason_for(batch, signalled)}
 
 
-def finalize(stores: Stores, tenant: str, batch_id: str, signalled: str, now: int) -> dict[str, Any]:
+def finalize(stores: Stores, tenant: str, batch_id: str, signalled: Signal, now: int) -> dict[str, Any]:
     """Close the batch to late chunks, assemble output and error files in input order, write
     never-ran lines, and set the terminal state. Idempotent: a retry after any crash converges."""
     batch = _batch(stores, tenant, batch_id)
@@ -160,11 +176,11 @@ def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: O
     return count
 
 
-def fail(stores: Stores, tenant: str, batch_id: str, error: dict[str, Any], now: int) -> dict[str, Any]:
+def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int) -> dict[str, Any]:
     """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``."""
     batch = _batch(stores, tenant, batch_id)
     if batch.status not in TERMINAL_STATUSES:
-        cause = str(error.get("Cause") or error.get("Error") or "unknown error")[:500]
+        cause = error.describe()[:500]
         try:
             batch = stores.batches.update(
                 batch.tenant, batch.id,

@@ -75,7 +75,7 @@ def phase_child(phase: str, state_file: str) -> None:
     stores, settings = deps.stores(), deps.settings()
     started = time.perf_counter()
     if phase == "ingest":
-        status = ingest(stores, settings, "bench", state["batch_id"], now=lambda: int(time.time()))
+        status = ingest(stores, settings, "bench", state["batch_id"], now=int(time.time()))
     else:
         status = finalize(stores, "bench", state["batch_id"], "complete", int(time.time()))["status"]
     wall = time.perf_counter() - started
@@ -167,8 +167,10 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
                                    created_at=now, expires_at=now + 86400, s3_key=schema.file_key("bench", file_id)))
     del data
     counter.clear()
-    batch = create_batch(stores, settings, "bench", input_file_id=file_id, endpoint="/v1/chat/completions",
-                         completion_window="24h", now=now)
+    from functions.api.protocol import CreateBatchBody
+
+    body = CreateBatchBody(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = create_batch(stores, settings, "bench", body, now=now)
     create_requests = sum(counter.values())
     state_file = Path(f"/tmp/bench-lifecycle-{os.getpid()}.json")
     state_file.write_text(json.dumps({"batch_id": batch.id}))

@@ -7,7 +7,7 @@ import pytest
 from functions.core import clients, schema
 from functions.core.lines import iter_lines
 from functions.ingest import logic
-from functions.ingest.handler import snapshot_keys
+from functions.ingest.handler import IngestRecord, snapshot_keys
 from tests.integration.batch_helpers import CHAT, executions, line, run_ingest, submit, take_work
 
 
@@ -179,25 +179,47 @@ def test_crash_between_state_change_and_fan_out_is_resumed(client, deployed, sto
 
     monkeypatch.setattr(stores.queues, "queue", lambda url: DeadQueue())
     with pytest.raises(ConnectionError):
-        logic.ingest(stores, deployed, "acme", batch.id, now=lambda: batch.created_at)
+        logic.ingest(stores, deployed, "acme", batch.id, now=batch.created_at)
     assert client.batches.retrieve(batch.id).status == "in_progress"
     monkeypatch.undo()
-    logic.ingest(stores, deployed, "acme", batch.id, now=lambda: batch.created_at)
+    logic.ingest(stores, deployed, "acme", batch.id, now=batch.created_at)
     assert len(take_work(deployed)) == 1 and len(executions(deployed)) == 1
     assert stores.batches.get("acme", batch.id).enqueued
 
 
 def test_missing_record_is_retried_not_dropped(stores, deployed):
     with pytest.raises(logic.BatchNotVisibleYet):
-        logic.ingest(stores, deployed, "acme", "batch_01m8n7xjx1bekcr5r3de2q3dfv", now=lambda: 0, attempts=2)
+        logic.ingest(stores, deployed, "acme", "batch_01m8n7xjx1bekcr5r3de2q3dfv", now=0, attempts=2)
 
 
 def test_only_snapshot_created_events_are_ingested():
-    def event(key, name="ObjectCreated:Put"):
-        return json.dumps({"Records": [{"eventName": name, "s3": {"object": {"key": key}}}]})
+    def body(name: str, key: str) -> str:
+        """An S3 notification as S3 sends it (URL-encoded key)."""
+        return json.dumps({"Records": [{
+            "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
+            "eventTime": "2026-01-01T00:00:00.000Z", "eventName": name,
+            "userIdentity": {"principalId": "AWS:X"}, "requestParameters": {"sourceIPAddress": "127.0.0.1"},
+            "responseElements": {"x-amz-request-id": "1", "x-amz-id-2": "2"},
+            "s3": {"s3SchemaVersion": "1.0", "configurationId": "c",
+                   "bucket": {"name": "b", "ownerIdentity": {"principalId": "X"}, "arn": "arn:aws:s3:::b"},
+                   "object": {"key": key, "size": 10, "eTag": "e", "sequencer": "1"}},
+        }]})
 
-    assert snapshot_keys(json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent"})) == []
-    assert snapshot_keys(event("batches/acme/batch_1/input.jsonl")) == ["batches/acme/batch_1/input.jsonl"]
-    assert snapshot_keys(event("batches/acme%2Bco/batch_1/input.jsonl")) == ["batches/acme+co/batch_1/input.jsonl"]
-    assert snapshot_keys(event("batches/acme/batch_1/parts/000001.out.jsonl")) == []
-    assert snapshot_keys(event("batches/acme/batch_1/input.jsonl", "ObjectRemoved:Delete")) == []
+    def keys(body: str) -> list[str]:
+        record = IngestRecord.model_validate({
+            "messageId": "m", "receiptHandle": "r", "body": body, "md5OfBody": "",
+            "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "0", "SenderId": "s",
+                           "ApproximateFirstReceiveTimestamp": "0"},
+            "messageAttributes": {}, "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:1:q",
+            "awsRegion": "us-east-1",
+        })
+        return snapshot_keys(record.body)
+
+    def event(key, name="ObjectCreated:Put"):
+        return body(name, key)
+
+    assert keys(json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent", "Time": "t", "Bucket": "b"})) == []
+    assert keys(event("batches/acme/batch_1/input.jsonl")) == ["batches/acme/batch_1/input.jsonl"]
+    assert keys(event("batches/acme%2Bco/batch_1/input.jsonl")) == ["batches/acme+co/batch_1/input.jsonl"]
+    assert keys(event("batches/acme/batch_1/parts/000001.out.jsonl")) == []
+    assert keys(event("batches/acme/batch_1/input.jsonl", "ObjectRemoved:Delete")) == []
