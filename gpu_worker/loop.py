@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +60,7 @@ class Worker:
         max_line_bytes: int,
         chunk_max_lines: int,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
         self.config, self.stores, self.queue, self.engine = config, stores, queue, engine
         self.metrics, self.log = metrics, logger
@@ -67,6 +68,7 @@ class Worker:
         self.max_open = config.open_chunk_cap(chunk_max_lines)
         self.chunk_max_lines = max(1, chunk_max_lines)
         self.clock = clock
+        self._sleep = sleep  # the heartbeat's pause between extensions
         self._stopping = asyncio.Event()
         self._open: dict[str, _Open] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -240,7 +242,7 @@ class Worker:
     async def _heartbeat(self, r: Received) -> None:
         interval = self.config.heartbeat_interval()
         while True:
-            await asyncio.sleep(interval)
+            await self._sleep(interval)
             try:
                 ok = await self._sqs(self.queue.extend, r.receipt, self.config.visibility_seconds)
             except Exception:  # noqa: BLE001 - try again next beat

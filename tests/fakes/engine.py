@@ -162,11 +162,19 @@ class InProcessEngine:
     """``functions.core.ports.Engine`` answered in-process by ``respond`` (same contract as
     ``FakeEngine``'s, minus ``DROP``): no socket, no thread. Records every request."""
 
+    base_url = "in-process"
+
     def __init__(self, respond: Respond = default_respond, *, max_in_flight: int = 64):
+        from gpu_worker.engine import EngineStats
+
         self.respond = respond
         self.max_in_flight = max_in_flight
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._seen: Counter[str] = Counter()
+        # What the worker loop reads of the real client (its gauges and counters).
+        self.in_flight = 0
+        self.waiting = 0
+        self.stats = EngineStats()
 
     def contents(self) -> list[str]:
         return [content(b) for _, b in self.requests]
@@ -184,10 +192,16 @@ class InProcessEngine:
         self.requests.append((path, body))
         seen = self._seen[key]
         self._seen[key] += 1
-        result = self.respond(path, body, seen)
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result == HANG:
-            await asyncio.get_running_loop().create_future()
+        self.stats.requests += 1
+        self.in_flight += 1
+        try:
+            result = self.respond(path, body, seen)
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result == HANG:
+                await asyncio.get_running_loop().create_future()
+        finally:
+            self.in_flight -= 1
         status, payload, *_ = result
+        self.stats.answered[status] = self.stats.answered.get(status, 0) + 1
         return Reply(status, payload, f"req_{uuid.uuid4().hex}")

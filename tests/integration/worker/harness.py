@@ -1,23 +1,28 @@
 """Running the real worker (``gpu_worker.loop.Worker``) in a background thread of the test process,
-against moto (decorator mode works across threads) and an engine (fake or real)."""
+against moto (decorator mode works across threads) and an engine (fake or real); and one chunk
+through the worker's real chunk path, synchronously (``run_one_chunk``)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from functions.core import clients
-from functions.core.settings import Settings
+from functions.core import clients, limits
+from functions.core.aws.sqs import SqsQueue
+from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
+from functions.core.settings import Settings
+from gpu_worker.chunk import ChunkReport, process_chunk
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
-from functions.core.aws.sqs import SqsQueue
+from tests.fakes.engine import InProcessEngine
 
 
 def worker_config(settings: Settings, engine_url: str, model: str = "test-chat", **overrides: Any) -> WorkerConfig:
@@ -110,6 +115,30 @@ class WorkerThread:
         assert not self._thread.is_alive(), "worker did not stop"
         if self.error:
             raise self.error
+
+
+def run_one_chunk(
+    stores: Stores,
+    message: WorkMessage,
+    *,
+    engine: InProcessEngine | None = None,
+    max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
+    during: Callable[[], None] | None = None,
+) -> ChunkReport:
+    """One chunk through the worker's real path (``gpu_worker.chunk.process_chunk``: skip it if
+    the batch stopped or the chunk is already counted, read it, every line through the engine,
+    the parts and the count in one shielded commit; the last chunk signals the workflow),
+    called synchronously. ``engine`` answers the lines in-process (default: every line a chat
+    answer with usage 10 prompt + 3 completion tokens). ``during`` runs once the chunk has
+    started and its lines are handed to the engine (e.g. cancel the batch while it runs)."""
+    engine = engine or InProcessEngine()
+
+    async def io(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return asyncio.run(process_chunk(
+        stores, message, engine, io=io, max_line_bytes=max_line_bytes, on_dispatch=during or (lambda: None),
+    ))
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> Any:

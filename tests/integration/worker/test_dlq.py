@@ -8,8 +8,8 @@ from functions.core import clients, schema
 from functions.dlq import handler as dlq_handler
 from functions.dlq.logic import fail_chunk
 from infra.local.pollers import drain_queue
-from tests.integration.batch_helpers import line, run_chunk, run_ingest, submit, take_work
-from tests.integration.worker.harness import dlq_url, queue_depth
+from tests.integration.batch_helpers import line, run_ingest, submit, take_work
+from tests.integration.worker.harness import dlq_url, queue_depth, run_one_chunk
 
 pytestmark = pytest.mark.settings(chunk_max_lines=2)
 
@@ -27,7 +27,7 @@ def test_a_chunk_already_counted_keeps_its_results(client, stores, deployed):
     batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())
     run_ingest()
     first, second = take_work(deployed)
-    run_chunk(stores, first)
+    assert run_one_chunk(stores, first).outcome.counted
     counted = stores.batches.counted_chunk("acme", batch.id, 0)
     key = schema.chunk_part_key("acme", batch.id, 0, counted.attempt, "out")
     before = stores.objects.get(key)

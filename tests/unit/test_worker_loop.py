@@ -1,0 +1,258 @@
+"""The worker loop (``gpu_worker.loop.Worker``) against in-memory fakes: the queue and stores of
+tests/fakes/aws.py and an in-process engine. What becomes of a malformed message, a chunk that
+fails, a running chunk's visibility (the heartbeat, on an injected sleep), a lost receipt; and
+the process's exit codes. Nothing here waits on wall-clock time for its verdict."""
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from functions.core import schema
+from functions.core.messages import WorkMessage
+from functions.core.records import BatchRecord
+from gpu_worker.__main__ import main
+from gpu_worker.config import WorkerConfig
+from gpu_worker.loop import Worker
+from gpu_worker.metrics import WorkerMetrics
+from tests.conftest import TEST_SETTINGS
+from tests.fakes.aws import FakeQueue, fake_stores
+from tests.fakes.engine import InProcessEngine, chat_answer
+
+CHAT = "/v1/chat/completions"
+NOW = 1_800_000_000
+#: Upper bound for a condition a test waits for; never reached when the test passes.
+PATIENCE = 20.0
+#: Distinct from every default, so an assertion on it cannot pass by accident.
+RETRY_AFTER_FAILURE = 37
+
+
+def line(i: int) -> str:
+    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
+                       "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}})
+
+
+def seed(stores, n: int, per_chunk: int) -> list[WorkMessage]:
+    """An in_progress batch of n chat lines and the work messages of its chunks."""
+    lines = [(line(i) + "\n").encode() for i in range(n)]
+    key = schema.batch_input_key("acme", "batch_1")
+    stores.objects.put(key, b"".join(lines))
+    chunks = [list(range(i, min(n, i + per_chunk))) for i in range(0, n, per_chunk)]
+    stores.batches.put(BatchRecord(
+        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
+        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", accepting=True, enqueued=True,
+        total=n, chunk_count=len(chunks), input_key=key, model="test-chat",
+    ))
+    messages, offset = [], 0
+    for number, members in enumerate(chunks):
+        size = sum(len(lines[i]) for i in members)
+        messages.append(WorkMessage(
+            batch_id="batch_1", tenant="acme", chunk=number, input_key=key, byte_start=offset,
+            byte_end=offset + size, first_line=members[0] + 1, line_count=len(members), endpoint=CHAT,
+            model="test-chat", expires_at=NOW + 86_400,
+        ))
+        offset += size
+    return messages
+
+
+class RecordingQueue(FakeQueue):
+    """The fake queue, with every release recorded (receipt, visible after seconds). A message
+    released with a delay stays invisible (no test here waits out a delay), as SQS keeps it."""
+
+    def __init__(self, faults):
+        super().__init__(faults, "fake://work-queue")
+        self.releases: list[tuple[str, int]] = []
+
+    def release(self, receipt: str, after_seconds: int = 0) -> bool:
+        self.releases.append((receipt, after_seconds))
+        if after_seconds == 0:
+            return super().release(receipt, after_seconds)
+        self._op("release")
+        m = self._by_receipt(receipt)
+        if m is None:
+            return False
+        m.released_after = after_seconds
+        return True
+
+
+class RecordingLogger:
+    """Stands in for the powertools Logger: records (level, message, extra)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict]] = []
+
+    def _record(self, level, message, *args, extra=None, **kwargs):
+        self.records.append((level, message, extra or {}))
+
+    def info(self, message, *args, **kwargs):
+        self._record("info", message, *args, **kwargs)
+
+    def warning(self, message, *args, **kwargs):
+        self._record("warning", message, *args, **kwargs)
+
+    def error(self, message, *args, **kwargs):
+        self._record("error", message, *args, **kwargs)
+
+    def exception(self, message, *args, **kwargs):
+        self._record("exception", message, *args, **kwargs)
+
+    def messages(self, level: str) -> list[str]:
+        return [m for lvl, m, _ in self.records if lvl == level]
+
+
+async def until(predicate, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PATIENCE
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+class Rig:
+    """One Worker on fakes. ``beat`` is the heartbeat's injected sleep: by default it never
+    returns (no extension happens); a test replaces it to drive the heartbeat."""
+
+    def __init__(self, respond=None, **config):
+        self.stores = fake_stores()
+        self.queue = RecordingQueue(self.stores.faults)
+        self.engine = InProcessEngine(respond) if respond else InProcessEngine()
+        self.log = RecordingLogger()
+        self.sleeps: list[float] = []
+        self.config = WorkerConfig(**{
+            "model": "test-chat", "queue_url": self.queue.url, "poll_wait_seconds": 0, "max_in_flight": 8,
+            "metrics_interval_seconds": 3600, "drain_seconds": 30, "visibility_seconds": 90,
+            "failure_retry_seconds": RETRY_AFTER_FAILURE, **config,
+        })
+        self.metrics = WorkerMetrics(namespace="Test", service="worker-test", logger=self.log, model="test-chat")
+        self.worker = Worker(
+            self.config, stores=self.stores, queue=self.queue, engine=self.engine, metrics=self.metrics,
+            logger=self.log, max_line_bytes=1024 * 1024, chunk_max_lines=2, clock=lambda: NOW, sleep=self.beat,
+        )
+
+    async def beat(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await asyncio.get_running_loop().create_future()
+
+    def run_until(self, predicate, what: str) -> None:
+        """Run the worker until ``predicate()`` holds, then stop it (SIGTERM) and let it drain."""
+
+        async def go() -> None:
+            task = asyncio.create_task(self.worker.run())
+            try:
+                await until(lambda: predicate() or task.done(), what)
+            finally:
+                self.worker.stop()
+                await task
+            assert predicate(), f"the worker stopped before {what}"
+
+        asyncio.run(go())
+
+    def counted(self, chunk: int) -> bool:
+        return self.stores.batches.markers.get(("acme", "batch_1", chunk)) is not None
+
+
+def test_a_malformed_message_is_released_for_a_later_retry_and_the_loop_goes_on():
+    rig = Rig(max_open_chunks=1)  # one message at a time: the good one is taken after the bad one
+    (message,) = seed(rig.stores, 2, per_chunk=2)
+    rig.queue.send(["not a work message", message.model_dump_json()])
+    bad = rig.queue.messages[0]
+    rig.run_until(lambda: rig.counted(0) and rig.queue.deleted, "the good chunk counted and deleted")
+    # not deleted (after its receives SQS moves it to the DLQ), not retried at once
+    assert rig.queue.releases == [(f"{bad.id}#1", RETRY_AFTER_FAILURE)]
+    assert rig.queue.bodies() == ["not a work message"] and rig.queue.deleted == [message.model_dump_json()]
+    assert (rig.metrics.totals.chunks_failed, rig.metrics.totals.chunks_done) == (1, 1)
+    assert rig.log.messages("error") == ["malformed work message"]
+    assert rig.engine.contents() == ["hi 0", "hi 1"]  # the malformed message ran nothing
+
+
+def test_a_chunk_that_fails_is_released_after_the_retry_delay_and_the_loop_survives():
+    rig = Rig(max_open_chunks=1)
+    first, second = seed(rig.stores, 4, per_chunk=2)
+    rig.stores.faults.fail("batches.update", RuntimeError("the store broke"))  # the first chunk's first write
+    rig.queue.send([first.model_dump_json(), second.model_dump_json()])
+    failed = rig.queue.messages[0]
+    rig.run_until(lambda: rig.counted(1) and rig.queue.deleted, "the next chunk counted")
+    assert rig.queue.releases == [(f"{failed.id}#1", RETRY_AFTER_FAILURE)]
+    assert rig.queue.bodies() == [first.model_dump_json()] and not rig.counted(0)  # it waits for its retry
+    t = rig.metrics.totals
+    assert (t.chunks_failed, t.chunks_released, t.chunks_done) == (1, 1, 1)
+    assert rig.log.messages("exception") == ["chunk failed; it will be retried"]
+    assert rig.engine.contents() == ["hi 2", "hi 3"]  # the failed attempt sent nothing to the engine
+
+
+def test_the_heartbeat_extends_a_running_chunk_by_the_visibility_every_interval():
+    rig = Rig()
+
+    async def respond(path, body, seen):
+        await until(lambda: len(rig.queue.extended) >= 3, "three extensions")
+        return 200, chat_answer(body)
+
+    rig.engine.respond = respond
+
+    async def beat(seconds):
+        rig.sleeps.append(seconds)
+        await asyncio.sleep(0)
+
+    rig.worker._sleep = beat
+    (message,) = seed(rig.stores, 2, per_chunk=2)
+    rig.queue.send([message.model_dump_json()])
+    receipt = f"{rig.queue.messages[0].id}#1"
+    rig.run_until(lambda: rig.queue.deleted, "the chunk done")
+    extended = rig.queue.extended
+    assert len(extended) >= 3 and set(extended) == {(receipt, 90)}  # by the whole visibility
+    assert set(rig.sleeps) == {30}  # a third of the visibility apart
+    assert rig.counted(0) and rig.queue.releases == []
+
+
+def test_a_lost_receipt_stops_the_heartbeat_and_the_chunk_still_finishes():
+    """Another consumer has the message (its visibility ran out): extending fails; the code
+    finishes the chunk and counts it, and its delete does not remove the other's message."""
+    rig = Rig()
+    (message,) = seed(rig.stores, 2, per_chunk=2)
+    rig.queue.send([message.model_dump_json()])
+    stolen = rig.queue.messages[0]
+    receipt = f"{stolen.id}#1"
+
+    async def beat(seconds):
+        rig.sleeps.append(seconds)
+        stolen.receipt = f"{stolen.id}#someone-else"  # received again elsewhere
+        await asyncio.sleep(0)
+
+    rig.worker._sleep = beat
+
+    async def respond(path, body, seen):
+        await until(lambda: rig.log.messages("warning"), "the lost receipt noticed")
+        return 200, chat_answer(body)
+
+    rig.engine.respond = respond
+    rig.run_until(lambda: rig.metrics.totals.chunks_done == 1, "the chunk done")
+    assert rig.log.messages("warning") == ["lost the message (receipt no longer valid)"]
+    assert rig.queue.extended == [(receipt, 90)] and rig.sleeps == [30]  # no extension after that
+    assert rig.counted(0) and rig.queue.bodies() == [message.model_dump_json()] and rig.queue.deleted == []
+
+
+# --- the process's exit status ------------------------------------------------------------------
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_exit_2_on_bad_configuration(capsys):
+    env = TEST_SETTINGS.to_env()
+    assert main({**env, "WORKER_MODEL": "no-such-model"}) == 2  # no queue for it
+    err = capsys.readouterr().err
+    assert "configuration error" in err and "no work queue" in err
+    assert main({**env, "WORKER_MODEL": "test-chat", "WORKER_QUEUE_URL": "q", "WORKER_MAX_IN_FLIGHT": "many"}) == 2
+    assert "configuration error" in capsys.readouterr().err
+
+
+def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
+    env = {
+        **TEST_SETTINGS.to_env(), "WORKER_MODEL": "test-chat", "WORKER_QUEUE_URL": "http://127.0.0.1:9/queue",
+        "WORKER_ENGINE_URL": f"http://127.0.0.1:{closed_port()}", "WORKER_HEALTH_TIMEOUT_SECONDS": "0.01",
+    }
+    assert main(env) == 1
+    assert "engine unavailable; exiting" in capsys.readouterr().out
