@@ -1,13 +1,14 @@
 """Dashboard and alarms: every function, the API, every dead-letter queue, the work queues' age,
 failed batches; batches by status from the lifecycle events; the workers' EMF metrics."""
 
-import dataclasses
+import contextlib
+import io
 import json
 
 from functions.core.models import TERMINAL_STATUSES
-from functions.core.aws.eventbridge import EventBridge as Events
-from gpu_worker import metrics as worker_metrics
 from gpu_worker.config import WorkerConfig
+from gpu_worker.engine import EngineStats
+from gpu_worker.metrics import WorkerMetrics, make_logger
 from infra.constructs import monitoring
 
 from .test_lambdas import HANDLERS, ours
@@ -88,7 +89,7 @@ def test_terminal_batch_events_are_logged_and_counted_by_status(synth):
     props = rule["Properties"]
     assert props["EventBusName"] == "default"
     assert props["EventPattern"] == {
-        "source": [Events.SOURCE], "detail-type": [f"batch.{s}" for s in TERMINAL_STATUSES],
+        "source": ["batch-api"], "detail-type": [f"batch.{s}" for s in TERMINAL_STATUSES],
     }
     (target,) = props["Targets"]
     group = synth.logical_id(synth.stack.monitoring.node.find_child("BatchEvents"))
@@ -110,13 +111,60 @@ def test_terminal_batch_events_are_logged_and_counted_by_status(synth):
     }
 
 
-def test_worker_metric_names_are_the_ones_the_worker_emits():
-    emitted = {worker_metrics._camel(f.name) for f in dataclasses.fields(worker_metrics.Totals)}
-    emitted |= {worker_metrics._camel(f"engine_{name}") for name in (*worker_metrics._ENGINE_COUNTERS, "error_answers")}
-    emitted |= {"InFlight", "OpenChunks", "LinesPerSecond", "OutputTokensPerSecond"}
-    assert set(monitoring.WORKER_METRICS.values()) <= emitted
-    for key, name in monitoring.WORKER_METRICS.items():
-        assert name == worker_metrics._camel(key)
+def emitted_worker_metrics(config: WorkerConfig, model: str) -> dict[tuple[str, frozenset], set[str]]:
+    """Run the worker's real metrics flush (gpu_worker/metrics.py) and read the EMF records it
+    prints: (namespace, dimensions) -> metric names, exactly as CloudWatch will file them."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        metrics = WorkerMetrics(namespace=config.metrics_namespace, service=config.service,
+                                logger=make_logger(config.service), model=model, clock=iter((0.0, 60.0)).__next__)
+        metrics.chunk_done(completed=3, failed=1, input_tokens=30, output_tokens=90)
+        metrics.chunk_failed()
+        metrics.chunk_redelivered()
+        metrics.flush(EngineStats(requests=5, answered={200: 3, 400: 1}, retries=1, timeouts=1),
+                      in_flight=2, waiting=0, open_chunks=1, cap=8)
+    emitted: dict[tuple[str, frozenset], set[str]] = {}
+    for text in out.getvalue().splitlines():
+        record = json.loads(text)
+        for directive in record.get("_aws", {}).get("CloudWatchMetrics", []):
+            for dimension_set in directive["Dimensions"]:
+                key = (directive["Namespace"], frozenset((d, record[d]) for d in dimension_set))
+                emitted.setdefault(key, set()).update(m["Name"] for m in directive["Metrics"])
+    assert emitted, "the flush emitted no EMF record"
+    return emitted
+
+
+def _worker_metrics_used(synth, namespaces: set[str]) -> list[tuple[str, str, frozenset]]:
+    """(namespace, metric, dimensions) of every dashboard and alarm metric in a worker namespace."""
+    used = []
+    _, dashboard = synth.one("AWS::CloudWatch::Dashboard")
+    body = json.loads(synth.render(dashboard["Properties"]["DashboardBody"]))
+    for widget in body["widgets"]:
+        for entry in widget.get("properties", {}).get("metrics", []):
+            fields = [f for f in entry if not isinstance(f, dict)]
+            if fields and fields[0] in namespaces:
+                namespace, name, *dims = fields
+                used.append((namespace, name, frozenset(zip(dims[::2], dims[1::2]))))
+    for resource in synth.resources("AWS::CloudWatch::Alarm").values():
+        props = resource["Properties"]
+        stats = [props] + [m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]
+        for metric in stats:
+            if metric.get("Namespace") in namespaces:
+                dims = frozenset((d["Name"], synth.render(d["Value"])) for d in metric.get("Dimensions", []))
+                used.append((metric["Namespace"], metric["MetricName"], dims))
+    return used
+
+
+def test_dashboard_and_alarms_use_exactly_the_metrics_the_worker_emits(synth):
+    emitted: dict[tuple[str, frozenset], set[str]] = {}
+    for model in synth.config.models:
+        emitted.update(emitted_worker_metrics(model.worker_config(), model.name))
+    used = _worker_metrics_used(synth, {namespace for namespace, _ in emitted})
+    for model in synth.config.models:  # every model's service has its worker metrics shown
+        assert any(("model", model.name) in dims for _, _, dims in used), model.name
+    for namespace, name, dims in used:
+        assert (namespace, dims) in emitted, f"{name}: no record with dimensions {sorted(dims)} in {namespace}"
+        assert name in emitted[(namespace, dims)], f"the worker never emits {name}"
 
 
 def test_dashboard_shows_queues_backlog_throughput_tasks_and_batches(synth):
