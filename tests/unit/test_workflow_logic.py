@@ -1,0 +1,264 @@
+"""The workflow's tasks against the in-memory ports: register when the signal came first, drain
+within and after the grace period, finalize (files in input order, never-ran lines, idempotent, a
+concurrent finish, an aborted assembly leaves no object), fail; and the typed task events."""
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from functions.core import accounting, results, schema
+from functions.core.accounting import Signal
+from functions.core.messages import Chunk, ChunkManifest
+from functions.core.models import BatchOutputLine
+from functions.core.records import BatchRecord
+from functions.core.settings import Settings
+from functions.workflow import logic, tasks
+from functions.workflow.tasks import Drain, Fail, Finalize, Register, TaskError
+from tests.fakes.aws import condition_failed, fake_stores
+
+CHAT = "/v1/chat/completions"
+NOW = 5_000
+GRACE = 30
+SETTINGS = Settings(table_name="t", bucket_name="b", drain_grace_seconds=GRACE)
+INPUT_KEY = schema.batch_input_key("acme", "batch_1")
+
+
+def setup(lines: int = 4, per_chunk: int = 2, **over):
+    """A batch in progress with ``lines`` requests in chunks of ``per_chunk``, its token stored."""
+    stores = fake_stores()
+    rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n"
+            for i in range(lines)]
+    stores.objects.put(INPUT_KEY, b"".join(rows))
+    chunks, offset = [], 0
+    for c, first in enumerate(range(0, lines, per_chunk)):
+        group = rows[first : first + per_chunk]
+        size = sum(len(r) for r in group)
+        chunks.append(Chunk(chunk=c, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=len(group)))
+        offset += size
+    stores.objects.put(schema.batch_manifest_key("acme", "batch_1"), ChunkManifest(chunks=chunks).model_dump_json().encode())
+    fields = dict(
+        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
+        created_at=100, expires_at=100 + 86_400, status="in_progress", in_progress_at=200, model="m",
+        total=lines, chunk_count=len(chunks), accepting=True, enqueued=True, input_key=INPUT_KEY, task_token="tok",
+    )
+    stores.batches.put(BatchRecord(**{**fields, **over}))
+    return stores
+
+
+def current(stores) -> BatchRecord:
+    return stores.batches.get("acme", "batch_1")
+
+
+def run_chunk(stores, chunk: int):
+    """A worker's path for one chunk: start it, answer every line 200, write parts, count it."""
+    batch = current(stores)
+    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
+    message = batch.work_message(manifest.chunks[chunk])
+    accounting.start_chunk(stores, message)
+    lines = [results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
+             for l in results.unrun_lines(stores.objects, message, "x", "x")]
+    parts = results.write_parts(stores.objects, message, lines)
+    return accounting.record_chunk(stores, message, parts=parts, usage=accounting.Usage(), now=NOW)
+
+
+def file_lines(stores, file_id) -> list[BatchOutputLine]:
+    if file_id is None:
+        return []
+    return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(schema.file_key("acme", file_id)).splitlines()]
+
+
+# --- register ---------------------------------------------------------------------------------
+def test_register_stores_the_token_and_does_not_signal_a_running_batch():
+    stores = setup(task_token=None)
+    assert logic.register(stores, "acme", "batch_1", "tok-2") == {"registered": True}
+    assert current(stores).task_token == "tok-2" and stores.workflows.signals == []
+
+
+def test_the_last_chunk_counted_before_the_token_was_stored_signals_complete_at_register():
+    stores = setup(task_token=None)
+    run_chunk(stores, 0)
+    last = run_chunk(stores, 1)
+    assert last.last and stores.workflows.signals == []  # nobody to signal yet
+    logic.register(stores, "acme", "batch_1", "tok-2")
+    assert stores.workflows.signals == [("tok-2", {"outcome": "complete"})]
+
+
+def test_a_cancel_before_the_token_was_stored_signals_cancel_at_register():
+    stores = setup(task_token=None, status="cancelling", cancelling_at=300)
+    logic.register(stores, "acme", "batch_1", "tok-2")
+    assert stores.workflows.signals == [("tok-2", {"outcome": "cancel"})]
+    assert current(stores).task_token == "tok-2"
+
+
+def test_register_on_a_batch_past_waiting_resumes_the_workflow():
+    stores = setup(task_token=None, status="finalizing", accepting=False)
+    logic.register(stores, "acme", "batch_1", "tok-2")
+    assert stores.workflows.signals == [("tok-2", {"outcome": "complete"})]
+
+
+# --- drain ------------------------------------------------------------------------------------
+def test_a_complete_signal_drains_at_once():
+    stores = setup()
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {"drained": True, "reason": Signal.COMPLETE}
+    assert stores.faults.calls["batches.update"] == 0
+
+
+def test_a_cancel_waits_for_running_chunks_within_the_grace_period_only():
+    stores = setup(status="cancelling", cancelling_at=300, started_chunks={0})
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW) == {"drained": False, "reason": Signal.CANCEL}
+    assert current(stores).drain_deadline == NOW + GRACE
+    # a later poll, still within the grace period: the deadline stays the first one
+    assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + GRACE - 1)["drained"]
+    assert current(stores).drain_deadline == NOW + GRACE
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + GRACE)["drained"]
+
+
+def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
+    stores = setup(status="cancelling", cancelling_at=300)
+    started = current(stores)
+    stores.batches.update("acme", "batch_1", add={"started_chunks": {0}})
+    assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)["drained"]
+    message = started.work_message(ChunkManifest.model_validate_json(
+        stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0])
+    accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, []), usage=accounting.Usage(), now=NOW)
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + 1)["drained"]
+
+
+def test_expiry_shows_finalizing_and_stops_new_chunks():
+    stores = setup(started_chunks={0})
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW) == {"drained": False, "reason": Signal.EXPIRE}
+    batch = current(stores)
+    assert (batch.status, batch.finalizing_at, batch.accepting) == ("finalizing", NOW, True)
+    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
+    assert accounting.start_chunk(stores, batch.work_message(manifest.chunks[1])) is None
+
+
+def test_a_cancel_wins_over_a_complete_signal():
+    stores = setup(status="cancelling", cancelling_at=300)
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {"drained": True, "reason": Signal.CANCEL}
+
+
+# --- finalize ---------------------------------------------------------------------------------
+def test_finalize_assembles_the_files_in_input_order_with_never_ran_lines():
+    stores = setup(lines=6, status="cancelling", cancelling_at=300)
+    run_chunk(stores, 2)  # the last chunk ran (a cancel came while it ran), the others never did
+    assert logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW) == {"status": "cancelled"}
+    batch = current(stores)
+    assert (batch.status, batch.cancelled_at, batch.accepting) == ("cancelled", NOW, False)
+    out, err = file_lines(stores, batch.output_file_id), file_lines(stores, batch.error_file_id)
+    assert [l.custom_id for l in out] == ["req-4", "req-5"]
+    assert [(l.custom_id, l.error.code) for l in err] == [(f"req-{i}", "batch_cancelled") for i in range(4)]
+    assert (batch.completed, batch.failed) == (2, 4)
+    output = stores.files.items[("acme", batch.output_file_id)]
+    assert (output.purpose, output.bytes, output.expires_at) == ("batch_output", len(stores.objects.get(output.s3_key)), NOW + 30 * 86_400)
+    assert stores.events.types() == ["batch.cancelled"]
+
+
+def test_finalize_is_idempotent():
+    stores = setup()
+    run_chunk(stores, 0)
+    run_chunk(stores, 1)
+    assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
+    done, objects, files = current(stores), dict(stores.objects.data), dict(stores.files.items)
+    assert done.error_file_id is None and len(file_lines(stores, done.output_file_id)) == 4
+    assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 9) == {"status": "completed"}
+    assert (current(stores), stores.objects.data, stores.files.items) == (done, objects, files)
+    assert stores.events.types() == ["batch.completed", "batch.completed"]  # at least once
+
+
+def test_a_finalize_retried_after_a_crash_writes_the_planned_files_once():
+    stores = setup()
+    run_chunk(stores, 0)
+    run_chunk(stores, 1)
+    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    with pytest.raises(TimeoutError):
+        logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW)
+    planned = current(stores).planned_output_file_id
+    logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 1)
+    assert current(stores).output_file_id == planned
+    assert [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))] == [schema.file_key("acme", planned)]
+
+
+def test_a_concurrent_finish_converges():
+    """Two finalizers: the other one's transaction lands first, ours fails its condition."""
+    stores = setup()
+    run_chunk(stores, 0)
+    run_chunk(stores, 1)
+    real_finish = stores.batches.finish
+
+    def finish(tenant, batch_id, files, values, expect):
+        real_finish(tenant, batch_id, files, values, expect)  # the concurrent finalizer's
+        raise condition_failed()  # ours
+
+    stores.batches.finish = finish
+    assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
+    assert current(stores).status == "completed" and stores.events.types() == ["batch.completed"]
+
+
+def test_a_failure_mid_assembly_aborts_the_writers_and_leaves_no_object():
+    stores = setup(lines=6)
+    for c in range(3):
+        run_chunk(stores, c)
+    real_iter = stores.objects.iter_bytes
+    parts_read = []
+
+    def iter_bytes(key, chunk_size=1024 * 1024):  # the second part read fails, after one was written
+        if "/parts/" in key:
+            parts_read.append(key)
+            if len(parts_read) == 2:
+                raise KeyError(f"NoSuchKey: {key}")
+        return real_iter(key, chunk_size)
+
+    stores.objects.iter_bytes = iter_bytes
+    with pytest.raises(KeyError):
+        logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW)
+    writers = stores.objects.writers
+    assert writers and all(w.aborted for w in writers) and any(w.bytes for w in writers)
+    assert not [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]
+    batch = current(stores)
+    assert batch.status == "finalizing" and batch.output_file_id is None and stores.files.items == {}
+
+
+# --- fail -------------------------------------------------------------------------------------
+def test_fail_lands_a_running_batch_in_failed_with_the_cause():
+    stores = setup()
+    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {"status": "failed"}
+    batch = current(stores)
+    assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
+    (error,) = batch.errors
+    assert error["code"] == "batch_failed" and "boom" in error["message"]
+    assert stores.events.types() == ["batch.failed"]
+
+
+def test_fail_leaves_a_finished_batch_alone():
+    stores = setup(status="completed", completed_at=400, accepting=False)
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "completed"}
+    assert current(stores).errors is None and stores.events.types() == ["batch.completed"]
+
+
+# --- typed tasks --------------------------------------------------------------------------------
+def test_task_events_are_typed_by_action():
+    base = {"tenant": "acme", "batch_id": "batch_1"}
+    assert tasks.parse({**base, "action": "register", "token": "t"}) == Register(**base, action="register", token="t")
+    drain = tasks.parse({**base, "action": "drain", "signal": "expire"})
+    assert isinstance(drain, Drain) and drain.signal is Signal.EXPIRE
+    assert isinstance(tasks.parse({**base, "action": "finalize", "signal": "cancel"}), Finalize)
+    failed = tasks.parse({**base, "action": "fail", "error": {"Error": "E", "Cause": "c"}})
+    assert isinstance(failed, Fail) and failed.error.describe() == "c"
+    assert tasks.parse({**base, "action": "fail", "error": None}).error.describe() == "unknown error"
+    for bad in ({**base, "action": "explode"}, {**base, "action": "drain", "signal": "later"}, {**base, "action": "register"}):
+        with pytest.raises(ValidationError):
+            tasks.parse(bad)
+
+
+def test_run_dispatches_each_task_with_the_given_clock():
+    stores = setup(status="cancelling", cancelling_at=300, task_token=None)
+    base = {"tenant": "acme", "batch_id": "batch_1"}
+    assert logic.run(tasks.parse({**base, "action": "register", "token": "t9"}), stores, SETTINGS, now=NOW) == {"registered": True}
+    assert stores.workflows.signals == [("t9", {"outcome": "cancel"})]
+    drained = logic.run(tasks.parse({**base, "action": "drain", "signal": "cancel"}), stores, SETTINGS, now=NOW)
+    assert drained == {"drained": True, "reason": Signal.CANCEL}
+    assert logic.run(tasks.parse({**base, "action": "finalize", "signal": "cancel"}), stores, SETTINGS, now=NOW + 3) == {"status": "cancelled"}
+    assert current(stores).cancelled_at == NOW + 3
+    assert logic.run(tasks.parse({**base, "action": "fail", "error": {}}), stores, SETTINGS, now=NOW + 4) == {"status": "cancelled"}
