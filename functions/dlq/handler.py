@@ -1,6 +1,5 @@
 """The DLQ Lambda: fed by the work queues' dead-letter queues (SQS event, partial batch failures)."""
 
-import time
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -25,7 +24,7 @@ def handle_record(record: SQSRecord) -> None:
         logger.error("dead-lettered message is not a work message", extra={"message_id": record.message_id, "error": str(exc)[:500]})
         return
     receives = int(record.attributes.approximate_receive_count or 0)
-    outcome = fail_chunk(deps.stores(), message, now=int(time.time()))
+    outcome = fail_chunk(deps.stores(), message, now=deps.clock()())
     logger.warning(
         "dead-lettered chunk",
         extra={"batch_id": message.batch_id, "tenant": message.tenant, "chunk": message.chunk,
