@@ -223,3 +223,49 @@ def test_only_snapshot_created_events_are_ingested():
     assert keys(event("batches/acme%2Bco/batch_1/input.jsonl")) == ["batches/acme+co/batch_1/input.jsonl"]
     assert keys(event("batches/acme/batch_1/parts/000001.out.jsonl")) == []
     assert keys(event("batches/acme/batch_1/input.jsonl", "ObjectRemoved:Delete")) == []
+
+
+
+def test_a_record_that_fails_is_reported_for_redelivery_and_the_others_are_not(client, deployed, stores, monkeypatch):
+    """Through the real handler: the event of a batch whose record is not visible (yet), and the
+    event of a batch whose workflow start is throttled, come back in batchItemFailures (SQS
+    redelivers them); the batch beside them is ingested; the redelivery resumes the throttled one."""
+    from functions.core.errors import Throttled
+    from functions.ingest import handler as ingest_handler
+    from infra.local.lambda_context import LocalLambdaContext
+    from infra.local.pollers import sqs_event
+    from infra.local.resources import ingest_queue_url
+    from tests.conftest import PREFIX
+
+    sqs, url = clients.client("sqs"), ingest_queue_url(clients.client, PREFIX)
+    ok = submit(client, (line(0) + "\n").encode())
+    throttled = submit(client, (line(0) + "\n").encode())
+    bodies = [m["Body"] for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]]
+    ghost = "batch_01m8n7xjx1bekcr5r3de2q3dfv"
+    sqs.send_message(QueueUrl=url, MessageBody=bodies[0].replace(ok.id, ghost).replace(throttled.id, ghost))
+    received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]
+    assert len(received) == 3
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    by_batch = {next(b for b in (ok.id, throttled.id, ghost) if b in m["Body"]): m["MessageId"] for m in received}
+
+    real_start = stores.workflows.start
+
+    def start(name, payload):
+        if name == throttled.id:
+            raise Throttled("Rate exceeded")
+        return real_start(name, payload)
+
+    monkeypatch.setattr(ingest_handler, "RECORD_ATTEMPTS", 1)
+    monkeypatch.setattr(stores.workflows, "start", start)
+    result = ingest_handler.handler(sqs_event(received, arn), LocalLambdaContext("ingest"))
+    failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
+    assert failed == {by_batch[ghost], by_batch[throttled.id]}
+    assert stores.batches.get("acme", ok.id).enqueued
+    assert not stores.batches.get("acme", throttled.id).enqueued
+
+    monkeypatch.setattr(stores.workflows, "start", real_start)  # the throttling passed
+    again = [m for m in received if m["MessageId"] in failed]
+    result = ingest_handler.handler(sqs_event(again, arn), LocalLambdaContext("ingest"))
+    assert [f["itemIdentifier"] for f in result["batchItemFailures"]] == [by_batch[ghost]]
+    assert stores.batches.get("acme", throttled.id).enqueued
+    assert sorted(e["name"] for e in executions(deployed)) == sorted([ok.id, throttled.id])
