@@ -61,7 +61,7 @@ def test_stage_throttling_logging_tracing(synth):
     cfg = synth.config
     _, stage = synth.one("AWS::ApiGateway::Stage")
     props = stage["Properties"]
-    assert props["StageName"] == names.API_STAGE
+    assert props["StageName"] == names.API_STAGE == "prod"  # docs/deploy.md: .../prod/v1
     assert props["TracingEnabled"] is True
     (settings,) = props["MethodSettings"]
     assert settings["ThrottlingRateLimit"] == cfg.throttle.rate_limit

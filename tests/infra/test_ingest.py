@@ -74,6 +74,7 @@ def test_every_queue_is_encrypted_and_tls_only(synth):
 def test_ingest_queue_named_and_redriven_like_the_local_deployment(synth):
     named = _named_queues(synth)
     name = names.ingest_queue_name(names.STACK_NAME)
+    assert name == "BatchApi-ingest"  # the stack is named BatchApi (docs/deploy.md)
     _, queue = named[name]
     dlq_id, dlq = named[names.dead_letter_queue_name(name)]
     assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": names.INGEST_MAX_RECEIVES}
@@ -90,11 +91,15 @@ def test_one_work_queue_and_dlq_per_model(synth):
         dlq_id, dlq = named[names.dead_letter_queue_name(name)]
         assert queue_id == synth.logical_id(synth.stack.ingest.work_queues[model.name])
         assert dlq_id == synth.logical_id(synth.stack.ingest.work_dead_letters[model.name])
-        assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": names.WORK_MAX_RECEIVES}
-        assert queue["VisibilityTimeout"] == names.WORK_VISIBILITY_SECONDS
+        # docs/deploy.md and docs/worker.md: a chunk goes to the DLQ after 3 receives; it stays
+        # invisible 120 s per receive (WORKER_VISIBILITY_SECONDS' default, which the worker extends).
+        assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": 3}
+        assert queue["VisibilityTimeout"] == 120
         # A batch may wait its whole completion window (24 h) for a GPU.
         assert queue["MessageRetentionPeriod"] >= 86_400
-        assert len(name) <= 80 and len(names.dead_letter_queue_name(name)) <= 80
+        assert len(name) <= 80 and len(names.dead_letter_queue_name(name)) <= 80  # SQS: names up to 80 characters
+    assert set(named) >= {"BatchApi-work-org-Chat-Model-7B", "BatchApi-work-org-Chat-Model-7B-dlq",
+                          "BatchApi-work-embed-small", "BatchApi-work-embed-small-dlq"}
 
 
 def _mappings(synth) -> dict[str, dict]:

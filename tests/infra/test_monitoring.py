@@ -9,7 +9,6 @@ from functions.core.models import TERMINAL_STATUSES
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineStats
 from gpu_worker.metrics import WorkerMetrics, make_logger
-from infra.constructs import monitoring
 
 from .test_lambdas import HANDLERS, ours
 
@@ -62,7 +61,8 @@ def test_dead_letter_queues_alarm_on_their_first_message(synth):
     aged = {
         _queue_dimension(synth, p): p["Threshold"] for p in alarms if p["MetricName"] == "ApproximateAgeOfOldestMessage"
     }
-    assert {q: aged[q] for q in work_dlqs} == {q: monitoring.DEAD_LETTER_AGE_THRESHOLD.to_seconds() for q in work_dlqs}
+    # docs/deploy.md: "a dead-lettered chunk ... the DLQ Lambda has not handled in 15 minutes"
+    assert {q: aged[q] for q in work_dlqs} == {q: 15 * 60 for q in work_dlqs}
     assert all(p["Threshold"] == 1 for p in alarms if p["MetricName"] != "ApproximateAgeOfOldestMessage")
 
 
@@ -70,7 +70,7 @@ def test_work_queues_alarm_on_their_oldest_message(synth):
     alarms = [p for p in _alarms(synth).values() if "Namespace" in p and p["MetricName"] == "ApproximateAgeOfOldestMessage"]
     by_queue = {_queue_dimension(synth, p): p["Threshold"] for p in alarms}
     for queue in synth.stack.ingest.work_queues.values():
-        assert by_queue[synth.logical_id(queue)] == monitoring.WORK_AGE_THRESHOLD.to_seconds()
+        assert by_queue[synth.logical_id(queue)] == 3 * 3600  # docs/deploy.md: "oldest chunk waiting 3 hours"
 
 
 def test_failed_batches_alarm_on_failed_workflows(synth):
@@ -106,7 +106,7 @@ def test_terminal_batch_events_are_logged_and_counted_by_status(synth):
     _, metric_filter = synth.one("AWS::Logs::MetricFilter")
     (transformation,) = metric_filter["Properties"]["MetricTransformations"]
     assert transformation == {
-        "MetricNamespace": monitoring.NAMESPACE, "MetricName": monitoring.BATCHES_METRIC, "MetricValue": "1",
+        "MetricNamespace": "BatchApi", "MetricName": "Batches", "MetricValue": "1",  # docs/deploy.md: "Batches" metric
         "Dimensions": [{"Key": "Status", "Value": "$.detail.status"}],
     }
 
@@ -176,7 +176,7 @@ def test_dashboard_shows_queues_backlog_throughput_tasks_and_batches(synth):
     for needle in (
         f'"{defaults.metrics_namespace}","LinesCompleted","model","embed-small","service","{defaults.service}"',
         "OutputTokens", "PERIOD(out)", "DesiredTaskCount", "RunningTaskCount", "GroupInServiceInstances",
-        "ApproximateAgeOfOldestMessage", "Backlog per task", f'"{monitoring.NAMESPACE}","{monitoring.BATCHES_METRIC}"',
+        "ApproximateAgeOfOldestMessage", "Backlog per task", '"BatchApi","Batches"',
         "ExecutionsStarted",
     ):
         assert needle in body, needle

@@ -6,8 +6,11 @@ from infra import names
 
 
 def test_stack_name_and_outputs(synth):
-    assert synth.stack.stack_name == names.STACK_NAME
-    assert set(synth.json["Outputs"]) == {names.OUTPUT_API_URL, names.OUTPUT_TABLE, names.OUTPUT_BUCKET}
+    # docs/deploy.md: the stack is named BatchApi and prints ApiUrl, TableName and BucketName.
+    assert synth.stack.stack_name == names.STACK_NAME == "BatchApi"
+    assert set(synth.json["Outputs"]) == {names.OUTPUT_API_URL, names.OUTPUT_TABLE, names.OUTPUT_BUCKET} == {
+        "ApiUrl", "TableName", "BucketName",
+    }
     assert synth.json["Outputs"][names.OUTPUT_TABLE]["Value"] == {"Ref": synth.one("AWS::DynamoDB::Table")[0]}
     assert synth.json["Outputs"][names.OUTPUT_BUCKET]["Value"] == {"Ref": synth.logical_id(synth.stack.storage.bucket)}
 

@@ -73,7 +73,7 @@ def test_launch_templates_gpu_ami_imdsv2_encrypted_cache_volume(synth):
             assert data["InstanceType"] == model.instance_type
             assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}
             (device,) = data["BlockDeviceMappings"]
-            assert device == {"DeviceName": worker_construct.ROOT_DEVICE, "Ebs": {
+            assert device == {"DeviceName": "/dev/xvda", "Ebs": {  # the ECS-optimized AMI's root device
                 "DeleteOnTermination": True, "Encrypted": True, "VolumeSize": model.volume_gib, "VolumeType": "gp3",
             }}
             (nic,) = data["NetworkInterfaces"]
@@ -412,5 +412,5 @@ def test_scaling_reads_the_models_own_queue_and_service(synth):
                 if metric["Namespace"] == "AWS/SQS":
                     assert dims == {"QueueName": {"Fn::GetAtt": [queue, "QueueName"]}}
                 else:
-                    assert metric["Namespace"] == worker_construct.ECS_INSIGHTS
+                    assert metric["Namespace"] == "ECS/ContainerInsights"  # AWS's Container Insights namespace
                     assert dims["ServiceName"] == {"Fn::GetAtt": [service, "Name"]}
