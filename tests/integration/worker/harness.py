@@ -97,9 +97,15 @@ class WorkerThread:
 
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM: stop taking work, drain, exit."""
-        assert self._loop is not None and self.worker is not None
-        self._loop.call_soon_threadsafe(self.worker.stop)
+        self.request_stop()
         self.join(timeout)
+
+    def request_stop(self) -> None:
+        """SIGTERM without waiting: the worker drains in its thread (``join`` waits for it)."""
+        assert self._loop is not None and self.worker is not None
+        worker = self.worker
+        self._loop.call_soon_threadsafe(worker.stop)
+        wait_until(lambda: worker.stopping, timeout=10, what="the worker to take the stop")
 
     def kill(self) -> None:
         assert self._loop is not None

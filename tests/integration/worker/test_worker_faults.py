@@ -5,6 +5,7 @@ through the DLQ, SIGTERM mid-chunk, the engine going down."""
 
 import asyncio
 import json
+import threading
 
 import pytest
 
@@ -88,7 +89,7 @@ def test_timeouts_are_retried_then_become_error_lines(client, stores, deployed, 
         return 200, chat_answer(body)
 
     fake.respond = respond
-    done, out, err, _ = run_lines(client, stores, deployed, fake, 4, request_timeout_seconds=0.5, max_attempts=3)
+    done, out, err, _ = run_lines(client, stores, deployed, fake, 4, request_timeout_seconds=2, max_attempts=3)
     assert [l.custom_id for l in out] == ["req-0", "req-2", "req-3"]
     (timed_out,) = err
     assert timed_out.custom_id == "req-1" and timed_out.response is None
@@ -118,8 +119,8 @@ def test_a_worker_killed_mid_chunk_is_redelivered_without_duplicates(client, sto
     release = {"slow": True}
 
     async def respond(path, body, seen):
-        if release["slow"]:
-            await asyncio.sleep(30)  # the first worker dies while these are in flight
+        while release["slow"]:  # the first worker dies while these are in flight
+            await asyncio.sleep(0.01)
         return 200, chat_answer(body)
 
     fake.respond = respond
@@ -167,15 +168,20 @@ def test_a_poison_chunk_goes_through_the_dlq_and_the_batch_completes(client, sto
 
 
 def test_sigterm_mid_chunk_finishes_the_chunk_and_takes_no_more_work(client, stores, deployed, fake):
+    stopping = threading.Event()
+
     async def respond(path, body, seen):
-        await asyncio.sleep(0.5)
+        while not stopping.is_set():  # the chunk is answered only once the worker is stopping
+            await asyncio.sleep(0.01)
         return 200, chat_answer(body)
 
     fake.respond = respond
     batch = start(client, stores, [line(i) for i in range(6)])
     worker = WorkerThread(worker_config(deployed, fake.url, max_in_flight=3, max_open_chunks=1), deployed, stores).start()
-    wait_until(lambda: len(fake.requests) >= 1, what="the first chunk running")
-    worker.stop()  # SIGTERM mid-chunk, drain time is plenty
+    wait_until(lambda: len(fake.requests) == 3, what="the first chunk running")
+    worker.request_stop()  # SIGTERM mid-chunk, drain time is plenty
+    stopping.set()
+    worker.join()
     counted = stores.batches.counted_chunks("acme", batch.id)
     assert list(counted) == [0] and counted[0].completed == 3  # finished the chunk it had
     assert len(fake.requests) == 3  # took no more work

@@ -1,11 +1,13 @@
 """`python -m gpu_worker` as a real process, sent a real SIGTERM mid-chunk, against moto in server
 mode (the process reaches it over loopback) and the fake engine."""
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -103,11 +105,11 @@ def test_sigterm_mid_chunk_past_the_drain_time_releases_the_message(batch, moto_
 
 def test_sigterm_mid_chunk_finishes_it_and_exits_cleanly(batch, moto_server):
     settings, stores, url = batch
+    stopping = threading.Event()
 
     async def respond(path, body, seen):
-        import asyncio
-
-        await asyncio.sleep(1.0)
+        while not stopping.is_set():  # answered only once the worker has taken the SIGTERM
+            await asyncio.sleep(0.01)
         return 200, chat_answer(body)
 
     fake = FakeEngine(respond).start()
@@ -115,8 +117,16 @@ def test_sigterm_mid_chunk_finishes_it_and_exits_cleanly(batch, moto_server):
         process = start_worker(settings, moto_server, fake.url, drain_seconds=30)
         wait_until(lambda: len(fake.requests) == 2, timeout=30, what="the chunk's requests")
         process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=30)
+        before = []
+        for log_line in process.stdout:  # its log says when the stop is taken
+            before.append(log_line)
+            if '"stop requested: draining"' in log_line:
+                break
+        stopping.set()
+        rest, _ = process.communicate(timeout=30)
+        output = "".join(before) + rest
     finally:
+        stopping.set()
         fake.stop()
     assert process.returncode == 0, output
     assert len(fake.requests) == 2  # no work taken after SIGTERM
