@@ -1,5 +1,6 @@
 """Files API through the local front with the official openai SDK (and raw HTTP for exact errors)."""
 
+import dataclasses
 import json
 from urllib.parse import parse_qs, urlsplit
 
@@ -7,7 +8,7 @@ import openai
 import pytest
 from openai.types import FileDeleted, FileObject
 
-from functions.core import limits, schema
+from functions.core import deps, schema
 from infra.local.ttl import expire_once
 from functions.reaper.handler import purge_removed
 from tests.helpers import assert_error, assert_openai_shape
@@ -27,7 +28,7 @@ def test_create_batch_file_matches_openai_and_expires_in_30_days(raw, client):
     f = assert_openai_shape(FileObject, data)
     assert f.id.startswith("file-") and f.object == "file" and f.purpose == "batch"
     assert f.bytes == len(JSONL) and f.filename == "in.jsonl" and f.status == "processed"
-    assert f.expires_at == f.created_at + limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS
+    assert f.expires_at == f.created_at + 30 * 86_400
     assert client.files.retrieve(f.id) == f
 
 
@@ -84,7 +85,7 @@ def test_missing_file_and_purpose(raw):
 
 
 def test_request_over_lambda_payload_limit_is_413(raw):
-    big = b"x" * (limits.LAMBDA_PAYLOAD_LIMIT)
+    big = b"x" * (6 * 1024 * 1024)  # Lambda's 6 MB request limit, before base64 grows it
     assert_error(upload(raw, name="big.jsonl", content=big), 413, "request_too_large", None, message="Uploads API")
 
 
@@ -121,6 +122,22 @@ def test_another_tenants_file_is_indistinguishable_from_a_missing_one(client, ot
 def test_unknown_or_malformed_id_is_404(raw, file_id, suffix):
     assert_error(raw.get(f"/files/{file_id}{suffix}"), 404, None, "file_id", message=f"No such File object: {file_id}")
     assert_error(raw.delete(f"/files/{file_id}"), 404, None, "file_id")
+
+
+def test_unexpected_exception_is_a_500_server_error_envelope(raw, client, stores, monkeypatch):
+    class BrokenFiles:
+        def __getattr__(self, name):
+            def fail(*args, **kwargs):
+                raise RuntimeError("the store broke")
+
+            return fail
+
+    monkeypatch.setattr(deps, "stores", lambda: dataclasses.replace(stores, files=BrokenFiles()))
+    error = assert_error(raw.get("/files"), 500, None, None)
+    assert error["message"] == "The server had an error while processing your request."
+    assert "broke" not in error["message"]  # internals are logged, not answered
+    with pytest.raises(openai.InternalServerError):
+        client.files.retrieve("file-01m8n7xjx1bekcr5r3de2q3dfv")
 
 
 def test_unknown_route_is_openai_404(raw):
@@ -175,7 +192,7 @@ def test_list_filters_by_purpose(client):
     ("params", "param"),
     [
         ({"limit": 0}, "limit"),
-        ({"limit": limits.FILES_LIST_MAX_LIMIT + 1}, "limit"),
+        ({"limit": 10_001}, "limit"),
         ({"limit": "many"}, "limit"),
         ({"order": "sideways"}, "order"),
         ({"after": "not-an-id"}, "after"),
@@ -245,19 +262,21 @@ def test_reaper_handler_deletes_bytes_of_removed_file_items(client, stores):
     from functions.reaper import handler as reaper
     from infra.local.lambda_context import LocalLambdaContext
 
-    f = client.files.create(file=("r.jsonl", JSONL), purpose="batch")
-    key = schema.file_key("acme", f.id)
+    def image(file_id: str) -> dict:
+        return {"pk": {"S": "T#acme"}, "sk": {"S": f"FILE#{file_id}"}, "s3_key": {"S": schema.file_key("acme", file_id)}}
+
+    removed, inserted, modified = (client.files.create(file=(f"{n}.jsonl", JSONL), purpose="batch").id for n in "rim")
     event = {
         "Records": [
-            {
-                "eventName": "REMOVE",
-                "dynamodb": {"OldImage": {"pk": {"S": "T#acme"}, "sk": {"S": f"FILE#{f.id}"}, "s3_key": {"S": key}}},
-            },
-            {"eventName": "INSERT", "dynamodb": {"NewImage": {"pk": {"S": "T#acme"}, "sk": {"S": "FILE#x"}, "s3_key": {"S": "keep"}}}},
+            {"eventName": "REMOVE", "dynamodb": {"OldImage": image(removed)}},
+            # records of files that exist: their bytes must stay
+            {"eventName": "INSERT", "dynamodb": {"NewImage": image(inserted)}},
+            {"eventName": "MODIFY", "dynamodb": {"OldImage": image(modified), "NewImage": image(modified)}},
         ]
     }
     reaper.handler(event, LocalLambdaContext("reaper"))
-    assert stores.objects.list_keys("files/") == []
+    assert sorted(stores.objects.list_keys("files/")) == sorted(schema.file_key("acme", i) for i in (inserted, modified))
+    assert client.files.content(inserted).content == JSONL
     assert purge_removed(stores.objects, [{"sk": "UPLOAD#x", "s3_key": "whatever"}]) == []
 
 

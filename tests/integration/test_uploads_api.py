@@ -8,7 +8,7 @@ import pytest
 from openai.types import FileObject, Upload
 from openai.types.uploads import UploadPart
 
-from functions.core import limits, schema
+from functions.core import clients, schema
 from tests.helpers import assert_error, assert_openai_shape
 
 MIB = 1024 * 1024
@@ -30,7 +30,7 @@ def test_twenty_megabytes_from_parts_is_byte_identical(raw, client, stores):
     assert response.status_code == 200, response.text
     upload = assert_openai_shape(Upload, response.json())
     assert upload.status == "pending" and upload.file is None and upload.object == "upload"
-    assert upload.expires_at == upload.created_at + limits.UPLOAD_EXPIRY_SECONDS
+    assert upload.expires_at == upload.created_at + 3_600  # an Upload takes parts for an hour
 
     part_ids = []
     for start in range(0, len(payload), 4 * MIB):
@@ -47,7 +47,7 @@ def test_twenty_megabytes_from_parts_is_byte_identical(raw, client, stores):
     assert completed.status == "completed"
     file = assert_openai_shape(FileObject, done.json()["file"])
     assert file.bytes == len(payload) and file.purpose == "batch" and file.filename == "big.jsonl"
-    assert file.expires_at == file.created_at + limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS
+    assert file.expires_at == file.created_at + 30 * 86_400
     assert client.files.retrieve(file.id) == file
     assert stores.objects.get(schema.file_key("acme", upload.id)) == payload
     # the parts are gone once assembled
@@ -65,12 +65,35 @@ def test_sdk_chunked_upload_helper(client, stores):
     assert stores.objects.get(record.s3_key) == payload
 
 
-def test_concatenate_copies_large_sources_and_coalesces_small_ones(stores):
-    sizes = [6 * MIB, 1 * MIB, 2 * MIB, 6 * MIB, 3 * MIB, 1]
+@pytest.mark.parametrize(
+    ("sizes", "copied"),
+    [
+        # a source of 5 MiB or more on a part boundary is copied server-side; the rest is read
+        # and coalesced into parts of at least 5 MiB (S3's minimum for all but the last part)
+        ([6 * MIB, 1 * MIB, 2 * MIB, 6 * MIB, 3 * MIB, 1], {0}),
+        ([6 * MIB, 5 * MIB, 1], {0, 1}),
+        ([4 * MIB, 4 * MIB], set()),
+    ],
+)
+def test_concatenate_copies_large_sources_and_coalesces_small_ones(stores, sizes, copied):
     blobs = [os.urandom(n) for n in sizes]
     for i, blob in enumerate(blobs):
         stores.objects.put(f"src/{i}", blob)
-    stores.objects.concatenate("dest", [(f"src/{i}", n) for i, n in enumerate(sizes)])
+    calls: list[tuple[str, str]] = []
+
+    def record(params, event_name, **_):
+        operation = event_name.rsplit(".", 1)[-1]
+        if operation in ("GetObject", "UploadPartCopy"):
+            calls.append((operation, params["CopySource"]["Key"] if operation == "UploadPartCopy" else params["Key"]))
+
+    events = clients.client("s3").meta.events
+    events.register("before-parameter-build.s3.*", record)
+    try:
+        stores.objects.concatenate("dest", [(f"src/{i}", n) for i, n in enumerate(sizes)])
+    finally:
+        events.unregister("before-parameter-build.s3.*", record)
+    assert sorted(k for op, k in calls if op == "UploadPartCopy") == [f"src/{i}" for i in sorted(copied)]
+    assert sorted(k for op, k in calls if op == "GetObject") == [f"src/{i}" for i in range(len(sizes)) if i not in copied]
     assert stores.objects.get("dest") == b"".join(blobs)
 
 
@@ -135,8 +158,18 @@ def test_cancel(raw, stores):
 
 def test_expired_upload_takes_no_parts(raw, clock):
     upload = create(raw, size=3).json()
-    clock.now += limits.UPLOAD_EXPIRY_SECONDS
+    clock.now += 3_600
     assert_error(add_part(raw, upload["id"], b"abc"), 400, "upload_not_pending", "upload_id", message="expired")
+
+
+def test_expired_upload_cannot_be_completed(raw, client, clock):
+    upload = create(raw, size=3).json()
+    part = add_part(raw, upload["id"], b"abc").json()
+    clock.now += 3_600
+    done = raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": [part["id"]]})
+    assert_error(done, 400, "upload_not_pending", "upload_id", message="expired")
+    assert client.files.list().data == []
+    assert_error(raw.post(f"/uploads/{upload['id']}/cancel"), 400, "upload_not_pending", "upload_id", message="expired")
 
 
 @pytest.mark.settings(max_upload_part_bytes=8)
@@ -161,7 +194,7 @@ def test_another_tenants_upload_is_404(raw, other_client):
     [
         ({"filename": "a.csv", "purpose": "batch", "bytes": 3, "mime_type": "text/csv"}, "invalid_file_format", "bytes"),
         ({"filename": "a.jsonl", "purpose": "batch", "bytes": 0, "mime_type": "application/jsonl"}, "empty_file", "bytes"),
-        ({"filename": "a.jsonl", "purpose": "batch", "bytes": limits.DEFAULT_MAX_BATCH_FILE_BYTES + 1, "mime_type": "application/jsonl"}, "file_too_large", "bytes"),
+        ({"filename": "a.jsonl", "purpose": "batch", "bytes": 200 * MIB + 1, "mime_type": "application/jsonl"}, "file_too_large", "bytes"),
         ({"filename": "a.jsonl", "purpose": "nope", "bytes": 3, "mime_type": "application/jsonl"}, "invalid_value", "purpose"),
         ({"filename": "a.jsonl", "purpose": "batch", "mime_type": "application/jsonl"}, "missing_required_parameter", "bytes"),
         ({"filename": "a.jsonl", "purpose": "batch", "bytes": "x", "mime_type": "application/jsonl"}, "invalid_value", "bytes"),
@@ -178,3 +211,51 @@ def test_unknown_upload_is_404(raw, upload_id):
     assert_error(add_part(raw, upload_id, b"abc"), 404, None, "upload_id", message=f"No such Upload object: {upload_id}")
     assert_error(raw.post(f"/uploads/{upload_id}/complete", json={"part_ids": ["p"]}), 404, None, "upload_id")
     assert_error(raw.post(f"/uploads/{upload_id}/cancel"), 404, None, "upload_id")
+
+
+def test_batch_file_of_exactly_200_mib_is_accepted(raw):
+    response = create(raw, size=200 * MIB)
+    assert response.status_code == 200, response.text
+    assert response.json()["bytes"] == 200 * MIB
+
+
+def test_at_most_10_000_parts(raw):
+    upload = create(raw, size=3).json()
+    too_many = [f"part_{i:026d}" for i in range(10_001)]
+    response = raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": too_many})
+    assert_error(response, 400, "invalid_value", "part_ids", message="at most 10000 parts")
+
+
+def _race(monkeypatch, repo, method, competitor):
+    """``repo.method`` runs ``competitor`` first: another request wins between our read and write."""
+    original = getattr(repo, method)
+
+    def racing(record, *args, **kwargs):
+        competitor(record)
+        return original(record, *args, **kwargs)
+
+    monkeypatch.setattr(repo, method, racing)
+
+
+def test_complete_racing_a_cancel_is_409_and_creates_no_file(raw, client, stores, monkeypatch):
+    upload = create(raw, size=3).json()
+    part = add_part(raw, upload["id"], b"abc").json()
+    _race(monkeypatch, stores.uploads, "complete", lambda record: stores.uploads.transition(record, "cancelled"))
+    response = raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": [part["id"]]})
+    assert_error(response, 409, None, "upload_id", message="concurrently")
+    assert client.files.list().data == []
+    assert stores.uploads.get("acme", upload["id"]).status == "cancelled"
+
+
+def test_cancel_racing_a_complete_is_409_and_keeps_the_file(raw, client, stores, monkeypatch):
+    upload = create(raw, size=3).json()
+    part = add_part(raw, upload["id"], b"abc").json()
+    first = {}  # the complete that wins, sent while our cancel is between its read and write
+    _race(monkeypatch, stores.uploads, "transition", lambda _: first.setdefault(
+        "upload", client.uploads.complete(upload["id"], part_ids=[part["id"]])))
+    response = raw.post(f"/uploads/{upload['id']}/cancel")
+    assert_error(response, 409, None, "upload_id", message="concurrently")
+    file = first["upload"].file
+    assert [f.id for f in client.files.list()] == [file.id]
+    assert client.files.content(file.id).content == b"abc"
+    assert client.uploads.complete(upload["id"], part_ids=[part["id"]]).status == "completed"
