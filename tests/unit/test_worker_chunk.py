@@ -89,3 +89,30 @@ def test_a_cancelled_caller_does_not_interrupt_the_commit():
     asyncio.run(scenario())
     marker = stores.batches.counted_chunk("acme", "batch_1", 0)
     assert marker is not None and marker.completed == 2
+
+
+def test_a_redelivered_last_chunk_signals_the_workflow_its_first_delivery_did_not():
+    """The worker died after counting the last chunk and before signalling: the redelivery runs
+    no line (the chunk is counted) but resumes the workflow, or the batch would wait for expiry."""
+    stores = fake_stores()
+    first, last = seed(stores, 4, per_chunk=2)
+    stores.batches.update("acme", "batch_1", values={"task_token": "token-1"})
+    assert run(stores, first, InProcessEngine()).outcome.counted
+    stores.faults.fail("workflows.signal", RuntimeError("the worker died here"))
+    try:
+        run(stores, last, InProcessEngine())
+    except RuntimeError:
+        pass
+    assert stores.batches.get("acme", "batch_1").chunks_done == 2 and stores.workflows.signals == []
+    engine = InProcessEngine()
+    again = run(stores, last, engine)  # SQS redelivers the message
+    assert again.skipped and engine.requests == []
+    assert stores.workflows.signals == [("token-1", {"outcome": "complete"})]
+
+
+def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
+    stores = fake_stores()
+    first, _ = seed(stores, 4, per_chunk=2)
+    stores.batches.update("acme", "batch_1", values={"task_token": "token-1"})
+    run(stores, first, InProcessEngine())
+    assert run(stores, first, InProcessEngine()).skipped and stores.workflows.signals == []
