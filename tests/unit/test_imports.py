@@ -1,8 +1,8 @@
 """Imports go one way: ``infra`` (the CDK app, the local deployment) and ``batchctl`` may import
 ``functions`` and ``gpu_worker``; ``gpu_worker`` may import ``functions``; never the reverse. And
 inside ``functions``, AWS SDK calls live in the adapters: ``boto3``/``botocore`` only in
-``functions/core/aws/`` and ``functions/core/clients.py``, Powertools only in the Lambda handler
-modules (``functions/<lambda>/handler.py``) and the adapters.
+``functions/core/aws/`` and ``functions/core/clients.py``; Powertools (Lambda glue) neither in
+``functions/core`` outside the adapters nor in a Lambda's ``logic.py``.
 
 Every ``import``/``from ... import`` anywhere in a module counts (also inside functions), relative
 imports resolved to the absolute module they name.
@@ -47,10 +47,12 @@ def top(name: str) -> str:
 
 
 def violations(root: str, forbidden: set[str], *, allowed: tuple[str, ...] = ()) -> list[str]:
-    """``root``'s modules importing a top-level package in ``forbidden``, outside ``allowed``
-    (paths relative to the repository, a trailing ``/`` for a whole folder)."""
+    """``root``'s modules (a folder, or one module) importing a top-level package in ``forbidden``,
+    outside ``allowed`` (paths relative to the repository, a trailing ``/`` for a whole folder)."""
     found = []
-    for path in sorted((REPO / root).rglob("*.py")):
+    start = REPO / root
+    assert start.exists(), root
+    for path in sorted(start.rglob("*.py")) if start.is_dir() else [start]:
         rel = path.relative_to(REPO).as_posix()
         if any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in allowed):
             continue
@@ -58,10 +60,6 @@ def violations(root: str, forbidden: set[str], *, allowed: tuple[str, ...] = ())
             if top(name) in forbidden:
                 found.append(f"{rel}:{line} imports {name}")
     return sorted(set(found))
-
-
-def lambda_handlers() -> tuple[str, ...]:
-    return tuple(p.relative_to(REPO).as_posix() for p in sorted((REPO / "functions").glob("*/handler.py")))
 
 
 def test_functions_import_neither_infra_nor_batchctl_nor_the_worker() -> None:
@@ -78,10 +76,14 @@ def test_aws_sdk_only_in_the_adapters_and_clients() -> None:
     ) == []
 
 
-def test_powertools_only_in_lambda_handlers_and_adapters() -> None:
-    handlers = lambda_handlers()
-    assert len(handlers) >= 6  # api, authorizer, dlq, ingest, reaper, workflow
-    assert violations("functions", {"aws_lambda_powertools"}, allowed=("functions/core/aws/", *handlers)) == []
+def test_powertools_stays_out_of_the_core_and_the_logic_modules() -> None:
+    """Powertools is Lambda glue: a Lambda's handler and HTTP layer (routers, error mapping,
+    idempotency) may use it; the shared core (also the worker's) and each Lambda's logic may not."""
+    assert violations("functions/core", {"aws_lambda_powertools"}, allowed=("functions/core/aws/",)) == []
+    logic = sorted((REPO / "functions").glob("*/logic.py"))
+    assert len(logic) >= 4  # dlq, ingest, reaper, workflow
+    found = [v for path in logic for v in violations(path.relative_to(REPO).as_posix(), {"aws_lambda_powertools"})]
+    assert found == []
 
 
 # --- the checker itself -----------------------------------------------------------------------
