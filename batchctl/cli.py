@@ -52,7 +52,7 @@ def main(
         print(f"batchctl: bad environment: {exc}", file=err)
         return 2
     stack = args.stack or settings.stack
-    path = targets.state_file(settings.local_state_dir)
+    path = local_state.state_file(settings.local_state_dir)
     if args.command in ("files", "batches"):
         state = local_state.LocalState.read(path)
         return batches.main_user(

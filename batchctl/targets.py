@@ -7,7 +7,6 @@ else ``BATCHAPI_STACK``, else the default name). ``--local``/``--aws`` force one
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -35,11 +34,6 @@ class Target:
     endpoint_url: str | None = None
     region: str | None = None
     description: str = ""
-
-
-def state_file(local_state_dir: str) -> Path:
-    """The running local deployment's state file (``local_state_dir`` empty: the default place)."""
-    return local_state.state_path({local_state.STATE_DIR_ENV: local_state_dir} if local_state_dir else {})
 
 
 def local_target(state: local_state.LocalState) -> Target:

@@ -51,6 +51,10 @@ class LocalState(BaseModel):
             return None
 
 
+def state_file(directory: str | None) -> Path:
+    """The state file in ``directory`` (None or empty: <repo>/.local-state)."""
+    return Path(directory or REPO_ROOT / names.LOCAL_STATE_DIR) / names.LOCAL_STATE_FILE
+
+
 def state_path(env: Mapping[str, str]) -> Path:
-    directory = env.get(STATE_DIR_ENV) or str(REPO_ROOT / names.LOCAL_STATE_DIR)
-    return Path(directory) / names.LOCAL_STATE_FILE
+    return state_file(env.get(STATE_DIR_ENV))
