@@ -81,3 +81,52 @@ def test_ids_sort_by_creation_time_and_have_openai_prefixes():
     assert not ids.is_valid("file-abc", ids.FILE)
     assert not ids.is_valid(ids.new_id(ids.BATCH), ids.FILE)
     assert not ids.is_valid(ids.new_id(ids.FILE).upper(), ids.FILE)
+
+
+def _multipart(fields: dict[str, tuple[str, bytes] | str]) -> tuple[bytes, str]:
+    from urllib3 import encode_multipart_formdata
+
+    return encode_multipart_formdata(fields)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/files", _multipart({"purpose": "batch", "file": ("a.jsonl", b"{}\n")})),
+        ("GET", "/v1/files", None),
+        ("GET", "/v1/files/file-01m8n7xjx1bekcr5r3de2q3dfv", None),
+        ("GET", "/v1/files/file-01m8n7xjx1bekcr5r3de2q3dfv/content", None),
+        ("DELETE", "/v1/files/file-01m8n7xjx1bekcr5r3de2q3dfv", None),
+        ("POST", "/v1/uploads", ({"filename": "a.jsonl", "purpose": "batch", "bytes": 3, "mime_type": "text/plain"}, "application/json")),
+        ("POST", "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/parts", _multipart({"data": ("blob", b"abc")})),
+        ("POST", "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/complete", ({"part_ids": ["part_x"]}, "application/json")),
+        ("POST", "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/cancel", None),
+        ("POST", "/v1/batches", ({"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "completion_window": "24h"}, "application/json")),
+        ("GET", "/v1/batches", None),
+        ("GET", "/v1/batches/batch_01m8n7xjx1bekcr5r3de2q3dfv", None),
+        ("POST", "/v1/batches/batch_01m8n7xjx1bekcr5r3de2q3dfv/cancel", None),
+        ("GET", "/v1/models", None),
+        ("GET", "/v1/models/test-chat", None),
+    ],
+)
+def test_api_answers_401_when_the_authorizer_context_has_no_tenant(stores, method, path, body):
+    """Defence in depth: the api handler trusts only the authorizer's tenant, and has none here."""
+    import json
+
+    import httpx2
+
+    from functions.api import handler as api_handler
+    from infra.local.front import LocalApi
+    from tests.helpers import assert_error
+
+    def allow_without_tenant(event, context):
+        return {"principalId": "someone", "policyDocument": {"Statement": [{"Effect": "Allow"}]}, "context": {}}
+
+    headers = {"Authorization": "Bearer sk-anything"}
+    payload = b""
+    if isinstance(body, tuple) and isinstance(body[0], dict):
+        payload, headers["Content-Type"] = json.dumps(body[0]).encode(), body[1]
+    elif body is not None:
+        payload, headers["Content-Type"] = body
+    status, _, raw = LocalApi(api_handler.handler, allow_without_tenant).handle(method, path, headers, payload)
+    assert_error(httpx2.Response(status, content=raw), 401, "invalid_api_key", None, message="API key")

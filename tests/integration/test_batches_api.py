@@ -6,7 +6,7 @@ import openai
 import pytest
 from openai.types import Batch, Model
 
-from functions.core import clients, limits, schema
+from functions.core import schema
 from tests.helpers import assert_error, assert_openai_shape
 
 CHAT = "/v1/chat/completions"
@@ -139,6 +139,53 @@ def test_cancel_while_validating_then_repeat(client, batch_file):
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status == "cancelling" and cancelled.cancelling_at is not None
     assert client.batches.cancel(batch.id) == cancelled  # unchanged, like OpenAI
+
+
+@pytest.fixture
+def signals(stores, monkeypatch):
+    """Every workflow signal the API sends, as (token, output)."""
+    sent = []
+    monkeypatch.setattr(stores.workflows, "signal", lambda token, output: sent.append((token, output)) or True)
+    return sent
+
+
+def test_cancel_in_progress_signals_the_workflow_once(client, stores, batch_file, signals):
+    batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    stores.batches.update("acme", batch.id, values={"status": "in_progress", "task_token": "token-1"})
+    cancelled = client.batches.cancel(batch.id)
+    assert cancelled.status == "cancelling" and cancelled.cancelling_at is not None
+    assert signals == [("token-1", {"outcome": "cancel"})]
+    assert client.batches.cancel(batch.id) == cancelled
+    assert len(signals) == 1
+
+
+@pytest.mark.parametrize("status", ["cancelling", "finalizing", "completed", "failed", "expired", "cancelled"])
+def test_cancel_of_a_finalizing_or_terminal_batch_returns_it_unchanged(client, stores, batch_file, signals, status):
+    batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    stores.batches.update("acme", batch.id, values={"status": status, "task_token": "token-1"})
+    before = client.batches.retrieve(batch.id)
+    assert before.status == status
+    assert client.batches.cancel(batch.id) == before
+    assert client.batches.retrieve(batch.id) == before
+    assert signals == []
+
+
+def test_cancel_racing_the_workflow_returns_the_batch_as_it_moved_on(client, stores, batch_file, signals, monkeypatch):
+    """The batch moves to finalizing (expiry) between cancel's read and its conditional write."""
+    batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    stores.batches.update("acme", batch.id, values={"status": "in_progress", "task_token": "token-1"})
+    update = stores.batches.update
+
+    def racing(tenant, batch_id, **kwargs):
+        update(tenant, batch_id, values={"status": "finalizing", "finalizing_at": 1_234})
+        return update(tenant, batch_id, **kwargs)
+
+    monkeypatch.setattr(stores.batches, "update", racing)
+    answer = client.batches.cancel(batch.id)
+    assert answer.status == "finalizing" and answer.finalizing_at == 1_234 and answer.cancelling_at is None
+    monkeypatch.setattr(stores.batches, "update", update)
+    assert client.batches.retrieve(batch.id) == answer
+    assert signals == []
 
 
 def test_models(client, raw):
