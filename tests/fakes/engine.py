@@ -51,6 +51,20 @@ async def default_respond(path: str, body: dict[str, Any], seen: int) -> Any:
     return 200, chat_answer(body)
 
 
+#: The body vLLM's OpenAI server answers a request it rejects (with status 400).
+REJECTED = {"error": {"message": "rejected", "type": "BadRequestError", "param": None, "code": 400}}
+
+
+def rejecting(*contents: str) -> Respond:
+    """Answer 400 ``REJECTED`` to requests whose content is one of ``contents``; a chat answer
+    (usage: 10 prompt + 3 completion tokens) to every other."""
+
+    def respond(path: str, body: dict[str, Any], seen: int) -> Any:
+        return (400, REJECTED) if content(body) in contents else (200, chat_answer(body))
+
+    return respond
+
+
 class FakeEngine:
     def __init__(self, respond: Respond = default_respond):
         self.respond = respond

@@ -421,3 +421,19 @@ def test_run_batch_with_no_engine_fails_clearly(tmp_path):
                           "--engine-url", f"http://127.0.0.1:{closed_port()}", "--health-timeout", "0.5"],
                          env={}, out=io.StringIO(), err=err)
     assert code == 1 and "not healthy" in err.getvalue()
+
+
+def test_the_client_is_the_engine_port():
+    """gpu_worker.engine.EngineClient provides functions.core.ports.Engine (what the chunk path
+    is typed against), and its Reply everything ports.EngineReply names."""
+    import inspect
+
+    from functions.core.ports import Engine, EngineReply
+    from gpu_worker.engine import Reply
+
+    for name in ("healthy", "wait_healthy", "post"):
+        port, impl = getattr(Engine, name), getattr(EngineClient, name)
+        assert inspect.iscoroutinefunction(impl), name
+        assert list(inspect.signature(impl).parameters) == list(inspect.signature(port).parameters), name
+    reply = Reply(200, {}, "req_1")
+    assert all(hasattr(reply, field) for field in EngineReply.__annotations__)
