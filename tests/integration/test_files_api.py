@@ -10,7 +10,7 @@ from openai.types import FileDeleted, FileObject
 
 from functions.core import deps, schema
 from infra.local.ttl import expire_once
-from functions.reaper.handler import purge_removed
+from functions.reaper.logic import purge_removed
 from tests.helpers import assert_error, assert_openai_shape
 
 JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
