@@ -12,7 +12,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from functions.core import clients, limits
+from functions.core import accounting, clients, limits
 from functions.core.aws.sqs import SqsQueue
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
@@ -130,16 +130,21 @@ def run_one_chunk(
     engine: InProcessEngine | None = None,
     max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
     during: Callable[[], None] | None = None,
+    started: bool = False,
 ) -> ChunkReport:
     """One chunk through the worker's real path (``gpu_worker.chunk.process_chunk``: skip it if
     the batch stopped or the chunk is already counted, read it, every line through the engine,
     the parts and the count in one shielded commit; the last chunk signals the workflow),
     called synchronously. ``engine`` answers the lines in-process (default: every line a chat
     answer with usage 10 prompt + 3 completion tokens). ``during`` runs once the chunk has
-    started and its lines are handed to the engine (e.g. cancel the batch while it runs)."""
+    started and its lines are handed to the engine (e.g. cancel the batch while it runs).
+    ``started``: a worker started this chunk earlier (before the batch stopped taking work) and
+    finishes it now: the start check is not made again; everything else is."""
     engine = engine or InProcessEngine()
 
     async def io(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if started and fn is accounting.start_chunk:
+            return stores.batches.get(message.tenant, message.batch_id)
         return fn(*args, **kwargs)
 
     return asyncio.run(process_chunk(

@@ -49,3 +49,12 @@ def test_a_counted_chunk_delivered_again_runs_nothing(client, stores, deployed):
     engine = InProcessEngine()
     assert run_one_chunk(stores, only, engine=engine).skipped and engine.requests == []
     assert stores.batches.get("acme", batch.id).completed == 2
+
+
+def test_a_chunk_started_before_a_cancel_finishes_and_counts(client, stores, deployed):
+    batch = start(client, 4)
+    first, second = take_work(deployed)
+    client.batches.cancel(batch.id)
+    assert run_one_chunk(stores, first).skipped  # not started before the cancel: runs nothing
+    report = run_one_chunk(stores, second, started=True)  # a worker was on it: it is counted
+    assert report.outcome.counted and stores.batches.get("acme", batch.id).completed == 2
