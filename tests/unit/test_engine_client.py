@@ -241,17 +241,16 @@ def test_dropped_connections_are_retried_with_backoff_then_become_an_error_line(
 def test_a_refused_connection_with_no_health_is_engine_down():
     clock = Clock()
 
+    stats = []
+
     async def go():
         async with client(f"http://127.0.0.1:{closed_port()}", clock=clock, max_attempts=4) as engine:
-            try:
-                await engine.post("/v1/chat/completions", {"messages": [{"content": "a"}]})
-            finally:
-                stats = engine.stats
-        return stats
+            stats.append(engine.stats)
+            await engine.post("/v1/chat/completions", {"messages": [{"content": "a"}]})
 
     with pytest.raises(EngineDown, match="/health does not answer"):
         asyncio.run(go())
-    assert len(clock.sleeps) == 3  # 4 attempts, then the verdict
+    assert stats[0].connection_errors == 4 and len(clock.sleeps) == 3  # 4 attempts, then the verdict
 
 
 def test_an_engine_that_never_becomes_healthy(fake):
