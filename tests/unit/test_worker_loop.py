@@ -256,3 +256,30 @@ def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
     }
     assert main(env) == 1
     assert "engine unavailable; exiting" in capsys.readouterr().out
+
+
+def test_engine_down_releases_the_chunk_at_once_and_waits_for_health_before_taking_more():
+    from gpu_worker.engine import EngineDown
+
+    def respond(path, body, seen):
+        if seen == 0:
+            raise EngineDown("the engine died")  # what the client raises when /health is gone too
+        return 200, chat_answer(body)
+
+    rig = Rig(respond)
+    health_checks = []
+
+    async def wait_healthy(timeout, interval=1.0):
+        health_checks.append(timeout)
+        return 0.0
+
+    rig.engine.wait_healthy = wait_healthy
+    (message,) = seed(rig.stores, 2, per_chunk=2)
+    rig.queue.send([message.model_dump_json()])
+    receipt = f"{rig.queue.messages[0].id}#1"
+    rig.run_until(lambda: rig.counted(0) and rig.queue.deleted, "the chunk counted after the engine is back")
+    assert rig.queue.releases[0] == (receipt, 0)  # no line failed: another try at once
+    assert "engine unhealthy: not taking work until /health answers" in rig.log.messages("warning")
+    assert len(health_checks) == 2  # at start, and again before taking more work
+    t = rig.metrics.totals
+    assert (t.chunks_released, t.chunks_failed, t.chunks_done, t.lines_failed) == (1, 0, 1, 0)
