@@ -1,6 +1,7 @@
 """Batches API (create, retrieve, list, cancel) and models, through the local front with the SDK."""
 
 import json
+import time
 
 import openai
 import pytest
@@ -56,6 +57,27 @@ def test_retried_create_returns_the_same_batch(client, batch_file):
     assert client.batches.create(**args, metadata={"x": "y"}, extra_headers={"Idempotency-Key": "k1"}).id == keyed.id
     assert client.batches.create(**args, metadata={"x": "y"}).id not in (first.id, keyed.id)
     assert len(client.batches.list().data) == 3
+
+
+def test_idempotency_records_last_24_hours_with_a_key_and_10_minutes_without(client, batch_file, settings):
+    from boto3.dynamodb.conditions import Key
+
+    from functions.core import clients
+
+    table = clients.dynamodb_table(settings.table_name)
+
+    def records(keyed_by):
+        return table.query(KeyConditionExpression=Key("pk").eq(f"IDEMPOTENCY#create_batch#{keyed_by}"))["Items"]
+
+    args = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h"}
+    before = int(time.time())
+    client.batches.create(**args)
+    client.batches.create(**args, extra_headers={"Idempotency-Key": "k1"})
+    after = int(time.time())
+    (by_body,), (by_key,) = records("body"), records("key")
+    assert before + 10 * 60 <= by_body["ttl"] <= after + 10 * 60
+    assert before + 24 * 3_600 <= by_key["ttl"] <= after + 24 * 3_600
+    assert by_body["status"] == by_key["status"] == "COMPLETED"
 
 
 def test_idempotency_is_per_tenant(client, other_client, batch_file):
