@@ -10,7 +10,7 @@ from functions.api.protocol import CompleteUploadBody, CreateBatchBody, CreateUp
 from functions.core import schema
 from functions.core.errors import Conflict, InvalidRequest, NotFound, Throttled
 from functions.core.settings import ModelRoute, Settings
-from tests.fakes.aws import condition_failed, fake_stores, throttle
+from tests.fakes.aws import fake_stores, throttle
 
 NOW = 1_700_000_000
 SETTINGS = Settings(
