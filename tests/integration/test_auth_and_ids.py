@@ -24,11 +24,12 @@ def test_keys_are_stored_only_as_hashes(stores, settings):
     assert items[0]["key_hash"] == auth.hash_key(key) and items[0]["hint"] == key[-4:]
 
 
-def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores):
+def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores, clock):
     key = auth.create_key(stores.keys, "acme", now=1)
+    clock.now = 1_234
     answer = authorizer.handler({"headers": {"authorization": f"Bearer {key}"}, "methodArn": ARN}, LocalLambdaContext("a"))
     assert answer["principalId"] == "acme"
-    assert answer["context"]["tenant"] == "acme"
+    assert answer["context"] == {"tenant": "acme", "authorized_at": 1_234}
     stage = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod"
     # cached per key by API Gateway, so the policy must cover every method and route of the stage
     assert answer["policyDocument"]["Statement"] == [
