@@ -45,44 +45,9 @@ def executions(settings: Settings) -> list[dict[str, Any]]:
     return clients.client("stepfunctions").list_executions(stateMachineArn=settings.state_machine_arn)["executions"]
 
 
-# --- A stand-in for the GPU worker's per-chunk path (the engine is faked; accounting is real) ---
 import time as _time
 
-from functions.core import accounting, results
-from functions.core.lines import iter_lines
 from functions.core.ports import Stores
-
-
-def fake_engine(body: dict[str, Any], custom_id: str) -> tuple[int, dict[str, Any]]:
-    """A chat answer with usage; a request whose custom_id starts with "reject" gets a 400."""
-    if custom_id.startswith("reject"):
-        return 400, {"error": {"message": "rejected", "type": "BadRequestError", "param": None, "code": 400}}
-    return 200, {
-        "id": f"chatcmpl-{custom_id}",
-        "object": "chat.completion",
-        "model": body["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
-    }
-
-
-def run_chunk(stores: Stores, message: WorkMessage, *, start: bool = True) -> accounting.ChunkOutcome | None:
-    """What a worker does with one chunk: skip it if the batch stopped, run every line, write the
-    parts, count the chunk (which signals the workflow after the last one)."""
-    if start and accounting.start_chunk(stores, message) is None:
-        return None
-    lines, usage = [], accounting.Usage()
-    raw = stores.objects.iter_range(message.input_key, message.byte_start, message.byte_end)
-    for line in iter_lines(raw, max_line_bytes=10**9, start=message.byte_start, first_number=message.first_line):
-        if line.blank:
-            continue
-        request = json.loads(line.text)
-        status, body = fake_engine(request["body"], request["custom_id"])
-        if status == 200:
-            usage.add_response(body.get("usage"))
-        lines.append(results.response_line(request["custom_id"], status, body, f"req-{message.chunk}"))
-    parts = results.write_parts(stores.objects, message, lines)
-    return accounting.record_chunk(stores, message, parts=parts, usage=usage, now=int(_time.time()))
 
 
 def wait_for_execution(settings: Settings, batch_id: str, timeout: float = 90.0) -> dict[str, Any]:

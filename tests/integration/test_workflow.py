@@ -10,9 +10,10 @@ from openai.types import Batch
 from functions.core import clients, schema
 from functions.core.models import BatchOutputLine
 from functions.workflow import logic
+from tests.fakes.engine import InProcessEngine, rejecting
+from tests.integration.worker.harness import run_one_chunk
 from tests.integration.batch_helpers import (
     line,
-    run_chunk,
     run_ingest,
     submit,
     take_work,
@@ -97,7 +98,7 @@ def test_complete(client, stores, deployed, events):
     batch = start(client, stores, [line(i) for i in range(5)])
     work = take_work(deployed)
     assert len(work) == 3
-    outcomes = [run_chunk(stores, m) for m in work]
+    outcomes = [run_one_chunk(stores, m).outcome for m in work]
     assert [o.counted for o in outcomes] == [True, True, True] and outcomes[-1].last
     execution = wait_for_execution(deployed, batch.id)
     assert execution["status"] == "SUCCEEDED", execution
@@ -116,9 +117,10 @@ def test_complete(client, stores, deployed, events):
 
 def test_engine_rejections_land_in_the_error_file(client, stores, deployed):
     lines = [line(0), json.dumps({**json.loads(line(1)), "custom_id": "reject-1"}), line(2)]
+    engine = InProcessEngine(rejecting("hi 1"))
     batch = start(client, stores, lines, output_expires_after={"anchor": "created_at", "seconds": 7200})
     for m in take_work(deployed):
-        run_chunk(stores, m)
+        run_one_chunk(stores, m, engine=engine)
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
     out, err = assert_invariants(client, done, ["req-0", "reject-1", "req-2"])
@@ -133,7 +135,7 @@ def test_only_errors(client, stores, deployed):
     lines = [json.dumps({**json.loads(line(i)), "custom_id": f"reject-{i}"}) for i in range(3)]
     batch = start(client, stores, lines)
     for m in take_work(deployed):
-        run_chunk(stores, m)
+        run_one_chunk(stores, m, engine=InProcessEngine(rejecting("hi 0", "hi 1", "hi 2")))
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
     out, err = assert_invariants(client, done, [f"reject-{i}" for i in range(3)])
@@ -143,11 +145,11 @@ def test_only_errors(client, stores, deployed):
 def test_a_chunk_recorded_twice_counts_once(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(4)])
     first, second = take_work(deployed)
-    assert run_chunk(stores, first).counted
-    again = run_chunk(stores, first)  # SQS delivered it twice
-    assert not again.counted and not again.last
+    assert run_one_chunk(stores, first).outcome.counted
+    again = run_one_chunk(stores, first)  # SQS delivered it twice: already counted, it runs nothing
+    assert again.skipped and again.outcome is None
     assert stores.batches.get("acme", batch.id).completed == 2
-    assert run_chunk(stores, second).last
+    assert run_one_chunk(stores, second).outcome.last
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
     assert_invariants(client, done, [f"req-{i}" for i in range(4)])
@@ -158,7 +160,7 @@ def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
     ids = [f"req-{i}" for i in range(5)]
     batch = start(client, stores, [line(i) for i in range(5)])
     first, second, third = take_work(deployed)
-    run_chunk(stores, first)
+    run_one_chunk(stores, first)
     assert client.batches.cancel(batch.id).status == "cancelling"
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
@@ -167,8 +169,8 @@ def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
     assert [l.custom_id for l in out] == ["req-0", "req-1"]
     assert {l.error.code for l in err} == {"batch_cancelled"} and len(err) == 3
     # a chunk that arrives after the batch closed is skipped, or not counted if it was running
-    assert run_chunk(stores, second) is None
-    late = run_chunk(stores, third, start=False)
+    assert run_one_chunk(stores, second).skipped
+    late = run_one_chunk(stores, third, started=True).outcome
     assert not late.counted
     assert client.batches.retrieve(batch.id) == done
     assert [e["detail-type"] for e in events()] == ["batch.cancelled"]
@@ -185,7 +187,7 @@ def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
     entered = states_entered(deployed, batch.id, until=lambda names: names.count("Drain") >= 2 or "Finalize" in names)
     assert "Finalize" not in entered and "WaitForRunningChunks" in entered
     assert stores.batches.get("acme", batch.id).status == "cancelling"
-    run_chunk(stores, first, start=False)  # the running chunk finishes within the grace period
+    run_one_chunk(stores, first, started=True)  # the running chunk finishes within the grace period
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
     out, err = assert_invariants(client, done, [f"req-{i}" for i in range(4)])
@@ -216,7 +218,7 @@ def test_expire_mid_run(client, stores, deployed, events, monkeypatch):
 
     def start_after_the_first_chunk(name, payload):
         first, second = take_work(deployed)
-        assert run_chunk(stores, first).counted
+        assert run_one_chunk(stores, first).outcome.counted
         left.append(second)
         real_start(name, payload)
 
@@ -231,7 +233,7 @@ def test_expire_mid_run(client, stores, deployed, events, monkeypatch):
     out, err = assert_invariants(client, done, ids)
     assert [l.custom_id for l in out] == ["req-0", "req-1"]
     assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "batch_expired"), ("req-3", "batch_expired")]
-    assert run_chunk(stores, second) is None  # too late
+    assert run_one_chunk(stores, second).skipped  # too late
     assert [e["detail-type"] for e in events()] == ["batch.expired"]
 
 
@@ -244,7 +246,7 @@ def test_finalize_failure_lands_in_failed(client, stores, deployed, events, monk
     batch = start(client, stores, [line(0)])
     stores.objects.delete(schema.batch_manifest_key("acme", batch.id))  # finalize cannot work now
     (only,) = take_work(deployed)
-    run_chunk(stores, only)
+    run_one_chunk(stores, only)
     execution = wait_for_execution(deployed, batch.id)
     assert execution["status"] == "FAILED" and execution["error"] == "BatchFailed"
     done = client.batches.retrieve(batch.id)
@@ -257,7 +259,7 @@ def test_finalize_failure_lands_in_failed(client, stores, deployed, events, monk
 def test_finalize_is_idempotent(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(3)])
     for m in take_work(deployed):
-        run_chunk(stores, m)
+        run_one_chunk(stores, m)
     wait_for_execution(deployed, batch.id)
     done = client.batches.retrieve(batch.id)
     assert logic.finalize(stores, "acme", batch.id, "complete", now=done.completed_at + 5) == {"status": "completed"}
