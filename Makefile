@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-unit test-e2e test-slow install clean
+.PHONY: up test test-unit test-fast test-e2e test-slow install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,12 +25,17 @@ up: $(STAMP) engine
 demo: $(STAMP)
 	$(PY) -m infra.local.demo
 
-## The whole test suite, end-to-end tests included (what CI runs).
-test: $(STAMP)
+## The whole test suite, end-to-end tests included (what CI runs); installs the engine first (a no-op
+## once installed), because the engine tests and the e2e batch suite run the real vLLM.
+test: $(STAMP) engine
 	$(PY) -m pytest
 
-## Without the end-to-end tests and the tests that need the real vLLM engine (`make engine`).
+## The unit level only: logic against in-memory fakes, no AWS, no engine (seconds).
 test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+## Everything but the end-to-end tests and the tests that need the real vLLM engine.
+test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e and not engine"
 
 test-e2e: $(STAMP)
