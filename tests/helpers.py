@@ -36,3 +36,16 @@ def assert_error(response: httpx2.Response, status: int, code: str | None, param
 def raw_client(api_url: str, key: str | None) -> httpx2.Client:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     return httpx2.Client(base_url=api_url, headers=headers, follow_redirects=False, timeout=30)
+
+
+def with_changes(obj: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A request line object with ``changes``: ``body_<field>`` sets a body field, None drops a
+    top-level field, anything else sets it."""
+    for key, value in changes.items():
+        if key.startswith("body_"):
+            obj["body"][key[5:]] = value
+        elif value is None:
+            obj.pop(key)
+        else:
+            obj[key] = value
+    return obj

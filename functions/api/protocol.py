@@ -17,14 +17,22 @@ from functions.core import ids, limits
 
 
 # --- Rules ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OneOf:
-    """The value is one of ``values``."""
+class _Checked:
+    """An ``Annotated`` constraint checked after the type's own validation (``_check`` raises a
+    ``PydanticCustomError`` whose message becomes the API's error message)."""
 
-    values: tuple[str, ...]
+    def _check(self, value: Any) -> Any:
+        raise NotImplementedError
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+
+@dataclass(frozen=True)
+class OneOf(_Checked):
+    """The value is one of ``values``."""
+
+    values: tuple[str, ...]
 
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
         return {**handler(schema), "enum": list(self.values)}
@@ -37,14 +45,11 @@ class OneOf:
 
 
 @dataclass(frozen=True)
-class Between:
+class Between(_Checked):
     """An integer from ``low`` to ``high``, both included."""
 
     low: int
     high: int
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self._check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
         return {**handler(schema), "minimum": self.low, "maximum": self.high}
@@ -58,14 +63,11 @@ class Between:
 
 
 @dataclass(frozen=True)
-class IdOf:
+class IdOf(_Checked):
     """An id of the ``kind`` of object whose ids start with ``prefix``."""
 
     prefix: str
     kind: str
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_after_validator_function(self._check, handler(source))
 
     def _check(self, value: str) -> str:
         if not ids.is_valid(value, self.prefix):

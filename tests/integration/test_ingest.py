@@ -8,6 +8,7 @@ from functions.core import clients, schema
 from functions.core.lines import iter_lines
 from functions.ingest import logic
 from functions.ingest.handler import IngestRecord, snapshot_keys
+from tests.helpers import with_changes
 from tests.integration.batch_helpers import CHAT, executions, line, run_ingest, submit, take_work
 
 
@@ -92,15 +93,7 @@ def test_bom_crlf_and_blank_lines(client, deployed):
 
 
 def bad(i, **changes):
-    obj = json.loads(line(i))
-    for key, value in changes.items():
-        if key.startswith("body_"):
-            obj["body"][key[5:]] = value
-        elif value is None:
-            obj.pop(key)
-        else:
-            obj[key] = value
-    return json.dumps(obj)
+    return json.dumps(with_changes(json.loads(line(i)), changes))
 
 
 def body_without_model(i):

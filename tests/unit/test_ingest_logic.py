@@ -13,6 +13,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
 from tests.fakes.aws import fake_stores, throttle
+from tests.helpers import with_changes
 
 CHAT, EMBED = "/v1/chat/completions", "/v1/embeddings"
 NOW = 1_000
@@ -25,14 +26,7 @@ SETTINGS = Settings(
 
 def line(i: int, model: str = "chat", **over) -> str:
     obj = {"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": model, "messages": []}}
-    for key, value in over.items():
-        if key.startswith("body_"):
-            obj["body"][key[5:]] = value
-        elif value is None:
-            obj.pop(key)
-        else:
-            obj[key] = value
-    return json.dumps(obj)
+    return json.dumps(with_changes(obj, over))
 
 
 def setup(content: bytes | list[str], **batch_over):
