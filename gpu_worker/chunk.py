@@ -113,15 +113,6 @@ def already_counted(stores: Stores, message: WorkMessage) -> bool:
     return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None
 
 
-def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:
-    """A counted chunk delivered again: its first delivery may have died between counting and
-    signalling; if every chunk is counted, resume the workflow (signalling twice is harmless)."""
-    batch = stores.batches.get(message.tenant, message.batch_id)
-    if batch is None or not accounting.all_counted(batch) or not batch.task_token:
-        return False
-    return accounting.signal(stores.workflows, batch.task_token, accounting.Signal.COMPLETE)
-
-
 async def process_chunk(
     stores: Stores,
     message: WorkMessage,
@@ -142,7 +133,7 @@ async def process_chunk(
     if await io(accounting.start_chunk, stores, message) is None:
         return ChunkReport(skipped=True)
     if await io(already_counted, stores, message):
-        await io(signal_if_all_counted, stores, message)
+        await io(accounting.signal_if_all_counted, stores, message)
         return ChunkReport(skipped=True)
     raws = await io(read_chunk, stores, message, max_line_bytes=max_line_bytes)
     requests = [r for r in raws if not r.blank]

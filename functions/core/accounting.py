@@ -120,6 +120,20 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
     # A duplicate of the last chunk reports last too: its first delivery may have died before
     # signalling, and signalling twice is harmless.
     last = all_counted(batch)
-    if last and batch.task_token:
-        signal(stores.workflows, batch.task_token, Signal.COMPLETE)
+    _complete_if_all_counted(stores, batch)
     return ChunkOutcome(counted=counted, last=last, batch=batch)
+
+
+def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:
+    """A counted chunk delivered again: its first delivery may have died between counting and
+    signalling; if every chunk is counted, resume the workflow (signalling twice is harmless)."""
+    batch = stores.batches.get(message.tenant, message.batch_id)
+    return batch is not None and _complete_if_all_counted(stores, batch)
+
+
+def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:
+    """Signal ``complete`` when every chunk is counted and the workflow waits (before it stored
+    its token, ``register`` sees the counts and resumes itself)."""
+    if not all_counted(batch) or not batch.task_token:
+        return False
+    return signal(stores.workflows, batch.task_token, Signal.COMPLETE)

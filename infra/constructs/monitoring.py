@@ -25,6 +25,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from functions.core.accounting import event_type
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.names import EVENT_SOURCE
 from infra.config import DeployConfig
@@ -64,7 +65,7 @@ WORKER_METRICS = {
 
 def batch_detail_types() -> list[str]:
     """The detail-types of the terminal batch events (``batch.<status>``, functions/core)."""
-    return [f"batch.{status}" for status in TERMINAL_STATUSES]
+    return [event_type(status) for status in TERMINAL_STATUSES]
 
 
 @jsii.implements(events.IRuleTarget)

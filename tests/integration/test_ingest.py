@@ -7,7 +7,7 @@ import pytest
 from functions.core import clients, schema
 from functions.core.lines import iter_lines
 from functions.ingest import logic
-from functions.ingest.handler import IngestRecord, snapshot_keys
+from functions.ingest.events import IngestRecord, snapshot_keys
 from tests.helpers import with_changes
 from tests.integration.batch_helpers import CHAT, executions, line, run_ingest, submit, take_work
 

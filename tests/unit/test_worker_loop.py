@@ -253,6 +253,9 @@ def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
     env = {
         **TEST_SETTINGS.to_env(), "WORKER_MODEL": "test-chat", "WORKER_QUEUE_URL": "http://127.0.0.1:9/queue",
         "WORKER_ENGINE_URL": f"http://127.0.0.1:{closed_port()}", "WORKER_HEALTH_TIMEOUT_SECONDS": "0.01",
+        # A service name of its own: Powertools keeps one handler per service name, bound to the
+        # stdout of whichever test first built it; a fresh name binds this test's captured stdout.
+        "WORKER_SERVICE": "gpu-worker-exit-status-test",
     }
     assert main(env) == 1
     assert "engine unavailable; exiting" in capsys.readouterr().out

@@ -1,0 +1,66 @@
+"""The ingest Lambda's event: an SQS record whose body is an S3 notification (or S3's test event),
+on powertools' parser models, and the batch input snapshot keys it names."""
+
+from typing import Literal
+from urllib.parse import unquote_plus
+
+from aws_lambda_powertools.utilities.parser.models import S3Model, S3RecordModel, SqsRecordModel
+from aws_lambda_powertools.utilities.parser.models.s3 import (
+    S3Bucket,
+    S3Identity,
+    S3Message,
+    S3OwnerIdentify,
+    S3RequestParameters,
+    S3ResponseElements,
+)
+from pydantic import BaseModel, Json
+
+from functions.core import schema
+
+
+class S3TestEvent(BaseModel):
+    """What S3 sends once when a notification is configured (not an object event)."""
+
+    Event: Literal["s3:TestEvent"]
+
+
+# powertools' S3 models require fields S3 always sends but the local deployment's moto omits and
+# ingest never reads (who made the request, the bucket owner): optional here.
+class _Bucket(S3Bucket):
+    ownerIdentity: S3OwnerIdentify | None = None  # type: ignore[assignment]
+
+
+class _Message(S3Message):
+    bucket: _Bucket  # type: ignore[assignment]
+
+
+class S3EventRecord(S3RecordModel):
+    userIdentity: S3Identity | None = None  # type: ignore[assignment]
+    requestParameters: S3RequestParameters | None = None  # type: ignore[assignment]
+    responseElements: S3ResponseElements | None = None  # type: ignore[assignment]
+    s3: _Message  # type: ignore[assignment]
+
+
+class S3Notification(S3Model):
+    Records: list[S3EventRecord]  # type: ignore[assignment]
+
+
+class IngestRecord(SqsRecordModel):
+    """An SQS record carrying an S3 notification (or S3's test event)."""
+
+    body: Json[S3TestEvent | S3Notification]  # type: ignore[assignment]
+
+
+def snapshot_keys(notification: S3TestEvent | S3Notification) -> list[str]:
+    """The batch input snapshot keys a notification names (test events, other events and other
+    keys: none). S3 URL-encodes keys in notifications."""
+    if isinstance(notification, S3TestEvent):
+        return []
+    keys = []
+    for record in notification.Records:
+        if not record.eventName.startswith("ObjectCreated:") or record.s3.object is None:
+            continue
+        key = unquote_plus(record.s3.object.key)
+        if schema.parse_batch_input_key(key):
+            keys.append(key)
+    return keys
