@@ -33,7 +33,7 @@ from . import state
 from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
-from .processes import Engines, EngineSpec, Workers
+from .processes import Engines, EngineSpec, Supervisor, Workers
 from .resources import create_resources, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
 from .ttl import start_sweeper
@@ -358,7 +358,9 @@ def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) ->
         return []
     specs = [EngineSpec(model, port or free_port(config.host)) for model, port in config.engine_ports]
     log_dir = config.state_path.parent / "logs"
-    return [Engines(specs, log_dir), Workers(specs, log_dir, environ)]
+    engines, workers = Engines(specs, log_dir), Workers(specs, log_dir, environ)
+    # Last, so it stops first: nothing is restarted while the workers drain and the engines stop.
+    return [engines, workers, Supervisor([*engines.children, *workers.children], log_dir / "supervisor.log")]
 
 
 def free_port(host: str) -> int:

@@ -4,6 +4,12 @@ small models) and one GPU worker per model beside it, as an ECS task runs them t
 Each runs in its own process group; stopping sends SIGTERM to the group and waits (SIGKILL after a
 timeout), so Ctrl-C on ``make up`` leaves nothing running. Their output goes to log files under
 the state directory.
+
+A ``Supervisor`` watches them as ECS watches a task: a child that dies on its own is restarted
+with exponential backoff (1 s doubling to 30 s; back to 1 s once a child has run for a minute),
+each restart logged to the console and to ``supervisor.log`` beside the children's logs. An engine
+is restarted alone: its worker keeps running, releases its chunks (EngineDown) and waits for
+/health, as it does at start.
 """
 
 import logging
@@ -11,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +40,25 @@ class ChildProcess:
         self._process: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The process (and process group) id of the running command, None if not started."""
+        return None if self._process is None else self._process.pid
+
+    def exit_code(self) -> int | None:
+        """The exit status once it has exited on its own (negative: killed by that signal)."""
+        return None if self._process is None else self._process.poll()
+
+    def note(self, message: str) -> None:
+        """A line in the child's own log (between its output)."""
+        if self._log is not None:
+            self._log.write(f"--- {message}\n".encode())
+            self._log.flush()
+
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
+        if self._log is None:
+            self._log = self.log_path.open("ab")
         self._process = subprocess.Popen(
             self._argv, env=dict(self._env()), stdout=self._log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
@@ -44,8 +67,18 @@ class ChildProcess:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def reap(self) -> None:
+        """After the command exited on its own: kill what is left of its process group (a
+        grandchild that outlived it would hold the engine's port)."""
+        if self._process is not None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._process.wait()
+
     def stop(self, timeout: float = 30.0) -> None:
-        process, self._process = self._process, None
+        process = self._process
         if process is not None and process.poll() is None:
             try:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -55,6 +88,8 @@ class ChildProcess:
                 process.wait()
             except ProcessLookupError:
                 pass
+        self.reap()
+        self._process = None
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -97,6 +132,10 @@ class Engines:
             for s in self.specs
         ]
 
+    @property
+    def children(self) -> list[ChildProcess]:
+        return list(self._children)
+
     def start(self) -> None:
         for child in self._children:
             child.start()
@@ -136,12 +175,19 @@ class Workers:
                     # the CPU engine's sweet spot (docs/engine.md: 64 concurrent requests)
                     "WORKER_MAX_IN_FLIGHT": "64",
                     "WORKER_DRAIN_SECONDS": "10",
+                    # A chunk held by a worker that died (SIGKILL) is taken again once its
+                    # visibility lapses: 30 s here (heartbeats every 10 s) instead of 120 s.
+                    "WORKER_VISIBILITY_SECONDS": "30",
                     "WORKER_METRICS_INTERVAL_SECONDS": "30",
                 },
                 log_dir / f"worker-{s.model}.log",
             )
             for s in specs
         ]
+
+    @property
+    def children(self) -> list[ChildProcess]:
+        return list(self._children)
 
     def start(self) -> None:
         for child in self._children:
@@ -154,3 +200,122 @@ class Workers:
     def stop(self) -> None:
         for child in self._children:
             child.stop()
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before restarting a child that died: ``initial`` doubling up to ``maximum`` on each
+    death in a row; a child that had run ``reset_after`` seconds starts again from ``initial``."""
+
+    initial: float = 1.0
+    maximum: float = 30.0
+    reset_after: float = 60.0
+
+    def delay(self, previous: float | None, ran_for: float) -> float:
+        if previous is None or ran_for >= self.reset_after:
+            return self.initial
+        return min(self.maximum, previous * 2)
+
+
+@dataclass
+class Restart:
+    """One restart decision, as logged: which child, how it exited, how long it waits."""
+
+    name: str
+    exit_code: int | None
+    delay: float
+
+
+@dataclass
+class _Watched:
+    child: ChildProcess
+    started_at: float
+    last_delay: float | None = None
+    due: float | None = None  # when a dead child is to be started again
+
+
+class Supervisor:
+    """Watches child processes and restarts those that die on their own (see the module doc).
+
+    ``step()`` is one look at every child (what the watch thread does every ``poll_seconds``);
+    ``clock`` and ``wait`` (returns True once stopped) are injectable so tests drive time."""
+
+    name = "supervisor"
+
+    def __init__(
+        self, children: Sequence[ChildProcess], log_path: Path, *, backoff: Backoff = Backoff(),
+        poll_seconds: float = 0.5, clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], bool] | None = None,
+    ):
+        self._children = list(children)
+        self.log_path, self.backoff, self._poll, self._clock = log_path, backoff, poll_seconds, clock
+        self._stop = threading.Event()
+        self._wait = wait or self._stop.wait
+        self._watched: list[_Watched] = []
+        self._thread: threading.Thread | None = None
+        #: Every restart decided, oldest first.
+        self.restarts: list[Restart] = []
+
+    def watch(self) -> None:
+        """Take the children (already started, by Engines and Workers) under watch."""
+        self._stop.clear()
+        now = self._clock()
+        self._watched = [_Watched(child, now) for child in self._children]
+
+    def start(self) -> None:
+        """Watch the children in a thread of its own."""
+        self.watch()
+        self._thread = threading.Thread(target=self.run, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            if self._wait(self._poll):
+                return
+
+    def step(self) -> None:
+        now = self._clock()
+        for w in self._watched:
+            if self._stop.is_set():
+                return
+            if w.due is not None:
+                if now >= w.due:
+                    w.due, w.started_at = None, now
+                    w.child.start()
+                    self._record(f"{w.child.name} restarted (pid {w.child.pid})", w.child)
+            elif not w.child.alive():
+                code = w.child.exit_code()
+                w.child.reap()
+                w.last_delay = self.backoff.delay(w.last_delay, now - w.started_at)
+                w.due = now + w.last_delay
+                self.restarts.append(Restart(w.child.name, code, w.last_delay))
+                self._record(f"{w.child.name} exited ({describe(code)}): restarting in {w.last_delay:g} s", w.child)
+
+    def stop(self) -> None:
+        """Stop watching (the children are stopped by their own components, after this)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _record(self, message: str, child: ChildProcess) -> None:
+        log.warning("%s", message)
+        child.note(f"supervisor: {message}")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a") as out:
+                out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}\n")
+        except OSError:
+            log.exception("could not write %s", self.log_path)
+
+
+def describe(code: int | None) -> str:
+    if code is None:
+        return "status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"status {code}"
