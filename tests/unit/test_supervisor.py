@@ -7,6 +7,7 @@ Time is a fake clock; the supervisor's waits are injected."""
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,13 @@ import pytest
 from infra.local.processes import Backoff, ChildProcess, Restart, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
-#: A leader that leaves a grandchild in its process group (as vLLM's engine-core process would).
-WITH_GRANDCHILD = ["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' & wait"]
+
+
+def with_grandchild(ready: Path) -> list[str]:
+    """A leader whose grandchild (as vLLM's engine-core process) lives on in its process group if
+    the leader alone is killed; the grandchild creates ``ready`` once running."""
+    grandchild = f"import time, pathlib; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    return ["bash", "-c", f'{sys.executable} -c "{grandchild}" & wait']
 
 
 class Clock:
@@ -27,11 +33,15 @@ class Clock:
 
 
 def group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """True while a process of group ``pgid`` runs (zombies, not yet reaped by init, do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def kill(child: ChildProcess) -> int:
@@ -122,21 +132,40 @@ def test_the_watch_loop_restarts_a_dead_child_after_its_delay(children, tmp_path
     assert engine.alive()
 
 
-def test_what_is_left_of_a_dead_childs_group_is_killed_before_the_restart(tmp_path):
-    child = ChildProcess("engine-m", WITH_GRANDCHILD, lambda: os.environ, tmp_path / "engine-m.log")
+def start_leaving_a_grandchild(tmp_path: Path) -> ChildProcess:
+    """A child whose leader is SIGKILLed alone once its grandchild runs: the group lives on."""
+    ready = tmp_path / "grandchild-running"
+    child = ChildProcess("engine-m", with_grandchild(ready), lambda: os.environ, tmp_path / "engine-m.log")
     child.start()
+    for _ in range(500):  # until the grandchild runs (at most ~10 s)
+        if ready.exists():
+            break
+        time.sleep(0.02)
+    assert ready.exists()
+    leader = child.pid
+    os.kill(leader, signal.SIGKILL)
+    os.waitid(os.P_PID, leader, os.WEXITED | os.WNOWAIT)
+    assert group_exists(leader)
+    return child
+
+
+def test_what_is_left_of_a_dead_childs_group_is_killed_before_the_restart(tmp_path):
+    child = start_leaving_a_grandchild(tmp_path)
+    leader = child.pid
     try:
-        clock = Clock()
-        sup = Supervisor([child], tmp_path / "supervisor.log", clock=clock)
+        sup = Supervisor([child], tmp_path / "supervisor.log", clock=Clock())
         sup.watch()
-        leader = child.pid
-        os.kill(leader, signal.SIGKILL)  # the leader only: its grandchild lives on in the group
-        os.waitid(os.P_PID, leader, os.WEXITED | os.WNOWAIT)
-        assert group_exists(leader)
         sup.step()
         assert not group_exists(leader)
     finally:
         child.stop(timeout=5)
+
+
+def test_stopping_a_child_whose_leader_died_kills_the_rest_of_its_group(tmp_path):
+    child = start_leaving_a_grandchild(tmp_path)
+    leader = child.pid
+    child.stop(timeout=5)
+    assert not group_exists(leader)
 
 
 def test_stopping_leaves_nothing_running_and_restarts_nothing(children, tmp_path):
