@@ -1,5 +1,6 @@
 """Every failure the api Lambda answers, as OpenAI's error envelope, in one place: typed errors,
-request validation (the rules of ``protocol``), unknown routes and unexpected exceptions."""
+request validation (the rules of ``protocol``), a reused or busy ``Idempotency-Key``, unknown routes
+and unexpected exceptions."""
 
 import json
 from typing import Any
@@ -8,10 +9,26 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.utilities.idempotency.exceptions import (
+    IdempotencyAlreadyInProgressError,
+    IdempotencyValidationError,
+)
 
-from functions.core.errors import ApiError, InvalidRequest, NotFound, ServerError
+from functions.core.errors import ApiError, Conflict, InvalidRequest, NotFound, ServerError
 
 from .protocol import MAP_FIELDS
+
+#: The same ``Idempotency-Key`` sent with another body (powertools' payload validation failed).
+KEY_REUSED = Conflict(
+    "This Idempotency-Key was already used with a different request body in the last 24 hours. "
+    "Send a new key for a new request, or the same body to get the batch the key created.",
+    code="idempotency_key_reused",
+)
+#: The same ``Idempotency-Key`` (and body) while the create it started is still running.
+KEY_IN_PROGRESS = Conflict(
+    "A request with this Idempotency-Key is still being processed. Retry it in a moment to get its result.",
+    code="idempotency_key_in_progress",
+)
 
 #: Where powertools says a value came from (the first element of an error's loc).
 _SOURCES = ("body", "query", "path", "form", "header")
@@ -31,6 +48,14 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
     @app.exception_handler(RequestValidationError)
     def handle_validation_error(error: RequestValidationError) -> Response:
         return envelope(validation_to_api_error(error.errors()))
+
+    @app.exception_handler(IdempotencyValidationError)
+    def handle_key_reused(_: IdempotencyValidationError) -> Response:
+        return envelope(KEY_REUSED)
+
+    @app.exception_handler(IdempotencyAlreadyInProgressError)
+    def handle_key_in_progress(_: IdempotencyAlreadyInProgressError) -> Response:
+        return envelope(KEY_IN_PROGRESS)
 
     @app.not_found
     def handle_not_found(_: NotFoundError) -> Response:

@@ -1,8 +1,11 @@
-"""Idempotent batch create (powertools idempotency) and the persistence it keeps its records in.
+"""Idempotent batch create, OpenAI's way (powertools idempotency), and the persistence it keeps its
+records in.
 
-A create retried with the same ``Idempotency-Key`` header returns the first batch for 24 hours;
-without the header, an identical body from the same tenant within 10 minutes does (this covers
-the SDK's automatic retries, which send no key).
+Only a create that sends an ``Idempotency-Key`` header is idempotent: the same tenant, key and body
+return the first batch for 24 hours; the same key with another body raises powertools'
+``IdempotencyValidationError`` (the payload hash differs), and the same key while the first create is
+still running raises ``IdempotencyAlreadyInProgressError``; ``errors`` renders both as 409. Without
+the header every create is a new batch, as on OpenAI (the SDK's automatic retries send no key).
 """
 
 from collections.abc import Callable
@@ -24,7 +27,6 @@ from . import batches
 from .protocol import CreateBatchBody
 
 KEYED_IDEMPOTENCY_SECONDS = 86_400
-BODY_IDEMPOTENCY_SECONDS = 600
 
 
 def persistence_layer(settings: Settings, scope: str) -> DynamoDBPersistenceLayer:
@@ -41,7 +43,7 @@ def persistence_layer(settings: Settings, scope: str) -> DynamoDBPersistenceLaye
 
 
 class CreateBatchRequest(BaseModel):
-    """What makes two creates the same: the tenant, and the key header or else the body."""
+    """A create: the tenant and key make its idempotency key, the body its payload hash."""
 
     tenant: str
     key: str | None = None
@@ -53,24 +55,27 @@ def _create(request: CreateBatchRequest) -> Batch:
 
 
 @deps.per_process
-def _once() -> dict[bool, tuple[Callable[..., Batch], IdempotencyConfig]]:
-    """The create wrapped twice, keyed by header (True) or by body (False)."""
-
-    def wrap(keyed_by: str, seconds: int) -> tuple[Callable[..., Batch], IdempotencyConfig]:
-        config = IdempotencyConfig(event_key_jmespath=f"[tenant, {keyed_by}]", expires_after_seconds=seconds)
-        function = idempotent_function(
-            _create,
-            data_keyword_argument="request",
-            persistence_store=persistence_layer(deps.settings(), f"create_batch#{keyed_by}"),
-            config=config,
-            output_serializer=PydanticSerializer(Batch),
-        )
-        return function, config
-
-    return {True: wrap("key", KEYED_IDEMPOTENCY_SECONDS), False: wrap("body", BODY_IDEMPOTENCY_SECONDS)}
+def _keyed() -> tuple[Callable[..., Batch], IdempotencyConfig]:
+    """The create wrapped once: keyed by ``[tenant, key]``, the body validated against the record."""
+    config = IdempotencyConfig(
+        event_key_jmespath="[tenant, key]",
+        payload_validation_jmespath="body",
+        expires_after_seconds=KEYED_IDEMPOTENCY_SECONDS,
+    )
+    function = idempotent_function(
+        _create,
+        data_keyword_argument="request",
+        persistence_store=persistence_layer(deps.settings(), "create_batch#key"),
+        config=config,
+        output_serializer=PydanticSerializer(Batch),
+    )
+    return function, config
 
 
 def create_batch(request: CreateBatchRequest, lambda_context: Any) -> Batch:
-    function, config = _once()[request.key is not None]
+    """A new batch, unless ``request.key`` was used by this tenant in the last 24 hours."""
+    if request.key is None:
+        return _create(request)
+    function, config = _keyed()
     config.register_lambda_context(lambda_context)
     return function(request=request)

@@ -47,44 +47,111 @@ def test_create_matches_openai_and_snapshots_the_input(raw, batch_file, stores, 
     assert client.batches.retrieve(batch.id).id == batch.id
 
 
-def test_retried_create_returns_the_same_batch(client, batch_file):
+def test_without_a_key_every_create_is_a_new_batch(client, batch_file):
+    """As on OpenAI: no Idempotency-Key, no deduplication (the SDK's own retries send no key)."""
     args = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h"}
     first = client.batches.create(**args)
-    again = client.batches.create(**args)  # what the SDK's automatic retry sends
-    assert again.id == first.id
-    keyed = client.batches.create(**args, extra_headers={"Idempotency-Key": "k1"})
-    assert keyed.id != first.id
-    assert client.batches.create(**args, metadata={"x": "y"}, extra_headers={"Idempotency-Key": "k1"}).id == keyed.id
-    assert client.batches.create(**args, metadata={"x": "y"}).id not in (first.id, keyed.id)
-    assert len(client.batches.list().data) == 3
+    second = client.batches.create(**args)
+    assert second.id != first.id
+    assert client.batches.cancel(first.id).status in ("cancelling", "cancelled")
+    third = client.batches.create(**args)  # create -> cancel -> create again: a new, live batch
+    assert third.id not in (first.id, second.id) and third.status == "validating"
+    assert sorted(b.id for b in client.batches.list().data) == sorted([first.id, second.id, third.id])
 
 
-def test_idempotency_records_last_24_hours_with_a_key_and_10_minutes_without(client, batch_file, settings):
+def idempotency_records(settings, scope="create_batch#key"):
     from boto3.dynamodb.conditions import Key
 
     from functions.core import clients
 
     table = clients.dynamodb_table(settings.table_name)
+    return table.query(KeyConditionExpression=Key("pk").eq(f"IDEMPOTENCY#{scope}"))["Items"]
 
-    def records(keyed_by):
-        return table.query(KeyConditionExpression=Key("pk").eq(f"IDEMPOTENCY#create_batch#{keyed_by}"))["Items"]
 
-    args = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h"}
+def test_same_key_and_body_return_the_first_batch_for_24_hours(client, batch_file, settings):
+    args = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h", "metadata": {"team": "nlp"}}
     before = int(time.time())
-    client.batches.create(**args)
-    client.batches.create(**args, extra_headers={"Idempotency-Key": "k1"})
+    first = client.batches.create(**args, extra_headers={"Idempotency-Key": "k1"})
+    again = client.batches.create(**args, extra_headers={"Idempotency-Key": "k1"})
+    assert again.model_dump() == first.model_dump()
+    other_key = client.batches.create(**args, extra_headers={"Idempotency-Key": "k2"})
     after = int(time.time())
-    (by_body,), (by_key,) = records("body"), records("key")
-    assert before + 10 * 60 <= by_body["ttl"] <= after + 10 * 60
-    assert before + 24 * 3_600 <= by_key["ttl"] <= after + 24 * 3_600
-    assert by_body["status"] == by_key["status"] == "COMPLETED"
+    assert other_key.id != first.id
+    assert sorted(b.id for b in client.batches.list().data) == sorted([other_key.id, first.id])
+    records = idempotency_records(settings)
+    assert len(records) == 2 and {r["status"] for r in records} == {"COMPLETED"}
+    for record in records:
+        assert before + 24 * 3_600 <= record["ttl"] <= after + 24 * 3_600
+    client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
+    assert len(idempotency_records(settings)) == 2  # a create without a key keeps no record
+    assert idempotency_records(settings, "create_batch#body") == []
 
 
-def test_idempotency_is_per_tenant(client, other_client, batch_file):
+@pytest.mark.parametrize(
+    "change",
+    [{"metadata": {"team": "cv"}}, {"metadata": None}, {"completion_window": "1h"}, {"endpoint": "/v1/completions"}],
+)
+def test_same_key_with_another_body_is_409(raw, client, batch_file, change):
+    body = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h", "metadata": {"team": "nlp"}}
+    headers = {"Idempotency-Key": "k1"}
+    first = raw.post("/batches", json=body, headers=headers)
+    assert first.status_code == 200, first.text
+    other = {k: v for k, v in {**body, **change}.items() if v is not None}
+    assert_error(raw.post("/batches", json=other, headers=headers), 409, "idempotency_key_reused", None, message="different request body")
+    with pytest.raises(openai.ConflictError) as info:
+        client.batches.create(**other, extra_headers=headers)
+    assert info.value.status_code == 409 and info.value.code == "idempotency_key_reused"
+    assert info.value.type == "invalid_request_error"
+    # the key still answers its own body with its batch, and nothing else was created
+    assert raw.post("/batches", json=body, headers=headers).json()["id"] == first.json()["id"]
+    assert [b.id for b in client.batches.list().data] == [first.json()["id"]]
+
+
+def test_a_failed_keyed_create_keeps_no_record(raw, batch_file, settings):
+    headers = {"Idempotency-Key": "k1"}
+    body = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h"}
+    missing = {**body, "input_file_id": "file-01m8n7xjx1bekcr5r3de2q3dfv"}
+    assert_error(raw.post("/batches", json=missing, headers=headers), 404, None, "input_file_id")
+    assert idempotency_records(settings) == []
+    created = raw.post("/batches", json=body, headers=headers)  # the key is free for the corrected body
+    assert created.status_code == 200, created.text
+    assert raw.post("/batches", json=body, headers=headers).json()["id"] == created.json()["id"]
+
+
+def test_same_key_while_the_first_create_runs_is_409(raw, client, batch_file, api_url, keys, monkeypatch):
+    from functions.api import batches
+    from tests.helpers import raw_client
+
+    body = {"input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h"}
+    headers = {"Idempotency-Key": "k1"}
+    real_create = batches.create_batch
+    concurrent = []
+
+    def create_while_another_arrives(*args, **kwargs):
+        if not concurrent:  # the same create arrives while the first is still inside create_batch
+            with raw_client(api_url, keys["acme"]) as second_client:
+                concurrent.append(second_client.post("/batches", json=body, headers=headers))
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(batches, "create_batch", create_while_another_arrives)
+    first = raw.post("/batches", json=body, headers=headers)
+    assert first.status_code == 200, first.text
+    assert_error(concurrent[0], 409, "idempotency_key_in_progress", None, message="still being processed")
+    assert raw.post("/batches", json=body, headers=headers).json()["id"] == first.json()["id"]
+    assert [b.id for b in client.batches.list().data] == [first.json()["id"]]
+
+
+def test_idempotency_keys_are_per_tenant(client, other_client, batch_file):
     other_file = input_file(other_client, [line(0)])
-    mine = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers={"Idempotency-Key": "same"})
-    theirs = other_client.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers={"Idempotency-Key": "same"})
+    headers = {"Idempotency-Key": "same"}
+    mine = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers)
+    theirs = other_client.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers)
     assert mine.id != theirs.id
+    assert [b.id for b in client.batches.list().data] == [mine.id]
+    assert [b.id for b in other_client.batches.list().data] == [theirs.id]
+    # each tenant's key still returns its own batch
+    assert client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers).id == mine.id
+    assert other_client.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers).id == theirs.id
 
 
 @pytest.mark.parametrize(
