@@ -55,6 +55,11 @@ class Throttled(ApiError):
     default_code = "service_unavailable"
 
 
+class TransactionConflict(Throttled):
+    """DynamoDB kept refusing a write because another transaction held the same item, after the
+    adapter's own retries: retryable, answered like ``Throttled``."""
+
+
 def not_found(kind: str, object_id: str, param: str = "id") -> NotFound:
     """OpenAI's wording for an unknown (or another tenant's) object."""
     return NotFound(f"No such {kind} object: {object_id}", param=param)

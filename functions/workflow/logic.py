@@ -2,6 +2,7 @@
 
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
+import logging
 from typing import Any
 
 from functions.core import accounting, ids, limits, results, schema
@@ -176,24 +177,40 @@ def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: O
     return count
 
 
+#: What a tenant reads on a batch the workflow had to fail: short and true, never the cause itself
+#: (Step Functions' Cause holds stack traces, ARNs and the account id); the cause goes to the logs.
+FAILED_ERROR: dict[str, Any] = {
+    "code": "batch_failed",
+    "message": (
+        "The batch could not be finalized because of an internal error, so its results are not "
+        "available. Submit its requests again in a new batch."
+    ),
+    "param": None,
+    "line": None,
+}
+
+#: The workflow's log (a child of the handler's Powertools logger "batch-api-workflow", whose
+#: handler and keys, such as batch_id, its records use in Lambda).
+logger = logging.getLogger("batch-api-workflow.logic")
+
+
 def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int) -> dict[str, Any]:
-    """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``."""
+    """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``. The
+    tenant reads ``FAILED_ERROR``; the full cause is logged."""
     batch = _batch(stores, tenant, batch_id)
+    logger.error(
+        "batch workflow failed: %s", error.describe(),
+        extra={"tenant": tenant, "batch_id": batch_id, "error": error.Error, "cause": error.Cause,
+               "status": batch.status},
+    )
     if batch.status not in TERMINAL_STATUSES:
-        cause = error.describe()[:500]
         try:
             batch = stores.batches.update(
                 batch.tenant, batch.id,
-                values={
-                    "status": "failed",
-                    "failed_at": now,
-                    "accepting": False,
-                    "errors": [{"code": "batch_failed", "message": f"The batch could not be finalized: {cause}", "param": None, "line": None}],
-                },
+                values={"status": "failed", "failed_at": now, "accepting": False, "errors": [dict(FAILED_ERROR)]},
                 expect={"status": ("validating", "in_progress", "finalizing", "cancelling")},
             )
         except ConditionFailed:
             batch = _batch(stores, tenant, batch_id)
     accounting.publish_status(stores.events, batch)
     return {"status": batch.status}
-

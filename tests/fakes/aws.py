@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core.errors import ConditionFailed, Throttled
+from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
 from functions.core.records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord
 
@@ -34,9 +34,9 @@ def throttle() -> Throttled:
     return Throttled("The service is busy; retry the request shortly.")
 
 
-def conflict() -> Throttled:
-    """A DynamoDB TransactionConflictException, as the adapters report it today."""
-    return Throttled("TransactionConflict")
+def conflict() -> TransactionConflict:
+    """A DynamoDB transaction conflict, as the adapters report it once their own retries gave up."""
+    return TransactionConflict("The service is busy; retry the request shortly.")
 
 
 def condition_failed() -> ConditionFailed:

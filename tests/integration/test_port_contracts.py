@@ -117,3 +117,28 @@ def test_queue_receipts(ports: Stores, queue_url: str):
     for r in [*got[1:], *again]:
         queue.delete(r.receipt)
     assert queue.receive(10, 0, 60) == []
+
+
+def test_a_conflict_the_store_gives_up_on_is_typed_and_counts_nothing(ports: Stores, request: pytest.FixtureRequest):
+    """Counting on a busy batch: a transaction conflict the store could not retry away surfaces as
+    ``TransactionConflict`` (a ``Throttled``), with nothing counted; the next try counts once."""
+    from functions.core.errors import Throttled, TransactionConflict
+    from tests.fakes.aws import conflict
+
+    if isinstance(ports, type(fake_stores())):
+        ports.faults.fail("batches.count_chunk", conflict())
+    else:
+        from tests.integration.test_aws_faults import conflicted_transaction, faulty_stores
+
+        faulty = faulty_stores(ports, request.getfixturevalue("deployed"), attempts=2)
+        faulty.faults.fail("TransactWriteItems", conflicted_transaction(), times=2)
+        ports = faulty.stores
+    ports.batches.create(new_batch())
+    with pytest.raises(TransactionConflict) as raised:
+        ports.batches.count_chunk(marker(0))
+    assert isinstance(raised.value, Throttled)
+    assert ports.batches.get("acme", "batch_c1").chunks_done == 0
+    assert ports.batches.counted_chunk("acme", "batch_c1", 0) is None
+    assert ports.batches.count_chunk(marker(0))
+    assert not ports.batches.count_chunk(marker(0))
+    assert ports.batches.get("acme", "batch_c1").chunks_done == 1

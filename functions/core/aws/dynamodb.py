@@ -4,45 +4,87 @@ it are in ``repos``."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from boto3.dynamodb.conditions import Attr, ConditionExpressionBuilder, Key
 
 from .. import schema
-from ..errors import ConditionFailed
+from ..errors import Throttled
 from .errors import translate
 
-class Table:
-    """A thin adapter over a boto3 ``Table`` resource speaking in items."""
+T = TypeVar("T")
 
-    def __init__(self, table: Any):
+#: Attempts of one call (the first included) when DynamoDB answers with a transaction conflict or
+#: a throttling that botocore's own retries gave up on; between attempts a full-jitter exponential
+#: backoff: a random wait in [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**(n-1))) after the n-th attempt.
+#: Documented in docs/reliability.md ("Transient AWS errors").
+ATTEMPTS = 6
+BACKOFF_BASE_SECONDS = 0.025
+BACKOFF_CAP_SECONDS = 1.0
+
+
+class Table:
+    """A thin adapter over a boto3 ``Table`` resource speaking in items.
+
+    Every call is retried where the fault occurs when DynamoDB says the request was not applied
+    because the item is busy: ``TransactionConflictException``, a ``TransactionCanceledException``
+    whose reasons say ``TransactionConflict`` (or throttling), and throttling codes botocore gave
+    up on. ``attempts`` calls at most, with a jittered exponential ``sleep`` between them; then
+    ``TransactionConflict`` / ``Throttled``. A cancelled transaction with a
+    ``ConditionalCheckFailed`` reason raises ``ConditionFailed`` at once (never retried)."""
+
+    def __init__(
+        self,
+        table: Any,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        attempts: int = ATTEMPTS,
+        backoff_base: float = BACKOFF_BASE_SECONDS,
+        backoff_cap: float = BACKOFF_CAP_SECONDS,
+        jitter: Callable[[], float] = random.random,
+    ):
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
         self._table = table
+        self._sleep, self._attempts, self._jitter = sleep, attempts, jitter
+        self._backoff_base, self._backoff_cap = backoff_base, backoff_cap
+
+    def _call(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """``fn(**kwargs)`` with AWS errors translated, retried while DynamoDB is busy."""
+        attempt = 1
+        while True:
+            try:
+                with translate():
+                    return fn(**kwargs)
+            except Throttled:  # TransactionConflict included; ConditionFailed is not one
+                if attempt >= self._attempts:
+                    raise
+                self._sleep(self._jitter() * min(self._backoff_cap, self._backoff_base * 2 ** (attempt - 1)))
+                attempt += 1
 
     def put(self, item: dict[str, Any], *, if_absent: bool = False) -> None:
         kwargs: dict[str, Any] = {"Item": item}
         if if_absent:
             kwargs["ConditionExpression"] = Attr(schema.PK).not_exists()
-        with translate():
-            self._table.put_item(**kwargs)
+        self._call(self._table.put_item, **kwargs)
 
     def get(self, pk: str, sk: str) -> dict[str, Any] | None:
-        with translate():
-            return self._table.get_item(Key={schema.PK: pk, schema.SK: sk}, ConsistentRead=True).get("Item")
+        return self._call(self._table.get_item, Key={schema.PK: pk, schema.SK: sk}, ConsistentRead=True).get("Item")
 
     def delete(self, pk: str, sk: str) -> dict[str, Any] | None:
         """Delete and return the old item (None if there was none)."""
-        with translate():
-            resp = self._table.delete_item(Key={schema.PK: pk, schema.SK: sk}, ReturnValues="ALL_OLD")
+        resp = self._call(self._table.delete_item, Key={schema.PK: pk, schema.SK: sk}, ReturnValues="ALL_OLD")
         return resp.get("Attributes")
 
     def update(self, op: "Update") -> dict[str, Any]:
         """Apply one conditional update; returns the new item (ConditionFailed if it does not hold)."""
         request = op.render(self._table.name)["Update"]
         del request["TableName"]
-        with translate():
-            return self._table.update_item(**request, ReturnValues="ALL_NEW")["Attributes"]
+        return self._call(self._table.update_item, **request, ReturnValues="ALL_NEW")["Attributes"]
 
     def set_if(self, pk: str, sk: str, values: dict[str, Any], *, expect: dict[str, Any]) -> dict[str, Any]:
         """Set attributes only if the item exists and matches ``expect``; returns the new item."""
@@ -82,8 +124,7 @@ class Table:
             kwargs["ConsistentRead"] = True
         out: list[dict[str, Any]] = []
         while True:
-            with translate():
-                resp = self._table.query(**kwargs)
+            resp = self._call(self._table.query, **kwargs)
             for item in resp["Items"]:
                 if not item[sk_name].startswith(prefix):
                     return out, False
@@ -106,24 +147,17 @@ class Table:
                 }
             }
             while request:
-                with translate():
-                    resp = self._table.meta.client.batch_get_item(RequestItems=request)
+                resp = self._call(self._table.meta.client.batch_get_item, RequestItems=request)
                 out.extend(resp["Responses"].get(self._table.name, []))
                 request = resp.get("UnprocessedKeys") or {}
         return out
 
     def transact(self, ops: list["Put | Update"]) -> None:
         """Apply all ``ops`` atomically; ConditionFailed if any condition does not hold.
-        (The resource's client serializes native values, as for every other call here.)"""
-        client = self._table.meta.client
-        with translate():
-            try:
-                client.transact_write_items(TransactItems=[op.render(self._table.name) for op in ops])
-            except client.exceptions.TransactionCanceledException as exc:
-                reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
-                if "ConditionalCheckFailed" in reasons:
-                    raise ConditionFailed(",".join(str(r) for r in reasons)) from exc
-                raise
+        (The resource's client serializes native values, as for every other call here.) A
+        cancelled transaction applied nothing, so retrying one that conflicted is safe."""
+        items = [op.render(self._table.name) for op in ops]
+        self._call(self._table.meta.client.transact_write_items, TransactItems=items)
 
 
 def _render(condition: Any, names: dict[str, str], values: dict[str, Any]) -> str:

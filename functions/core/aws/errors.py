@@ -1,21 +1,37 @@
 """AWS error codes translated into domain errors, in one place: conditional-check failures become
-``ConditionFailed``, throttling and conflicts ``Throttled``. Nothing above the adapters matches on
-AWS error text."""
+``ConditionFailed``; throttling ``Throttled``; transaction conflicts ``TransactionConflict`` (a
+``Throttled``). Nothing above the adapters matches on AWS error text.
+
+A ``TransactWriteItems`` that DynamoDB cancels reports why per item in ``CancellationReasons``:
+one ``ConditionalCheckFailed`` makes it a ``ConditionFailed`` (whatever the other reasons say);
+otherwise a ``TransactionConflict`` reason is a conflict and a throttling reason is throttling.
+Throttled and conflicting writes were not applied, so the caller may retry them (the DynamoDB
+adapter does: ``dynamodb.Table``; see docs/reliability.md, "Transient AWS errors")."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from botocore.exceptions import ClientError
 
-from ..errors import ConditionFailed, Throttled
+from ..errors import ConditionFailed, Throttled, TransactionConflict
 
 _THROTTLING = {
     "ProvisionedThroughputExceededException",
     "ThrottlingException",
     "RequestLimitExceeded",
     "SlowDown",
-    "TransactionConflictException",
 }
+_CONFLICT = "TransactionConflictException"
+_CANCELLED = "TransactionCanceledException"
+#: Cancellation reasons (per item of a transaction) that mean "busy, try again".
+_THROTTLING_REASONS = {"ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded"}
+_CONFLICT_REASON = "TransactionConflict"
+
+BUSY_MESSAGE = "The service is busy; retry the request shortly."
+
+
+def _cancellation_reasons(exc: ClientError) -> list[str]:
+    return [str(r.get("Code")) for r in exc.response.get("CancellationReasons", []) or []]
 
 
 @contextmanager
@@ -26,6 +42,16 @@ def translate() -> Iterator[None]:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
             raise ConditionFailed(code) from exc
+        if code == _CONFLICT:
+            raise TransactionConflict(BUSY_MESSAGE) from exc
         if code in _THROTTLING:
-            raise Throttled("The service is busy; retry the request shortly.") from exc
+            raise Throttled(BUSY_MESSAGE) from exc
+        if code == _CANCELLED:
+            reasons = _cancellation_reasons(exc)
+            if "ConditionalCheckFailed" in reasons:
+                raise ConditionFailed(",".join(reasons)) from exc
+            if _CONFLICT_REASON in reasons:
+                raise TransactionConflict(BUSY_MESSAGE) from exc
+            if _THROTTLING_REASONS.intersection(reasons):
+                raise Throttled(BUSY_MESSAGE) from exc
         raise
