@@ -141,7 +141,9 @@ class BatchRepo:
 
     def count_chunk(self, marker: ChunkRecord) -> bool:
         """Count a finished chunk exactly once: its marker and the batch counters in one
-        transaction, only while the batch accepts chunks. False for a duplicate or late chunk."""
+        transaction, only while the batch accepts chunks. False for a duplicate or late chunk.
+        Every worker counts on the batch's item: a transaction conflict there is retried by the
+        ``Table`` (docs/reliability.md), so the chunk is not run again for it."""
         counters = {
             "completed": marker.completed,
             "failed": marker.failed,
