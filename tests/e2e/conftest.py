@@ -114,6 +114,31 @@ class LocalDeployment:
                 continue
         return found
 
+    def child_group(self, kind: str, model: str) -> int | None:
+        """The process group of this deployment's ``kind`` ("engine" or "worker") for ``model``: its
+        leader's pid (engines and workers each lead a group of their own), None if none runs now."""
+        marker = f"{local_state.STATE_DIR_ENV}={self.state_dir}".encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            pid = int(proc.name)
+            try:
+                if os.getpgid(pid) != pid:
+                    continue
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if marker not in environ or state == "Z":
+                continue
+            worker = b"gpu_worker" in argv
+            if kind == "worker" and worker and f"WORKER_MODEL={model}".encode() in environ:
+                return pid
+            if kind == "engine" and not worker and any(model.encode() in a for a in argv):
+                return pid
+        return None
+
     def group_alive(self) -> bool:
         """True while any process of the deployment's session (its process group) exists."""
         try:
