@@ -3,7 +3,9 @@
 Environment: ``PORT`` (API, default 8080), ``MOTO_PORT`` (moto, default 4566), ``BATCHAPI_LOCAL_STATE_DIR``
 (where endpoint.json and the engines' and workers' logs go, default <repo>/.local-state),
 ``BATCHAPI_LOCAL_ENGINES=0`` (no engines and workers). Port 0 picks a free port. Ctrl-C (SIGINT) or
-SIGTERM stops everything it started; the exit status is 0 when everything stopped cleanly.
+SIGTERM stops everything it started; the exit status is 0 when everything stopped cleanly. An
+engine or worker that dies meanwhile is restarted with backoff (``processes.Supervisor``; each
+restart is logged here and in <state dir>/logs/supervisor.log).
 """
 
 import logging
