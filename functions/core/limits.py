@@ -56,6 +56,9 @@ DEFAULT_CHUNK_MAX_LINES: Final = 100
 DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_DRAIN_GRACE_SECONDS: Final = 120
 DEFAULT_DRAIN_POLL_SECONDS: Final = 5
+#: How long the workflow waits for a signal before it looks at the batch itself: a lost completion
+#: or cancel signal is acted on within this (plus one task's time). See docs/reliability.md.
+DEFAULT_RECONCILE_SECONDS: Final = 300
 #: metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_MAX_PAIRS: Final = 16
 METADATA_MAX_KEY: Final = 64
@@ -78,3 +81,9 @@ def window_seconds(window: str) -> int:
     if not match:
         raise ValueError(f"not a completion window: {window!r}")
     return int(match.group(1)) * _UNIT[match.group(2)]
+
+
+def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:
+    """How long the workflow waits for a signal from ``now``: until the batch expires, but never
+    longer than the reconcile period; at least 1 s (Step Functions' smallest timeout)."""
+    return max(1, min(expires_at - now, reconcile_seconds))

@@ -102,6 +102,8 @@ class Settings(EnvSettings):
     drain_grace_seconds: int = Field(default=limits.DEFAULT_DRAIN_GRACE_SECONDS, ge=0)
     #: How often the workflow checks whether running chunks have finished while draining.
     drain_poll_seconds: int = Field(default=limits.DEFAULT_DRAIN_POLL_SECONDS, ge=0)
+    #: How long the workflow waits for a signal before it reads the batch itself (lost signals).
+    reconcile_seconds: int = Field(default=limits.DEFAULT_RECONCILE_SECONDS, gt=0)
     state_machine_arn: str = ""
     event_bus_name: str = "default"
 

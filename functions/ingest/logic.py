@@ -178,8 +178,9 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
         {
             "tenant": batch.tenant,
             "batch_id": batch.id,
-            "timeout_seconds": max(1, batch.expires_at - now),
+            "timeout_seconds": limits.signal_wait_seconds(batch.expires_at, now, settings.reconcile_seconds),
             "poll_seconds": settings.drain_poll_seconds,
+            "reconcile_seconds": settings.reconcile_seconds,
         },
     )
     stores.batches.update(batch.tenant, batch.id, values={"enqueued": True})

@@ -1,4 +1,5 @@
-"""The batch workflow's tasks: register the wait token, drain running chunks, finalize, fail.
+"""The batch workflow's tasks: register the wait token, check a batch whose signal is late, drain
+running chunks, finalize, fail.
 
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
@@ -6,7 +7,7 @@ import logging
 from typing import Any
 
 from functions.core import accounting, ids, limits, results, schema
-from functions.core.accounting import Signal
+from functions.core.accounting import SIGNAL_FIELD, Signal
 from functions.core.errors import ConditionFailed
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import TERMINAL_STATUSES
@@ -14,7 +15,10 @@ from functions.core.records import BatchRecord, FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import ObjectWriter, Stores
 
-from .tasks import Drain, Fail, Finalize, Register, TaskError
+from .tasks import Check, Drain, Fail, Finalize, Register, TaskError
+
+#: What ``check`` answers when there is nothing to act on yet: wait for a signal again.
+WAIT = "wait"
 
 #: What a request that never ran says, by why the batch closed.
 NEVER_RAN: dict[Signal, tuple[str, str]] = {
@@ -29,11 +33,13 @@ TERMINAL: dict[Signal, tuple[str, str]] = {
 }
 
 
-def run(task: Register | Drain | Finalize | Fail, stores: Stores, settings: Settings, *, now: int) -> dict[str, Any]:
+def run(task: Register | Check | Drain | Finalize | Fail, stores: Stores, settings: Settings, *, now: int) -> dict[str, Any]:
     """Run one task of the state machine at time ``now``."""
     match task:
         case Register():
             return register(stores, task.tenant, task.batch_id, task.token)
+        case Check():
+            return check(stores, task.tenant, task.batch_id, task.reconcile_seconds, now)
         case Drain():
             return drain(stores, settings, task.tenant, task.batch_id, task.signal, now)
         case Finalize():
@@ -63,6 +69,24 @@ def register(stores: Stores, tenant: str, batch_id: str, token: str) -> dict[str
     elif batch.status != "in_progress" or batch.chunks_done >= batch.chunk_count:
         accounting.signal(stores.workflows, token, Signal.COMPLETE)
     return {"registered": True}
+
+
+def check(stores: Stores, tenant: str, batch_id: str, reconcile_seconds: int, now: int) -> dict[str, Any]:
+    """The wait for a signal timed out: act on what the batch says, whether or not its signal
+    arrived (the worker may have died after counting the last chunk and before signalling; the
+    API's cancel signal may have failed). ``{"outcome": <signal>, "timeout_seconds": 0}``, or
+    ``{"outcome": "wait", "timeout_seconds": <seconds>}`` to wait again (at most
+    ``reconcile_seconds``, never past the batch's expiry)."""
+    batch = _batch(stores, tenant, batch_id)
+    if batch.status == "cancelling":
+        outcome: str = Signal.CANCEL
+    elif accounting.all_counted(batch) or batch.status != "in_progress":
+        outcome = Signal.COMPLETE  # past waiting (drain and finalize read the batch again)
+    elif now >= batch.expires_at:
+        outcome = Signal.EXPIRE
+    else:
+        return {SIGNAL_FIELD: WAIT, "timeout_seconds": limits.signal_wait_seconds(batch.expires_at, now, reconcile_seconds)}
+    return {SIGNAL_FIELD: str(outcome), "timeout_seconds": 0}
 
 
 def reason_for(batch: BatchRecord, signalled: Signal) -> Signal:

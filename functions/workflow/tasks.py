@@ -22,6 +22,14 @@ class Register(_Task):
     token: str
 
 
+class Check(_Task):
+    """Check: the wait for a signal timed out; read the batch and say what to act on (a signal may
+    have been lost), or wait again."""
+
+    action: Literal["check"]
+    reconcile_seconds: int = Field(gt=0)
+
+
 class Drain(_Task):
     """Drain: wait for running chunks of a cancelled or expired batch."""
 
@@ -60,10 +68,10 @@ class Fail(_Task):
         return TaskError() if value is None else value
 
 
-Task = Annotated[Register | Drain | Finalize | Fail, Field(discriminator="action")]
+Task = Annotated[Register | Check | Drain | Finalize | Fail, Field(discriminator="action")]
 TASK: TypeAdapter[Task] = TypeAdapter(Task)
 
 
-def parse(event: dict[str, Any]) -> Register | Drain | Finalize | Fail:
+def parse(event: dict[str, Any]) -> Register | Check | Drain | Finalize | Fail:
     """The task an event asks for; pydantic's ValidationError for an unknown action or a missing field."""
     return TASK.validate_python(event)

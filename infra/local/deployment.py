@@ -298,6 +298,8 @@ class LocalConfig:
         chunk_max_lines=25,
         drain_grace_seconds=10,
         drain_poll_seconds=1,
+        # A lost completion or cancel signal is recovered within seconds (docs/reliability.md).
+        reconcile_seconds=2,
     )
 
 

@@ -74,3 +74,38 @@ def test_only_ingest_starts_executions(synth):
     sm = json.dumps({"Ref": synth.logical_id(synth.stack.workflow.state_machine)})
     starters = {label for label in _functions(synth) if ("states:StartExecution", sm) in _permissions(synth, label)}
     assert starters == {"ingest"}
+
+
+def _states(synth) -> dict:
+    _, sm = _state_machine(synth)
+    return json.loads(sm["Properties"]["DefinitionString"])["States"]
+
+
+def test_a_wait_without_a_signal_checks_the_batch_and_waits_again(synth):
+    """The reconciling wait (docs/reliability.md, "Lost signals"): a timeout is a check, not an
+    expiry; a check that finds nothing to act on waits again (a fresh token), else drains."""
+    states = _states(synth)
+    wait = states["WaitForSignal"]
+    assert wait["TimeoutSecondsPath"] == "$.timeout_seconds"
+    (timeout,) = [c for c in wait["Catch"] if c["ErrorEquals"] == ["States.Timeout"]]
+    assert timeout["Next"] == "Check"
+    check = states["Check"]
+    assert check["Parameters"]["Payload"]["action"] == "check"
+    assert check["Parameters"]["Payload"]["reconcile_seconds.$"] == "$.reconcile_seconds"
+    choice = states[check["Next"]]
+    (again,) = choice["Choices"]
+    assert (again["Variable"], again["StringEquals"], choice["Default"]) == ("$.signal.outcome", "wait", "Drain")
+    rearm = states[again["Next"]]
+    assert rearm["Next"] == "WaitForSignal" and rearm["ResultPath"] == "$.timeout_seconds"
+
+
+def test_tasks_retry_transient_failures_before_the_failure_path(synth):
+    states = _states(synth)
+    for name in ("WaitForSignal", "Check", "Drain", "Finalize"):
+        retried = {e for r in states[name]["Retry"] for e in r["ErrorEquals"]}
+        assert retried & {"States.ALL", "States.TaskFailed"}, name  # any task failure, not only Lambda's
+        assert "Lambda.ServiceException" in retried and "Lambda.TooManyRequestsException" in retried, name
+        assert all(r["MaxAttempts"] >= 2 and r["BackoffRate"] >= 1 for r in states[name]["Retry"]), name
+    # on the wait, a timeout is the reconcile tick: no retrier may swallow it before its Catch
+    assert all("States.ALL" not in r["ErrorEquals"] and "States.Timeout" not in r["ErrorEquals"]
+               for r in states["WaitForSignal"]["Retry"])

@@ -11,7 +11,7 @@ from functions.core import clients, schema
 from functions.core.models import BatchOutputLine
 from functions.workflow import logic
 from tests.fakes.engine import InProcessEngine, rejecting
-from tests.integration.worker.harness import run_one_chunk
+from tests.integration.worker.harness import run_one_chunk, wait_until
 from tests.integration.batch_helpers import (
     line,
     run_ingest,
@@ -336,3 +336,101 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
     assert done.output_file_id == planned.planned_output_file_id
     output = stores.objects.get(schema.file_key("acme", done.output_file_id))
     assert [BatchOutputLine.model_validate_json(l).custom_id for l in output.splitlines()] == [f"req-{i}" for i in range(4)]
+
+
+# --- lost signals: the reconciling wait (docs/reliability.md, "Lost signals") ---------------------
+class _LostSignals:
+    """A Workflows port whose signals are lost on the way (the caller believes they were sent)."""
+
+    def __init__(self, real):
+        self.real, self.lost = real, []
+
+    def start(self, name, payload):
+        self.real.start(name, payload)
+
+    def signal(self, token, output):
+        self.lost.append(output)
+        return True
+
+
+@pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, reconcile_seconds=1)
+def test_a_lost_completion_signal_is_recovered_by_the_next_check(client, stores, deployed, events):
+    """The worker counts the last chunk and dies before signalling (or the signal fails) after
+    its message is gone: nobody sends it again, the workflow's own check finds the batch done."""
+    import dataclasses
+
+    batch = start(client, stores, [line(i) for i in range(4)])
+    first, last = take_work(deployed)
+    assert run_one_chunk(stores, first).outcome.counted
+    lossy = _LostSignals(stores.workflows)
+    assert run_one_chunk(dataclasses.replace(stores, workflows=lossy), last).outcome.last
+    assert lossy.lost == [{"outcome": "complete"}]  # the one completion signal, lost
+    execution = wait_for_execution(deployed, batch.id, timeout=30)  # not the 24 h window
+    assert execution["status"] == "SUCCEEDED", execution
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed"
+    out, err = assert_invariants(client, done, [f"req-{i}" for i in range(4)])
+    assert len(out) == 4 and err == []
+    assert "Check" in states_entered(deployed, batch.id, until=lambda names: "Finalize" in names)
+    assert [e["detail-type"] for e in events()] == ["batch.completed"]
+
+
+@pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, reconcile_seconds=1)
+def test_a_lost_cancel_signal_is_recovered_by_the_next_check(client, stores, deployed, events, monkeypatch):
+    batch = start(client, stores, [line(i) for i in range(4)])
+    first, _ = take_work(deployed)
+    run_one_chunk(stores, first)
+    lost = []
+    monkeypatch.setattr(stores.workflows, "signal", lambda token, output: lost.append(output) or True)
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    monkeypatch.undo()  # only the API's cancel signal is lost; the workflow's own calls go through
+    assert lost == [{"outcome": "cancel"}]
+    assert wait_for_execution(deployed, batch.id, timeout=30)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "cancelled"
+    out, err = assert_invariants(client, done, [f"req-{i}" for i in range(4)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1"] and {l.error.code for l in err} == {"batch_cancelled"}
+    assert [e["detail-type"] for e in events()] == ["batch.cancelled"]
+
+
+@pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, reconcile_seconds=1)
+def test_a_batch_waits_across_reconcile_periods_until_its_signal(client, stores, deployed):
+    """Checks that find nothing to act on wait again (with a fresh token); the real signal still
+    ends the wait."""
+    batch = start(client, stores, [line(i) for i in range(2)])
+    (only,) = take_work(deployed)
+    entered = states_entered(deployed, batch.id, until=lambda names: names.count("WaitForSignal") >= 3)
+    assert "Drain" not in entered and entered.count("Check") >= 2
+    assert stores.batches.get("acme", batch.id).status == "in_progress"
+    assert run_one_chunk(stores, only).outcome.last
+    assert wait_for_execution(deployed, batch.id, timeout=30)["status"] == "SUCCEEDED"
+    assert client.batches.retrieve(batch.id).status == "completed"
+
+
+@pytest.mark.parametrize("task", [
+    "register",
+    pytest.param("check", marks=pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, reconcile_seconds=1)),
+    "drain",
+])
+def test_a_transient_task_failure_is_retried_before_the_failure_path(client, stores, deployed, monkeypatch, task):
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+
+    monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=lambda _: None))
+    real, calls = getattr(logic, task), []
+
+    def flaky(*args, **kwargs):
+        calls.append(task)
+        if len(calls) == 1:
+            raise TimeoutError("the table did not answer")  # not a Lambda service error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(logic, task, flaky)
+    batch = submit(client, ("\n".join(line(i) for i in range(2)) + "\n").encode())
+    run_ingest()
+    wait_for_task_token(stores, "acme", batch.id)
+    (only,) = take_work(deployed)
+    if task == "check":  # the first check fails, its retry waits again
+        wait_until(lambda: len(calls) >= 2, what="a retried check")
+    run_one_chunk(stores, only)
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    assert client.batches.retrieve(batch.id).status == "completed" and len(calls) >= 2

@@ -74,7 +74,8 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
     assert [c.chunk for c in manifest.chunks] == [0, 1, 2]
     assert stores.workflows.started == {
-        "batch_1": {"tenant": "acme", "batch_id": "batch_1", "timeout_seconds": 86_400 - 10, "poll_seconds": 7}
+        # the first wait for a signal lasts the reconcile period (300 s by default), not the window
+        "batch_1": {"tenant": "acme", "batch_id": "batch_1", "timeout_seconds": 300, "poll_seconds": 7, "reconcile_seconds": 300}
     }
 
 

@@ -14,7 +14,7 @@ from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.workflow import logic, tasks
-from functions.workflow.tasks import Drain, Fail, Finalize, Register, TaskError
+from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
 from tests.fakes.aws import condition_failed, fake_stores
 
 CHAT = "/v1/chat/completions"
@@ -95,6 +95,48 @@ def test_register_on_a_batch_past_waiting_resumes_the_workflow():
     stores = setup(task_token=None, status="finalizing", accepting=False)
     logic.register(stores, "acme", "batch_1", "tok-2")
     assert stores.workflows.signals == [("tok-2", {"outcome": "complete"})]
+
+
+# --- check (the wait for a signal timed out: was a signal lost?) -----------------------------------
+EXPIRES = 100 + 86_400  # setup's expires_at
+
+
+def test_check_completes_a_batch_whose_last_signal_was_lost():
+    stores = setup()
+    stores.workflows.signal = lambda token, output: True  # the signals go nowhere (lost)
+    run_chunk(stores, 0)
+    assert run_chunk(stores, 1).last
+    assert logic.check(stores, "acme", "batch_1", 300, NOW) == {"outcome": "complete", "timeout_seconds": 0}
+
+
+def test_check_cancels_a_cancelling_batch_whose_signal_was_lost():
+    stores = setup(status="cancelling", cancelling_at=300)
+    assert logic.check(stores, "acme", "batch_1", 300, NOW) == {"outcome": "cancel", "timeout_seconds": 0}
+
+
+def test_a_cancel_wins_over_all_counted_at_check():
+    stores = setup(status="cancelling", cancelling_at=300, chunks_done=2)
+    assert logic.check(stores, "acme", "batch_1", 300, NOW)["outcome"] == "cancel"
+
+
+def test_check_expires_a_batch_at_its_expiry_only():
+    stores = setup()
+    assert logic.check(stores, "acme", "batch_1", 300, EXPIRES) == {"outcome": "expire", "timeout_seconds": 0}
+    assert logic.check(stores, "acme", "batch_1", 300, EXPIRES + 50)["outcome"] == "expire"
+    # a timer that fired a second early waits the last second rather than expire early
+    assert logic.check(stores, "acme", "batch_1", 300, EXPIRES - 1) == {"outcome": "wait", "timeout_seconds": 1}
+
+
+def test_check_waits_again_for_the_reconcile_period_or_until_expiry():
+    stores = setup(chunks_done=1)
+    assert logic.check(stores, "acme", "batch_1", 300, NOW) == {"outcome": "wait", "timeout_seconds": 300}
+    assert logic.check(stores, "acme", "batch_1", 300, EXPIRES - 120) == {"outcome": "wait", "timeout_seconds": 120}
+    assert stores.workflows.signals == [] and stores.faults.calls["batches.update"] == 0  # reads only
+
+
+def test_check_on_a_batch_past_waiting_moves_on():
+    stores = setup(status="finalizing", accepting=False)
+    assert logic.check(stores, "acme", "batch_1", 300, NOW)["outcome"] == "complete"
 
 
 # --- drain ------------------------------------------------------------------------------------
@@ -244,10 +286,12 @@ def test_task_events_are_typed_by_action():
     drain = tasks.parse({**base, "action": "drain", "signal": "expire"})
     assert isinstance(drain, Drain) and drain.signal is Signal.EXPIRE
     assert isinstance(tasks.parse({**base, "action": "finalize", "signal": "cancel"}), Finalize)
+    assert tasks.parse({**base, "action": "check", "reconcile_seconds": 2}) == Check(**base, action="check", reconcile_seconds=2)
     failed = tasks.parse({**base, "action": "fail", "error": {"Error": "E", "Cause": "c"}})
     assert isinstance(failed, Fail) and failed.error.describe() == "c"
     assert tasks.parse({**base, "action": "fail", "error": None}).error.describe() == "unknown error"
-    for bad in ({**base, "action": "explode"}, {**base, "action": "drain", "signal": "later"}, {**base, "action": "register"}):
+    for bad in ({**base, "action": "explode"}, {**base, "action": "drain", "signal": "later"}, {**base, "action": "register"},
+                {**base, "action": "check"}, {**base, "action": "check", "reconcile_seconds": 0}):
         with pytest.raises(ValidationError):
             tasks.parse(bad)
 
@@ -257,6 +301,8 @@ def test_run_dispatches_each_task_with_the_given_clock():
     base = {"tenant": "acme", "batch_id": "batch_1"}
     assert logic.run(tasks.parse({**base, "action": "register", "token": "t9"}), stores, SETTINGS, now=NOW) == {"registered": True}
     assert stores.workflows.signals == [("t9", {"outcome": "cancel"})]
+    checked = logic.run(tasks.parse({**base, "action": "check", "reconcile_seconds": 60}), stores, SETTINGS, now=NOW)
+    assert checked == {"outcome": "cancel", "timeout_seconds": 0}
     drained = logic.run(tasks.parse({**base, "action": "drain", "signal": "cancel"}), stores, SETTINGS, now=NOW)
     assert drained == {"drained": True, "reason": Signal.CANCEL}
     assert logic.run(tasks.parse({**base, "action": "finalize", "signal": "cancel"}), stores, SETTINGS, now=NOW + 3) == {"status": "cancelled"}
