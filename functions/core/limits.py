@@ -82,6 +82,18 @@ def window_seconds(window: str) -> int:
         raise ValueError(f"not a completion window: {window!r}")
     return int(match.group(1)) * _UNIT[match.group(2)]
 
+# --- Hostile content (this deployment's own bounds; OpenAI documents none of them) -------------
+#: A request's custom_id may be at most this many characters (OpenAI documents no limit).
+MAX_CUSTOM_ID_CHARS: Final = 512
+#: A request line's JSON may nest at most this deep (the line's object is level 1). Deeper lines
+#: are invalid_json_line: Python's parser and pydantic's serializer have recursion limits.
+MAX_JSON_DEPTH: Final = 128
+#: A client's value echoed in an error message is cut to this many characters, plus "…".
+MAX_ECHOED_VALUE_CHARS: Final = 100
+#: No error message is longer than this many characters: 100 errors of at most 500 characters
+#: (at most 4 UTF-8 bytes each) stay well under DynamoDB's 400 KB item and EventBridge's 256 KB event.
+MAX_ERROR_MESSAGE_CHARS: Final = 500
+
 
 def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:
     """How long the workflow waits for a signal from ``now``: until the batch expires, but never

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ids, schema
-from .lines import LineError, RawLine, iter_lines, parse_request
+from .lines import LineError, RawLine, iter_lines, parse_request, usable_custom_id
 from .messages import WorkMessage
 from .models import BatchLineError, BatchLineResponse, BatchOutputLine
 from .ports import Objects
@@ -48,9 +48,11 @@ def unrun_lines(objects: Objects, message: WorkMessage, code: str, text: str) ->
 
 
 def custom_id_of(request: dict[str, Any] | None, line: RawLine) -> str:
-    """A result line's custom_id: the request's, or ``line-<n>`` for a line without a usable one."""
+    """A result line's custom_id: the request's, or ``line-<n>`` for a line without a usable one
+    (missing, not a non-empty string, longer than MAX_CUSTOM_ID_CHARS, or not valid Unicode: a
+    lone surrogate would make the result line impossible to write)."""
     value = request.get("custom_id") if request is not None else None
-    return value if isinstance(value, str) and value else f"line-{line.number}"
+    return value if usable_custom_id(value) else f"line-{line.number}"
 
 
 def succeeded(line: BatchOutputLine) -> bool:

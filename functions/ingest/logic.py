@@ -10,7 +10,7 @@ from typing import Any
 
 from functions.core import accounting, limits, schema
 from functions.core.errors import ConditionFailed
-from functions.core.lines import LineError, check_request, iter_lines, parse_request
+from functions.core.lines import LineError, check_request, cut, iter_lines, parse_request, shown
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
@@ -35,6 +35,7 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord) -> Valida
     result = Validation()
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
+        message = cut(message, limits.MAX_ERROR_MESSAGE_CHARS)  # bounded: the list fits one item and one event
         result.errors.append({"code": code, "message": message, "param": param, "line": line})
         return len(result.errors) >= limits.MAX_REPORTED_ERRORS
 
@@ -54,21 +55,21 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord) -> Valida
         try:
             custom_id, model = check_request(parse_request(line), endpoint=batch.endpoint)
             if custom_id in seen:
-                raise LineError("duplicate_custom_id", f"The custom_id {custom_id!r} appears more than once.", "custom_id")
+                raise LineError("duplicate_custom_id", f"The custom_id {shown(custom_id)} appears more than once.", "custom_id")
             seen.add(custom_id)
             if result.model is None:
                 route = settings.models.get(model)
                 if route is None or batch.endpoint not in route.endpoints:
                     raise LineError(
                         "model_not_found",
-                        f"The model {model!r} is not served for {batch.endpoint} by this deployment.",
+                        f"The model {shown(model)} is not served for {batch.endpoint} by this deployment.",
                         "body.model",
                     )
                 result.model = model
             elif model != result.model:
                 raise LineError(
                     "mismatched_model",
-                    f"The model {model!r} differs from the model {result.model!r} of the first request; "
+                    f"The model {shown(model)} differs from the model {shown(result.model)} of the first request; "
                     "a batch uses one model.",
                     "body.model",
                 )
