@@ -44,6 +44,16 @@ def group_exists(pgid: int) -> bool:
     return False
 
 
+def gone(pgid: int) -> bool:
+    """True once no process of group ``pgid`` runs: SIGKILL is delivered asynchronously, so a
+    process killed a moment ago may still be running (waits at most ~5 s)."""
+    for _ in range(250):
+        if not group_exists(pgid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def kill(child: ChildProcess) -> int:
     """SIGKILL the child's process group; returns once the leader has exited (not reaped: the
     supervisor must notice it)."""
@@ -156,7 +166,7 @@ def test_what_is_left_of_a_dead_childs_group_is_killed_before_the_restart(tmp_pa
         sup = Supervisor([child], tmp_path / "supervisor.log", clock=Clock())
         sup.watch()
         sup.step()
-        assert not group_exists(leader)
+        assert gone(leader)
     finally:
         child.stop(timeout=5)
 
@@ -165,7 +175,7 @@ def test_stopping_a_child_whose_leader_died_kills_the_rest_of_its_group(tmp_path
     child = start_leaving_a_grandchild(tmp_path)
     leader = child.pid
     child.stop(timeout=5)
-    assert not group_exists(leader)
+    assert gone(leader)
 
 
 def test_stopping_leaves_nothing_running_and_restarts_nothing(children, tmp_path):
@@ -175,6 +185,6 @@ def test_stopping_leaves_nothing_running_and_restarts_nothing(children, tmp_path
     pids = [c.pid for c in children]
     for child in children:
         child.stop(timeout=5)
-    assert not any(group_exists(p) for p in pids)
+    assert all(gone(p) for p in pids)
     sup.step()  # a stopped supervisor starts nothing again
     assert not any(c.alive() for c in children) and sup.restarts == []
