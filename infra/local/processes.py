@@ -282,7 +282,14 @@ class Supervisor:
             if w.due is not None:
                 if now >= w.due:
                     w.due, w.started_at = None, now
-                    w.child.start()
+                    try:
+                        w.child.start()
+                    except OSError as exc:  # counts as a death: tried again after a longer delay
+                        w.last_delay = self.backoff.delay(w.last_delay, 0.0)
+                        w.due = now + w.last_delay
+                        self.restarts.append(Restart(w.child.name, None, w.last_delay))
+                        self._record(f"{w.child.name} could not start ({exc}): retrying in {w.last_delay:g} s", w.child)
+                        continue
                     self._record(f"{w.child.name} restarted (pid {w.child.pid})", w.child)
             elif not w.child.alive():
                 code = w.child.exit_code()

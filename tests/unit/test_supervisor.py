@@ -188,3 +188,17 @@ def test_stopping_leaves_nothing_running_and_restarts_nothing(children, tmp_path
     assert all(gone(p) for p in pids)
     sup.step()  # a stopped supervisor starts nothing again
     assert not any(c.alive() for c in children) and sup.restarts == []
+
+
+def test_a_child_that_cannot_start_is_tried_again_with_backoff(tmp_path):
+    missing = ChildProcess("worker-m", [str(tmp_path / "no-such-command")], lambda: os.environ, tmp_path / "w.log")
+    clock = Clock()
+    sup = Supervisor([missing], tmp_path / "supervisor.log", clock=clock)
+    sup.watch()
+    sup.step()  # never ran: restart in 1 s
+    for expected in (2, 4):
+        clock.now += sup.restarts[-1].delay
+        sup.step()  # the start fails (no such file): the supervisor goes on, waits longer
+        assert sup.restarts[-1] == Restart("worker-m", None, expected)
+    assert "worker-m could not start" in (tmp_path / "supervisor.log").read_text()
+    missing.stop()
