@@ -88,7 +88,7 @@ MAX_CUSTOM_ID_CHARS: Final = 512
 #: A request line's JSON may nest at most this deep (the line's object is level 1). Deeper lines
 #: are invalid_json_line: Python's parser and pydantic's serializer have recursion limits.
 MAX_JSON_DEPTH: Final = 128
-#: A client's value echoed in an error message is cut to this many characters, plus "…".
+#: A client's value echoed in an error message is cut to this many characters (ending in "…").
 MAX_ECHOED_VALUE_CHARS: Final = 100
 #: No error message is longer than this many characters: 100 errors of at most 500 characters
 #: (at most 4 UTF-8 bytes each) stay well under DynamoDB's 400 KB item and EventBridge's 256 KB event.

@@ -84,8 +84,8 @@ class LineError(Exception):
 
 
 def cut(text: str, limit: int) -> str:
-    """``text``, or its first ``limit`` characters and "…" if it is longer."""
-    return text if len(text) <= limit else text[:limit] + "\u2026"
+    """``text`` if it has at most ``limit`` characters, else its first ``limit - 1`` and "…"."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def shown(value: Any) -> str:

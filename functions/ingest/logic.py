@@ -10,7 +10,7 @@ from typing import Any
 
 from functions.core import accounting, limits, schema
 from functions.core.errors import ConditionFailed
-from functions.core.lines import LineError, check_request, cut, iter_lines, parse_request, shown
+from functions.core.lines import LineError, check_request, iter_lines, parse_request, shown
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
@@ -35,7 +35,6 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord) -> Valida
     result = Validation()
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
-        message = cut(message, limits.MAX_ERROR_MESSAGE_CHARS)  # bounded: the list fits one item and one event
         result.errors.append({"code": code, "message": message, "param": param, "line": line})
         return len(result.errors) >= limits.MAX_REPORTED_ERRORS
 

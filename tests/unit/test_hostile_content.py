@@ -267,3 +267,14 @@ def test_the_worker_turns_each_hostile_line_into_one_writable_result_line():
         ("\u0000", None),
     ]
     assert got[-1].response.status_code == 200 and len(engine.requests) == 1
+
+
+def test_every_line_error_message_is_capped_even_where_a_value_is_echoed_whole():
+    # Offline mode (batchctl run-batch) names a line's own url in its message with !r.
+    from gpu_worker.chunk import run_line
+
+    huge = text(request(url="/v1/" + "q" * 300_000))
+    result = asyncio.run(run_line(InProcessEngine(), raw(huge), endpoint=None, endpoints=[CHAT]))
+    line = writable(result.line)
+    assert line.error.code == "invalid_url" and len(line.error.message) <= MESSAGE
+    assert line.error.message.endswith("\u2026")
