@@ -202,9 +202,11 @@ def test_tenants_see_only_their_own(local_engines, sdk):
 
 
 def test_large_input_through_uploads_and_large_output_through_the_redirect(sdk):
-    # ~5 MB of input (long custom_ids) and ~10 MB of embeddings out: both above the 4 MiB limits.
-    rows = [{"custom_id": f"big-{i}-" + "x" * 4000, "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": EMBED, "input": f"text {i}"}} for i in range(1200)]
+    # ~5 MB of input (each body padded with a long `user`, an embeddings parameter the engine
+    # accepts and ignores; custom_ids are capped at 512 characters) and ~10 MB of embeddings out:
+    # both above the 4 MiB limits.
+    rows = [{"custom_id": f"big-{i}", "method": "POST", "url": "/v1/embeddings",
+             "body": {"model": EMBED, "input": f"text {i}", "user": "x" * 4000}} for i in range(1200)]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id, timeout=300)
     assert batch.status == "completed", batch
     output = sdk.files.retrieve(batch.output_file_id)
