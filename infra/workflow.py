@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from functions.core.accounting import SIGNAL_FIELD
+from functions.workflow.logic import WAIT
 
 FUNCTION_PLACEHOLDER = "WorkflowFunctionArn"
 _LAMBDA_RETRY = {
@@ -32,8 +33,6 @@ _LAMBDA_RETRY = {
 #: WaitForSignal is the reconcile tick and must reach its Catch.
 _TASK_RETRY = {"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": 2, "MaxAttempts": 3, "BackoffRate": 2}
 _ANY_RETRY = {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 2, "MaxAttempts": 3, "BackoffRate": 2}
-#: What Check answers when there is nothing to act on yet (functions.workflow.logic.WAIT).
-_WAIT = "wait"
 _TO_FAIL = {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Fail"}
 
 
@@ -78,7 +77,7 @@ def definition() -> dict[str, Any]:
             },
             "Signalled?": {
                 "Type": "Choice",
-                "Choices": [{"Variable": f"$.signal.{SIGNAL_FIELD}", "StringEquals": _WAIT, "Next": "WaitAgain"}],
+                "Choices": [{"Variable": f"$.signal.{SIGNAL_FIELD}", "StringEquals": WAIT, "Next": "WaitAgain"}],
                 "Default": "Drain",
             },
             "WaitAgain": {"Type": "Pass", "InputPath": "$.signal.timeout_seconds", "ResultPath": "$.timeout_seconds", "Next": "WaitForSignal"},

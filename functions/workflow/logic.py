@@ -64,11 +64,19 @@ def register(stores: Stores, tenant: str, batch_id: str, token: str) -> dict[str
         batch = stores.batches.update(batch.tenant, batch.id, values={"task_token": token}, expect={"status": ("in_progress", "cancelling")})
     except ConditionFailed:
         batch = _batch(stores, tenant, batch_id)
-    if batch.status == "cancelling":
-        accounting.signal(stores.workflows, token, Signal.CANCEL)
-    elif batch.status != "in_progress" or batch.chunks_done >= batch.chunk_count:
-        accounting.signal(stores.workflows, token, Signal.COMPLETE)
+    if (owed := _owed(batch)) is not None:
+        accounting.signal(stores.workflows, token, owed)
     return {"registered": True}
+
+
+def _owed(batch: BatchRecord) -> Signal | None:
+    """The signal the batch's state says its workflow is owed, whether or not it was sent: cancel
+    while cancelling, complete once every chunk is counted (or the batch is past waiting)."""
+    if batch.status == "cancelling":
+        return Signal.CANCEL
+    if batch.status != "in_progress" or accounting.all_counted(batch):
+        return Signal.COMPLETE  # past waiting: drain and finalize read the batch again
+    return None
 
 
 def check(stores: Stores, tenant: str, batch_id: str, reconcile_seconds: int, now: int) -> dict[str, Any]:
@@ -78,13 +86,8 @@ def check(stores: Stores, tenant: str, batch_id: str, reconcile_seconds: int, no
     ``{"outcome": "wait", "timeout_seconds": <seconds>}`` to wait again (at most
     ``reconcile_seconds``, never past the batch's expiry)."""
     batch = _batch(stores, tenant, batch_id)
-    if batch.status == "cancelling":
-        outcome: str = Signal.CANCEL
-    elif accounting.all_counted(batch) or batch.status != "in_progress":
-        outcome = Signal.COMPLETE  # past waiting (drain and finalize read the batch again)
-    elif now >= batch.expires_at:
-        outcome = Signal.EXPIRE
-    else:
+    outcome = _owed(batch) or (Signal.EXPIRE if now >= batch.expires_at else None)
+    if outcome is None:
         return {SIGNAL_FIELD: WAIT, "timeout_seconds": limits.signal_wait_seconds(batch.expires_at, now, reconcile_seconds)}
     return {SIGNAL_FIELD: str(outcome), "timeout_seconds": 0}
 
