@@ -51,7 +51,7 @@ class CreateBatchRequest(BaseModel):
 
 
 def _create(request: CreateBatchRequest) -> Batch:
-    return batches.create_batch(deps.stores(), deps.settings(), request.tenant, request.body, now=deps.clock()())
+    return batches.create_batch(deps.stores(), deps.settings(), request.tenant, request.body, now=deps.now())
 
 
 @deps.per_process

@@ -10,7 +10,16 @@ on stored state stay in the logic.
 from dataclasses import dataclass
 from typing import Annotated, Any, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstraints
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StringConstraints,
+    ValidationError,
+)
 from pydantic_core import PydanticCustomError, core_schema
 
 from functions.core import ids, limits
@@ -159,9 +168,6 @@ class BatchListQuery(BaseModel):
 
 def validate(model: type[M], data: dict[str, Any], *, loc: tuple[str, ...]) -> M:
     """``model`` from ``data`` (None values count as absent); errors as the router reports them."""
-    from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-    from pydantic import ValidationError
-
     try:
         return model.model_validate({k: v for k, v in data.items() if v is not None})
     except ValidationError as exc:

@@ -45,7 +45,7 @@ def authorize(stores: Stores, event: APIGatewayAuthorizerRequestEvent, now: int)
 @event_source(data_class=APIGatewayAuthorizerRequestEvent)
 def handler(event: APIGatewayAuthorizerRequestEvent, context: Any) -> dict[str, Any]:
     try:
-        return authorize(deps.stores(), event, deps.clock()()).asdict()
+        return authorize(deps.stores(), event, deps.now()).asdict()
     except AuthenticationFailed as exc:
         logger.info("rejected", extra={"reason": exc.message})
         raise Exception("Unauthorized") from None  # API Gateway's contract for a 401

@@ -1,6 +1,7 @@
 """What handlers build once per process: settings, stores and other per-process objects.
 Logic gets them as arguments."""
 
+import time
 from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
@@ -35,17 +36,16 @@ Clock = Callable[[], int]
 
 
 def wall_clock() -> int:
-    import time
-
     return int(time.time())
 
 
 _clock: list[Clock] = [wall_clock]
 
 
-def clock() -> Clock:
-    """The process's clock; handlers take time only from it (``use_clock`` replaces it)."""
-    return _clock[0]
+def now() -> int:
+    """The current time by the process's clock; handlers take time only from here (``use_clock``
+    replaces the clock)."""
+    return _clock[0]()
 
 
 def use_clock(fn: Clock | None) -> None:

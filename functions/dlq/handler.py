@@ -24,7 +24,7 @@ def handle_record(record: SQSRecord) -> None:
         logger.error("dead-lettered message is not a work message", extra={"message_id": record.message_id, "error": str(exc)[:500]})
         return
     receives = int(record.attributes.approximate_receive_count or 0)
-    outcome = fail_chunk(deps.stores(), message, now=deps.clock()())
+    outcome = fail_chunk(deps.stores(), message, now=deps.now())
     logger.warning(
         "dead-lettered chunk",
         extra={"batch_id": message.batch_id, "tenant": message.tenant, "chunk": message.chunk,

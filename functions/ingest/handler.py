@@ -23,7 +23,7 @@ RECORD_WAIT_SECONDS = 0.25
 
 
 def handle_record(record: IngestRecord) -> None:
-    now = deps.clock()()
+    now = deps.now()
     for key in snapshot_keys(record.body):
         tenant, batch_id = schema.parse_batch_input_key(key)  # type: ignore[misc]
         status = ingest(

@@ -15,4 +15,4 @@ logger = Logger(service="batch-api-workflow")
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     task = tasks.parse(event)
     logger.append_keys(batch_id=task.batch_id, action=task.action)
-    return logic.run(task, deps.stores(), deps.settings(), now=deps.clock()())
+    return logic.run(task, deps.stores(), deps.settings(), now=deps.now())

@@ -35,4 +35,4 @@ def get_batch(batch_id: str) -> Batch:
 
 @router.post("/v1/batches/<batch_id>/cancel")
 def cancel_batch(batch_id: str) -> Batch:
-    return batches.cancel_batch(deps.stores(), tenant(router), batch_id, now=deps.clock()())
+    return batches.cancel_batch(deps.stores(), tenant(router), batch_id, now=deps.now())

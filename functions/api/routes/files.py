@@ -26,23 +26,23 @@ def create_file(
     return files.create_file(
         deps.stores(), deps.settings(), tenant(router),
         filename=file.filename or "file", content=file.content, purpose=purpose,
-        expires_after=ExpiresAfter.from_form(expires_anchor, expires_seconds), now=deps.clock()(),
+        expires_after=ExpiresAfter.from_form(expires_anchor, expires_seconds), now=deps.now(),
     )
 
 
 @router.get("/v1/files")
 def list_files(query: Annotated[FileListQuery, Query()]) -> ListPage[FileObject]:
-    return files.list_files(deps.stores(), tenant(router), query, now=deps.clock()())
+    return files.list_files(deps.stores(), tenant(router), query, now=deps.now())
 
 
 @router.get("/v1/files/<file_id>")
 def get_file(file_id: str) -> FileObject:
-    return files.get_file(deps.stores(), tenant(router), file_id, deps.clock()())
+    return files.get_file(deps.stores(), tenant(router), file_id, deps.now())
 
 
 @router.get("/v1/files/<file_id>/content")
 def get_file_content(file_id: str):  # noqa: ANN201 - a raw Response (bytes or a redirect)
-    content = files.get_file_content(deps.stores(), deps.settings(), tenant(router), file_id, deps.clock()())
+    content = files.get_file_content(deps.stores(), deps.settings(), tenant(router), file_id, deps.now())
     if content.redirect is not None:
         return Response(status_code=307, headers={"Location": content.redirect}, body="")
     return Response(
@@ -55,4 +55,4 @@ def get_file_content(file_id: str):  # noqa: ANN201 - a raw Response (bytes or a
 
 @router.delete("/v1/files/<file_id>")
 def delete_file(file_id: str) -> FileDeleted:
-    return files.delete_file(deps.stores(), tenant(router), file_id, deps.clock()())
+    return files.delete_file(deps.stores(), tenant(router), file_id, deps.now())

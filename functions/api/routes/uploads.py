@@ -17,19 +17,19 @@ router = Router()
 
 @router.post("/v1/uploads")
 def create_upload(body: Annotated[CreateUploadBody, Body()]) -> Upload:
-    return uploads.create_upload(deps.stores(), deps.settings(), tenant(router), body, now=deps.clock()())
+    return uploads.create_upload(deps.stores(), deps.settings(), tenant(router), body, now=deps.now())
 
 
 @router.post("/v1/uploads/<upload_id>/parts")
 def add_upload_part(upload_id: str, data: Annotated[UploadFile, File()]) -> UploadPart:
-    return uploads.add_part(deps.stores(), deps.settings(), tenant(router), upload_id, data=data.content, now=deps.clock()())
+    return uploads.add_part(deps.stores(), deps.settings(), tenant(router), upload_id, data=data.content, now=deps.now())
 
 
 @router.post("/v1/uploads/<upload_id>/complete")
 def complete_upload(upload_id: str, body: Annotated[CompleteUploadBody, Body()]) -> Upload:
-    return uploads.complete_upload(deps.stores(), tenant(router), upload_id, body, now=deps.clock()())
+    return uploads.complete_upload(deps.stores(), tenant(router), upload_id, body, now=deps.now())
 
 
 @router.post("/v1/uploads/<upload_id>/cancel")
 def cancel_upload(upload_id: str) -> Upload:
-    return uploads.cancel_upload(deps.stores(), tenant(router), upload_id, now=deps.clock()())
+    return uploads.cancel_upload(deps.stores(), tenant(router), upload_id, now=deps.now())
