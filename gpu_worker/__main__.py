@@ -14,14 +14,13 @@ from collections.abc import Mapping
 from functions.core import clients
 from functions.core.settings import Settings
 from functions.core.aws import stores_from_settings
-from functions.core.ports import Stores
+from functions.core.aws.sqs import SqsQueue
+from functions.core.ports import Stores, WorkQueue
 
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .loop import Worker
 from .metrics import WorkerMetrics, make_logger
-from functions.core.aws.sqs import SqsQueue
-from functions.core.ports import WorkQueue
 
 
 class ConfigError(Exception):

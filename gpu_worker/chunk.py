@@ -60,8 +60,7 @@ async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoi
     if reply.status is None:
         return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message))
     line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
-    ok = 200 <= reply.status < 300
-    usage = reply.body.get("usage") if ok and isinstance(reply.body, dict) else None
+    usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
     return LineResult(line, usage)
 
 

@@ -27,13 +27,12 @@ from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
 from functions.core.messages import WorkMessage
-from functions.core.ports import Stores
+from functions.core.ports import Received, Stores, WorkQueue
 
 from .chunk import process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .metrics import WorkerMetrics
-from functions.core.ports import Received, WorkQueue
 
 
 #: With short polls (poll_wait_seconds 0), an empty receive waits this long before the next.
