@@ -285,19 +285,20 @@ class Supervisor:
                     try:
                         w.child.start()
                     except OSError as exc:  # counts as a death: tried again after a longer delay
-                        w.last_delay = self.backoff.delay(w.last_delay, 0.0)
-                        w.due = now + w.last_delay
-                        self.restarts.append(Restart(w.child.name, None, w.last_delay))
-                        self._record(f"{w.child.name} could not start ({exc}): retrying in {w.last_delay:g} s", w.child)
+                        self._schedule(w, now, ran_for=0.0, code=None, why=f"could not start ({exc}): retrying")
                         continue
                     self._record(f"{w.child.name} restarted (pid {w.child.pid})", w.child)
             elif not w.child.alive():
                 code = w.child.exit_code()
                 w.child.reap()
-                w.last_delay = self.backoff.delay(w.last_delay, now - w.started_at)
-                w.due = now + w.last_delay
-                self.restarts.append(Restart(w.child.name, code, w.last_delay))
-                self._record(f"{w.child.name} exited ({describe(code)}): restarting in {w.last_delay:g} s", w.child)
+                self._schedule(w, now, ran_for=now - w.started_at, code=code, why=f"exited ({describe(code)}): restarting")
+
+    def _schedule(self, w: _Watched, now: float, *, ran_for: float, code: int | None, why: str) -> None:
+        """Decide when a dead (or unstartable) child starts again, and say so."""
+        w.last_delay = self.backoff.delay(w.last_delay, ran_for)
+        w.due = now + w.last_delay
+        self.restarts.append(Restart(w.child.name, code, w.last_delay))
+        self._record(f"{w.child.name} {why} in {w.last_delay:g} s", w.child)
 
     def stop(self) -> None:
         """Stop watching (the children are stopped by their own components, after this)."""
