@@ -307,5 +307,17 @@ class ChunkRecord(Record):
     def keys(self) -> dict[str, str]:
         return {schema.PK: chunks_pk(self.tenant, self.batch_id), schema.SK: self.sort_key(self.chunk)}
 
+    def batch_counters(self) -> dict[str, int]:
+        """What counting this chunk adds to its batch's counters (``BatchRecord``'s fields)."""
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "input_tokens": self.input_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "chunks_done": 1,
+        }
+
     def expiry(self) -> int | None:
         return self.expires_at

@@ -367,12 +367,7 @@ class FakeBatches(_Port):
         item = self.items.get((marker.tenant, marker.batch_id))
         if key in self.markers or not _matches(item, {"accepting": True}):
             return False
-        counters = {
-            "completed": marker.completed, "failed": marker.failed, "input_tokens": marker.input_tokens,
-            "cached_tokens": marker.cached_tokens, "output_tokens": marker.output_tokens,
-            "reasoning_tokens": marker.reasoning_tokens, "chunks_done": 1,
-        }
-        self._update(marker.tenant, marker.batch_id, {}, {}, counters, (), {"accepting": True})
+        self._update(marker.tenant, marker.batch_id, {}, {}, marker.batch_counters(), (), {"accepting": True})
         self.markers[key] = marker
         return True
 

@@ -144,21 +144,12 @@ class BatchRepo:
         transaction, only while the batch accepts chunks. False for a duplicate or late chunk.
         Every worker counts on the batch's item: a transaction conflict there is retried by the
         ``Table`` (docs/reliability.md), so the chunk is not run again for it."""
-        counters = {
-            "completed": marker.completed,
-            "failed": marker.failed,
-            "input_tokens": marker.input_tokens,
-            "cached_tokens": marker.cached_tokens,
-            "output_tokens": marker.output_tokens,
-            "reasoning_tokens": marker.reasoning_tokens,
-            "chunks_done": 1,
-        }
         try:
             self._table.transact([
                 Put(marker.to_item(), if_absent=True),
                 Update(
                     schema.tenant_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
-                    add=counters, expect={"accepting": True},
+                    add=marker.batch_counters(), expect={"accepting": True},
                 ),
             ])
         except ConditionFailed:
