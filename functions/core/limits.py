@@ -93,6 +93,15 @@ MAX_ECHOED_VALUE_CHARS: Final = 100
 #: No error message is longer than this many characters: 100 errors of at most 500 characters
 #: (at most 4 UTF-8 bytes each) stay well under DynamoDB's 400 KB item and EventBridge's 256 KB event.
 MAX_ERROR_MESSAGE_CHARS: Final = 500
+#: The worker reads at most this many bytes of one engine answer; a larger one becomes the line's
+#: error ``response_too_large`` (not retried). 8 MiB is far above a real answer (a 32k-token chat
+#: answer is about 150 KB; 100 embeddings of 4,096 floats about 8 MB as JSON is the edge) and
+#: bounds the worker's memory: a chunk holds at most DEFAULT_CHUNK_MAX_LINES answers.
+MAX_ENGINE_RESPONSE_BYTES: Final = 8 * 1024 * 1024
+#: A file's name may be at most this many characters (OpenAI documents no limit; 255 is what
+#: common file systems store). Control characters and lone surrogates are refused: see
+#: docs/reliability.md, "Hostile content and filenames".
+MAX_FILENAME_CHARS: Final = 255
 
 
 def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:
