@@ -10,6 +10,9 @@ loopback.
 - Overload (429, 503): every request pauses (one shared gate, honouring ``Retry-After``) and the
   line is retried, for up to ``overload_max_seconds``; no line fails because of a burst.
 - Any other status (2xx, 4xx, 5xx) is the line's result, with the engine's body.
+- An answer larger than ``max_response_bytes`` (limits.MAX_ENGINE_RESPONSE_BYTES) is not read
+  further: the line gets the error ``response_too_large`` and is not retried (the same request
+  would get the same answer). The worker's memory per answer is bounded whatever the engine sends.
 """
 
 from __future__ import annotations
@@ -25,9 +28,21 @@ from typing import Any
 
 import aiohttp
 
+from functions.core import limits
+
 from .config import WorkerConfig
 
 OVERLOAD_STATUSES = frozenset({429, 503})
+#: How much of an answer is read at a time.
+READ_CHUNK_BYTES = 64 * 1024
+
+
+class ResponseTooLarge(Exception):
+    """The engine's answer is larger than the client reads (``status``: the answer's status)."""
+
+    def __init__(self, status: int, limit: int):
+        super().__init__(f"{status} answer over {limit} bytes")
+        self.status, self.limit = status, limit
 
 
 class EngineDown(Exception):
@@ -62,6 +77,7 @@ class EngineStats:
     connection_errors: int = 0
     overloaded: int = 0
     overload_wait_seconds: float = 0.0
+    too_large: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,8 +106,10 @@ class EngineClient:
         policy: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        max_response_bytes: int = limits.MAX_ENGINE_RESPONSE_BYTES,
     ):
         self.base_url = base_url.rstrip("/")
+        self.max_response_bytes = max_response_bytes
         self.max_in_flight = max_in_flight
         self.policy = policy
         self.stats = EngineStats()
@@ -208,6 +226,13 @@ class EngineClient:
                 self.stats.timeouts += 1
                 failures += 1
                 problem = ("engine_timeout", f"The engine did not answer within {self._timeout.total:.0f} s")
+            except ResponseTooLarge as exc:
+                self.stats.answered[exc.status] = self.stats.answered.get(exc.status, 0) + 1
+                self.stats.too_large += 1
+                return Reply(None, None, request_id, attempts, "response_too_large", (
+                    f"The engine answered with status {exc.status} and a body larger than {exc.limit} bytes, "
+                    "the most this deployment reads of one answer; the request was not retried."
+                ))
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 self.stats.connection_errors += 1
                 failures += 1
@@ -237,12 +262,28 @@ class EngineClient:
     async def _send(self, path: str, payload: bytes, request_id: str) -> tuple[int, Any, Any]:
         headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
         async with self.session.post(f"{self.base_url}{path}", data=payload, headers=headers) as resp:
-            raw = await resp.read()
+            raw = await self._read_bounded(resp)
             try:
                 body: Any = json.loads(raw)
             except ValueError:
                 body = raw.decode("utf-8", "replace")
             return resp.status, body, resp.headers
+
+    async def _read_bounded(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The answer's body, or ``ResponseTooLarge`` as soon as more than ``max_response_bytes``
+        arrived (or Content-Length says it will): at most the bound plus one read is in memory.
+        The connection of a cut answer is closed, not reused."""
+        limit = self.max_response_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            resp.close()
+            raise ResponseTooLarge(resp.status, limit)
+        buffer = bytearray()
+        async for piece in resp.content.iter_chunked(READ_CHUNK_BYTES):
+            buffer += piece
+            if len(buffer) > limit:
+                resp.close()
+                raise ResponseTooLarge(resp.status, limit)
+        return bytes(buffer)
 
     # --- the overload gate -------------------------------------------------------------------
     def _close_gate(self, retry_after: str | None) -> None:

@@ -30,6 +30,27 @@ DROP = "drop"
 Respond = Callable[[str, dict[str, Any], int], Awaitable[Any] | Any]
 
 
+class Streamed:
+    """A ``respond`` payload sent chunked, with no Content-Length: ``pieces`` pieces of
+    ``piece_bytes`` bytes each (``sent`` counts the pieces written before the client stopped)."""
+
+    def __init__(self, pieces: int, piece_bytes: int = 64 * 1024):
+        self.pieces, self.piece_bytes, self.sent = pieces, piece_bytes, 0
+
+    async def send(self, request: web.Request, status: int, headers: dict[str, str]) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, headers={"Content-Type": "application/json", **headers})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            for _ in range(self.pieces):
+                await response.write(b" " * self.piece_bytes)
+                self.sent += 1
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client closed the connection: what a bounded reader does
+        return response
+
+
 def content(body: dict[str, Any]) -> str:
     """The user message (chat), prompt (completions) or input (embeddings) of a request."""
     if "messages" in body:
@@ -128,6 +149,8 @@ class FakeEngine:
             headers = {"x-request-id": request.headers.get("X-Request-Id", "fake"), **headers}
             if isinstance(payload, str):
                 return web.Response(status=status, text=payload, headers=headers)
+            if isinstance(payload, Streamed):
+                return await payload.send(request, status, headers)
             return web.json_response(payload, status=status, headers=headers)
         finally:
             with self._lock:

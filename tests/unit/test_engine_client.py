@@ -16,7 +16,7 @@ from functions.core.accounting import Usage
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient, EngineDown, RetryPolicy
 from gpu_worker.offline import run_file
-from tests.fakes.engine import DROP, FakeEngine, chat_answer, content
+from tests.fakes.engine import DROP, FakeEngine, Streamed, chat_answer, content
 
 #: Generous upper bound for a test's fake engine to reach a state; never reached when it passes.
 PATIENCE = 10.0
@@ -46,9 +46,9 @@ class Clock:
         self.now = max(self.now, target)
 
 
-def client(url, cap=4, clock=None, **policy):
+def client(url, cap=4, clock=None, max_response_bytes=8 * 1024 * 1024, **policy):
     timing = {"clock": clock, "sleep": clock.sleep} if clock else {}
-    return EngineClient(url, max_in_flight=cap, request_timeout=PATIENCE, policy=RetryPolicy(
+    return EngineClient(url, max_in_flight=cap, request_timeout=PATIENCE, max_response_bytes=max_response_bytes, policy=RetryPolicy(
         **{"backoff_base_seconds": 0.01, "backoff_max_seconds": 0.1, **policy}), **timing)
 
 
@@ -314,6 +314,46 @@ def test_a_non_json_error_body_is_kept_as_a_message(fake):
     line = json.loads(data)
     assert summary.failed == 1 and line["response"]["status_code"] == 502
     assert line["response"]["body"]["error"]["message"] == "<html>bad gateway</html>"
+
+
+def _run_lines(fake, n, **client_args):
+    async def go():
+        async with client(fake.url, **client_args) as engine:
+            src, out = io.BytesIO("".join(chat_line(i) + "\n" for i in range(n)).encode()), io.BytesIO()
+            summary = await run_file(engine, src, out)
+            return summary, [json.loads(x) for x in out.getvalue().splitlines()], engine.stats
+
+    return asyncio.run(go())
+
+
+def test_the_default_response_bound_is_8_mib():
+    assert EngineClient("http://127.0.0.1:1", max_in_flight=1).max_response_bytes == 8 * 1024 * 1024
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["content-length", "chunked"])
+def test_an_answer_over_the_bound_is_an_error_line_and_is_not_retried(fake, streamed):
+    """An answer over a 256 KiB bound: 1 MiB declared (Content-Length), or 64 MiB chunked with no
+    length (the reader stops: far less than 64 MiB is ever sent)."""
+    bound = 256 * 1024
+    huge = Streamed(pieces=1024) if streamed else "x" * (1024 * 1024)
+    fake.respond = lambda path, body, seen: (200, huge) if content(body) == "hi 1" else (200, chat_answer(body))
+    summary, lines, stats = _run_lines(fake, 3, max_response_bytes=bound)
+    assert (summary.completed, summary.failed) == (2, 1)
+    big = lines[1]
+    assert big["custom_id"] == "req-1" and big["response"] is None
+    assert big["error"]["code"] == "response_too_large" and str(bound) in big["error"]["message"]
+    assert [line["response"]["status_code"] for line in (lines[0], lines[2])] == [200, 200]
+    assert fake.contents().count("hi 1") == 1 and stats.too_large == 1 and stats.retries == 0
+    if streamed:
+        assert huge.sent < huge.pieces  # the reader stopped; the rest was never sent
+
+
+def test_an_answer_exactly_at_the_bound_is_read(fake):
+    bound = 64 * 1024
+    fake.respond = lambda path, body, seen: (500, "y" * bound)
+    summary, lines, stats = _run_lines(fake, 1, max_response_bytes=bound)
+    assert summary.failed == 1 and lines[0]["response"]["status_code"] == 500
+    assert lines[0]["response"]["body"]["error"]["message"] == "y" * bound and stats.too_large == 0
 
 
 def test_usage_totals_include_cached_and_reasoning_tokens(fake):
