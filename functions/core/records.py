@@ -229,6 +229,10 @@ class BatchRecord(Record):
     drain_deadline: int | None = None
     planned_output_file_id: str | None = None
     planned_error_file_id: str | None = None
+    #: Why the batch was closed, set once by whichever workflow task closed it first (a workflow
+    #: ``Signal`` value, or "fail"): it fixes what the never-ran lines say, so a retried or
+    #: concurrent finalize or fail writes the same files (docs/reliability.md, "Nothing completed is lost").
+    closed_for: str | None = None
 
     @staticmethod
     def sort_key(batch_id: str) -> str:

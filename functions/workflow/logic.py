@@ -4,6 +4,7 @@ running chunks, finalize, fail.
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from functions.core import accounting, ids, limits, results, schema
@@ -20,11 +21,13 @@ from .tasks import Check, Drain, Fail, Finalize, Register, TaskError
 #: What ``check`` answers when there is nothing to act on yet: wait for a signal again.
 WAIT = "wait"
 
-#: What a request that never ran says, by why the batch closed.
-NEVER_RAN: dict[Signal, tuple[str, str]] = {
+#: What a request that never ran says, by why the batch closed (``BatchRecord.closed_for``: a
+#: ``Signal``, or "fail" when the workflow's failure path closed it).
+NEVER_RAN: dict[str, tuple[str, str]] = {
     Signal.CANCEL: ("batch_cancelled", "The batch was cancelled before this request ran."),
     Signal.EXPIRE: ("batch_expired", "The batch expired before this request could be completed."),
     Signal.COMPLETE: ("batch_incomplete", "This request was not run."),
+    "fail": ("batch_failed", "The batch failed because of an internal error before this request ran."),
 }
 TERMINAL: dict[Signal, tuple[str, str]] = {
     Signal.COMPLETE: ("completed", "completed_at"),
@@ -127,40 +130,102 @@ def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signal
 
 def finalize(stores: Stores, tenant: str, batch_id: str, signalled: Signal, now: int) -> dict[str, Any]:
     """Close the batch to late chunks, assemble output and error files in input order, write
-    never-ran lines, and set the terminal state. Idempotent: a retry after any crash converges."""
+    never-ran lines, and set the terminal state. Idempotent: a retry after any crash converges.
+    The first task to close the batch decides why (``closed_for``): a retry, or a ``fail`` that
+    closed it first, ends it the same way with the same files."""
     batch = _batch(stores, tenant, batch_id)
     if batch.status in TERMINAL_STATUSES:
         accounting.publish_status(stores.events, batch)  # at-least-once
         return {"status": batch.status}
     reason = reason_for(batch, signalled)
+    batch = _close(stores, batch, str(reason), finalizing_at=None if reason == Signal.CANCEL else now)
+    assembled = assemble(stores, batch, now)
+    if batch.closed_for == FAIL:  # a fail closed it and did not finish: end it as fail would
+        final = _failed_values(assembled, now)
+    else:
+        status, stamp = TERMINAL[Signal(batch.closed_for)]
+        final = {"status": status, stamp: now, **assembled.values()}
+    batch = _finish(stores, batch, assembled, final)
+    accounting.publish_status(stores.events, batch)
+    return {"status": batch.status}
+
+
+#: ``closed_for`` of a batch that the workflow's failure path closed.
+FAIL = "fail"
+#: The states a workflow task may close a batch from.
+_CLOSABLE = ("in_progress", "finalizing", "cancelling")
+
+
+def _close(stores: Stores, batch: BatchRecord, closed_for: str, *, finalizing_at: int | None) -> BatchRecord:
+    """Stop the batch taking chunks (and show it ``finalizing`` if ``finalizing_at`` is given) and
+    plan its files. The planned file ids and ``closed_for`` are set only where absent, so every
+    retry and every concurrent task writes the same files. ConditionFailed if the batch is no
+    longer closable (another task finished it)."""
     values: dict[str, Any] = {"accepting": False}
     defaults: dict[str, Any] = {
         "planned_output_file_id": ids.new_id(ids.FILE),
         "planned_error_file_id": ids.new_id(ids.FILE),
+        "closed_for": closed_for,
     }
-    if reason != Signal.CANCEL:
+    if finalizing_at is not None:
         values["status"] = "finalizing"
-        defaults["finalizing_at"] = now
-    batch = stores.batches.update(
-        batch.tenant, batch.id, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
-    )
+        defaults["finalizing_at"] = finalizing_at
+    return stores.batches.update(batch.tenant, batch.id, values=values, defaults=defaults, expect={"status": _CLOSABLE})
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A closed batch's output and error files as written, and how many lines each holds."""
+
+    files: list[FileRecord]
+    completed: int
+    failed: int
+    output_file_id: str | None
+    error_file_id: str | None
+
+    def values(self) -> dict[str, Any]:
+        """The batch's request counts and file ids: the counts are the files' lines, so they
+        agree with the files whatever the counters say."""
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "output_file_id": self.output_file_id,
+            "error_file_id": self.error_file_id,
+        }
+
+
+def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
+    """Write a closed batch's files: each counted chunk's parts (the counted attempt's) in input
+    order, and an error line for every request of a chunk that was not counted (saying why the
+    batch closed, ``closed_for``). The one assembly of ``finalize`` and ``fail``; it writes
+    nothing on the batch's record. Raises on any store failure (the writers abort: no object)."""
+    assert batch.planned_output_file_id and batch.planned_error_file_id and batch.closed_for
+    tenant, batch_id = batch.tenant, batch.id
     counted = stores.batches.counted_chunks(tenant, batch_id)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
-    assert batch.planned_output_file_id and batch.planned_error_file_id
     output_key = schema.file_key(tenant, batch.planned_output_file_id)
     error_key = schema.file_key(tenant, batch.planned_error_file_id)
-    never_ran = 0
+    completed = failed = never_ran = 0
     with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
         for chunk in manifest.chunks:
             marker = counted.get(chunk.chunk)
             if marker is not None:
                 # The marker's counts say which parts hold lines: no request for an empty part.
                 if marker.completed:
-                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "out"), output)
+                    completed += _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "out"), output)
                 if marker.failed:
-                    _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors)
+                    failed += _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors)
             else:
-                never_ran += _write_never_ran(stores, batch, chunk, errors, reason)
+                never_ran += _write_never_ran(stores, batch, chunk, errors, batch.closed_for)
+    failed += never_ran
+    if (completed, failed - never_ran) != (batch.completed, batch.failed):
+        # The counters and the parts disagree (they never should): the files win, so that the
+        # counts a tenant reads agree with the files; the difference is logged.
+        logger.warning(
+            "batch parts disagree with its counters: %d completed and %d failed lines in the counted parts, counters %d and %d",
+            completed, failed - never_ran, batch.completed, batch.failed,
+            extra={"tenant": tenant, "batch_id": batch_id},
+        )
     expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS
     files = [
         FileRecord(
@@ -173,30 +238,34 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: Signal, now:
         )
         if writer.bytes > 0
     ]
-    status, stamp = TERMINAL[reason]
-    final = {
-        "status": status,
-        stamp: now,
-        "failed": batch.failed + never_ran,
-        "output_file_id": batch.planned_output_file_id if output.bytes else None,
-        "error_file_id": batch.planned_error_file_id if errors.bytes else None,
-    }
+    return Assembled(
+        files=files, completed=completed, failed=failed,
+        output_file_id=batch.planned_output_file_id if output.bytes else None,
+        error_file_id=batch.planned_error_file_id if errors.bytes else None,
+    )
+
+
+def _finish(stores: Stores, batch: BatchRecord, assembled: Assembled, final: dict[str, Any]) -> BatchRecord:
+    """Create the files and set the terminal state in one transaction, only if the batch is still
+    as this task closed it; returns the batch as stored after (finished by us or by another)."""
     try:
-        stores.batches.finish(tenant, batch_id, files, final, expect={"status": batch.status, "accepting": False})
+        stores.batches.finish(batch.tenant, batch.id, assembled.files, final, expect={"status": batch.status, "accepting": False})
     except ConditionFailed:
-        pass  # a concurrent retry finished it
-    batch = _batch(stores, tenant, batch_id)
-    accounting.publish_status(stores.events, batch)
-    return {"status": batch.status}
+        pass  # a concurrent task finished it (or moved it on: the caller reads what is stored)
+    return _batch(stores, batch.tenant, batch.id)
 
 
-def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> None:
+def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
+    """Copy a result part into ``writer``; returns how many lines it held."""
+    lines = 0
     for data in stores.objects.iter_bytes(key):
         writer.write(data)
+        lines += data.count(b"\n")
+    return lines
 
 
-def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: ObjectWriter, reason: Signal) -> int:
-    code, message = NEVER_RAN[reason]
+def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: ObjectWriter, closed_for: str) -> int:
+    code, message = NEVER_RAN[closed_for]
     count = 0
     for line in results.unrun_lines(stores.objects, batch.work_message(chunk), code, message):
         writer.write(line.model_dump_json().encode() + b"\n")
@@ -206,6 +275,7 @@ def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: O
 
 #: What a tenant reads on a batch the workflow had to fail: short and true, never the cause itself
 #: (Step Functions' Cause holds stack traces, ARNs and the account id); the cause goes to the logs.
+#: FAILED_ERROR when not even its files could be written; FAILED_WITH_FILES_ERROR when they were.
 FAILED_ERROR: dict[str, Any] = {
     "code": "batch_failed",
     "message": (
@@ -215,29 +285,78 @@ FAILED_ERROR: dict[str, Any] = {
     "param": None,
     "line": None,
 }
+FAILED_WITH_FILES_ERROR: dict[str, Any] = {
+    "code": "batch_failed",
+    "message": (
+        "The batch could not be finished because of an internal error. The results of the requests "
+        "that ran are in its output and error files; the requests that did not run are in its error "
+        "file: submit those again in a new batch."
+    ),
+    "param": None,
+    "line": None,
+}
 
 #: The workflow's log (a child of the handler's Powertools logger "batch-api-workflow", whose
 #: handler and keys, such as batch_id, its records use in Lambda).
 logger = logging.getLogger("batch-api-workflow.logic")
 
+#: How often ``fail`` assembles again when another task moved the batch on under it (a
+#: concurrent finalize showing it ``finalizing``) before it falls back to failing without files.
+FAIL_ATTEMPTS = 3
+
 
 def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int) -> dict[str, Any]:
-    """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``. The
-    tenant reads ``FAILED_ERROR``; the full cause is logged."""
+    """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``,
+    keeping what completed. It closes the batch and assembles its files as ``finalize`` does
+    (``assemble``; never-ran requests are error lines, ``batch_failed`` unless another task closed
+    the batch first), so lines that ran are not lost. If that assembly fails (the store that made
+    the workflow fail may still be down), the batch is failed without files, as the last resort
+    must not fail; the cause is logged. The tenant reads ``FAILED_WITH_FILES_ERROR`` or
+    ``FAILED_ERROR``; the workflow's full error is logged."""
     batch = _batch(stores, tenant, batch_id)
     logger.error(
         "batch workflow failed: %s", error.describe(),
         extra={"tenant": tenant, "batch_id": batch_id, "error": error.Error, "cause": error.Cause,
                "status": batch.status},
     )
-    if batch.status not in TERMINAL_STATUSES:
+    for _ in range(FAIL_ATTEMPTS):
+        if batch.status in TERMINAL_STATUSES or batch.status not in _CLOSABLE:
+            break
         try:
-            batch = stores.batches.update(
-                batch.tenant, batch.id,
-                values={"status": "failed", "failed_at": now, "accepting": False, "errors": [dict(FAILED_ERROR)]},
-                expect={"status": ("validating", "in_progress", "finalizing", "cancelling")},
+            batch = _fail_keeping_results(stores, batch, now)
+        except Exception:  # noqa: BLE001 - the last resort: fail without files rather than not at all
+            logger.exception(
+                "could not write the files of a failing batch; failing it without files",
+                extra={"tenant": tenant, "batch_id": batch_id},
             )
-        except ConditionFailed:
-            batch = _batch(stores, tenant, batch_id)
+            break
+    if batch.status not in TERMINAL_STATUSES:
+        batch = _fail_without_files(stores, batch, now)
     accounting.publish_status(stores.events, batch)
     return {"status": batch.status}
+
+
+def _fail_keeping_results(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord:
+    try:
+        batch = _close(stores, batch, FAIL, finalizing_at=None)
+    except ConditionFailed:
+        return _batch(stores, batch.tenant, batch.id)  # finished meanwhile
+    assembled = assemble(stores, batch, now)
+    return _finish(stores, batch, assembled, _failed_values(assembled, now))
+
+
+def _failed_values(assembled: Assembled, now: int) -> dict[str, Any]:
+    return {"status": "failed", "failed_at": now, "errors": [dict(FAILED_WITH_FILES_ERROR)], **assembled.values()}
+
+
+def _fail_without_files(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord:
+    """Today's last resort: ``failed`` with ``FAILED_ERROR`` and no files (a ``validating`` batch
+    too, although no workflow runs before ingest moved it on)."""
+    try:
+        return stores.batches.update(
+            batch.tenant, batch.id,
+            values={"status": "failed", "failed_at": now, "accepting": False, "errors": [dict(FAILED_ERROR)]},
+            expect={"status": ("validating", *_CLOSABLE)},
+        )
+    except ConditionFailed:
+        return _batch(stores, batch.tenant, batch.id)

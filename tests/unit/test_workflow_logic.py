@@ -15,6 +15,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
+from tests.agreement import assert_stores_agree
 from tests.fakes.aws import condition_failed, fake_stores
 
 CHAT = "/v1/chat/completions"
@@ -277,6 +278,162 @@ def test_fail_leaves_a_finished_batch_alone():
     stores = setup(status="completed", completed_at=400, accepting=False)
     assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "completed"}
     assert current(stores).errors is None and stores.events.types() == ["batch.completed"]
+
+
+# --- nothing completed is lost (docs/reliability.md) -----------------------------------------------
+def test_fail_after_some_chunks_ran_keeps_their_lines():
+    stores = setup(lines=6)
+    run_chunk(stores, 0)
+    run_chunk(stores, 2)  # chunk 1 never ran
+    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {"status": "failed"}
+    batch = current(stores)
+    assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-4", "req-5"]
+    assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "batch_failed"), ("req-3", "batch_failed")]
+    assert (batch.completed, batch.failed, batch.total) == (4, 2, 6)
+    assert (batch.output_file_id, batch.error_file_id) == (batch.planned_output_file_id, batch.planned_error_file_id)
+    (error,) = batch.errors
+    assert error["code"] == "batch_failed" and "output and error files" in error["message"] and "boom" not in error["message"]
+    assert stores.events.types() == ["batch.failed"]
+    assert stores.events.published[-1][1]["output_file_id"] == batch.output_file_id
+
+
+def test_fail_when_the_files_cannot_be_written_fails_without_files(caplog):
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    stores.faults.fail("objects.writer.write", TimeoutError("S3 did not answer"), times=100)
+    with caplog.at_level("ERROR", logger="batch-api-workflow.logic"):
+        assert logic.fail(stores, "acme", "batch_1", TaskError(Error="E", Cause="S3 is down"), NOW) == {"status": "failed"}
+    batch = current(stores)
+    assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
+    assert (batch.output_file_id, batch.error_file_id) == (None, None) and stores.files.items == {}
+    assert batch.errors == [logic.FAILED_ERROR]  # results not available: the tenant is told so
+    assert all(w.aborted for w in stores.objects.writers) and not [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]
+    assert any("could not write the files" in r.getMessage() and "S3 did not answer" in (r.exc_text or "") for r in caplog.records)
+    assert stores.events.types() == ["batch.failed"]
+
+
+def test_fail_twice_converges_to_one_outcome():
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    logic.fail(stores, "acme", "batch_1", TaskError(), NOW)
+    done, objects, files = current(stores), dict(stores.objects.data), dict(stores.files.items)
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW + 7) == {"status": "failed"}
+    assert (current(stores), stores.objects.data, stores.files.items) == (done, objects, files)
+    assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 8) == {"status": "failed"}
+    assert (current(stores), stores.objects.data, stores.files.items) == (done, objects, files)
+
+
+def test_fail_after_a_finalize_that_crashed_writes_the_planned_files_saying_why_the_batch_closed():
+    stores = setup(lines=4, status="cancelling", cancelling_at=300)
+    run_chunk(stores, 1)
+    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    with pytest.raises(TimeoutError):
+        logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW)
+    planned = current(stores)
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW + 1) == {"status": "failed"}
+    batch = current(stores)
+    assert (batch.output_file_id, batch.error_file_id) == (planned.planned_output_file_id, planned.planned_error_file_id)
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert {l.error.code for l in err} == {"batch_cancelled"}  # the cancel closed it: its lines say so
+    assert len([k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]) == 2
+
+
+def test_fail_racing_finalize_converges_on_the_files_the_record_describes():
+    """Fail closes the batch; while it writes its files, a finalize (the sweeper's, say) runs to
+    the end; fail's uploads then land last and its finish loses. The files in the store are the
+    ones the record describes, and the batch ends as the first closer decided (failed)."""
+    stores = setup(lines=6)
+    run_chunk(stores, 0)
+    real_writer, raced = stores.objects.writer, []
+
+    def writer(key):
+        if not raced:  # fail's first writer: the concurrent finalize runs to the end first
+            raced.append(None)
+            raced[0] = logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW + 1)
+        return real_writer(key)
+
+    stores.objects.writer = writer
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "failed"}
+    assert raced == [{"status": "failed"}]
+    batch = current(stores)
+    assert batch.failed_at == NOW + 1  # finalize finished it
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1"] and {l.error.code for l in err} == {"batch_failed"}
+    assert len([k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]) == 2
+    assert stores.events.types() == ["batch.failed", "batch.failed"]  # at least once
+
+
+def test_fail_loses_its_finish_to_a_concurrent_finalize():
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    run_chunk(stores, 1)
+    real_finish = stores.batches.finish
+
+    def finish(tenant, batch_id, files, values, expect):
+        stores.batches.finish = real_finish
+        logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 1)  # lands first
+        real_finish(tenant, batch_id, files, values, expect)
+
+    stores.batches.finish = finish
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "failed"}
+    assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+
+
+def test_fail_assembles_again_when_a_finalize_moved_the_batch_on_under_it():
+    """Fail closed an in_progress batch; a finalize showed it finalizing and crashed before its
+    finish: fail's finish loses its condition, so it assembles again rather than drop the files."""
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    real_finish, moved = stores.batches.finish, []
+
+    def finish(tenant, batch_id, files, values, expect):
+        if not moved:
+            moved.append(stores.batches.update(tenant, batch_id, values={"status": "finalizing", "finalizing_at": NOW}))
+        real_finish(tenant, batch_id, files, values, expect)
+
+    stores.batches.finish = finish
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "failed"}
+    batch = current(stores)
+    assert batch.output_file_id is not None and batch.errors == [logic.FAILED_WITH_FILES_ERROR]
+    assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+
+
+def test_an_expired_batch_keeps_the_lines_that_ran():
+    stores = setup(lines=6, started_chunks={0})
+    run_chunk(stores, 0)
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW)["drained"]
+    assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1"] and {l.error.code for l in err} == {"batch_expired"}
+    assert (current(stores).completed, current(stores).failed) == (2, 4)
+
+
+def test_redelivered_chunks_and_a_retried_finalize_keep_the_counts_in_agreement():
+    stores = setup(lines=6)
+    run_chunk(stores, 0)
+    assert not run_chunk(stores, 0).counted  # delivered twice: its second parts are never counted
+    run_chunk(stores, 1)
+    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    with pytest.raises(TimeoutError):
+        logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW)
+    assert not run_chunk(stores, 2).counted  # too late: the batch is closed
+    assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW + 1) == {"status": "expired"}
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
+    assert len(out) == 4 and [l.error.code for l in err] == ["batch_expired", "batch_expired"]
+
+
+def test_the_counts_are_the_files_lines_when_the_counters_disagree(caplog):
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    run_chunk(stores, 1)
+    stores.batches.update("acme", "batch_1", add={"completed": 1})  # a counter drifted (it never should)
+    with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
+        assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
+    assert current(stores).completed == 4
+    assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert any("disagree with its counters" in r.getMessage() for r in caplog.records)
 
 
 # --- typed tasks --------------------------------------------------------------------------------
