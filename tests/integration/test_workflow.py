@@ -10,6 +10,7 @@ from openai.types import Batch
 from functions.core import clients, schema
 from functions.core.models import BatchOutputLine
 from functions.workflow import logic
+from tests.agreement import assert_api_agrees
 from tests.fakes.engine import InProcessEngine, rejecting
 from tests.integration.worker.harness import run_one_chunk, wait_until
 from tests.integration.batch_helpers import (
@@ -166,6 +167,7 @@ def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
     done = client.batches.retrieve(batch.id)
     assert done.status == "cancelled" and done.cancelled_at >= done.cancelling_at
     out, err = assert_invariants(client, done, ids)
+    assert_api_agrees(client, done, ids)
     assert [l.custom_id for l in out] == ["req-0", "req-1"]
     assert {l.error.code for l in err} == {"batch_cancelled"} and len(err) == 3
     # a chunk that arrives after the batch closed is skipped, or not counted if it was running
@@ -231,6 +233,7 @@ def test_expire_mid_run(client, stores, deployed, events, monkeypatch):
     done = client.batches.retrieve(batch.id)
     assert done.status == "expired" and done.expired_at >= done.finalizing_at
     out, err = assert_invariants(client, done, ids)
+    assert_api_agrees(client, done, ids)  # both files, counts line by line
     assert [l.custom_id for l in out] == ["req-0", "req-1"]
     assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "batch_expired"), ("req-3", "batch_expired")]
     assert run_one_chunk(stores, second).skipped  # too late
@@ -253,6 +256,40 @@ def test_finalize_failure_lands_in_failed(client, stores, deployed, events, monk
     assert done.status == "failed" and done.failed_at is not None
     (error,) = done.errors.data
     assert error.code == "batch_failed" and "could not be finalized" in error.message
+    assert [e["detail-type"] for e in events()] == ["batch.failed"]
+
+
+@pytest.mark.parametrize("task", ["drain", "finalize"])
+def test_a_batch_whose_workflow_keeps_failing_ends_failed_with_its_completed_lines(client, stores, deployed, events, monkeypatch, task):
+    """Nothing completed is lost (docs/reliability.md): Drain or Finalize fails on every retry, the
+    state machine takes its failure path, and Fail keeps the lines that ran: the batch ends
+    ``failed`` with its output file, and the requests that never ran are error lines."""
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+
+    monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=lambda _: None))
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(task)
+        raise TimeoutError("the table did not answer")
+
+    monkeypatch.setattr(logic, task, broken)
+    ids = [f"req-{i}" for i in range(5)]
+    batch = start(client, stores, [line(i) for i in range(5)])
+    first, second, _third = take_work(deployed)
+    assert run_one_chunk(stores, first).outcome.counted and run_one_chunk(stores, second).outcome.counted
+    client.batches.cancel(batch.id)
+    execution = wait_for_execution(deployed, batch.id)
+    assert execution["status"] == "FAILED" and execution["error"] == "BatchFailed"
+    assert len(calls) >= 4  # the first try and its retries, before the failure path
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "failed" and done.failed_at is not None
+    out, err = assert_api_agrees(client, done, ids)
+    assert_invariants(client, done, ids)
+    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-2", "req-3"]
+    assert [(l.custom_id, l.error.code) for l in err] == [("req-4", "batch_failed")]
+    (error,) = done.errors.data
+    assert error.code == "batch_failed" and "TimeoutError" not in error.message and "table" not in error.message
     assert [e["detail-type"] for e in events()] == ["batch.failed"]
 
 
