@@ -109,3 +109,23 @@ def test_tasks_retry_transient_failures_before_the_failure_path(synth):
     # on the wait, a timeout is the reconcile tick: no retrier may swallow it before its Catch
     assert all("States.ALL" not in r["ErrorEquals"] and "States.Timeout" not in r["ErrorEquals"]
                for r in states["WaitForSignal"]["Retry"])
+
+
+def test_the_failure_path_comes_after_retries_and_is_retried_itself():
+    """docs/reliability.md, "Nothing completed is lost": every Catch leads to Fail, only from a
+    task that retries any task failure first; Fail gets the caught error and is retried itself
+    (it assembles the batch's files, which can meet the same transient faults)."""
+    states = workflow.definition()["States"]
+    catching = {name: state for name, state in states.items() if state.get("Catch")}
+    assert set(catching) == {"WaitForSignal", "Check", "Drain", "Finalize"}
+    for name, state in catching.items():
+        to_fail = [c for c in state["Catch"] if c["Next"] == "Fail"]
+        assert [c["ErrorEquals"] for c in to_fail] == [["States.ALL"]] and to_fail[0]["ResultPath"] == "$.error", name
+        retried = {e for r in state["Retry"] for e in r["ErrorEquals"]}
+        assert retried & {"States.ALL", "States.TaskFailed"}, name
+    fail = states["Fail"]
+    assert fail["Parameters"]["Payload"]["action"] == "fail" and fail["Parameters"]["Payload"]["error.$"] == "$.error"
+    retried = {e for r in fail["Retry"] for e in r["ErrorEquals"]}
+    assert "States.ALL" in retried and "Lambda.ServiceException" in retried
+    assert all(r["MaxAttempts"] >= 2 for r in fail["Retry"])
+    assert states[fail["Next"]]["Type"] == "Fail"  # the execution shows it failed
