@@ -49,6 +49,11 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
     def handle_validation_error(error: RequestValidationError) -> Response:
         return envelope(validation_to_api_error(error.errors()))
 
+    @app.exception_handler(UnicodeDecodeError)
+    def handle_undecodable(_: UnicodeDecodeError) -> Response:
+        # powertools decodes multipart part headers as UTF-8 and lets the error through
+        return envelope(InvalidRequest("We could not parse the multipart/form-data body of your request: its part headers are not valid UTF-8."))
+
     @app.exception_handler(IdempotencyValidationError)
     def handle_key_reused(_: IdempotencyValidationError) -> Response:
         return envelope(KEY_REUSED)

@@ -3,14 +3,14 @@
 from dataclasses import dataclass
 
 from functions.core import ids, schema
-from functions.core.errors import not_found
+from functions.core.errors import InvalidRequest, not_found
 from functions.core.models import FileDeleted, FileObject, ListPage
 from functions.core.records import FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
 from .common import check_size, file_expiry
-from .protocol import ExpiresAfter, FileListQuery
+from .protocol import ExpiresAfter, FileListQuery, filename_problem
 
 
 def create_file(
@@ -25,6 +25,9 @@ def create_file(
     now: int,
 ) -> FileObject:
     ttl = file_expiry(purpose, expires_after)
+    problem = filename_problem(filename)
+    if problem is not None:
+        raise InvalidRequest(f"Invalid value for 'filename': {problem}.", param="filename", code="invalid_value")
     check_size(
         purpose, filename, len(content),
         max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file",

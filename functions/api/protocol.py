@@ -84,6 +84,35 @@ class IdOf(_Checked):
         return value
 
 
+def filename_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a file's name (None: it can). Most names are accepted as OpenAI
+    does (quotes, backslashes, slashes, spaces, any script): a download's Content-Disposition
+    encodes them (``functions.core.http.content_disposition``). Refused: longer than
+    MAX_FILENAME_CHARS, control characters (C0 with CR/LF/NUL, DEL, C1: they have no business in
+    a name and break headers and logs), and lone surrogates (not storable as UTF-8)."""
+    if len(name) > limits.MAX_FILENAME_CHARS:
+        return f"It may be at most {limits.MAX_FILENAME_CHARS} characters"
+    if any(c < " " or "\x7f" <= c <= "\x9f" for c in name):
+        return "It must not contain control characters (such as NUL, CR or LF)"
+    if any("\ud800" <= c <= "\udfff" for c in name):
+        return "It must be valid Unicode text"
+    return None
+
+
+@dataclass(frozen=True)
+class FileName(_Checked):
+    """A file's name (``filename_problem`` says which are refused)."""
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
+        return {**handler(schema), "maxLength": limits.MAX_FILENAME_CHARS}
+
+    def _check(self, value: str) -> str:
+        problem = filename_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("filename", problem)
+        return value
+
+
 #: Fields whose keys are the caller's own (a loc below them names a key, not a field).
 MAP_FIELDS = frozenset({"metadata"})
 
@@ -124,7 +153,7 @@ class CreateUploadBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     bytes: int
-    filename: NonEmpty
+    filename: Annotated[str, StringConstraints(min_length=1), FileName()]
     mime_type: NonEmpty
     purpose: UploadPurpose
     expires_after: ExpiresAfter | None = None

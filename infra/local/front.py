@@ -3,7 +3,9 @@
 Each HTTP request becomes an API Gateway REST proxy event. The authorizer handler runs first (a
 REQUEST authorizer, identity source ``Authorization``); its context lands in
 ``requestContext.authorizer`` as API Gateway puts it there. Binary bodies are base64-encoded as
-API Gateway does for its binary media types; Lambda's payload limit is enforced.
+API Gateway does for its binary media types; Lambda's payload limit is enforced. Whatever the
+handler returns or raises, the client gets an answer (502 as API Gateway gives for a failed or
+malformed Lambda response), never a dropped connection.
 """
 
 import base64
@@ -25,6 +27,8 @@ Handler = Callable[[dict[str, Any], Any], Any]
 STAGE = "local"
 API_ID = "local"
 ACCOUNT = "123456789012"
+#: API Gateway's answer when the Lambda fails or returns a malformed proxy response (502).
+INTERNAL_ERROR_BODY = {"message": "Internal server error"}
 
 
 def _is_binary(content_type: str) -> bool:
@@ -98,17 +102,33 @@ class LocalApi:
                 "upload large files with the Uploads API in smaller parts."
             )
             return self._json(error.status, error.body())
-        result = self._api(event, LocalLambdaContext("api"))
-        out_headers = {k: str(v) for k, v in (result.get("headers") or {}).items()}
-        for k, values in (result.get("multiValueHeaders") or {}).items():
-            out_headers[k] = ", ".join(str(v) for v in values)
-        raw = result.get("body") or ""
-        payload = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
-        return int(result["statusCode"]), out_headers, payload
+        try:
+            result = self._api(event, LocalLambdaContext("api"))
+            out_headers = {k: str(v) for k, v in (result.get("headers") or {}).items()}
+            for k, values in (result.get("multiValueHeaders") or {}).items():
+                out_headers[k] = ", ".join(str(v) for v in values)
+            raw = result.get("body") or ""
+            payload = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
+            status = int(result["statusCode"])
+        except Exception:  # noqa: BLE001 - what API Gateway answers for a failed or malformed Lambda
+            return self._json(502, INTERNAL_ERROR_BODY)
+        if not all(sendable(k) and sendable(v) for k, v in out_headers.items()) or not 100 <= status <= 599:
+            return self._json(502, INTERNAL_ERROR_BODY)
+        return status, out_headers, payload
 
     @staticmethod
     def _json(status: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         return status, {"Content-Type": "application/json"}, json.dumps(body).encode()
+
+
+def sendable(value: str) -> bool:
+    """A header name or value http.server can send as it is: Latin-1, no CR, LF or NUL (anything
+    else would raise mid-response or split the header)."""
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return not any(c in value for c in "\r\n\x00")
 
 
 def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
@@ -119,7 +139,10 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             headers = {k: v for k, v in self.headers.items()}
-            status, out_headers, payload = api.handle(self.command, self.path, headers, body)
+            try:
+                status, out_headers, payload = api.handle(self.command, self.path, headers, body)
+            except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
+                status, out_headers, payload = LocalApi._json(502, INTERNAL_ERROR_BODY)
             self.send_response(status)
             for k, v in out_headers.items():
                 if k.lower() not in ("content-length", "connection"):

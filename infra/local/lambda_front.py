@@ -37,11 +37,12 @@ def invoke(handlers: dict[str, Handler], name: str, body: bytes) -> tuple[int, l
     headers = [("Content-Type", "application/json"), ("X-Amz-Executed-Version", "$LATEST")]
     try:
         result = handler(json.loads(body) if body else {}, LocalLambdaContext(name))
+        answer = json.dumps(result).encode()  # a result that is not JSON fails like the runtime's
     except Exception as exc:  # noqa: BLE001 - reported to the caller as the Lambda runtime does
         headers.append(("X-Amz-Function-Error", "Unhandled"))
         payload = {"errorMessage": str(exc), "errorType": type(exc).__name__, "stackTrace": traceback.format_tb(exc.__traceback__)}
-        return 200, headers, json.dumps(payload).encode()
-    return 200, headers, json.dumps(result).encode()
+        return 200, headers, json.dumps(payload, default=str).encode("utf-8", "replace")
+    return 200, headers, answer
 
 
 class LambdaFront:
@@ -78,6 +79,12 @@ class LambdaFront:
                 self.wfile.write(body)
 
             def _handle(self) -> None:
+                try:
+                    self._forward()
+                except Exception as exc:  # noqa: BLE001 - the front answers whatever failed behind it
+                    self._send(502, [("Content-Type", "application/json")], json.dumps({"message": f"lambda front: {type(exc).__name__}"}).encode())
+
+            def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 match = _INVOKE.match(urlsplit(self.path).path)

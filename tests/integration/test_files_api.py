@@ -2,7 +2,8 @@
 
 import dataclasses
 import json
-from urllib.parse import parse_qs, urlsplit
+import re
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import openai
 import pytest
@@ -224,6 +225,73 @@ def test_large_content_redirects_to_a_short_lived_presigned_url(raw, client, set
     query = parse_qs(location.query)
     assert query["X-Amz-Expires"] == ["120"]
     assert 'filename="big.jsonl"' in query["response-content-disposition"][0]
+
+
+# --- hostile file names ---------------------------------------------------------------------------
+#: RFC 5987 ext-value with charset UTF-8 and no language.
+EXT_VALUE = re.compile(r"filename\*=UTF-8''([A-Za-z0-9!#$&+\-.^_`|~%]*)$", re.IGNORECASE)
+
+
+def download_name(disposition: str) -> str:
+    """The name an RFC 6266 recipient takes from a Content-Disposition: filename* if present, else
+    the quoted filename. The header must be printable ASCII (it cannot split or fail to encode)."""
+    assert all(" " <= c <= "~" for c in disposition), disposition
+    assert disposition.startswith("attachment; ")
+    match = EXT_VALUE.search(disposition)
+    if match:
+        return unquote(match.group(1), encoding="utf-8", errors="strict")
+    return re.fullmatch(r'attachment; filename="([^"\\]*)"', disposition).group(1)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["日本語 €.jsonl", "😀.jsonl", 'say "hi".jsonl', "back\\slash.jsonl", "x\r\nSet-Cookie: a=b.jsonl", "100%.jsonl"],
+    ids=["non-latin-1", "emoji", "quotes", "backslash", "crlf", "percent"],
+)
+def test_any_name_the_sdk_sends_is_stored_retrieved_and_downloaded_safely(raw, client, name):
+    """The SDK sends the name in a multipart header (quotes, CR, LF as %22, %0D, %0A, a backslash
+    doubled: WHATWG form encoding); whatever name arrives is kept, and every call answers."""
+    created = client.files.create(file=(name, JSONL), purpose="batch")
+    if name.isprintable() and '"' not in name and "\\" not in name:
+        assert created.filename == name  # any script round-trips exactly
+    assert client.files.retrieve(created.id).filename == created.filename
+    assert client.files.content(created.id).content == JSONL
+    response = raw.get(f"/files/{created.id}/content")
+    assert response.status_code == 200 and response.content == JSONL
+    assert download_name(response.headers["content-disposition"]) == created.filename
+    assert "set-cookie" not in response.headers
+
+
+@pytest.mark.settings(inline_content_limit=10)
+def test_a_redirected_download_carries_the_same_safe_disposition(raw, client):
+    name = 'rapport "final" 日本語.jsonl'
+    created = client.files.create(file=(name, JSONL), purpose="batch")
+    response = raw.get(f"/files/{created.id}/content")
+    assert response.status_code == 307
+    disposition = parse_qs(urlsplit(response.headers["location"]).query)["response-content-disposition"][0]
+    assert download_name(disposition) == created.filename
+
+
+def raw_multipart(raw, filename: bytes):
+    body = (
+        b'--XX\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--XX\r\nContent-Disposition: form-data; name="file"; filename="' + filename + b'"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n" + JSONL + b"\r\n--XX--\r\n"
+    )
+    return raw.post("/files", content=body, headers={"Content-Type": "multipart/form-data; boundary=XX"})
+
+
+@pytest.mark.parametrize("filename", [b"nul\x00.jsonl", b"tab\t.jsonl", b"esc\x1b.jsonl"])
+def test_a_raw_control_character_in_a_multipart_name_is_400(raw, stores, filename):
+    assert_error(raw_multipart(raw, filename), 400, "invalid_value", "filename")
+    assert stores.objects.list_keys("files/") == []
+
+
+def test_a_multipart_name_that_is_not_utf8_is_400_not_500(raw, stores):
+    response = raw_multipart(raw, b"caf\xe9.jsonl")  # Latin-1 bytes
+    assert_error(response, 400, None)
+    assert "multipart" in response.json()["error"]["message"]
+    assert stores.objects.list_keys("files/") == []
 
 
 # --- delete -------------------------------------------------------------------------------------

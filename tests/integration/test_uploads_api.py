@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+from urllib.parse import unquote
 
 import openai
 import pytest
@@ -259,3 +260,26 @@ def test_cancel_racing_a_complete_is_409_and_keeps_the_file(raw, client, stores,
     assert [f.id for f in client.files.list()] == [file.id]
     assert client.files.content(file.id).content == b"abc"
     assert client.uploads.complete(upload["id"], part_ids=[part["id"]]).status == "completed"
+
+
+# --- hostile file names -----------------------------------------------------------------------------
+@pytest.mark.parametrize("filename", ["a\r\nSet-Cookie: x=1.jsonl", "nul\u0000.jsonl", "x" * 256])
+def test_an_upload_named_with_controls_or_too_long_is_400_through_the_sdk(client, stores, filename):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.uploads.create(filename=filename, purpose="batch", bytes=3, mime_type="application/jsonl")
+    assert info.value.status_code == 400 and info.value.body["param"] == "filename"
+    assert info.value.body["code"] == "invalid_value"
+
+
+def test_an_upload_named_with_quotes_and_any_script_keeps_its_name_and_downloads_safely(raw, client):
+    name = 'say "hi" \\ 日本語 😀.jsonl'
+    payload = b'{"a": 1}\n'
+    upload = client.uploads.create(filename=name, purpose="batch", bytes=len(payload), mime_type="application/jsonl")
+    part = client.uploads.parts.create(upload_id=upload.id, data=payload)
+    done = client.uploads.complete(upload_id=upload.id, part_ids=[part.id])
+    assert done.file.filename == name and client.files.retrieve(done.file.id).filename == name
+    assert client.files.content(done.file.id).content == payload
+    disposition = raw.get(f"/files/{done.file.id}/content").headers["content-disposition"]
+    assert all(" " <= c <= "~" for c in disposition)
+    assert disposition.startswith('attachment; filename="say _hi_ _ ___ _.jsonl"; filename*=UTF-8\'\'')
+    assert unquote(disposition.split("filename*=UTF-8''", 1)[1], errors="strict") == name

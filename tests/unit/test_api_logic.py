@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 from functions.api import batches, files, models, uploads
-from functions.api.protocol import CompleteUploadBody, CreateBatchBody, CreateUploadBody, ExpiresAfter
+from functions.api.protocol import CompleteUploadBody, CreateBatchBody, CreateUploadBody, ExpiresAfter, FileListQuery
 from functions.core import schema
 from functions.core.errors import Conflict, InvalidRequest, NotFound, Throttled
 from functions.core.settings import ModelRoute, Settings
@@ -38,6 +38,19 @@ def test_file_expiry_defaults():
     assert new_file(stores, purpose="user_data", name="x.bin").expires_at is None
     chosen = new_file(stores, expires_after=ExpiresAfter(anchor="created_at", seconds=7_200))
     assert chosen.expires_at == NOW + 7_200
+
+
+@pytest.mark.parametrize("name", ["a\r\nb.jsonl", "nul\x00.jsonl", "x" * 256])
+def test_a_file_with_an_unsafe_name_is_400_and_stores_nothing(stores, name):
+    with pytest.raises(InvalidRequest) as info:
+        new_file(stores, name=name)
+    assert info.value.param == "filename" and info.value.status == 400
+    assert stores.objects.list_keys("") == [] and files.list_files(stores, "acme", FileListQuery(), now=NOW).data == []
+
+
+def test_a_file_name_with_quotes_and_any_script_is_kept_exactly(stores):
+    name = 'say "hi" \\ 日本語.jsonl'
+    assert new_file(stores, name=name).filename == name
 
 
 def test_a_file_whose_record_fails_leaves_no_bytes(stores):

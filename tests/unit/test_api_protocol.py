@@ -112,6 +112,37 @@ def test_create_upload_rules(change, expected):
         assert message == expected[2]
 
 
+CONTROL = "It must not contain control characters (such as NUL, CR or LF)."
+
+
+@pytest.mark.parametrize(
+    ("filename", "detail"),
+    [
+        ("a\r\nSet-Cookie: x=1.jsonl", CONTROL),
+        ("nul\x00.jsonl", CONTROL),
+        ("tab\t.jsonl", CONTROL),
+        ("del\x7f.jsonl", CONTROL),
+        ("c1\x85.jsonl", CONTROL),  # NEL, a C1 control
+        ("x" * 250 + ".jsonl", "It may be at most 255 characters."),
+    ],
+)
+def test_a_filename_that_cannot_be_stored_or_echoed_safely_is_400(filename, detail):
+    assert answer(CreateUploadBody, {**UPLOAD, "filename": filename}) == (
+        400, "invalid_value", "filename", f"Invalid value for 'filename': {detail}"
+    )
+
+
+def test_a_lone_surrogate_in_a_filename_is_400():
+    assert answer(CreateUploadBody, {**UPLOAD, "filename": "\ud800.jsonl"})[:3] == (400, "invalid_value", "filename")
+
+
+@pytest.mark.parametrize(
+    "filename", ['say "hi".jsonl', "back\\slash.jsonl", "dir/name.jsonl", "日本語 €.jsonl", "😀.jsonl", "x" * 249 + ".jsonl"]
+)
+def test_quotes_slashes_and_any_script_are_valid_filenames(filename):
+    assert CreateUploadBody.model_validate({**UPLOAD, "filename": filename}).filename == filename
+
+
 def test_missing_fields_are_named():
     assert answer(CompleteUploadBody, {}) == (
         400, "missing_required_parameter", "part_ids", "Missing required parameter: 'part_ids'."

@@ -6,7 +6,7 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import File, Form, Query, UploadFile
 
-from functions.core import deps
+from functions.core import deps, http
 from functions.core.models import FileDeleted, FileObject, ListPage
 
 from .. import files
@@ -48,7 +48,7 @@ def get_file_content(file_id: str):  # noqa: ANN201 - a raw Response (bytes or a
     return Response(
         status_code=200,
         content_type="application/octet-stream",
-        headers={"Content-Disposition": f'attachment; filename="{content.filename}"'},
+        headers={"Content-Disposition": http.content_disposition(content.filename)},
         body=content.body,
     )
 

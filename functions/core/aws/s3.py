@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .. import limits
+from .. import http, limits
 from .errors import translate
 
 class ObjectStore:
@@ -71,7 +71,7 @@ class ObjectStore:
             Params={
                 "Bucket": self.bucket,
                 "Key": key,
-                "ResponseContentDisposition": f'attachment; filename="{filename}"',
+                "ResponseContentDisposition": http.content_disposition(filename),
             },
             ExpiresIn=seconds,
         )
