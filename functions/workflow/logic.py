@@ -288,9 +288,8 @@ FAILED_ERROR: dict[str, Any] = {
 FAILED_WITH_FILES_ERROR: dict[str, Any] = {
     "code": "batch_failed",
     "message": (
-        "The batch could not be finished because of an internal error. The results of the requests "
-        "that ran are in its output and error files; the requests that did not run are in its error "
-        "file: submit those again in a new batch."
+        "The batch could not be finished because of an internal error. Its output and error files "
+        "hold every request's result; submit those that failed with batch_failed again."
     ),
     "param": None,
     "line": None,
@@ -325,9 +324,10 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int)
         try:
             batch = _fail_keeping_results(stores, batch, now)
         except Exception:  # noqa: BLE001 - the last resort: fail without files rather than not at all
-            logger.exception(
+            # A warning: the batch's failure itself is the error logged above.
+            logger.warning(
                 "could not write the files of a failing batch; failing it without files",
-                extra={"tenant": tenant, "batch_id": batch_id},
+                exc_info=True, extra={"tenant": tenant, "batch_id": batch_id},
             )
             break
     if batch.status not in TERMINAL_STATUSES:

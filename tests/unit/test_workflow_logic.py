@@ -303,7 +303,7 @@ def test_fail_when_the_files_cannot_be_written_fails_without_files(caplog):
     stores = setup(lines=4)
     run_chunk(stores, 0)
     stores.faults.fail("objects.writer.write", TimeoutError("S3 did not answer"), times=100)
-    with caplog.at_level("ERROR", logger="batch-api-workflow.logic"):
+    with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
         assert logic.fail(stores, "acme", "batch_1", TaskError(Error="E", Cause="S3 is down"), NOW) == {"status": "failed"}
     batch = current(stores)
     assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
