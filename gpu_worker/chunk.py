@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from functions.core import accounting, results
+from functions.core import accounting, limits, results
+from functions.core.accounting import ChunkOutcome
 from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
-from functions.core.accounting import ChunkOutcome
 from functions.core.ports import Engine, Stores
+from functions.core.records import ChunkRunRecord
+
+from .engine import EngineDown
 
 log = logging.getLogger("gpu_worker.chunk")
 T = TypeVar("T")
@@ -39,6 +44,11 @@ class LineResult:
     @property
     def succeeded(self) -> bool:
         return results.succeeded(self.line)
+
+    @classmethod
+    def written(cls, line: BatchOutputLine) -> LineResult:
+        """A result read back from a checkpoint (its usage is in its body, as when it ran)."""
+        return cls(line, results.usage_of(line))
 
 
 async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = ()) -> LineResult:
@@ -90,7 +100,8 @@ async def run_ordered(
 @dataclass(frozen=True)
 class ChunkReport:
     """What processing a chunk did. ``skipped``: the batch no longer takes work (or the chunk
-    was already counted); nothing was run."""
+    was already counted); nothing was run. ``reused``: lines whose checkpointed results an
+    earlier attempt wrote (not sent again); ``crashed``: lines failed as ``engine_crashed``."""
 
     skipped: bool = False
     completed: int = 0
@@ -98,6 +109,93 @@ class ChunkReport:
     usage: accounting.Usage | None = None
     outcome: ChunkOutcome | None = None
     seconds: float = 0.0
+    careful: bool = False
+    reused: int = 0
+    crashed: int = 0
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """Checkpoints and the poison budget (docs/reliability.md, "Poison isolation"). A checkpoint
+    is written once ``checkpoint_lines`` results wait, or ``checkpoint_seconds`` after the last
+    one; never for the chunk's last lines (the commit writes them); after every line in careful
+    mode. 0 turns a trigger off."""
+
+    checkpoint_lines: int = 25
+    checkpoint_seconds: float = 30.0
+    max_strikes: int = limits.CHUNK_MAX_STRIKES
+    max_failures: int = limits.CHUNK_MAX_FAILURES
+
+
+class EngineGate:
+    """Shared by the chunks of one worker: normal lines go to the engine together (``shared``);
+    a careful chunk's line goes alone (``exclusive``: it waits until no other line is in the
+    engine and holds new ones back), so when it crashes the engine no innocent line is in flight
+    with it. Waiting exclusive holders go first (no starvation).
+
+    ``down``: a line met ``EngineDown`` since the engine was last healthy (the loop clears it). A
+    line that enters the engine while it is down and meets ``EngineDown`` never ran on a live
+    engine: that is a benign end of its chunk's attempt, not a real failure."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self._cond = asyncio.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        async with self._cond:
+            self._waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class _Gated:
+    """An ``Engine`` whose posts pass the gate (shared, or exclusive for careful lines).
+    ``died_in_flight``: a line of this chunk was in the engine, while it was up, when it died."""
+
+    def __init__(self, engine: Engine, gate: EngineGate, *, alone: bool):
+        self._engine, self._gate, self._alone = engine, gate, alone
+        self.died_in_flight = False
+
+    async def healthy(self) -> bool:
+        return await self._engine.healthy()
+
+    async def wait_healthy(self, timeout: float, interval: float = 1.0) -> float:
+        return await self._engine.wait_healthy(timeout, interval)
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        async with self._gate.exclusive() if self._alone else self._gate.shared():
+            entered_down = self._gate.down
+            try:
+                return await self._engine.post(path, body)
+            except EngineDown:
+                self._gate.down = True  # before the gate lets the next line in
+                self.died_in_flight |= not entered_down
+                raise
 
 
 def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> list[RawLine]:
@@ -112,6 +210,50 @@ def already_counted(stores: Stores, message: WorkMessage) -> bool:
     return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None
 
 
+def _custom_id(raw: RawLine) -> str:
+    try:
+        return results.custom_id_of(parse_request(raw), raw)
+    except LineError:
+        return results.custom_id_of(None, raw)
+
+
+def _checkpoint(stores: Stores, message: WorkMessage, attempt: str, start: int, lines: list[BatchOutputLine],
+                current: ChunkRunRecord | None) -> ChunkRunRecord:
+    """Write a checkpoint, then record it on the run record (a crash between the two only
+    leaves an object nobody reads: its lines run again)."""
+    segment = results.write_checkpoint(stores.objects, message, start, lines)
+    return accounting.add_segment(stores, message, attempt, segment, current)
+
+
+class _Run:
+    """One attempt at a chunk: its results so far (in input order) and its run record."""
+
+    def __init__(self, stores: Stores, message: WorkMessage, attempt: str, record: ChunkRunRecord | None, *, io: Io,
+                 now: Callable[[], float], policy: RunPolicy):
+        self.stores, self.message, self.attempt, self.record = stores, message, attempt, record
+        self.io, self.now, self.policy = io, now, policy
+        self.done: list[LineResult] = []
+        self.saved = 0  # of self.done, how many are checkpointed
+        self.flushed_at = now()
+
+    async def add(self, result: LineResult, *, remaining: int, force: bool = False) -> None:
+        self.done.append(result)
+        waiting = len(self.done) - self.saved
+        due = force or (self.policy.checkpoint_lines and waiting >= self.policy.checkpoint_lines) or (
+            self.policy.checkpoint_seconds and self.now() - self.flushed_at >= self.policy.checkpoint_seconds
+        )
+        if due and (remaining > 0 or force):
+            await self.flush()
+
+    async def flush(self) -> None:
+        lines = [r.line for r in self.done[self.saved:]]
+        if not lines:
+            return
+        self.record = await self.io(_checkpoint, self.stores, self.message, self.attempt, self.saved, lines, self.record)
+        self.saved += len(lines)
+        self.flushed_at = self.now()
+
+
 async def process_chunk(
     stores: Stores,
     message: WorkMessage,
@@ -122,12 +264,23 @@ async def process_chunk(
     now: Callable[[], float] = time.time,
     on_dispatch: Callable[[], None] = lambda: None,
     commits: set[asyncio.Future[Any]] | None = None,
+    gate: EngineGate | None = None,
+    policy: RunPolicy = RunPolicy(),
+    attempt: str | None = None,
 ) -> ChunkReport:
     """Skip the chunk if its batch stopped, or if it is already counted (then only re-signal the
-    workflow if every chunk is counted); else run its lines, write its parts, count it (the last
-    chunk signals the workflow). ``io`` runs blocking store calls off the loop;
+    workflow if every chunk is counted); else open an attempt on its run record, run the lines
+    no earlier attempt checkpointed (all together, or one at a time alone on the engine if the
+    chunk failed for real before), checkpoint results as they come, write its parts, count it
+    (the last chunk signals the workflow). ``io`` runs blocking store calls off the loop;
     ``on_dispatch`` is called once the lines are handed to the engine client; a commit that
-    outlives a cancelled caller stays in ``commits`` until it is done (the loop awaits them)."""
+    outlives a cancelled caller stays in ``commits`` until it is done (the loop awaits them).
+
+    An attempt that ends without commit records a benign end (not spending the poison budget)
+    when it was cancelled (shutdown), hit a store error, or met ``EngineDown`` only with lines
+    sent after the engine was known down (``EngineGate.down``). Anything else (the engine died
+    with its lines in flight, the worker was killed) is a real failure, found by the next
+    attempt. ``gate`` is the worker's (shared by its chunks; default: this chunk's own)."""
     started = now()
     if await io(accounting.start_chunk, stores, message) is None:
         return ChunkReport(skipped=True)
@@ -138,12 +291,58 @@ async def process_chunk(
     requests = [r for r in raws if not r.blank]
     if len(requests) != message.line_count:
         log.warning("chunk %s/%d has %d lines, the message says %d", message.batch_id, message.chunk, len(requests), message.line_count)
-    on_dispatch()
-    outputs = [
-        r async for r in run_ordered(
-            requests, lambda raw: run_line(engine, raw, endpoint=message.endpoint), window=max(1, len(requests))
-        )
-    ]
+    attempt = attempt or secrets.token_hex(6)
+    run = _Run(stores, message, attempt, None, io=io, now=now, policy=policy)
+    crashed = 0
+    gate = gate or EngineGate()
+    alone, together = _Gated(engine, gate, alone=True), _Gated(engine, gate, alone=False)
+    try:
+        start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
+                         max_failures=policy.max_failures)
+        run.record = start.record
+        if start.record.segments:
+            for line in await io(results.read_checkpoints, stores.objects, message, start.record.cover()):
+                run.done.append(LineResult.written(line))
+        run.saved = reused = len(run.done)
+        on_dispatch()
+        if start.exhausted:
+            text = results.chunk_failed_message(start.record.failures)
+            for index in range(reused, len(requests)):
+                code, why = (results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE) if index in start.record.blamed else (
+                    results.CHUNK_FAILED, text)
+                crashed += code == results.ENGINE_CRASHED
+                run.done.append(LineResult(results.error_line(_custom_id(requests[index]), code, why)))
+        elif start.record.careful:
+            for index in range(reused, len(requests)):
+                raw = requests[index]
+                if index in start.record.blamed:
+                    crashed += 1
+                    result = LineResult(results.error_line(_custom_id(raw), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE))
+                else:
+                    run.record = await io(accounting.mark_in_flight, stores, message, attempt, index, run.record)
+                    result = await run_line(alone, raw, endpoint=message.endpoint)
+                await run.add(result, remaining=len(requests) - index - 1, force=True)
+        else:
+            todo = requests[reused:]
+            position = 0
+            async for result in run_ordered(
+                todo, lambda raw: run_line(together, raw, endpoint=message.endpoint), window=max(1, len(todo))
+            ):
+                position += 1
+                await run.add(result, remaining=len(todo) - position)
+    except asyncio.CancelledError:
+        await asyncio.shield(_end_benignly(stores, message, run, io=io, why="cancelled"))
+        raise
+    except EngineDown:
+        if not (alone.died_in_flight or together.died_in_flight):
+            await _end_benignly(stores, message, run, io=io, why="engine already down")
+        else:
+            log.warning("chunk %s/%d: the engine died with its lines in flight (a real failure)", message.batch_id, message.chunk)
+        raise
+    except Exception:
+        await _end_benignly(stores, message, run, io=io, why="store error")
+        raise
+    outputs = run.done
     usage = accounting.Usage()
     for r in outputs:
         usage.add_response(r.usage)
@@ -154,7 +353,14 @@ async def process_chunk(
         commits.add(commit)
         commit.add_done_callback(commits.discard)
     completed, failed, outcome = await asyncio.shield(commit)
-    return ChunkReport(False, completed, failed, usage, outcome, now() - started)
+    return ChunkReport(False, completed, failed, usage, outcome, now() - started, start.record.careful, reused, crashed)
+
+
+async def _end_benignly(stores: Stores, message: WorkMessage, run: _Run, *, io: Io, why: str) -> None:
+    try:
+        await io(accounting.end_run, stores, message, run.attempt, run.record)
+    except Exception:  # noqa: BLE001 - then the next attempt counts this one as failed: a careful run, no line lost
+        log.exception("chunk %s/%d: could not record a benign end (%s)", message.batch_id, message.chunk, why)
 
 
 async def _commit(

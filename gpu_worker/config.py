@@ -63,6 +63,10 @@ class WorkerConfig(EnvSettings):
     failure_retry_seconds: int = Field(default=10, ge=0)
     #: After SIGTERM, in-flight chunks may finish this long; the rest are released to the queue.
     drain_seconds: float = Field(default=90.0, ge=0)
+    #: A running chunk checkpoints its finished results (S3) once this many wait, or this long
+    #: after its last checkpoint; a redelivery does not run them again. 0 turns a trigger off.
+    checkpoint_lines: int = Field(default=25, ge=0)
+    checkpoint_seconds: float = Field(default=30.0, ge=0)
     #: Metrics (EMF) and a summary log line are flushed this often.
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"

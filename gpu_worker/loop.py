@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from functions.core.messages import WorkMessage
 from functions.core.ports import Received, Stores, WorkQueue
 
-from .chunk import process_chunk
+from .chunk import EngineGate, RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .metrics import WorkerMetrics
@@ -73,6 +73,9 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._commits: set[asyncio.Future[Any]] = set()
         self._engine_down = False
+        #: Careful chunks send each line alone (docs/reliability.md, "Poison isolation").
+        self.gate = EngineGate()
+        self.policy = RunPolicy(checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds)
         self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-stores")
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
 
@@ -139,7 +142,7 @@ class Worker:
                     self.log.warning("engine unhealthy: not taking work until /health answers")
                     if not await self._until_healthy():
                         return
-                    self._engine_down = False
+                    self._engine_down = self.gate.down = False
                     continue
                 if len(self._open) >= self.max_open or self.backlog() >= self.engine.max_in_flight:
                     await asyncio.wait({stop}, timeout=0.05)
@@ -198,6 +201,7 @@ class Worker:
             report = await process_chunk(
                 self.stores, message, self.engine, io=self._stores, max_line_bytes=self.max_line_bytes,
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
+                gate=self.gate, policy=self.policy,
             )
             await self._sqs(self.queue.delete, r.receipt)
             if report.skipped:
@@ -208,12 +212,14 @@ class Worker:
             self.metrics.chunk_done(
                 completed=report.completed, failed=report.failed,
                 input_tokens=usage.input_tokens if usage else 0, output_tokens=usage.output_tokens if usage else 0,
+                careful=report.careful, reused=report.reused, crashed=report.crashed,
             )
             outcome = report.outcome
             self.log.info("chunk done", extra={
                 **keys, "completed": report.completed, "failed": report.failed, "seconds": round(report.seconds, 3),
                 "output_tokens": usage.output_tokens if usage else 0,
                 "counted": bool(outcome and outcome.counted), "last": bool(outcome and outcome.last),
+                "careful": report.careful, "reused": report.reused, "crashed": report.crashed,
             })
         except asyncio.CancelledError:
             # Drain deadline passed (SIGTERM): hand the chunk to another worker at once.

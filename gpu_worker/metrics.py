@@ -31,6 +31,10 @@ class Totals:
     lines_failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    #: Chunks run in careful mode; lines taken from checkpoints (not run again); engine_crashed lines.
+    chunks_careful: int = 0
+    lines_reused: int = 0
+    lines_crashed: int = 0
 
 
 _ENGINE_COUNTERS = ("requests", "retries", "timeouts", "connection_errors", "overloaded")
@@ -48,8 +52,14 @@ class WorkerMetrics:
         self._last_engine: dict[str, float] = {}
 
     # --- events ------------------------------------------------------------------------------
-    def chunk_done(self, *, completed: int, failed: int, input_tokens: int, output_tokens: int) -> None:
+    def chunk_done(
+        self, *, completed: int, failed: int, input_tokens: int, output_tokens: int,
+        careful: bool = False, reused: int = 0, crashed: int = 0,
+    ) -> None:
         t = self.totals
+        t.chunks_careful += careful
+        t.lines_reused += reused
+        t.lines_crashed += crashed
         t.chunks_done += 1
         t.lines_completed += completed
         t.lines_failed += failed
@@ -97,6 +107,7 @@ class WorkerMetrics:
             ("chunks_released", MetricUnit.Count), ("chunks_failed", MetricUnit.Count),
             ("chunks_redelivered", MetricUnit.Count), ("lines_completed", MetricUnit.Count),
             ("lines_failed", MetricUnit.Count), ("input_tokens", MetricUnit.Count), ("output_tokens", MetricUnit.Count),
+            ("chunks_careful", MetricUnit.Count), ("lines_reused", MetricUnit.Count), ("lines_crashed", MetricUnit.Count),
         ):
             m.add_metric(name=_camel(name), unit=unit, value=delta[name])
         for name, value in engine_delta.items():

@@ -8,6 +8,7 @@ the GPU worker and the DLQ handler.
 - Lifecycle events are named ``batch.<status>``: ``event_type`` is the one place that says so.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 from .errors import ConditionFailed
 from .messages import WorkMessage
 from .ports import Events, Stores, Workflows
-from .records import BatchRecord, ChunkRecord
+from .records import BatchRecord, ChunkRecord, ChunkRunRecord
 from .results import Parts
 
 #: The field of a signal's output that carries the signal (the state machine reads it).
@@ -137,3 +138,114 @@ def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:
     if not all_counted(batch) or not batch.task_token:
         return False
     return signal(stores.workflows, batch.task_token, Signal.COMPLETE)
+
+
+# --- the chunk's run record: attempts, poison budget, checkpoints ------------------------------
+#: Optimistic writes of a run record retried this often on a concurrent change (two workers on
+#: one chunk), then ConditionFailed (a store error: the attempt ends benignly).
+RUN_WRITE_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What beginning an attempt found: ``record`` as now stored (this attempt open in it);
+    ``died``: earlier attempts found open (real failures, counted now); ``exhausted``: the poison
+    budget is spent (the unwritten lines fail with ``chunk_failed``)."""
+
+    record: ChunkRunRecord
+    died: int
+    exhausted: bool
+
+
+def _change_run(
+    stores: Stores, message: WorkMessage, current: ChunkRunRecord | None, change: Callable[[ChunkRunRecord], ChunkRunRecord]
+) -> ChunkRunRecord:
+    """Apply ``change`` to the run record and store it (optimistic: ``current`` is tried first,
+    then the stored record is read again after each concurrent change)."""
+    for attempt in range(RUN_WRITE_ATTEMPTS):
+        if current is None or attempt > 0:
+            current = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
+        base = current or ChunkRunRecord(
+            tenant=message.tenant, batch_id=message.batch_id, chunk=message.chunk,
+            expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
+        )
+        new = change(base.model_copy(deep=True)).model_copy(update={"version": base.version + 1})
+        try:
+            stores.batches.save_chunk_run(new)
+        except ConditionFailed:
+            if attempt + 1 >= RUN_WRITE_ATTEMPTS:
+                raise
+            continue
+        return new
+    raise AssertionError("unreachable")
+
+
+def begin_run(stores: Stores, message: WorkMessage, attempt: str, *, max_strikes: int, max_failures: int) -> RunStart:
+    """Open attempt ``attempt`` of the chunk. Every attempt still open from before ended without
+    commit and without a benign record: each is one real failure. If one of them was sending a
+    line alone (careful mode) that is not written yet, that line is blamed (``engine_crashed``)."""
+    found: dict[str, Any] = {}
+
+    def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        died = [a for a in run.open if a != attempt]
+        written = run.written()
+        blamed = list(run.blamed)
+        if died and run.in_flight is not None and run.in_flight_by in died and run.in_flight >= written:
+            if run.in_flight not in blamed:
+                blamed.append(run.in_flight)
+        if died:
+            progressed = written > run.progress or len(blamed) > len(run.blamed)
+            run.strikes = 0 if progressed else run.strikes + len(died)
+            run.failures += len(died)
+        if run.in_flight_by in died or run.in_flight_by == attempt:
+            run.in_flight = run.in_flight_by = None
+        run.open = [a for a in run.open if a not in died and a != attempt] + [attempt]
+        run.blamed, run.progress = blamed, written
+        found["died"] = len(died)
+        return run
+
+    record = _change_run(stores, message, None, change)
+    exhausted = record.strikes >= max_strikes or record.failures >= max_failures
+    return RunStart(record, found["died"], exhausted)
+
+
+def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None) -> ChunkRunRecord:
+    """A benign end of attempt ``attempt`` (shutdown, an engine already down, a store error): it
+    does not spend the chunk's poison budget."""
+
+    def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        if attempt in run.open:
+            run.open = [a for a in run.open if a != attempt]
+            run.benign += 1
+        if run.in_flight_by == attempt:
+            run.in_flight = run.in_flight_by = None
+        return run
+
+    return _change_run(stores, message, current, change)
+
+
+def mark_in_flight(
+    stores: Stores, message: WorkMessage, attempt: str, index: int, current: ChunkRunRecord | None
+) -> ChunkRunRecord:
+    """Careful mode: request ``index`` is about to be sent alone to the engine."""
+
+    def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        run.in_flight, run.in_flight_by = index, attempt
+        return run
+
+    return _change_run(stores, message, current, change)
+
+
+def add_segment(
+    stores: Stores, message: WorkMessage, attempt: str, segment: tuple[int, int], current: ChunkRunRecord | None
+) -> ChunkRunRecord:
+    """Record a checkpoint written (its object exists): its lines are never run again."""
+
+    def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        if list(segment) not in run.segments:
+            run.segments.append(list(segment))
+        if run.in_flight_by == attempt and run.in_flight is not None and segment[0] <= run.in_flight < segment[1]:
+            run.in_flight = run.in_flight_by = None
+        return run
+
+    return _change_run(stores, message, current, change)

@@ -54,6 +54,12 @@ DEFAULT_MAX_LINE_BYTES: Final = 1024 * 1024
 #: A work message (chunk) covers at most this many lines and bytes of the input.
 DEFAULT_CHUNK_MAX_LINES: Final = 100
 DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
+#: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
+#: failures in a row without progress, or this many in all, its unwritten lines fail with
+#: ``chunk_failed`` and it is counted. Benign releases (shutdown, an engine already down, store
+#: errors) never count. The work queue's maxReceiveCount (``names.WORK_MAX_RECEIVES``) is far above.
+CHUNK_MAX_STRIKES: Final = 3
+CHUNK_MAX_FAILURES: Final = 10
 DEFAULT_DRAIN_GRACE_SECONDS: Final = 120
 DEFAULT_DRAIN_POLL_SECONDS: Final = 5
 #: How long the workflow waits for a signal before it looks at the batch itself: a lost completion

@@ -28,8 +28,11 @@ __all__ = [
 EVENT_SOURCE: Final = "batch-api"
 
 # --- Queues and workflow (the stack and the local deployment name them alike) -------------------
-#: After this many receives a work message goes to its queue's DLQ (a poison chunk).
-WORK_MAX_RECEIVES: Final = 3
+#: After this many receives a work message goes to its queue's DLQ: the last resort only. A
+#: chunk's poison budget is recorded by the workers (``limits.CHUNK_MAX_STRIKES`` /
+#: ``CHUNK_MAX_FAILURES``, real failures only), so benign releases (shutdown, engine restarts,
+#: store errors) must not reach this: it is far above the budget.
+WORK_MAX_RECEIVES: Final = 50
 #: After this many receives an ingest event goes to the ingest DLQ.
 INGEST_MAX_RECEIVES: Final = 5
 #: Work messages stay invisible this long per receive; the worker extends it while a chunk runs.

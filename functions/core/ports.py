@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord
+from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
 
 
 # --- Bytes ------------------------------------------------------------------------------------
@@ -101,6 +101,11 @@ class BatchStore(Protocol):
         chunk."""
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None: ...
     def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]: ...
+    def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
+        """The run record of one chunk (its attempts and checkpoints; None before the first)."""
+    def save_chunk_run(self, record: ChunkRunRecord) -> None:
+        """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
+        ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""
     def finish(
         self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
     ) -> None:

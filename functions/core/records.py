@@ -325,3 +325,75 @@ class ChunkRecord(Record):
 
     def expiry(self) -> int | None:
         return self.expires_at
+
+
+class ChunkRunRecord(Record):
+    """The attempts at one chunk, recorded by the workers beside its count marker (not on the
+    batch's busy item): the chunk's poison budget and its progress checkpoints. Written with an
+    optimistic ``version`` (``BatchStore.save_chunk_run``). See docs/reliability.md, "Poison
+    isolation".
+
+    An attempt adds its id to ``open`` when it begins and removes it when it ends benignly
+    (SIGTERM drain, an engine already down, a store error). An attempt still open when the next
+    one begins ended without commit and without a benign record: a real failure."""
+
+    tenant: str
+    batch_id: str
+    chunk: int
+    version: int = 0
+    #: Attempts begun and neither counted as failed nor ended benignly.
+    open: list[str] = []
+    #: Real failures of this chunk, and those since it last made progress.
+    failures: int = 0
+    strikes: int = 0
+    #: Benign ends (observability only: they never spend the budget).
+    benign: int = 0
+    #: Checkpointed result segments, [start, end) request indices of the chunk (0 = its first
+    #: non-blank line), written as ``schema.chunk_checkpoint_key``.
+    segments: list[list[int]] = []
+    #: Lines checkpointed when the last attempt began (progress is measured against it).
+    progress: int = 0
+    #: Careful mode: the request index sent alone to the engine, and by which attempt.
+    in_flight: int | None = None
+    in_flight_by: str | None = None
+    #: Request indices found in flight when their attempt died: they get ``engine_crashed``.
+    blamed: list[int] = []
+    expires_at: int
+
+    PREFIX: ClassVar[str] = "RUN#"
+
+    @classmethod
+    def sort_key(cls, chunk: int) -> str:
+        return f"{cls.PREFIX}{chunk:06d}"
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: chunks_pk(self.tenant, self.batch_id), schema.SK: self.sort_key(self.chunk)}
+
+    def expiry(self) -> int | None:
+        return self.expires_at
+
+    @property
+    def careful(self) -> bool:
+        """A chunk that failed for real runs its remaining lines one at a time."""
+        return self.failures > 0
+
+    def written(self) -> int:
+        """How many request lines, from the first, have checkpointed results."""
+        end = 0
+        for start, stop in sorted(self.segments):
+            if start > end:
+                break
+            end = max(end, stop)
+        return end
+
+    def cover(self) -> list[tuple[int, int]]:
+        """The segments to read for ``written()`` lines: each adds lines, in order."""
+        out: list[tuple[int, int]] = []
+        end = 0
+        for start, stop in sorted(self.segments, key=lambda s: (s[0], -s[1])):
+            if start > end:
+                break
+            if stop > end:
+                out.append((start, stop))
+                end = stop
+        return out

@@ -78,3 +78,51 @@ def write_parts(objects: Objects, message: WorkMessage, lines: list[BatchOutputL
         key = schema.chunk_part_key(message.tenant, message.batch_id, message.chunk, attempt, kind)
         objects.put(key, body, "application/jsonl")
     return Parts(attempt=attempt, completed=len(out), failed=len(err))
+
+
+# --- checkpoints of a running chunk (docs/reliability.md, "Poison isolation") -------------------
+#: A line that was being sent, alone, to the engine when its worker or engine died: not retried.
+ENGINE_CRASHED = "engine_crashed"
+ENGINE_CRASHED_MESSAGE = (
+    "This request crashed the inference engine (or its worker) while it ran, so it was not retried. "
+    "The other requests of the batch were not affected."
+)
+#: The lines a chunk had left when its poison budget ran out.
+CHUNK_FAILED = "chunk_failed"
+
+
+def chunk_failed_message(failures: int) -> str:
+    return (
+        f"The request was not processed: the GPU workers running it died {failures} times without "
+        "making progress. Retry it in a new batch."
+    )
+
+
+def write_checkpoint(objects: Objects, message: WorkMessage, start: int, lines: list[BatchOutputLine]) -> tuple[int, int]:
+    """Write the results of request lines [start, start + len(lines)) of a running chunk (input
+    order) under their segment's key; returns the segment."""
+    end = start + len(lines)
+    body = b"".join(line.model_dump_json().encode() + b"\n" for line in lines)
+    objects.put(schema.chunk_checkpoint_key(message.tenant, message.batch_id, message.chunk, start, end), body, "application/jsonl")
+    return start, end
+
+
+def read_checkpoints(objects: Objects, message: WorkMessage, cover: list[tuple[int, int]]) -> list[BatchOutputLine]:
+    """The checkpointed result lines of a chunk's first request lines, one per line, in order:
+    ``cover`` is ``ChunkRunRecord.cover()`` (segments that each add lines; overlaps are read once)."""
+    out: list[BatchOutputLine] = []
+    for start, end in cover:
+        data = objects.get(schema.chunk_checkpoint_key(message.tenant, message.batch_id, message.chunk, start, end))
+        lines = [BatchOutputLine.model_validate_json(raw) for raw in data.splitlines() if raw.strip()]
+        if len(lines) != end - start:
+            raise ValueError(f"checkpoint {start}-{end} of chunk {message.chunk} holds {len(lines)} lines")
+        out.extend(lines[len(out) - start:])
+    return out
+
+
+def usage_of(line: BatchOutputLine) -> dict[str, Any] | None:
+    """The engine's ``usage`` of a succeeded result line (what the chunk's usage adds)."""
+    if not succeeded(line) or line.response is None or not isinstance(line.response.body, dict):
+        return None
+    usage = line.response.body.get("usage")
+    return usage if isinstance(usage, dict) else None

@@ -97,3 +97,10 @@ def chunk_part_key(tenant: str, batch_id: str, chunk: int, attempt: str, kind: s
     writes its own keys and the chunk's count marker names the attempt that was counted, so a
     second worker running the same chunk can never change the counted results."""
     return f"{batch_prefix(tenant, batch_id)}parts/{chunk:06d}.{attempt}.{kind}.jsonl"
+
+
+def chunk_checkpoint_key(tenant: str, batch_id: str, chunk: int, start: int, end: int) -> str:
+    """A checkpoint of a running chunk: the result lines of its request lines [start, end) (0 =
+    the chunk's first non-blank line), in input order. Deterministic: any attempt writing the
+    same segment writes the same key. Only the chunk's run record names the segments to read."""
+    return f"{batch_prefix(tenant, batch_id)}parts/{chunk:06d}.ckpt.{start:06d}-{end:06d}.jsonl"

@@ -1,7 +1,8 @@
-"""Dead-lettered work messages: a chunk that kept failing (it killed or stalled its workers
-``WORK_MAX_RECEIVES`` times). Its lines are failed with a clear error line, and the chunk is
-counted through the shared accounting, so the batch still finishes (the last chunk signals the
-workflow as usual)."""
+"""Dead-lettered work messages: a chunk received ``WORK_MAX_RECEIVES`` times without being
+counted (the last resort: the workers' own poison budget normally ends a chunk that keeps dying,
+docs/reliability.md "Poison isolation"). The lines its workers checkpointed keep their results;
+every other line gets a clear error line, and the chunk is counted through the shared accounting,
+so the batch still finishes (the last chunk signals the workflow as usual)."""
 
 from dataclasses import dataclass
 
@@ -30,7 +31,8 @@ class DeadLetterOutcome:
 
 
 def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterOutcome:
-    """Write an error line for every request line of the chunk and count the chunk (once)."""
+    """Keep the chunk's checkpointed results, write an error line for every other request line,
+    and count the chunk (once)."""
     batch = stores.batches.get(message.tenant, message.batch_id)
     if batch is None:
         return DeadLetterOutcome("no_batch")
@@ -40,7 +42,12 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterO
     if stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None:
         # A worker did count it (and died before deleting the message): keep its results.
         return DeadLetterOutcome("already_counted")
-    lines = list(results.unrun_lines(stores.objects, message, ERROR_CODE, error_message(message)))
-    parts = results.write_parts(stores.objects, message, lines)
-    outcome = accounting.record_chunk(stores, message, parts=parts, usage=accounting.Usage(), now=now)
+    run = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
+    kept = results.read_checkpoints(stores.objects, message, run.cover()) if run is not None else []
+    usage = accounting.Usage()
+    for line in kept:
+        usage.add_response(results.usage_of(line))
+    rest = list(results.unrun_lines(stores.objects, message, ERROR_CODE, error_message(message)))[len(kept):]
+    parts = results.write_parts(stores.objects, message, kept + rest)
+    outcome = accounting.record_chunk(stores, message, parts=parts, usage=usage, now=now)
     return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", parts.failed, outcome.last)

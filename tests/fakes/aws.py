@@ -25,7 +25,9 @@ from typing import Any
 
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
-from functions.core.records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord
+from functions.core.records import (
+    ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
+)
 
 
 # --- Faults -----------------------------------------------------------------------------------
@@ -313,6 +315,7 @@ class FakeBatches(_Port):
         super().__init__(faults)
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
         self.markers: dict[tuple[str, str, int], ChunkRecord] = {}
+        self.runs: dict[tuple[str, str, int], ChunkRunRecord] = {}
         self._files = files
 
     def put(self, record: BatchRecord) -> None:
@@ -378,6 +381,19 @@ class FakeBatches(_Port):
     def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
         self._op("counted_chunks")
         return {c: m for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)}
+
+    def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
+        self._op("chunk_run")
+        record = self.runs.get((tenant, batch_id, chunk))
+        return record.model_copy(deep=True) if record is not None else None
+
+    def save_chunk_run(self, record: ChunkRunRecord) -> None:
+        self._op("save_chunk_run")
+        key = (record.tenant, record.batch_id, record.chunk)
+        stored = self.runs.get(key)
+        if (stored.version if stored is not None else 0) != record.version - 1:
+            raise condition_failed()
+        self.runs[key] = record.model_copy(deep=True)
 
     def finish(
         self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]

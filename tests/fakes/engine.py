@@ -242,3 +242,40 @@ class InProcessEngine:
         status, payload, *_ = result
         self.stats.answered[status] = self.stats.answered.get(status, 0) + 1
         return Reply(status, payload, f"req_{uuid.uuid4().hex}")
+
+
+class CrashingEngine(InProcessEngine):
+    """An in-process engine that dies when a poison request reaches it (``poison``: request
+    contents): that request and every request in flight with it fail with ``EngineDown`` (what
+    the real client raises once the engine stops answering, even on /health), and so does any
+    request sent while it is down. ``restart()`` brings it back (the local supervisor, or a new
+    ECS task). ``alone_at_crash`` records how many requests were in flight at each crash. A
+    poison request crashes the engine only once ``crash_after`` requests were answered."""
+
+    def __init__(self, *poison: str, max_in_flight: int = 64, crash_after: int = 0):
+        super().__init__(self._respond, max_in_flight=max_in_flight)
+        self.poison = set(poison)
+        self.crash_after = crash_after
+        self.down = False
+        self.crashes = 0
+        self.alone_at_crash: list[int] = []
+
+    def restart(self) -> None:
+        self.down = False
+
+    async def _respond(self, path: str, body: dict[str, Any], seen: int) -> Any:
+        from gpu_worker.engine import EngineDown
+
+        if self.down:
+            raise EngineDown("the engine is down")
+        if content(body) in self.poison:
+            while sum(self.stats.answered.values()) < self.crash_after:
+                await asyncio.sleep(0)
+            self.down = True
+            self.crashes += 1
+            self.alone_at_crash.append(self.in_flight)
+            raise EngineDown("the engine crashed")
+        await asyncio.sleep(0)  # requests sent together are in flight together
+        if self.down:
+            raise EngineDown("the engine crashed")
+        return 200, chat_answer(body)

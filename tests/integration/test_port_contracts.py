@@ -142,3 +142,25 @@ def test_a_conflict_the_store_gives_up_on_is_typed_and_counts_nothing(ports: Sto
     assert ports.batches.count_chunk(marker(0))
     assert not ports.batches.count_chunk(marker(0))
     assert ports.batches.get("acme", "batch_c1").chunks_done == 1
+
+
+def test_a_chunk_run_record_is_written_optimistically(ports: Stores):
+    from functions.core.records import ChunkRunRecord
+
+    assert ports.batches.chunk_run("acme", "batch_c1", 3) is None
+    first = ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=3, version=1, open=["a1"], expires_at=10**10)
+    ports.batches.save_chunk_run(first)
+    with pytest.raises(ConditionFailed):  # a second "first" write loses
+        ports.batches.save_chunk_run(first.model_copy(update={"open": ["b1"]}))
+    second = first.model_copy(update={"version": 2, "open": [], "failures": 1, "segments": [[0, 25], [25, 50]],
+                                      "in_flight": 50, "in_flight_by": "a1", "blamed": [7]})
+    ports.batches.save_chunk_run(second)
+    assert ports.batches.chunk_run("acme", "batch_c1", 3) == second
+    with pytest.raises(ConditionFailed):  # written over a stale version
+        ports.batches.save_chunk_run(second.model_copy(update={"failures": 9}))
+    cleared = second.model_copy(update={"version": 3, "in_flight": None, "in_flight_by": None})
+    ports.batches.save_chunk_run(cleared)
+    stored = ports.batches.chunk_run("acme", "batch_c1", 3)
+    assert stored == cleared and stored.written() == 50 and stored.in_flight is None
+    assert ports.batches.chunk_run("globex", "batch_c1", 3) is None  # keyed by tenant
+    assert ports.batches.counted_chunk("acme", "batch_c1", 3) is None  # beside the marker, not one

@@ -116,3 +116,148 @@ def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
     stores.batches.update("acme", "batch_1", values={"task_token": "token-1"})
     run(stores, first, InProcessEngine())
     assert run(stores, first, InProcessEngine()).skipped and stores.workflows.signals == []
+
+
+# --- poison isolation, the chunk's own budget, checkpoints (docs/reliability.md) ----------------
+import pytest
+
+from functions.core import schema
+from functions.core.models import BatchOutputLine
+from gpu_worker.chunk import EngineGate, RunPolicy
+from gpu_worker.engine import EngineDown
+from tests.fakes.engine import CrashingEngine
+
+
+def parts(stores, chunk=0):
+    """The counted (out, err) result lines of a chunk."""
+    marker = stores.batches.counted_chunk("acme", "batch_1", chunk)
+    read = lambda kind: [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
+        schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, kind)).splitlines()]
+    return read("out"), read("err")
+
+
+def deliver_until_counted(stores, message, engine, *, limit=20, **kwargs):
+    """SQS delivers the chunk again after every attempt that died with the engine (restarted in
+    between, as the local supervisor or a new ECS task does); the report of the one that counted it."""
+    for _ in range(limit):
+        try:
+            return run(stores, message, engine, **kwargs)
+        except EngineDown:
+            engine.restart()
+    raise AssertionError(f"not counted after {limit} deliveries")
+
+
+def test_a_line_that_crashes_the_engine_fails_alone_as_engine_crashed():
+    stores = fake_stores()
+    (message,) = seed(stores, 4, per_chunk=4)
+    engine = CrashingEngine("hi 2")
+    report = deliver_until_counted(stores, message, engine)
+    out, err = parts(stores)
+    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-3"]
+    assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "engine_crashed")]
+    assert "crashed the inference engine" in err[0].error.message and "not retried" in err[0].error.message
+    assert (report.completed, report.failed, report.crashed, report.careful) == (3, 1, 1, True)
+    # sent once with the others (the engine died with 3 requests in it), once alone; never again
+    assert engine.contents().count("hi 2") == 2 and engine.alone_at_crash == [3, 1]
+    batch = stores.batches.get("acme", "batch_1")
+    assert (batch.completed, batch.failed, batch.chunks_done) == (3, 1, 1)
+
+
+def test_a_careful_line_goes_alone_so_another_chunk_on_the_worker_is_not_blamed():
+    stores = fake_stores()
+    innocent, poisoned = seed(stores, 6, per_chunk=3)  # the poison request "hi 4" is in chunk 1
+    engine = CrashingEngine("hi 4")
+    with pytest.raises(EngineDown):
+        run(stores, poisoned, engine)  # first delivery dies: chunk 1 is careful from now on
+    engine.restart()
+    gate = EngineGate()  # one worker: both chunks at once
+
+    async def together():
+        go = lambda m: process_chunk(stores, m, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, gate=gate)
+        return await asyncio.gather(go(poisoned), go(innocent), return_exceptions=True)
+
+    results = asyncio.run(together())
+    assert engine.alone_at_crash[-1] == 1  # the poison request was alone in the engine
+    assert all(isinstance(r, EngineDown) for r in results)  # the innocent chunk could not run on a dead engine ...
+    innocent_run = stores.batches.chunk_run("acme", "batch_1", 0)
+    assert (innocent_run.failures, innocent_run.benign, innocent_run.open) == (0, 1, [])  # ... but is not blamed
+    engine.restart()
+    clean = run(stores, innocent, engine)
+    assert clean.completed == 3 and not clean.careful
+    deliver_until_counted(stores, poisoned, engine)
+    out, err = parts(stores, 1)
+    assert [l.custom_id for l in out] == ["req-3", "req-5"] and [l.error.code for l in err] == ["engine_crashed"]
+
+
+def test_benign_ends_do_not_spend_the_budget():
+    """Shutdown (cancelled), a store error, and an engine that was down before the chunk's lines
+    reached it: ten of them, and the chunk still runs normally (no careful mode, nothing failed)."""
+    stores = fake_stores()
+    (message,) = seed(stores, 3, per_chunk=3)
+
+    async def cancelled():
+        task = asyncio.create_task(process_chunk(stores, message, InProcessEngine(lambda p, b, s: "hang"), io=direct,
+                                                 max_line_bytes=1 << 20, now=lambda: 1000))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    down = EngineGate()
+    down.down = True  # the worker already saw the engine die
+    dead = CrashingEngine()
+    dead.down = True
+    for _ in range(4):
+        asyncio.run(cancelled())
+        stores.faults.fail("objects.put", TimeoutError())  # the first checkpoint's PUT fails
+        with pytest.raises(TimeoutError):
+            run(stores, message, InProcessEngine(), policy=RunPolicy(checkpoint_lines=1))
+        with pytest.raises(EngineDown):
+            run(stores, message, dead, gate=down)
+    record = stores.batches.chunk_run("acme", "batch_1", 0)
+    assert (record.failures, record.strikes, record.benign, record.open) == (0, 0, 12, [])
+    engine = InProcessEngine()
+    report = run(stores, message, engine)
+    assert (report.completed, report.failed, report.careful) == (3, 0, False)
+
+
+def test_a_redelivered_chunk_does_not_resend_written_lines():
+    stores = fake_stores()
+    (message,) = seed(stores, 10, per_chunk=10)
+    first = CrashingEngine("hi 7", crash_after=9)
+    with pytest.raises(EngineDown):  # every other line answered, then 7 crashes the engine
+        asyncio.run(process_chunk(stores, message, first, io=direct, max_line_bytes=1 << 20, now=lambda: 1000,
+                                  policy=RunPolicy(checkpoint_lines=3)))
+    assert stores.batches.chunk_run("acme", "batch_1", 0).written() == 6  # checkpoints 0-2, 3-5
+    again = InProcessEngine()  # the line no longer crashes anything (say, a fixed engine)
+    report = run(stores, message, again, policy=RunPolicy(checkpoint_lines=3))
+    assert again.contents() == [f"hi {i}" for i in range(6, 10)] and report.reused == 6
+    out, err = parts(stores)
+    assert [l.custom_id for l in out] == [f"req-{i}" for i in range(10)] and err == []
+    assert report.usage.output_tokens == 30 and stores.batches.get("acme", "batch_1").output_tokens == 30
+
+
+def test_the_budget_ends_a_chunk_that_keeps_dying_without_progress():
+    """The worker dies on this chunk before any line is written, every time (say, it runs out of
+    memory reading it): after 3 such real failures the lines fail as chunk_failed and it counts."""
+    stores = fake_stores()
+    (message,) = seed(stores, 3, per_chunk=3)
+
+    class Killed(BaseException):
+        """The process died: nothing after this runs (no benign end is recorded)."""
+
+    async def dies(fn, *args, **kwargs):
+        result = fn(*args, **kwargs)
+        if fn.__name__ == "begin_run":
+            raise Killed
+        return result
+
+    for _ in range(3):
+        with pytest.raises(Killed):
+            asyncio.run(process_chunk(stores, message, InProcessEngine(), io=dies, max_line_bytes=1 << 20, now=lambda: 1000))
+    engine = InProcessEngine()
+    report = run(stores, message, engine)
+    out, err = parts(stores)
+    assert engine.requests == [] and out == []
+    assert [(l.custom_id, l.error.code) for l in err] == [(f"req-{i}", "chunk_failed") for i in range(3)]
+    assert "died 3 times" in err[0].error.message
+    assert (report.failed, stores.batches.get("acme", "batch_1").failed) == (3, 3)

@@ -7,7 +7,9 @@ from typing import Any
 
 from .. import schema
 from ..errors import ConditionFailed
-from ..records import ApiKeyRecord, BatchRecord, ChunkRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk
+from ..records import (
+    ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
+)
 from .dynamodb import Put, Table, Update
 
 class FileRepo:
@@ -167,6 +169,23 @@ class BatchRepo:
             limit=10**9,
         )
         return {(r := ChunkRecord.from_item(i)).chunk: r for i in items}
+
+    def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
+        """The run record of one chunk: one GetItem (its own item, not the batch's)."""
+        item = self._table.get(chunks_pk(tenant, batch_id), ChunkRunRecord.sort_key(chunk))
+        return ChunkRunRecord.from_item(item) if item else None
+
+    def save_chunk_run(self, record: ChunkRunRecord) -> None:
+        """An optimistic write: only over ``record.version - 1`` (or no item, for version 1)."""
+        item = record.to_item()
+        if record.version <= 1:
+            self._table.put(item, if_absent=True)
+            return
+        keys = record.keys()
+        values = {k: v for k, v in item.items() if k not in (schema.PK, schema.SK)}
+        absent = tuple(k for k, v in record.model_dump().items() if v is None)
+        self._table.update(Update(keys[schema.PK], keys[schema.SK], values=values, remove=absent,
+                                  expect={"version": record.version - 1}))
 
     def finish(
         self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
