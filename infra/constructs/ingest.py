@@ -141,6 +141,7 @@ class Ingest(Construct):
         storage.table.grant_read_write_data(self.dlq_function)
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
+        storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept
         acknowledge_data_grants(self.dlq_function.role, storage, {
             INPUT_KEYS: "Reads the dead-lettered chunk's lines (a ranged GET of the input snapshot) for their "
             "custom_ids; any tenant's batch can dead-letter a chunk.",

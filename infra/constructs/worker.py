@@ -307,6 +307,7 @@ class ModelWorker(Construct):
         self.work_queue.grant_consume_messages(role)  # receive, change visibility, delete
         storage.bucket.grant_read(role, INPUT_KEYS)  # ranged GET of a chunk's lines
         storage.bucket.grant_put(role, PART_KEYS)  # the chunk's output and error parts
+        storage.bucket.grant_read(role, PART_KEYS)  # a redelivered chunk reads its checkpoints
         storage.table.grant_read_write_data(role)  # chunk start and accounting (transaction)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow
         # Metrics are CloudWatch EMF lines on stdout (the awslogs driver ships them): no
