@@ -65,6 +65,22 @@ DEFAULT_DRAIN_POLL_SECONDS: Final = 5
 #: How long the workflow waits for a signal before it looks at the batch itself: a lost completion
 #: or cancel signal is acted on within this (plus one task's time). See docs/reliability.md.
 DEFAULT_RECONCILE_SECONDS: Final = 300
+# --- Liveness (docs/reliability.md, "Liveness: every batch ends") -------------------------------
+#: How often the sweeper (functions/sweeper) looks at every open batch.
+DEFAULT_SWEEP_SECONDS: Final = 300
+#: A batch still ``validating`` this long after its creation is failed by the sweeper
+#: (``ingest_failed``). Ingest normally takes seconds to minutes; on AWS its event is retried for up
+#: to INGEST_MAX_RECEIVES (5) receives x 60 min visibility + one 10 min run before it is
+#: dead-lettered (and the ingest-DLQ consumer fails the batch): this deadline lies past that, so it
+#: only acts when the event itself was lost (a lost S3 notification, a failing DLQ consumer).
+DEFAULT_VALIDATING_TIMEOUT_SECONDS: Final = 5 * 3600 + 15 * 60
+#: A batch ``in_progress``/``cancelling`` whose fan-out or workflow start has not succeeded
+#: (``enqueued`` false) this long after it moved is fanned out and started again by the sweeper.
+DEFAULT_ENQUEUE_GRACE_SECONDS: Final = 300
+#: An open batch this long past its ``expires_at`` is finalized ``expired`` by the sweeper itself
+#: (the workflow's own finalize), whatever happened to its workflow. The workflow itself acts at
+#: ``expires_at`` and drains for at most DEFAULT_DRAIN_GRACE_SECONDS: the grace lies past that.
+DEFAULT_EXPIRY_GRACE_SECONDS: Final = 900
 #: metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
 METADATA_MAX_PAIRS: Final = 16
 METADATA_MAX_KEY: Final = 64

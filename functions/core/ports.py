@@ -110,6 +110,9 @@ class BatchStore(Protocol):
         self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
     ) -> None:
         """Create the batch's output files and set its terminal state in one transaction."""
+    def open_batches(self) -> list[tuple[str, str]]:
+        """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
+        never a table scan). Eventually consistent: a batch may show up moments after it ended."""
 
 
 # --- Messages, workflows, events --------------------------------------------------------------

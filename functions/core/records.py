@@ -15,6 +15,7 @@ from .models import (
     BatchRequestCounts,
     BatchStatus,
     BatchUsage,
+    TERMINAL_STATUSES,
     FileObject,
     FilePurpose,
     InputTokensDetails,
@@ -37,7 +38,9 @@ class Record(BaseModel):
     ``expiry()`` so that DynamoDB's TTL removes the item."""
 
     model_config = ConfigDict(extra="ignore")
-    _KEY_FIELDS: ClassVar[tuple[str, ...]] = (schema.PK, schema.SK, schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK, schema.TTL)
+    _KEY_FIELDS: ClassVar[tuple[str, ...]] = (
+        schema.PK, schema.SK, schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK, schema.GSI_OPEN_PK, schema.GSI_OPEN_SK, schema.TTL,
+    )
 
     def keys(self) -> dict[str, str]:
         raise NotImplementedError
@@ -239,7 +242,18 @@ class BatchRecord(Record):
         return f"BATCH#{batch_id}"
 
     def keys(self) -> dict[str, str]:
-        return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.id)}
+        keys = {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.id)}
+        if self.status not in TERMINAL_STATUSES:
+            keys.update(self.open_keys())
+        return keys
+
+    def open_keys(self) -> dict[str, str]:
+        """The attributes that list an open batch in ``schema.GSI_OPEN`` (the sweeper's index):
+        written with the batch, removed by the write that makes it terminal (``OPEN_ATTRIBUTES``)."""
+        return {schema.GSI_OPEN_PK: schema.OPEN_PARTITION, schema.GSI_OPEN_SK: f"{self.expires_at:012d}#{self.tenant}#{self.id}"}
+
+    #: What a terminal write removes so that the batch leaves the open-batch index.
+    OPEN_ATTRIBUTES: ClassVar[tuple[str, ...]] = (schema.GSI_OPEN_PK, schema.GSI_OPEN_SK)
 
     def work_message(self, chunk: Chunk) -> WorkMessage:
         """The SQS work message for one chunk of this batch."""

@@ -14,6 +14,17 @@ SK: Final = "sk"
 GSI_PURPOSE: Final = "by_purpose"
 GSI_PURPOSE_PK: Final = "gsi1pk"
 GSI_PURPOSE_SK: Final = "gsi1sk"
+#: Sparse GSI of the OPEN (non-terminal) batches, for the sweeper (functions/sweeper): a batch
+#: item carries these two attributes from its creation until the write that makes it terminal,
+#: which removes them (``BatchRepo``), so the index holds only open batches and the sweeper finds
+#: them with one Query, never a scan. KEYS_ONLY: chunk counting (the busy writes) never touches the
+#: index; the sweeper reads each open batch by key.
+GSI_OPEN: Final = "open_batches"
+GSI_OPEN_PK: Final = "open_pk"
+GSI_OPEN_SK: Final = "open_sk"
+#: The one partition of ``GSI_OPEN``: only a batch's creation and its terminal write change the
+#: index (two writes per batch), far below a partition's 1,000 writes per second.
+OPEN_PARTITION: Final = "OPEN"
 #: DynamoDB TTL attribute (unix seconds). Reads also treat an item past it as gone, because
 #: DynamoDB deletes expired items lazily.
 TTL: Final = "ttl"
@@ -21,7 +32,8 @@ TTL: Final = "ttl"
 TABLE_SCHEMA: Final = {
     "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
     "AttributeDefinitions": [
-        {"AttributeName": name, "AttributeType": "S"} for name in (PK, SK, GSI_PURPOSE_PK, GSI_PURPOSE_SK)
+        {"AttributeName": name, "AttributeType": "S"}
+        for name in (PK, SK, GSI_PURPOSE_PK, GSI_PURPOSE_SK, GSI_OPEN_PK, GSI_OPEN_SK)
     ],
     "GlobalSecondaryIndexes": [
         {
@@ -31,7 +43,15 @@ TABLE_SCHEMA: Final = {
                 {"AttributeName": GSI_PURPOSE_SK, "KeyType": "RANGE"},
             ],
             "Projection": {"ProjectionType": "ALL"},
-        }
+        },
+        {
+            "IndexName": GSI_OPEN,
+            "KeySchema": [
+                {"AttributeName": GSI_OPEN_PK, "KeyType": "HASH"},
+                {"AttributeName": GSI_OPEN_SK, "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "KEYS_ONLY"},
+        },
     ],
     "BillingMode": "PAY_PER_REQUEST",
     # The stream carries TTL deletions to the reaper, which removes the objects' bytes.

@@ -119,6 +119,42 @@ def ingest(
 
     if batch.status == "validating":
         batch = _validate_and_move(stores, settings, batch, now)
+    return resume(stores, settings, batch, now)
+
+
+#: What a tenant reads on a batch whose input could not be processed: its ingest kept failing
+#: until its event was dead-lettered, or the batch stayed ``validating`` past its deadline (the
+#: sweeper). Short and true; the cause is in the logs, never here.
+INGEST_FAILED_ERROR: dict[str, Any] = {
+    "code": "ingest_failed",
+    "message": "The batch's input file could not be processed. Submit the batch again; "
+    "if this keeps happening, check that the file is a valid JSONL batch input.",
+    "param": None,
+    "line": None,
+}
+
+
+def fail_validating(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord:
+    """End a batch stuck ``validating`` as ``failed`` with ``INGEST_FAILED_ERROR`` and publish its
+    status (only the writer that moved it publishes). A batch no longer validating is returned as
+    stored, untouched: safe to call twice, and against a concurrent ingest."""
+    try:
+        failed = stores.batches.update(
+            batch.tenant, batch.id,
+            values={"status": "failed", "failed_at": now, "errors": [dict(INGEST_FAILED_ERROR)]},
+            expect={"status": "validating"},
+        )
+    except ConditionFailed:
+        return _reread(stores, batch)
+    accounting.publish_status(stores.events, failed)
+    return failed
+
+
+def resume(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> str:
+    """What follows validation, for a batch past it; returns its status afterwards. A batch
+    cancelled before it started ends ``cancelled``; one moved on but not ``enqueued`` gets its work
+    messages (duplicates are harmless: a chunk is counted once) and its workflow started (an
+    execution named after the batch: starting it again is a no-op). Anything else: nothing."""
     if batch.status == "cancelling" and batch.in_progress_at is None:
         return _cancel_before_start(stores, batch, now)
     if batch.status in ("in_progress", "cancelling") and not batch.enqueued:

@@ -405,6 +405,14 @@ class FakeBatches(_Port):
             self._files.items[(f.tenant, f.id)] = f
         self._update(tenant, batch_id, values, {}, {}, (), expect)
 
+    def open_batches(self) -> list[tuple[str, str]]:
+        """As the sparse index: every batch not terminal, by expiry."""
+        self._op("open_batches")
+        from functions.core.models import TERMINAL_STATUSES
+
+        open_items = [i for i in self.items.values() if i["status"] not in TERMINAL_STATUSES]
+        return [(i["tenant"], i["id"]) for i in sorted(open_items, key=lambda i: (i["expires_at"], i["tenant"], i["id"]))]
+
 
 # --- Queues, workflows, events ----------------------------------------------------------------
 @dataclass

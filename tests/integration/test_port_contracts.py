@@ -164,3 +164,23 @@ def test_a_chunk_run_record_is_written_optimistically(ports: Stores):
     assert stored == cleared and stored.written() == 50 and stored.in_flight is None
     assert ports.batches.chunk_run("globex", "batch_c1", 3) is None  # keyed by tenant
     assert ports.batches.counted_chunk("acme", "batch_c1", 3) is None  # beside the marker, not one
+
+
+def test_open_batches_lists_exactly_the_batches_not_terminal(ports: Stores):
+    """The sweeper's index: a batch is listed from its creation until the write that makes it
+    terminal, whether that is an update (ingest, cancel, fail) or a finish (finalize)."""
+    ports.batches.create(new_batch(id="batch_v", status="validating", expires_at=300))
+    ports.batches.create(new_batch(id="batch_r", expires_at=100))
+    ports.batches.create(new_batch(id="batch_f", accepting=False))
+    ports.batches.create(new_batch(tenant="globex", id="batch_g", status="cancelling", expires_at=250))
+    ports.batches.create(new_batch(id="batch_done", status="completed"))  # created terminal: never listed
+    # oldest expiry first: 100, 200, 250, 300
+    assert ports.batches.open_batches() == [("acme", "batch_r"), ("acme", "batch_f"), ("globex", "batch_g"), ("acme", "batch_v")]
+    ports.batches.update("acme", "batch_r", values={"accepting": False})  # not terminal: still listed
+    ports.batches.update("acme", "batch_v", values={"status": "failed", "failed_at": 1}, expect={"status": "validating"})
+    ports.batches.finish("acme", "batch_f", [], {"status": "completed", "completed_at": 2}, {"accepting": False})
+    assert ports.batches.open_batches() == [("acme", "batch_r"), ("globex", "batch_g")]
+    ports.batches.update("globex", "batch_g", values={"status": "cancelled", "cancelled_at": 3})
+    assert ports.batches.open_batches() == [("acme", "batch_r")]
+    # a terminal batch read back carries none of the index's attributes as fields
+    assert ports.batches.get("acme", "batch_v").status == "failed"

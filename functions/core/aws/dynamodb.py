@@ -136,6 +136,18 @@ class Table:
                 return out, False
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    def query_index(self, index: str, pk_name: str, pk: str) -> list[dict[str, Any]]:
+        """Every item (as the index projects it) of partition ``pk`` of the GSI ``index``, in sort
+        key order (all pages)."""
+        kwargs: dict[str, Any] = {"IndexName": index, "KeyConditionExpression": Key(pk_name).eq(pk)}
+        out: list[dict[str, Any]] = []
+        while True:
+            resp = self._call(self._table.query, **kwargs)
+            out.extend(resp["Items"])
+            if "LastEvaluatedKey" not in resp:
+                return out
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
     def batch_get(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """Items for the given (pk, sk) keys, in no particular order (missing ones left out)."""
         out: list[dict[str, Any]] = []

@@ -10,6 +10,7 @@ from ..errors import ConditionFailed
 from ..records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
 )
+from ..models import TERMINAL_STATUSES
 from .dynamodb import Put, Table, Update
 
 class FileRepo:
@@ -132,11 +133,13 @@ class BatchRepo:
         remove: tuple[str, ...] = (),
         expect: dict[str, Any] | None = None,
     ) -> BatchRecord:
-        """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise)."""
+        """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise).
+        A write that makes the batch terminal also takes it out of the open-batch index."""
         item = self._table.update(
             Update(
                 schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id),
-                values=values or {}, defaults=defaults or {}, add=add or {}, remove=remove, expect=expect or {},
+                values=values or {}, defaults=defaults or {}, add=add or {}, remove=_closing(values, remove),
+                expect=expect or {},
             )
         )
         return BatchRecord.from_item(item)
@@ -193,5 +196,23 @@ class BatchRepo:
         """Create the batch's output files and set its terminal state in one transaction."""
         self._table.transact([
             *(Put(f.to_item()) for f in files),
-            Update(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect),
+            Update(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
+                   remove=_closing(values, ())),
         ])
+
+    def open_batches(self) -> list[tuple[str, str]]:
+        """(tenant, batch_id) of every open (non-terminal) batch: one Query of the sparse
+        ``schema.GSI_OPEN`` (paginated), oldest expiry first. The index is eventually consistent:
+        a batch made terminal a moment ago may still be listed (read it by key)."""
+        items = self._table.query_index(schema.GSI_OPEN, schema.GSI_OPEN_PK, schema.OPEN_PARTITION)
+        return [
+            (item[schema.PK].removeprefix(schema.tenant_pk("")), item[schema.SK].removeprefix(BatchRecord.sort_key("")))
+            for item in items
+        ]
+
+
+def _closing(values: dict[str, Any] | None, remove: tuple[str, ...]) -> tuple[str, ...]:
+    """``remove``, plus the open-index attributes when ``values`` make the batch terminal."""
+    if (values or {}).get("status") in TERMINAL_STATUSES:
+        return (*remove, *(a for a in BatchRecord.OPEN_ATTRIBUTES if a not in remove))
+    return remove

@@ -1,0 +1,213 @@
+"""The sweeper against the in-memory ports: each kind of batch the normal path can leave open
+(validating past its deadline, cancelled before it started, never enqueued, past its expiry with
+no workflow) is ended or restarted once; nothing early; duplicates, faults and one bad batch."""
+
+import json
+
+import pytest
+
+from functions.core import accounting, results, schema
+from functions.core.messages import Chunk, ChunkManifest
+from functions.core.models import BatchOutputLine
+from functions.core.records import BatchRecord
+from functions.core.settings import ModelRoute, Settings
+from functions.sweeper import logic as sweeper
+from tests.fakes.aws import fake_stores, throttle
+
+CHAT = "/v1/chat/completions"
+QUEUE = "https://sqs.local/work-chat"
+CREATED = 10_000
+EXPIRES = CREATED + 86_400
+SETTINGS = Settings(
+    table_name="t", bucket_name="b", models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)},
+    validating_timeout_seconds=3_600, enqueue_grace_seconds=300, expiry_grace_seconds=900,
+)
+INGEST_FAILED = "ingest_failed"
+
+
+def setup(stores=None, batch_id: str = "batch_1", lines: int = 4, per_chunk: int = 2, **over):
+    """A batch with ``lines`` requests in chunks of ``per_chunk`` (input and manifest written),
+    stored as ``over`` says (``validating`` by default)."""
+    stores = stores or fake_stores()
+    key = schema.batch_input_key("acme", batch_id)
+    rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
+            for i in range(lines)]
+    stores.objects.put(key, b"".join(rows))
+    chunks, offset = [], 0
+    for c, first in enumerate(range(0, lines, per_chunk)):
+        size = sum(len(r) for r in rows[first : first + per_chunk])
+        chunks.append(Chunk(chunk=c, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=min(per_chunk, lines - first)))
+        offset += size
+    stores.objects.put(schema.batch_manifest_key("acme", batch_id), ChunkManifest(chunks=chunks).model_dump_json().encode())
+    fields = dict(
+        tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
+        created_at=CREATED, expires_at=EXPIRES, input_key=key,
+    )
+    stores.batches.put(BatchRecord(**{**fields, **over}))
+    return stores
+
+
+RUNNING = dict(status="in_progress", in_progress_at=CREATED + 10, model="chat", total=4, chunk_count=2, accepting=True)
+
+
+def current(stores, batch_id: str = "batch_1") -> BatchRecord:
+    return stores.batches.get("acme", batch_id)
+
+
+def sweep(stores, now: int):
+    return sweeper.sweep(stores, SETTINGS, now=now)
+
+
+def run_chunk(stores, chunk: int, now: int):
+    """A worker's path for one chunk: start it, answer every line 200, write its parts, count it."""
+    batch = current(stores)
+    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
+    message = batch.work_message(manifest.chunks[chunk])
+    accounting.start_chunk(stores, message)
+    lines = [results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
+             for l in results.unrun_lines(stores.objects, message, "x", "x")]
+    accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=accounting.Usage(), now=now)
+
+
+def file_lines(stores, file_id) -> list[BatchOutputLine]:
+    if file_id is None:
+        return []
+    return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(schema.file_key("acme", file_id)).splitlines()]
+
+
+# --- the open-batch index ----------------------------------------------------------------------
+def test_only_open_batches_are_looked_at():
+    stores = setup(**RUNNING, enqueued=True)
+    setup(stores, "batch_2", status="completed", completed_at=CREATED + 50)
+    setup(stores, "batch_3", status="failed", failed_at=CREATED + 50)
+    result = sweep(stores, CREATED + 100)
+    assert result.looked == 1 and result.actions == {} and result.errors == []
+    assert stores.faults.calls["batches.open_batches"] == 1
+    assert stores.faults.calls["batches.get"] == 1  # one read per OPEN batch, none for the others
+
+
+# --- validating --------------------------------------------------------------------------------
+def test_a_validating_batch_is_left_alone_before_its_deadline():
+    stores = setup()
+    assert sweep(stores, CREATED + 3_599).actions == {}
+    assert current(stores).status == "validating"
+
+
+def test_a_validating_batch_past_its_deadline_fails_with_the_clear_ingest_error():
+    stores = setup()
+    assert sweep(stores, CREATED + 3_600).actions == {sweeper.FAILED_VALIDATING: ["batch_1"]}
+    batch = current(stores)
+    assert (batch.status, batch.failed_at) == ("failed", CREATED + 3_600)
+    assert [e["code"] for e in batch.errors] == [INGEST_FAILED]
+    assert stores.events.types() == ["batch.failed"]
+    # a second sweep (or a duplicate invocation) changes nothing
+    assert sweep(stores, CREATED + 4_000).looked == 0
+    assert stores.events.types() == ["batch.failed"]
+
+
+def test_a_validating_batch_with_a_short_window_fails_at_its_expiry_plus_grace():
+    stores = setup(expires_at=CREATED + 30)
+    assert sweep(stores, CREATED + 30 + 899).actions == {}
+    assert sweep(stores, CREATED + 30 + 900).actions == {sweeper.FAILED_VALIDATING: ["batch_1"]}
+
+
+# --- cancelled before it started ---------------------------------------------------------------
+def test_a_batch_cancelled_while_validating_ends_cancelled_after_the_grace():
+    stores = setup(status="cancelling", cancelling_at=CREATED + 5)
+    assert sweep(stores, CREATED + 5 + 299).actions == {}
+    assert sweep(stores, CREATED + 5 + 300).actions == {sweeper.CANCELLED: ["batch_1"]}
+    assert current(stores).status == "cancelled" and stores.events.types() == ["batch.cancelled"]
+    assert stores.workflows.started == {}
+
+
+# --- never enqueued (StartExecution or the fan-out kept failing) ----------------------------------
+def test_a_batch_not_enqueued_is_fanned_out_and_started_again_after_the_grace():
+    stores = setup(**RUNNING)
+    assert sweep(stores, CREATED + 10 + 299).actions == {}
+    assert stores.workflows.started == {}
+    assert sweep(stores, CREATED + 10 + 300).actions == {sweeper.RESTARTED: ["batch_1"]}
+    assert current(stores).enqueued and list(stores.workflows.started) == ["batch_1"]
+    assert len(stores.queues.queue(QUEUE).bodies()) == 2
+    assert sweep(stores, CREATED + 1_000).actions == {}  # enqueued now: nothing more
+    assert len(stores.queues.queue(QUEUE).bodies()) == 2
+
+
+def test_a_start_that_fails_again_is_retried_by_the_next_sweep():
+    stores = setup(**RUNNING)
+    stores.faults.fail("workflows.start", throttle(), times=2)
+    for now in (CREATED + 400, CREATED + 700):
+        result = sweep(stores, now)
+        assert result.errors == ["batch_1"] and not current(stores).enqueued
+    assert sweep(stores, CREATED + 1_000).actions == {sweeper.RESTARTED: ["batch_1"]}
+    assert current(stores).enqueued and list(stores.workflows.started) == ["batch_1"]
+
+
+# --- past expiry + grace, whatever happened to its workflow ----------------------------------------
+def test_an_open_batch_past_expiry_and_grace_is_finalized_expired_with_its_files():
+    stores = setup(**RUNNING, enqueued=True)  # its workflow died: nothing will signal or check it
+    run_chunk(stores, 0, CREATED + 100)
+    assert sweep(stores, EXPIRES + 899).actions == {}
+    assert sweep(stores, EXPIRES + 900).actions == {sweeper.EXPIRED: ["batch_1"]}
+    batch = current(stores)
+    assert (batch.status, batch.expired_at, batch.completed, batch.failed) == ("expired", EXPIRES + 900, 2, 2)
+    assert [l.custom_id for l in file_lines(stores, batch.output_file_id)] == ["req-0", "req-1"]
+    errors = file_lines(stores, batch.error_file_id)
+    assert [(l.custom_id, l.error.code) for l in errors] == [("req-2", "batch_expired"), ("req-3", "batch_expired")]
+    assert stores.events.types() == ["batch.expired"]
+    assert sweep(stores, EXPIRES + 1_000).looked == 0
+
+
+def test_a_batch_never_enqueued_past_expiry_is_expired_not_restarted():
+    stores = setup(**RUNNING)
+    assert sweep(stores, EXPIRES + 900).actions == {sweeper.EXPIRED: ["batch_1"]}
+    assert current(stores).status == "expired" and stores.workflows.started == {}
+    assert [l.error.code for l in file_lines(stores, current(stores).error_file_id)] == ["batch_expired"] * 4
+
+
+def test_a_cancelling_batch_past_expiry_and_grace_ends_cancelled():
+    stores = setup(**{**RUNNING, "status": "cancelling"}, cancelling_at=CREATED + 20, enqueued=True)
+    assert sweep(stores, EXPIRES + 900).actions == {sweeper.EXPIRED: ["batch_1"]}
+    assert current(stores).status == "cancelled"
+    assert [l.error.code for l in file_lines(stores, current(stores).error_file_id)] == ["batch_cancelled"] * 4
+
+
+def test_a_finalize_that_keeps_failing_gives_way_to_fail_after_a_second_grace():
+    stores = setup(**RUNNING, enqueued=True)
+    stores.faults.fail("batches.counted_chunks", throttle(), times=1_000)  # assembly cannot read
+    result = sweep(stores, EXPIRES + 900)
+    assert result.errors == ["batch_1"] and current(stores).status == "finalizing"
+    assert sweep(stores, EXPIRES + 1_799).errors == ["batch_1"]
+    assert sweep(stores, EXPIRES + 1_800).actions == {sweeper.FAILED: ["batch_1"]}
+    batch = current(stores)
+    assert batch.status == "failed" and [e["code"] for e in batch.errors] == ["batch_failed"]
+    assert "Throttled" not in json.dumps(batch.errors)  # internals stay in the logs
+
+
+def test_one_failing_batch_does_not_stop_the_sweep():
+    stores = setup(**RUNNING)  # batch_1: its restart will fail
+    setup(stores, "batch_2")  # batch_2: validating past its deadline
+    stores.faults.fail("workflows.start", throttle())
+    result = sweep(stores, CREATED + 3_600)
+    assert result.errors == ["batch_1"] and result.actions == {sweeper.FAILED_VALIDATING: ["batch_2"]}
+
+
+def test_a_batch_ended_between_the_index_read_and_its_read_is_left_alone():
+    stores = setup()
+    real_get = stores.batches.get
+
+    def ended_meanwhile(tenant, batch_id):
+        stores.batches.update(tenant, batch_id, values={"status": "failed", "failed_at": 1}, expect={"status": "validating"})
+        return real_get(tenant, batch_id)
+
+    stores.batches.get = ended_meanwhile
+    assert sweep(stores, CREATED + 10_000).actions == {}
+    del stores.batches.get
+    assert current(stores).failed_at == 1 and stores.events.published == []
+
+
+@pytest.mark.parametrize("status", ["in_progress", "finalizing"])
+def test_a_running_batch_within_its_window_is_left_alone(status):
+    stores = setup(**{**RUNNING, "status": status}, enqueued=True)
+    before = current(stores)
+    assert sweep(stores, EXPIRES + 899).actions == {}
+    assert current(stores) == before
