@@ -250,12 +250,14 @@ class CrashingEngine(InProcessEngine):
     the real client raises once the engine stops answering, even on /health), and so does any
     request sent while it is down. ``restart()`` brings it back (the local supervisor, or a new
     ECS task). ``alone_at_crash`` records how many requests were in flight at each crash. A
-    poison request crashes the engine only once ``crash_after`` requests were answered."""
+    poison request crashes the engine only once ``crash_after`` requests were answered; every
+    other request takes ``turns`` turns of the event loop."""
 
-    def __init__(self, *poison: str, max_in_flight: int = 64, crash_after: int = 0):
+    def __init__(self, *poison: str, max_in_flight: int = 64, crash_after: int = 0, turns: int = 1):
         super().__init__(self._respond, max_in_flight=max_in_flight)
         self.poison = set(poison)
         self.crash_after = crash_after
+        self.turns = turns
         self.down = False
         self.crashes = 0
         self.alone_at_crash: list[int] = []
@@ -275,7 +277,8 @@ class CrashingEngine(InProcessEngine):
             self.crashes += 1
             self.alone_at_crash.append(self.in_flight)
             raise EngineDown("the engine crashed")
-        await asyncio.sleep(0)  # requests sent together are in flight together
-        if self.down:
-            raise EngineDown("the engine crashed")
+        for _ in range(self.turns):  # requests sent together are in flight together
+            await asyncio.sleep(0)
+            if self.down:
+                raise EngineDown("the engine crashed")
         return 200, chat_answer(body)

@@ -76,3 +76,25 @@ def test_a_recorded_chunk_fails_every_line_and_the_last_signals():
     batch = stores.batches.get("acme", "batch_1")
     assert (batch.failed, batch.chunks_done) == (5, 2)
     assert stores.workflows.signals == [("tok", {"outcome": "complete"})]
+
+
+def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines():
+    """Its workers checkpointed the first request line before the chunk was dead-lettered: that
+    line keeps its answer (and its usage counts); only the others fail."""
+    from functions.core import results
+    from functions.core.records import ChunkRunRecord
+
+    stores = setup()
+    answer = results.response_line("req-2", 200, {"usage": {"prompt_tokens": 10, "completion_tokens": 3}}, "req_x")
+    results.write_checkpoint(stores.objects, message(1), 0, [answer])
+    stores.batches.save_chunk_run(ChunkRunRecord(tenant="acme", batch_id="batch_1", chunk=1, version=1,
+                                                 segments=[[0, 1]], failures=2, expires_at=10**10))
+    outcome = logic.fail_chunk(stores, message(1), now=7)
+    assert outcome == logic.DeadLetterOutcome("recorded", failed=2, last=False)
+    marker = stores.batches.markers[("acme", "batch_1", 1)]
+    out = stores.objects.get(schema.chunk_part_key("acme", "batch_1", 1, marker.attempt, "out"))
+    err = stores.objects.get(schema.chunk_part_key("acme", "batch_1", 1, marker.attempt, "err"))
+    assert [BatchOutputLine.model_validate_json(l).custom_id for l in out.splitlines()] == ["req-2"]
+    assert [BatchOutputLine.model_validate_json(l).custom_id for l in err.splitlines()] == ["req-3", "line-6"]
+    batch = stores.batches.get("acme", "batch_1")
+    assert (batch.completed, batch.failed, batch.input_tokens, batch.output_tokens) == (1, 2, 10, 3)

@@ -166,7 +166,7 @@ def test_a_line_that_crashes_the_engine_fails_alone_as_engine_crashed():
 def test_a_careful_line_goes_alone_so_another_chunk_on_the_worker_is_not_blamed():
     stores = fake_stores()
     innocent, poisoned = seed(stores, 6, per_chunk=3)  # the poison request "hi 4" is in chunk 1
-    engine = CrashingEngine("hi 4")
+    engine = CrashingEngine("hi 4", turns=20)  # the innocent chunk's requests are slow
     with pytest.raises(EngineDown):
         run(stores, poisoned, engine)  # first delivery dies: chunk 1 is careful from now on
     engine.restart()

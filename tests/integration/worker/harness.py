@@ -17,7 +17,7 @@ from functions.core.aws.sqs import SqsQueue
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 from functions.core.settings import Settings
-from gpu_worker.chunk import ChunkReport, process_chunk
+from gpu_worker.chunk import ChunkReport, RunPolicy, process_chunk
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient
 from gpu_worker.loop import Worker
@@ -131,6 +131,7 @@ def run_one_chunk(
     max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
     during: Callable[[], None] | None = None,
     started: bool = False,
+    policy: RunPolicy = RunPolicy(),
 ) -> ChunkReport:
     """One chunk through the worker's real path (``gpu_worker.chunk.process_chunk``: skip it if
     the batch stopped or the chunk is already counted, read it, every line through the engine,
@@ -139,7 +140,8 @@ def run_one_chunk(
     answer with usage 10 prompt + 3 completion tokens). ``during`` runs once the chunk has
     started and its lines are handed to the engine (e.g. cancel the batch while it runs).
     ``started``: a worker started this chunk earlier (before the batch stopped taking work) and
-    finishes it now: the start check is not made again; everything else is."""
+    finishes it now: the start check is not made again; everything else is. ``policy``: the
+    checkpoints and poison budget (the worker's defaults)."""
     engine = engine or InProcessEngine()
 
     async def io(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -149,6 +151,7 @@ def run_one_chunk(
 
     return asyncio.run(process_chunk(
         stores, message, engine, io=io, max_line_bytes=max_line_bytes, on_dispatch=during or (lambda: None),
+        policy=policy,
     ))
 
 

@@ -52,3 +52,30 @@ def test_a_closed_batch_is_left_alone(client, stores, deployed):
 
 def test_a_message_that_is_not_a_work_message_is_dropped(deployed, stores):
     assert dead_letter(deployed, ["not json", '{"batch_id": "x"}']) == 2
+
+
+def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, deployed):
+    """The worker checkpointed the chunk's first line, then the engine died on the second (the
+    chunk stays uncounted); the DLQ, the last resort, keeps that line's answer and fails the rest."""
+    import pytest as _pytest
+
+    from functions.core.models import BatchOutputLine
+    from gpu_worker.chunk import RunPolicy
+    from gpu_worker.engine import EngineDown
+    from tests.fakes.engine import CrashingEngine
+
+    batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())
+    run_ingest()
+    first, second = take_work(deployed)
+    with _pytest.raises(EngineDown):
+        run_one_chunk(stores, second, engine=CrashingEngine("hi 3", crash_after=1), policy=RunPolicy(checkpoint_lines=1))
+    assert stores.batches.chunk_run("acme", batch.id, 1).written() == 1
+    assert run_one_chunk(stores, first).outcome.counted
+    assert dead_letter(deployed, [second.model_dump_json()]) == 1
+    marker = stores.batches.counted_chunk("acme", batch.id, 1)
+    read = lambda kind: [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
+        schema.chunk_part_key("acme", batch.id, 1, marker.attempt, kind)).splitlines()]
+    assert [l.custom_id for l in read("out")] == ["req-2"]
+    assert [(l.custom_id, l.error.code) for l in read("err")] == [("req-3", "server_error")]
+    done = stores.batches.get("acme", batch.id)
+    assert (done.completed, done.failed, done.chunks_done) == (3, 1, 2)

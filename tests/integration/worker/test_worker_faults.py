@@ -1,7 +1,8 @@
 """The worker's fault handling, through the real lifecycle on moto (API -> ingest -> worker ->
 workflow on moto's Step Functions interpreter), with a FAKE OpenAI-compatible engine that injects
-the faults: engine 500s, timeouts, 429/503 bursts, a worker killed mid-chunk, a poison chunk
-through the DLQ, SIGTERM mid-chunk, the engine going down."""
+the faults: engine 500s, timeouts, 429/503 bursts, a worker killed mid-chunk, a request that
+kills its worker (fails alone), benign releases (not dead-lettered), the DLQ as last resort,
+SIGTERM mid-chunk, the engine going down."""
 
 import asyncio
 import json
@@ -140,28 +141,84 @@ def test_a_worker_killed_mid_chunk_is_redelivered_without_duplicates(client, sto
     assert second.worker.metrics.totals.chunks_redelivered >= 1
 
 
-def test_a_poison_chunk_goes_through_the_dlq_and_the_batch_completes(client, stores, deployed, fake):
-    """A request that kills its worker every time: after WORK_MAX_RECEIVES receives SQS moves
-    the chunk to the DLQ; the DLQ handler fails its lines and counts it; the batch completes."""
+def test_a_request_that_kills_its_worker_fails_alone_and_the_batch_completes(client, stores, deployed, fake):
+    """A request that kills its worker every time it runs (issue 10): the first death puts its
+    chunk in careful mode (lines one at a time, each recorded in flight); the second death is
+    blamed on the line in flight, which gets an engine_crashed error line and is never sent
+    again; the chunk's other lines complete; nothing is dead-lettered."""
     fake.respond = lambda path, body, seen: (200, chat_answer(body)) if content(body) != "hi 4" else HANG
     lines = [line(i) for i in range(6)]  # chunks: 0-2, 3-5 (the poison line is in the second)
     batch = start(client, stores, lines)
     config = worker_config(deployed, fake.url, visibility_seconds=1, heartbeat_seconds=0.3)
     queue = deployed.models["test-chat"].queue_url
-    for attempt in range(names.WORK_MAX_RECEIVES):
+    for attempt in range(2):
         worker = WorkerThread(config, deployed, stores).start()
         wait_until(lambda: fake.contents().count("hi 4") == attempt + 1, what="the poison request")
         worker.kill()  # the poison request crashed the engine/worker
     worker = WorkerThread(config, deployed, stores).start()
-    dead = dlq_url(queue)
-    wait_until(lambda: queue_depth(dead)[0] == 1, timeout=30, what="the chunk in the DLQ")
+    done = finish(client, deployed, batch.id)
     worker.stop()
-    assert drain_queue(clients.client("sqs"), dead, dlq_handler.handler, name="dlq") == 1
+    assert done.status == "completed"
+    out, err = assert_invariants(client, done, ids(6))
+    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-2", "req-3", "req-5"]
+    assert [(l.custom_id, l.response, l.error.code) for l in err] == [("req-4", None, "engine_crashed")]
+    assert "crashed the inference engine" in err[0].error.message
+    assert fake.contents().count("hi 4") == 2  # once with its chunk, once alone: never again
+    run = stores.batches.chunk_run("acme", batch.id, 1)
+    assert (run.failures, run.blamed) == (2, [1])
+    assert queue_depth(queue) == (0, 0) and queue_depth(dlq_url(queue)) == (0, 0)
+
+
+def test_benign_releases_do_not_spend_the_poison_budget(client, stores, deployed, fake):
+    """Issue 10: "the poison budget is SQS's receive count (3): benign releases (shutdown, engine
+    restart, store errors) spend it". A chunk released by four shutdowns in a row (SIGTERM past
+    the drain time) is not dead-lettered and runs normally on the fifth receive."""
+    slow = {"on": True}
+
+    async def respond(path, body, seen):
+        while slow["on"]:
+            await asyncio.sleep(0.02)
+        return 200, chat_answer(body)
+
+    fake.respond = respond
+    batch = start(client, stores, [line(i) for i in range(3)])
+    queue = deployed.models["test-chat"].queue_url
+    for release in range(1, 5):
+        worker = WorkerThread(worker_config(deployed, fake.url, drain_seconds=0.1), deployed, stores).start()
+        wait_until(lambda: len(fake.requests) == 3 * release, what=f"receive {release} running")
+        worker.stop(timeout=10)
+        assert queue_depth(queue) == (1, 0)  # released at once, not dead-lettered
+    slow["on"] = False
+    worker = WorkerThread(worker_config(deployed, fake.url), deployed, stores).start()
+    done = finish(client, deployed, batch.id)
+    worker.stop()
+    out, err = assert_invariants(client, done, ids(3))
+    assert len(out) == 3 and err == [] and done.status == "completed"
+    run = stores.batches.chunk_run("acme", batch.id, 0)
+    assert (run.failures, run.benign) == (0, 4)
+    assert worker.worker.metrics.totals.chunks_careful == 0
+    assert queue_depth(dlq_url(queue)) == (0, 0)
+
+
+def test_the_dlq_still_takes_a_chunk_received_too_often(client, stores, deployed, fake):
+    """The last resort: a message received WORK_MAX_RECEIVES times without being counted (say,
+    every worker took it and lost it) goes to the DLQ, whose handler fails its lines and counts
+    it; the batch completes."""
+    lines = [line(i) for i in range(6)]  # chunks: 0-2, 3-5
+    batch = start(client, stores, lines)
+    queue = deployed.models["test-chat"].queue_url
+    sqs = clients.client("sqs")
+    for _ in range(names.WORK_MAX_RECEIVES):
+        got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=0)
+        assert got.get("Messages")
+    dead = dlq_url(queue)
+    sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=0)  # SQS moves them now
+    wait_until(lambda: queue_depth(dead)[0] == 2, timeout=30, what="the chunks in the DLQ")
+    assert drain_queue(sqs, dead, dlq_handler.handler, name="dlq") == 2
     done = finish(client, deployed, batch.id)
     assert done.status == "completed"
     out, err = assert_invariants(client, done, ids(6))
-    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-2"]
-    assert [l.custom_id for l in err] == ["req-3", "req-4", "req-5"]
+    assert out == [] and [l.custom_id for l in err] == ids(6)
     for l in err:
         assert l.response is None and l.error.code == DLQ_CODE and "dead-lettered" in l.error.message
     assert queue_depth(queue) == (0, 0)
