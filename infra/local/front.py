@@ -136,13 +136,17 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
         protocol_version = "HTTP/1.1"
 
         def _serve(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            headers = {k: v for k, v in self.headers.items()}
-            try:
-                status, out_headers, payload = api.handle(self.command, self.path, headers, body)
-            except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
-                status, out_headers, payload = LocalApi._json(502, INTERNAL_ERROR_BODY)
+            length = self.headers.get("Content-Length") or "0"
+            if not length.isdigit():  # API Gateway's answer to a malformed request
+                status, out_headers, payload = LocalApi._json(400, {"message": "Bad Request"})
+                self.close_connection = True  # the body's end is unknown: nothing more can be read
+            else:
+                body = self.rfile.read(int(length)) if int(length) else b""
+                headers = {k: v for k, v in self.headers.items()}
+                try:
+                    status, out_headers, payload = api.handle(self.command, self.path, headers, body)
+                except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
+                    status, out_headers, payload = LocalApi._json(502, INTERNAL_ERROR_BODY)
             self.send_response(status)
             for k, v in out_headers.items():
                 if k.lower() not in ("content-length", "connection"):

@@ -6,12 +6,13 @@ Every response body is validated with the SDK's own types, strictly: no field Op
 
 import hashlib
 import random
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import openai
 import pytest
@@ -236,6 +237,49 @@ def test_large_file_uploads_in_chunks_and_downloads_through_the_redirect(client:
     assert "authorization" not in response.request.headers  # the bearer key never leaves for S3
     assert response.status_code == 200
     assert response.content == data
+
+
+# --- Hostile file names -------------------------------------------------------------------------
+#: RFC 5987 ext-value with charset UTF-8 and no language.
+EXT_VALUE = re.compile(r"filename\*=UTF-8''([A-Za-z0-9!#$&+\-.^_`|~%]*)$", re.IGNORECASE)
+
+
+def download_name(disposition: str) -> str:
+    """The name an RFC 6266 recipient takes: filename* (the header is printable ASCII)."""
+    assert all(" " <= c <= "~" for c in disposition), disposition
+    match = EXT_VALUE.search(disposition)
+    assert match, disposition
+    return unquote(match.group(1), encoding="utf-8", errors="strict")
+
+
+@pytest.mark.parametrize("name", ["日本語 €.jsonl", 'say "hi"\r\n.jsonl', "😀\\.jsonl"], ids=["non-latin-1", "quote-crlf", "emoji-backslash"])
+def test_hostile_file_names_never_drop_the_connection(client: OpenAI, name: str) -> None:
+    created = client.files.create(file=(name, BATCH_LINES), purpose="batch")
+    assert client.files.retrieve(created.id).filename == created.filename
+    content = client.files.with_raw_response.content(created.id)
+    assert content.http_response.content == BATCH_LINES
+    assert download_name(content.http_response.headers["content-disposition"]) == created.filename
+
+
+def test_a_non_latin_1_name_downloads_through_the_redirect_with_its_name(client: OpenAI, local: LocalDeployment) -> None:
+    size = limits.DEFAULT_INLINE_CONTENT_LIMIT + 1
+    data = payload(size, 7)
+    name = 'rapport "final" 日本語.bin'
+    upload = client.uploads.upload_file_chunked(
+        file=data, filename=name, bytes=size, mime_type="application/octet-stream", purpose="user_data",
+        part_size=4 * 1024 * 1024,
+    )
+    assert upload.file is not None and upload.file.filename == name
+    response = client.files.with_raw_response.content(upload.file.id).http_response
+    assert [r.status_code for r in response.history] == [307] and response.status_code == 200
+    assert response.content == data
+    assert download_name(response.headers["content-disposition"]) == name  # S3 (moto) serves our header
+
+
+def test_an_unsafe_name_is_a_400_on_filename(client: OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.uploads.create(filename="a\r\nb.jsonl", purpose="batch", bytes=3, mime_type="application/jsonl")
+    assert exact_error(info.value, 400, code="invalid_value")["param"] == "filename"
 
 
 # --- Keys -------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ http.server cannot send (CR/LF, NUL, not Latin-1) is API Gateway's 502 for a mal
 response, not an exception mid-response."""
 
 import json
+import socket
 import threading
 
 import httpx2
@@ -75,3 +76,12 @@ def test_the_lambda_front_reports_a_result_that_is_not_json_as_a_function_error(
     status, headers, body = invoke({"f": lambda event, context: {"x": object()}}, "f", b"{}")
     assert status == 200 and ("X-Amz-Function-Error", "Unhandled") in headers
     assert json.loads(body)["errorType"] == "TypeError"
+
+
+def test_a_malformed_content_length_is_answered_400(serve):
+    url = serve(returning({}))
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Length: abc\r\n\r\n")
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b'{"message": "Bad Request"}' in answer
