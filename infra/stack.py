@@ -20,6 +20,7 @@ from infra.constructs.lambdas import Lambdas
 from infra.constructs.monitoring import Monitoring
 from infra.constructs.reaper import Reaper
 from infra.constructs.storage import Storage
+from infra.constructs.sweeper import Sweeper
 from infra.constructs.worker import Workers
 from infra.constructs.workflow import Workflow
 
@@ -49,6 +50,12 @@ class BatchApiStack(cdk.Stack):
         self.workflow.grant_publish(self.ingest.function)
         self.workflow.grant_signal(self.api.api_function)
         self.workflow.grant_signal(self.ingest.dlq_function)
+        # The ingest DLQ's consumer retries a fan-out once: it starts the workflow and publishes
+        # the events of batches it ends (docs/reliability.md, "Liveness: every batch ends").
+        self.workflow.grant_start(self.ingest.ingest_dlq_function)
+        self.workflow.grant_publish(self.ingest.ingest_dlq_function)
+        # The sweeper ends or restarts every open batch the normal path left behind.
+        self.sweeper = Sweeper(self, "Sweeper", **common, ingest=self.ingest, workflow=self.workflow)
 
         self.monitoring = Monitoring(self, "Monitoring", config=config)
         self.monitoring.watch_rest_api(self.api.rest_api)
@@ -56,10 +63,12 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_workflow(self.workflow.state_machine)
         self.monitoring.watch_functions({
             **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
+            "sweeper": self.sweeper.function,
         })
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
         self.monitoring.watch_dead_letter_queue("reaper", self.reaper.dead_letters)
+        self.monitoring.watch_dead_letter_queue("sweeper", self.sweeper.dead_letters)
         for model in config.models:
             worker_config = model.worker_config()
             self.monitoring.watch_model(

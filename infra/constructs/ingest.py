@@ -42,13 +42,17 @@ INGEST_VISIBILITY = cdk.Duration.seconds(6 * INGEST_TIMEOUT.to_seconds())
 #: The DLQ Lambda fails one chunk's lines (at most chunk_max_lines) per message.
 DLQ_HANDLER_TIMEOUT = cdk.Duration.minutes(5)
 DLQ_HANDLER_VISIBILITY = cdk.Duration.seconds(6 * DLQ_HANDLER_TIMEOUT.to_seconds())
+#: The ingest-DLQ Lambda reads one batch and at most re-sends its work messages and starts its
+#: workflow: seconds. (The ingest DLQ's visibility, DLQ_HANDLER_VISIBILITY, is far above.)
+INGEST_DLQ_TIMEOUT = cdk.Duration.minutes(2)
 #: Work messages wait at most one completion window (24 h); dead letters are kept for inspection.
 RETENTION = cdk.Duration.days(14)
 
 
 class Ingest(Construct):
     """``ingest_queue`` (+ ``ingest_dead_letters``), ``function`` (ingest), ``work_queues`` and
-    ``work_dead_letters`` by model name, ``dlq_function``, and ``settings``: the one ``Settings``
+    ``work_dead_letters`` by model name, ``dlq_function``, ``ingest_dlq_function`` (the ingest
+    DLQ's consumer), and ``settings``: the one ``Settings``
     every function and the worker read."""
 
     def __init__(
@@ -148,6 +152,30 @@ class Ingest(Construct):
             PART_KEYS: "Writes the chunk's error part (a key per attempt under the batch's parts/).",
         }, table="the handler reads the batch and its chunk markers and records the chunk in one transaction.")
 
+        # --- dead-lettered ingest events -> ingest DLQ Lambda ---------------------------------------
+        # An ingest event that failed INGEST_MAX_RECEIVES times would otherwise leave its batch
+        # validating forever: this function fails it (ingest_failed), cancels it, or retries its
+        # fan-out and workflow start (docs/reliability.md, "Liveness: every batch ends").
+        self.ingest_dlq_function = lambdas.function(
+            self,
+            "IngestDeadLetterFunction",
+            handler="functions.ingest.dlq_handler.handler",
+            environment=env,
+            description="Ends or resumes the batch of a dead-lettered ingest event, so it never stays validating",
+            memory_size=512,
+            timeout=INGEST_DLQ_TIMEOUT,
+        )
+        self.ingest_dlq_function.add_event_source(
+            sources.SqsEventSource(self.ingest_dead_letters, batch_size=1, report_batch_item_failures=True)
+        )
+        storage.table.grant_read_write_data(self.ingest_dlq_function)
+        storage.bucket.grant_read(self.ingest_dlq_function, MANIFEST_KEYS)  # a retried fan-out reads the manifest
+        for queue in self.work_queues.values():
+            queue.grant_send_messages(self.ingest_dlq_function)
+        acknowledge_data_grants(self.ingest_dlq_function.role, storage, {
+            MANIFEST_KEYS: "A retried fan-out reads the chunk manifest ingest wrote for any tenant's batch (read only).",
+        }, table="the handler reads the batch by key and moves it with conditional writes.")
+
         # CDK's own handler that writes the bucket's notification configuration (a custom resource:
         # CloudFormation cannot set it on the bucket without a bucket <-> queue policy cycle).
         handler = cdk.Stack.of(self).node.try_find_child("BucketNotificationsHandler050a0587b7544547bf325f094a3db834")
@@ -180,4 +208,4 @@ class Ingest(Construct):
 
     @property
     def functions(self) -> Mapping[str, lambda_.Function]:
-        return {"ingest": self.function, "dlq": self.dlq_function}
+        return {"ingest": self.function, "dlq": self.dlq_function, "ingest_dlq": self.ingest_dlq_function}

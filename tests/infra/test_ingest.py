@@ -59,7 +59,8 @@ def test_s3_may_send_to_the_ingest_queue_from_this_bucket_only(synth):
 
 def test_every_queue_is_encrypted_and_tls_only(synth):
     queues = _queues(synth)
-    assert len(queues) == 2 + 2 * len(synth.config.models) + 1  # ingest + DLQ, work + DLQ per model, reaper DLQ
+    # ingest + DLQ, work + DLQ per model, reaper DLQ, sweeper DLQ (undelivered schedule ticks)
+    assert len(queues) == 2 + 2 * len(synth.config.models) + 1 + 1
     denied = set()
     for policy in synth.resources("AWS::SQS::QueuePolicy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
@@ -132,3 +133,24 @@ def test_dlq_lambda_consumes_every_work_dlq_with_partial_batch_responses(synth):
 def test_nobody_consumes_the_work_queues_but_the_workers(synth):
     work = {json.dumps({"Fn::GetAtt": [synth.logical_id(q), "Arn"]}) for q in synth.stack.ingest.work_queues.values()}
     assert not [p for p in _mappings(synth).values() if json.dumps(p["EventSourceArn"]) in work]
+
+
+def test_the_ingest_dlq_is_consumed_so_a_dead_lettered_batch_never_stays_validating(synth):
+    """docs/reliability.md, "Liveness": the ingest DLQ's consumer fails, cancels or resumes the
+    batch of every dead-lettered ingest event; its messages never reappear while it runs."""
+    fn = _functions(synth)["ingest_dlq"][0]
+    (props,) = [p for p in _mappings(synth).values() if p["FunctionName"] == {"Ref": fn}]
+    dlq_id = synth.logical_id(synth.stack.ingest.ingest_dead_letters)
+    assert props["EventSourceArn"] == {"Fn::GetAtt": [dlq_id, "Arn"]}
+    assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"] and props["BatchSize"] == 1
+    assert _queues(synth)[dlq_id]["VisibilityTimeout"] >= 6 * _functions(synth)["ingest_dlq"][1]["Timeout"]
+
+
+def test_the_validating_deadline_lies_past_the_ingest_events_whole_retry_life(synth):
+    """The sweeper fails a batch still validating after ``validating_timeout_seconds``: only once
+    the ingest queue has given up on its event (every receive's visibility, and the last run)."""
+    named = _named_queues(synth)
+    _, queue = named[names.ingest_queue_name(names.STACK_NAME)]
+    life = queue["RedrivePolicy"]["maxReceiveCount"] * queue["VisibilityTimeout"] + _functions(synth)["ingest"][1]["Timeout"]
+    assert life == 5 * 3_600 + 600
+    assert synth.stack.settings.validating_timeout_seconds > life

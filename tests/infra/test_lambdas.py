@@ -19,6 +19,8 @@ HANDLERS = {
     "ingest": "functions.ingest.handler.handler",
     "workflow": "functions.workflow.handler.handler",
     "dlq": "functions.dlq.handler.handler",
+    "ingest_dlq": "functions.ingest.dlq_handler.handler",
+    "sweeper": "functions.sweeper.handler.handler",
 }
 #: CDK's own function that writes the bucket's notification configuration at deploy time.
 CDK_NOTIFICATIONS_HANDLER = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
@@ -227,6 +229,8 @@ BATCH_FUNCTIONS = {
     "ingest": ("batches/*/*/*", "batches/*/*/chunks.json", {"dynamodb", "s3", "sqs", "states", "events"}),
     "workflow": ("batches/*/*/*", "files/*/*", {"dynamodb", "s3", "states", "events"}),
     "dlq": ("batches/*/*/input.jsonl", "batches/*/*/parts/*", {"dynamodb", "s3", "sqs", "states"}),
+    # finalizes an overdue batch as the workflow does, and redoes a fan-out as ingest does
+    "sweeper": ("batches/*/*/*", "files/*/*", {"dynamodb", "s3", "sqs", "states", "events"}),
 }
 
 
@@ -275,13 +279,39 @@ def test_dlq_handler_consumes_the_work_dlqs_and_signals(synth):
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", _state_machine(synth))}
 
 
+def test_ingest_dlq_handler_consumes_the_ingest_dlq_reads_manifests_enqueues_and_starts(synth, ids):
+    """It only reads a batch's chunk manifest (a retried fan-out), sends to the work queues and
+    starts the workflow; it neither writes objects nor signals."""
+    pairs = _permissions(synth, "ingest_dlq")
+    bucket = ids["bucket"]
+    assert _s3(pairs) == {_ref(bucket): READ, _keys(bucket, "batches/*/*/chunks.json"): READ}
+    assert {r for a, r in pairs if a == "sqs:ReceiveMessage"} == {_ref(synth.logical_id(synth.stack.ingest.ingest_dead_letters))}
+    work_queues = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_queues.values()}
+    assert {r for a, r in pairs if a == "sqs:SendMessage"} == work_queues
+    assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
+    assert len(_default_bus(pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
+    assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "sqs", "states", "events", "logs", "xray"}
+
+
+def test_sweeper_enqueues_starts_and_publishes_but_never_consumes_or_signals(synth):
+    pairs = _permissions(synth, "sweeper")
+    work_queues = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_queues.values()}
+    assert {r for a, r in pairs if a.startswith("sqs:")} == work_queues
+    assert "sqs:ReceiveMessage" not in _on(pairs, "sqs")
+    assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
+    assert len(_default_bus(pairs)) == 1
+    assert "s3:DeleteObject*" not in _on(pairs, "s3")
+
+
 def test_only_the_functions_that_emit_events_may_publish(synth):
     for label in HANDLERS:
         may = bool(_on(_permissions(synth, label), "events"))
-        assert may == (label in ("ingest", "workflow")), label
+        assert may == (label in ("ingest", "workflow", "ingest_dlq", "sweeper")), label
 
 
 def test_batch_functions_have_room_for_their_work(synth):
     fns = _functions(synth)
     assert fns["ingest"][1]["Timeout"] == 600 and fns["workflow"][1]["Timeout"] == 900
     assert fns["dlq"][1]["Timeout"] == 300
+    # the sweeper may finalize a batch as the workflow's finalize does (up to 200 MB of input)
+    assert fns["sweeper"][1]["Timeout"] == 600 and fns["ingest_dlq"][1]["Timeout"] == 120
