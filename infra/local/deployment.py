@@ -23,7 +23,9 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.dlq import handler as dlq_handler
+from functions.ingest import dlq_handler as ingest_dlq_handler
 from functions.ingest import handler as ingest_handler
+from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
 from functions.core import auth, clients, deps, http
 from functions.core.settings import Settings
@@ -34,7 +36,8 @@ from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
 from .processes import Engines, EngineSpec, Supervisor, Workers
-from .resources import create_resources, ingest_queue_url, work_dlq_url
+from .lambda_context import LocalLambdaContext
+from .resources import create_resources, ingest_dlq_url, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
 from .ttl import start_sweeper
 
@@ -229,6 +232,40 @@ class TtlSweeper:
             self._thread = None
 
 
+class Sweeper:
+    """What the EventBridge schedule does: invokes the sweeper's handler every ``every`` seconds
+    (``Settings.sweep_seconds``) in a thread."""
+
+    name = "sweeper"
+
+    def __init__(self, every: float, handler: Callable[[dict, object], object] = sweeper_handler.handler):
+        self._every, self._handler = every, handler
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> None:
+        try:
+            self._handler({"source": "aws.events", "detail-type": "Scheduled Event"}, LocalLambdaContext(self.name))
+        except Exception:  # a moto hiccup must not end the sweeps for the rest of the run
+            log.exception("sweep failed; the next one retries in %ss", self._every)
+
+    def start(self) -> None:
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.wait(self._every):
+                self.tick()
+
+        self._thread = threading.Thread(target=run, name="sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 class HttpFront:
     """What API Gateway does: HTTP on loopback -> authorizer + api handler."""
 
@@ -300,6 +337,14 @@ class LocalConfig:
         drain_poll_seconds=1,
         # A lost completion or cancel signal is recovered within seconds (docs/reliability.md).
         reconcile_seconds=2,
+        # The sweeper (docs/reliability.md, "Liveness: every batch ends") every 2 s: a batch never
+        # enqueued is restarted after 5 s, an open one 30 s past its expiry is finalized (the
+        # drain grace is 10 s), one validating past the ingest event's local retry life (5
+        # receives x 60 s visibility) is failed.
+        sweep_seconds=2,
+        enqueue_grace_seconds=5,
+        expiry_grace_seconds=30,
+        validating_timeout_seconds=6 * 60,
     )
 
 
@@ -340,6 +385,11 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             "ingest", lambda: clients.client("sqs"), lambda: ingest_queue_url(clients.client, config.prefix),
             ingest_handler.handler,
         ),
+        Poller(
+            "ingest-dlq", lambda: clients.client("sqs"), lambda: ingest_dlq_url(clients.client, config.prefix),
+            ingest_dlq_handler.handler,
+        ),
+        Sweeper(config.settings.sweep_seconds),
         *(
             Poller(
                 f"dlq-{model}", lambda: clients.client("sqs"),

@@ -60,6 +60,12 @@ def ingest_queue_url(client: Callable[[str], Any], prefix: str) -> str:
     return client("sqs").get_queue_url(QueueName=names.ingest_queue_name(prefix))["QueueUrl"]
 
 
+def ingest_dlq_url(client: Callable[[str], Any], prefix: str) -> str:
+    """The ingest queue's dead-letter queue (its consumer ends or resumes the batch)."""
+    name = names.dead_letter_queue_name(names.ingest_queue_name(prefix))
+    return client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+
+
 def work_dlq_url(client: Callable[[str], Any], prefix: str, model: str) -> str:
     name = names.dead_letter_queue_name(names.work_queue_name(prefix, model))
     return client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
