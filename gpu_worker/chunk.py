@@ -9,6 +9,7 @@ never answered or the line is not a valid request. Results keep input order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -118,11 +119,13 @@ class ChunkReport:
 class RunPolicy:
     """Checkpoints and the poison budget (docs/reliability.md, "Poison isolation"). A checkpoint
     is written once ``checkpoint_lines`` results wait, or ``checkpoint_seconds`` after the last
-    one; never for the chunk's last lines (the commit writes them); after every line in careful
-    mode. 0 turns a trigger off."""
+    one; never for the chunk's last lines (the commit writes them); after every group in careful
+    mode. 0 turns a trigger off. Careful mode sends ``careful_group_lines`` lines at a time alone
+    on the engine (a suspect line, one that was in a group that died, goes by itself)."""
 
     checkpoint_lines: int = 25
     checkpoint_seconds: float = 30.0
+    careful_group_lines: int = 8
     max_strikes: int = limits.CHUNK_MAX_STRIKES
     max_failures: int = limits.CHUNK_MAX_FAILURES
 
@@ -174,11 +177,12 @@ class EngineGate:
 
 
 class _Gated:
-    """An ``Engine`` whose posts pass the gate (shared, or exclusive for careful lines).
-    ``died_in_flight``: a line of this chunk was in the engine, while it was up, when it died."""
+    """An ``Engine`` whose posts pass the gate: shared, or (``held``) under the exclusive hold
+    its caller took for a careful group. ``died_in_flight``: a line of this chunk was in the
+    engine, while it was up, when it died."""
 
-    def __init__(self, engine: Engine, gate: EngineGate, *, alone: bool):
-        self._engine, self._gate, self._alone = engine, gate, alone
+    def __init__(self, engine: Engine, gate: EngineGate, *, held: bool):
+        self._engine, self._gate, self._held = engine, gate, held
         self.died_in_flight = False
 
     async def healthy(self) -> bool:
@@ -188,7 +192,7 @@ class _Gated:
         return await self._engine.wait_healthy(timeout, interval)
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        async with self._gate.exclusive() if self._alone else self._gate.shared():
+        async with contextlib.nullcontext() if self._held else self._gate.shared():
             entered_down = self._gate.down
             try:
                 return await self._engine.post(path, body)
@@ -295,7 +299,7 @@ async def process_chunk(
     run = _Run(stores, message, attempt, None, io=io, now=now, policy=policy)
     crashed = 0
     gate = gate or EngineGate()
-    alone, together = _Gated(engine, gate, alone=True), _Gated(engine, gate, alone=False)
+    alone, together = _Gated(engine, gate, held=True), _Gated(engine, gate, held=False)
     try:
         start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
                          max_failures=policy.max_failures)
@@ -313,15 +317,28 @@ async def process_chunk(
                 crashed += code == results.ENGINE_CRASHED
                 run.done.append(LineResult(results.error_line(_custom_id(requests[index]), code, why)))
         elif start.record.careful:
-            for index in range(reused, len(requests)):
-                raw = requests[index]
-                if index in start.record.blamed:
+            record, index = start.record, reused
+            while index < len(requests):
+                if index in record.blamed:
                     crashed += 1
-                    result = LineResult(results.error_line(_custom_id(raw), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE))
+                    raw = requests[index]
+                    run.done.append(LineResult(results.error_line(_custom_id(raw), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE)))
+                    end = index + 1
                 else:
-                    run.record = await io(accounting.mark_in_flight, stores, message, attempt, index, run.record)
-                    result = await run_line(alone, raw, endpoint=message.endpoint)
-                await run.add(result, remaining=len(requests) - index - 1, force=True)
+                    end = index + 1
+                    if index not in record.suspects:
+                        while (end < len(requests) and end - index < policy.careful_group_lines
+                               and end not in record.suspects and end not in record.blamed):
+                            end += 1
+                    run.record = await io(accounting.mark_in_flight, stores, message, attempt, (index, end), run.record)
+                    group = requests[index:end]
+                    async with gate.exclusive():  # no other chunk's line is in the engine with these
+                        async for result in run_ordered(
+                            group, lambda raw: run_line(alone, raw, endpoint=message.endpoint), window=len(group)
+                        ):
+                            run.done.append(result)
+                await run.flush()  # every group, the last too: a written line is never blamed
+                index = end
         else:
             todo = requests[reused:]
             position = 0

@@ -182,25 +182,30 @@ def _change_run(
 
 def begin_run(stores: Stores, message: WorkMessage, attempt: str, *, max_strikes: int, max_failures: int) -> RunStart:
     """Open attempt ``attempt`` of the chunk. Every attempt still open from before ended without
-    commit and without a benign record: each is one real failure. If one of them was sending a
-    line alone (careful mode) that is not written yet, that line is blamed (``engine_crashed``)."""
+    commit and without a benign record: each is one real failure. If one of them was sending
+    lines alone (careful mode) that are not written yet: a single line is blamed
+    (``engine_crashed``); the lines of a larger group become suspects (each runs alone)."""
     found: dict[str, Any] = {}
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
         died = [a for a in run.open if a != attempt]
         written = run.written()
-        blamed = list(run.blamed)
-        if died and run.in_flight is not None and run.in_flight_by in died and run.in_flight >= written:
-            if run.in_flight not in blamed:
-                blamed.append(run.in_flight)
+        blamed, suspects = list(run.blamed), list(run.suspects)
+        if died and run.in_flight is not None and run.in_flight_by in died:
+            low, high = run.in_flight, run.in_flight_end or run.in_flight + 1
+            pending = [i for i in range(max(low, written), high) if i not in blamed]
+            if high - low == 1:
+                blamed += pending
+            else:
+                suspects += [i for i in pending if i not in suspects]
         if died:
-            progressed = written > run.progress or len(blamed) > len(run.blamed)
-            run.strikes = 0 if progressed else run.strikes + len(died)
+            narrowed = len(blamed) > len(run.blamed) or len(suspects) > len(run.suspects)
+            run.strikes = 0 if written > run.progress or narrowed else run.strikes + len(died)
             run.failures += len(died)
         if run.in_flight_by in died or run.in_flight_by == attempt:
-            run.in_flight = run.in_flight_by = None
+            run.in_flight = run.in_flight_end = run.in_flight_by = None
         run.open = [a for a in run.open if a not in died and a != attempt] + [attempt]
-        run.blamed, run.progress = blamed, written
+        run.blamed, run.suspects, run.progress = blamed, suspects, written
         found["died"] = len(died)
         return run
 
@@ -218,19 +223,19 @@ def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRu
             run.open = [a for a in run.open if a != attempt]
             run.benign += 1
         if run.in_flight_by == attempt:
-            run.in_flight = run.in_flight_by = None
+            run.in_flight = run.in_flight_end = run.in_flight_by = None
         return run
 
     return _change_run(stores, message, current, change)
 
 
 def mark_in_flight(
-    stores: Stores, message: WorkMessage, attempt: str, index: int, current: ChunkRunRecord | None
+    stores: Stores, message: WorkMessage, attempt: str, lines: tuple[int, int], current: ChunkRunRecord | None
 ) -> ChunkRunRecord:
-    """Careful mode: request ``index`` is about to be sent alone to the engine."""
+    """Careful mode: request lines [start, end) are about to be sent, alone, to the engine."""
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
-        run.in_flight, run.in_flight_by = index, attempt
+        run.in_flight, run.in_flight_end, run.in_flight_by = lines[0], lines[1], attempt
         return run
 
     return _change_run(stores, message, current, change)
@@ -245,7 +250,7 @@ def add_segment(
         if list(segment) not in run.segments:
             run.segments.append(list(segment))
         if run.in_flight_by == attempt and run.in_flight is not None and segment[0] <= run.in_flight < segment[1]:
-            run.in_flight = run.in_flight_by = None
+            run.in_flight = run.in_flight_end = run.in_flight_by = None
         return run
 
     return _change_run(stores, message, current, change)

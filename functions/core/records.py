@@ -367,10 +367,14 @@ class ChunkRunRecord(Record):
     segments: list[list[int]] = []
     #: Lines checkpointed when the last attempt began (progress is measured against it).
     progress: int = 0
-    #: Careful mode: the request index sent alone to the engine, and by which attempt.
+    #: Careful mode: the request lines [in_flight, in_flight_end) in the engine (alone: no other
+    #: chunk's line with them), and the attempt that sent them.
     in_flight: int | None = None
+    in_flight_end: int | None = None
     in_flight_by: str | None = None
-    #: Request indices found in flight when their attempt died: they get ``engine_crashed``.
+    #: Lines of a group that died in flight: each runs alone from then on.
+    suspects: list[int] = []
+    #: Lines found alone in flight when their attempt died: they get ``engine_crashed``.
     blamed: list[int] = []
     expires_at: int
 

@@ -251,7 +251,7 @@ class CrashingEngine(InProcessEngine):
     request sent while it is down. ``restart()`` brings it back (the local supervisor, or a new
     ECS task). ``alone_at_crash`` records how many requests were in flight at each crash. A
     poison request crashes the engine only once ``crash_after`` requests were answered; every
-    other request takes ``turns`` turns of the event loop."""
+    request takes ``turns`` turns of the event loop (a poison one crashes the engine at its last)."""
 
     def __init__(self, *poison: str, max_in_flight: int = 64, crash_after: int = 0, turns: int = 1):
         super().__init__(self._respond, max_in_flight=max_in_flight)
@@ -261,11 +261,21 @@ class CrashingEngine(InProcessEngine):
         self.down = False
         self.crashes = 0
         self.alone_at_crash: list[int] = []
+        #: The requests (contents) in the engine at each crash, the poison one included.
+        self.with_crash: list[list[str]] = []
+        self._open: list[str] = []
 
     def restart(self) -> None:
         self.down = False
 
     async def _respond(self, path: str, body: dict[str, Any], seen: int) -> Any:
+        self._open.append(content(body))
+        try:
+            return await self._answer(body)
+        finally:
+            self._open.remove(content(body))
+
+    async def _answer(self, body: dict[str, Any]) -> Any:
         from gpu_worker.engine import EngineDown
 
         if self.down:
@@ -273,9 +283,14 @@ class CrashingEngine(InProcessEngine):
         if content(body) in self.poison:
             while sum(self.stats.answered.values()) < self.crash_after:
                 await asyncio.sleep(0)
+            for _ in range(self.turns - 1):  # it runs a while before it brings the engine down
+                await asyncio.sleep(0)
+                if self.down:
+                    raise EngineDown("the engine crashed")
             self.down = True
             self.crashes += 1
             self.alone_at_crash.append(self.in_flight)
+            self.with_crash.append(sorted(self._open))
             raise EngineDown("the engine crashed")
         for _ in range(self.turns):  # requests sent together are in flight together
             await asyncio.sleep(0)

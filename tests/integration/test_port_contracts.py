@@ -153,12 +153,13 @@ def test_a_chunk_run_record_is_written_optimistically(ports: Stores):
     with pytest.raises(ConditionFailed):  # a second "first" write loses
         ports.batches.save_chunk_run(first.model_copy(update={"open": ["b1"]}))
     second = first.model_copy(update={"version": 2, "open": [], "failures": 1, "segments": [[0, 25], [25, 50]],
-                                      "in_flight": 50, "in_flight_by": "a1", "blamed": [7]})
+                                      "in_flight": 50, "in_flight_end": 58, "in_flight_by": "a1", "blamed": [7],
+                                      "suspects": [3, 4]})
     ports.batches.save_chunk_run(second)
     assert ports.batches.chunk_run("acme", "batch_c1", 3) == second
     with pytest.raises(ConditionFailed):  # written over a stale version
         ports.batches.save_chunk_run(second.model_copy(update={"failures": 9}))
-    cleared = second.model_copy(update={"version": 3, "in_flight": None, "in_flight_by": None})
+    cleared = second.model_copy(update={"version": 3, "in_flight": None, "in_flight_end": None, "in_flight_by": None})
     ports.batches.save_chunk_run(cleared)
     stored = ports.batches.chunk_run("acme", "batch_c1", 3)
     assert stored == cleared and stored.written() == 50 and stored.in_flight is None

@@ -157,8 +157,9 @@ def test_a_line_that_crashes_the_engine_fails_alone_as_engine_crashed():
     assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "engine_crashed")]
     assert "crashed the inference engine" in err[0].error.message and "not retried" in err[0].error.message
     assert (report.completed, report.failed, report.crashed, report.careful) == (3, 1, 1, True)
-    # sent once with the others (the engine died with 3 requests in it), once alone; never again
-    assert engine.contents().count("hi 2") == 2 and engine.alone_at_crash == [3, 1]
+    # sent with its chunk, then in a careful group (both died), then alone (died): never again
+    assert engine.contents().count("hi 2") == 3 and engine.crashes == 3
+    assert engine.with_crash[-1] == ["hi 2"]
     batch = stores.batches.get("acme", "batch_1")
     assert (batch.completed, batch.failed, batch.chunks_done) == (3, 1, 1)
 
@@ -177,7 +178,7 @@ def test_a_careful_line_goes_alone_so_another_chunk_on_the_worker_is_not_blamed(
         return await asyncio.gather(go(poisoned), go(innocent), return_exceptions=True)
 
     results = asyncio.run(together())
-    assert engine.alone_at_crash[-1] == 1  # the poison request was alone in the engine
+    assert engine.with_crash[-1] == ["hi 3", "hi 4", "hi 5"]  # its careful group: no request of chunk 0
     assert all(isinstance(r, EngineDown) for r in results)  # the innocent chunk could not run on a dead engine ...
     innocent_run = stores.batches.chunk_run("acme", "batch_1", 0)
     assert (innocent_run.failures, innocent_run.benign, innocent_run.open) == (0, 1, [])  # ... but is not blamed
@@ -261,3 +262,22 @@ def test_the_budget_ends_a_chunk_that_keeps_dying_without_progress():
     assert [(l.custom_id, l.error.code) for l in err] == [(f"req-{i}", "chunk_failed") for i in range(3)]
     assert "died 3 times" in err[0].error.message
     assert (report.failed, stores.batches.get("acme", "batch_1").failed) == (3, 3)
+
+
+def test_a_careful_chunk_runs_in_groups_alone_and_blames_nobody_when_nothing_dies():
+    """A chunk killed once along with another's poison request (a real failure, no line in it at
+    fault) runs its 20 lines in careful groups of 8, 8 and 4: three exclusive rounds, three
+    checkpoints, nothing blamed."""
+    from functions.core.records import ChunkRunRecord
+
+    stores = fake_stores()
+    (message,) = seed(stores, 20, per_chunk=20)
+    stores.batches.save_chunk_run(ChunkRunRecord(tenant="acme", batch_id="batch_1", chunk=0, version=1,
+                                                 open=["killed"], expires_at=10**10))
+    engine = InProcessEngine()
+    puts = stores.faults.calls["objects.put"]
+    report = run(stores, message, engine, policy=RunPolicy(careful_group_lines=8))
+    assert (report.completed, report.failed, report.careful, report.crashed) == (20, 0, True, 0)
+    assert stores.faults.calls["objects.put"] - puts == 3 + 2  # checkpoints 0-8, 8-16, 16-20; the two parts
+    record = stores.batches.chunk_run("acme", "batch_1", 0)
+    assert sorted(record.segments) == [[0, 8], [8, 16], [16, 20]] and record.blamed == [] and record.failures == 1

@@ -143,15 +143,16 @@ def test_a_worker_killed_mid_chunk_is_redelivered_without_duplicates(client, sto
 
 def test_a_request_that_kills_its_worker_fails_alone_and_the_batch_completes(client, stores, deployed, fake):
     """A request that kills its worker every time it runs (issue 10): the first death puts its
-    chunk in careful mode (lines one at a time, each recorded in flight); the second death is
-    blamed on the line in flight, which gets an engine_crashed error line and is never sent
-    again; the chunk's other lines complete; nothing is dead-lettered."""
+    chunk in careful mode (small groups alone on the engine, each recorded in flight); the second
+    makes the dead group's lines suspects (each then runs alone); the third is blamed on the one
+    line in flight, which gets an engine_crashed error line and is never sent again; the chunk's
+    other lines complete; nothing is dead-lettered."""
     fake.respond = lambda path, body, seen: (200, chat_answer(body)) if content(body) != "hi 4" else HANG
     lines = [line(i) for i in range(6)]  # chunks: 0-2, 3-5 (the poison line is in the second)
     batch = start(client, stores, lines)
     config = worker_config(deployed, fake.url, visibility_seconds=1, heartbeat_seconds=0.3)
     queue = deployed.models["test-chat"].queue_url
-    for attempt in range(2):
+    for attempt in range(3):
         worker = WorkerThread(config, deployed, stores).start()
         wait_until(lambda: fake.contents().count("hi 4") == attempt + 1, what="the poison request")
         worker.kill()  # the poison request crashed the engine/worker
@@ -163,9 +164,9 @@ def test_a_request_that_kills_its_worker_fails_alone_and_the_batch_completes(cli
     assert [l.custom_id for l in out] == ["req-0", "req-1", "req-2", "req-3", "req-5"]
     assert [(l.custom_id, l.response, l.error.code) for l in err] == [("req-4", None, "engine_crashed")]
     assert "crashed the inference engine" in err[0].error.message
-    assert fake.contents().count("hi 4") == 2  # once with its chunk, once alone: never again
+    assert fake.contents().count("hi 4") == 3  # with its chunk, in its careful group, alone: never again
     run = stores.batches.chunk_run("acme", batch.id, 1)
-    assert (run.failures, run.blamed) == (2, [1])
+    assert (run.failures, run.blamed) == (3, [1])
     assert queue_depth(queue) == (0, 0) and queue_depth(dlq_url(queue)) == (0, 0)
 
 
