@@ -4,7 +4,7 @@ assert where the batch ends:
 
 - ingest (``functions.ingest.logic.ingest``) runs on the S3 event; SQS redelivers an event whose
   processing raised or was killed, up to ``names.INGEST_MAX_RECEIVES`` receives, then
-  dead-letters it (the ingest DLQ's consumer, if the code has one, gets it);
+  dead-letters it to the ingest DLQ's consumer (``functions.ingest.dead_letters``);
 - the GPU worker's chunk path (``gpu_worker.chunk.process_chunk``) runs message by message off the
   fake work queue, as the worker loop does: delete on success, release on an exception, nothing on
   a SIGKILL (the message comes back when its visibility ends); after ``names.WORK_MAX_RECEIVES``
@@ -13,6 +13,8 @@ assert where the batch ends:
   WaitForSignal (register, then wait for a signal on the token or time out), Check, Drain,
   Finalize, each task retried 3 times (``States.TaskFailed``/``States.ALL``, MaxAttempts 3) before
   the Catch sends the execution to Fail (itself retried 3 times);
+- the sweeper (``functions.sweeper.logic.sweep``) every ``sweep_seconds`` while the batch is
+  still open after its workflow ended or never started;
 - the clock: the waits advance ``now``; nothing sleeps.
 
 Faults are scoped to a phase ("ingest", "worker", "dlq", "register", "check", "drain", "finalize",
@@ -25,7 +27,6 @@ runs, and whoever redelivers does.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.dlq import logic as dlq
 from functions.ingest import logic as ingest_logic
+from functions.ingest.dead_letters import handle_dead_letter
+from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
 from gpu_worker.chunk import process_chunk
@@ -200,12 +203,8 @@ class Driver:
         self._ingest_dead_letter()
 
     def _ingest_dead_letter(self) -> None:
-        """The ingest DLQ's consumer (issue 10 item 1), if the code has one."""
-        consumer = _find("functions.ingest.dead_letters", "handle_dead_letter")
-        if consumer is None:
-            self.log.append("no ingest DLQ consumer")
-            return
-        self._handler("dlq", lambda: consumer(self.stores, SETTINGS, TENANT, BATCH, now=self.now))
+        """The ingest DLQ's consumer (``functions.ingest.dead_letters``)."""
+        self._handler("dlq", lambda: handle_dead_letter(self.stores, SETTINGS, TENANT, BATCH, now=self.now))
 
     def _handler(self, phase: str, call: Callable[[], Any]) -> None:
         for _ in range(HANDLER_ATTEMPTS):
@@ -340,33 +339,21 @@ class Driver:
         return self
 
     def _sweep(self) -> None:
-        """The scheduled sweeper (issue 10 item 1), if the code has one: every ``sweep_seconds``
-        it ends or restarts the open batches the normal path left behind; a workflow it starts
-        runs, and the workers take the messages it sends."""
-        sweeper = _find("functions.sweeper.logic", "sweep")
-        if sweeper is None:
-            self.log.append("no sweeper")
-            return
-        period = int(getattr(SETTINGS, "sweep_seconds", RECONCILE))
+        """The scheduled sweeper (``functions.sweeper.logic.sweep``): every ``sweep_seconds`` it
+        ends or restarts the open batches the normal path left behind; a workflow it starts runs,
+        and the workers take the messages it sends."""
+        period = SETTINGS.sweep_seconds
         while self.batch().status not in TERMINAL_STATUSES and self.now <= START + WINDOW + GIVE_UP_AFTER_EXPIRY:
             self.now += period
             self.phase = "sweep"
             try:
-                sweeper(self.stores, SETTINGS, now=self.now)
+                sweep(self.stores, SETTINGS, now=self.now)
             except (Exception, Killed) as exc:
                 self.log.append(f"sweep raised {type(exc).__name__}")
             self.work()
             if self.stores.workflows.started.get(BATCH) is not None and self.execution in ("not started", "never started"):
                 self.log.append("the sweeper started the workflow")
                 self.run_workflow()
-
-
-def _find(module: str, name: str) -> Callable[..., Any] | None:
-    """``module.name`` if the code has it (the slices of issue 10 land in parallel)."""
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
 
 
 class _TaskFailed(Exception):

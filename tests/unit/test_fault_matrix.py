@@ -39,7 +39,7 @@ from gpu_worker.engine import EngineDown
 from tests.agreement import assert_stores_agree
 from tests.fakes.aws import conflict, throttle
 from tests.fakes.engine import REJECTED, chat_answer, content
-from tests.unit.fault_driver import _find, BATCH, LINES, RECONCILE, START, TENANT, WINDOW, Driver, Killed, custom_ids, engine_answer
+from tests.unit.fault_driver import BATCH, LINES, RECONCILE, START, TENANT, WINDOW, Driver, Killed, custom_ids, engine_answer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 NODE = "tests/unit/test_fault_matrix.py::test_fault"
@@ -157,17 +157,11 @@ PHASE = {"ingest": "ingest", "chunk": "worker", "finalize": "finalize", "fail": 
 COMPLETED = ("completed",)
 FAILED = ("failed",)
 
-PENDING_INGEST = (
-    "pending: ingest-DLQ consumer + sweeper slice (issue 10 item 1): an ingest event that keeps "
-    "failing is dead-lettered with no consumer and the batch is never finished"
-)
-PENDING_SWEEPER = (
-    "pending: ingest-DLQ consumer + sweeper slice (issue 10 item 1): a validating batch nobody "
-    "ingests stays validating"
-)
 #: The sweeper's documented deadlines (docs/reliability.md): a batch still validating 5 h 15 min
 #: after its creation is failed, by a sweep that runs every 5 minutes.
 VALIDATING_TIMEOUT, SWEEP = 5 * 3600 + 15 * 60, 300
+#: An open batch 15 minutes past its expiry is finalized expired by the sweeper.
+EXPIRY_GRACE = 900
 
 # --- ingest: every store call of a fresh batch's ingest, in order --------------------------------------
 INGEST_STEPS = [
@@ -186,13 +180,13 @@ INGEST_STEPS = [
 def _ingest_persistent(slug: str) -> dict:
     if slug in ("read-batch", "size-input", "read-input", "write-manifest", "to-in-progress"):
         # Never validated: the ingest DLQ's consumer fails it with a clear error, no files.
-        return {"status": FAILED, "output": (), "xfail": PENDING_INGEST}
+        return {"status": FAILED, "output": ()}
     if slug == "mark-enqueued":
         # Messages sent and workflow started: the batch completes although the event dead-letters.
         return {"status": COMPLETED}
     # Validated, but the fan-out or the workflow start kept failing: the consumer (or the
     # sweeper) fans out and starts it again; it completes with every line.
-    return {"status": COMPLETED, "xfail": PENDING_INGEST}
+    return {"status": COMPLETED}
 
 
 CASES: list[Case] = rows("ingest", INGEST_STEPS, {
@@ -201,11 +195,15 @@ CASES: list[Case] = rows("ingest", INGEST_STEPS, {
     "persistent": _ingest_persistent,
 })
 CASES += [
+    Case("ingest-start-workflow-persistent-dlq-too", "ingest", "start the workflow (`workflows.start`)",
+         "AccessDenied on every attempt of ingest and of the ingest DLQ consumer",
+         lambda d: (d.fail("ingest", "workflows.start", access_denied, times=EVERY),
+                    d.fail("dlq", "workflows.start", access_denied, times=EVERY)),
+         COMPLETED, bound=WINDOW),
     Case("ingest-event-duplicated", "ingest", "the S3 event (SQS)", "delivered twice",
          lambda d: setattr(d, "duplicate_ingest_event", True), COMPLETED, once=True),
     Case("ingest-event-lost", "ingest", "the S3 event (SQS)", "never delivered",
-         lambda d: setattr(d, "lose_ingest_event", True), FAILED, output=(), bound=VALIDATING_TIMEOUT + SWEEP,
-         xfail=PENDING_SWEEPER),
+         lambda d: setattr(d, "lose_ingest_event", True), FAILED, output=(), bound=VALIDATING_TIMEOUT + SWEEP),
 ]
 
 # --- the chunk path: every store call of a chunk, in order (the fault hits chunk 0, or the last chunk
@@ -314,6 +312,11 @@ CASES += [
          lambda d: d.fail("drain", "batches.get", conflict), COMPLETED),
     Case("workflow-drain-persistent", "workflow", "drain (`batches.get`)", "AccessDenied on every attempt",
          lambda d: d.fail("drain", "batches.get", access_denied, times=EVERY), FAILED),
+    Case("workflow-fail-denied", "workflow", "drain, then Fail (`batches.get`)",
+         "AccessDenied on every attempt of both: the execution fails, the batch is left open",
+         lambda d: (d.fail("drain", "batches.get", access_denied, times=EVERY),
+                    d.fail("fail", "batches.get", access_denied, times=EVERY)),
+         ("expired",), bound=WINDOW + EXPIRY_GRACE + SWEEP),
     Case("workflow-cancel", "workflow", "cancel after chunk 0 ran", "none (reference row)",
          _cancel_at(1), **_CANCELLED),
     Case("workflow-cancel-signal-lost", "workflow", "the API's cancel signal", "lost (sent, never arrives)",
@@ -402,17 +405,8 @@ def responder(name: str) -> Callable:
 
 
 # --- the test ---------------------------------------------------------------------------------------------
-def _landed(case: Case) -> bool:
-    """The slice a pending row waits for has landed in this checkout (its module exists)."""
-    if case.xfail in (PENDING_INGEST, PENDING_SWEEPER):
-        return _find("functions.ingest.dead_letters", "handle_dead_letter") is not None and (
-            case.xfail != PENDING_SWEEPER or _find("functions.sweeper.logic", "sweep") is not None
-        )
-    return False
-
-
 def _param(case: Case):
-    marks = [pytest.mark.xfail(not _landed(case), strict=True, reason=case.xfail)] if case.xfail else []
+    marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
     return pytest.param(case, id=case.id, marks=marks)
 
 
@@ -439,8 +433,8 @@ def assert_outcome(d: Driver, case: Case) -> None:
     if batch.status == "failed" and batch.in_progress_at is not None:
         assert [e["code"] for e in batch.errors or []] == ["batch_failed"], batch.errors
     if batch.in_progress_at is None:
-        # Never validated: no files, a clear error.
-        assert batch.status == "failed" and batch.errors, batch
+        # Never validated: no files, one clear error (the ingest DLQ consumer's or the sweeper's).
+        assert batch.status == "failed" and [e["code"] for e in batch.errors or []] == ["ingest_failed"], batch
         assert (batch.output_file_id, batch.error_file_id, batch.completed, batch.failed) == (None, None, 0, 0)
         return
     output, errors = assert_stores_agree(d.stores, TENANT, BATCH, custom_ids())
