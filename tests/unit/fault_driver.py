@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import names, schema
+from functions.core import accounting, names, schema
 from functions.core.messages import WorkMessage
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord
@@ -120,8 +120,13 @@ class Driver:
     lose_signals: int = 0
     #: Called with the driver before the n-th work message (0-based) is processed.
     before_message: dict[int, Callable[[Driver], None]] = field(default_factory=dict)
+    #: A chunk whose worker starts it and then hangs, keeping its message in flight (its
+    #: heartbeat extends the visibility) and never finishing it.
+    hang_chunk: int | None = None
     #: Ingest events to lose (never delivered) and to duplicate (delivered twice).
     lose_ingest_event: bool = False
+    #: Called with the driver before the ingest event is delivered (e.g. the tenant cancels).
+    before_ingest: list[Callable[[Driver], None]] = field(default_factory=list)
     duplicate_ingest_event: bool = False
     # What happened, for the assertions.
     log: list[str] = field(default_factory=list)
@@ -183,6 +188,8 @@ class Driver:
 
     # --- ingest (S3 event through SQS) --------------------------------------------------------------
     def deliver_ingest(self) -> None:
+        for hook in self.before_ingest:
+            hook(self)
         if self.lose_ingest_event:
             self.log.append("ingest event lost")
             return
@@ -230,6 +237,10 @@ class Driver:
                 hook(self)
             self.phase = "worker"
             message = WorkMessage.model_validate_json(r.body)
+            if message.chunk == self.hang_chunk:
+                accounting.start_chunk(self.stores, message)
+                self.log.append(f"worker hangs on chunk {message.chunk}")
+                continue  # the message stays in flight
             self.chunk = message.chunk
             try:
                 asyncio.run(process_chunk(self.stores, message, self.engine, io=_direct, max_line_bytes=1024 * 1024, now=lambda: self.now))

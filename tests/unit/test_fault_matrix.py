@@ -102,6 +102,9 @@ class Case:
     late: bool = False
     #: Seconds after the batch's creation by which it must have ended (overrides ``late``).
     bound: int | None = None
+    #: Seconds after the batch's creation before which it must NOT have ended (a drain waiting
+    #: out its grace for a running chunk).
+    waits: int = 0
     #: The engine sees each request exactly once (no GPU work redone).
     once: bool = False
     #: No chunk's poison budget was spent (a store error is a benign end, issue 10 item 3).
@@ -127,6 +130,8 @@ class Case:
             text += "; each request run once"
         if self.benign:
             text += "; no poison budget spent"
+        if self.waits:
+            text += f"; not before t+{self.waits} s"
         return text
 
 
@@ -162,6 +167,10 @@ FAILED = ("failed",)
 VALIDATING_TIMEOUT, SWEEP = 5 * 3600 + 15 * 60, 300
 #: An open batch 15 minutes past its expiry is finalized expired by the sweeper.
 EXPIRY_GRACE = 900
+#: Drain waits this long for chunks still running (the driver's settings: 120 s).
+DRAIN_GRACE = 120
+#: A batch cancelled before it started is ended cancelled 5 minutes after the cancel.
+ENQUEUE_GRACE = 300
 
 # --- ingest: every store call of a fresh batch's ingest, in order --------------------------------------
 INGEST_STEPS = [
@@ -200,6 +209,10 @@ CASES += [
          lambda d: (d.fail("ingest", "workflows.start", access_denied, times=EVERY),
                     d.fail("dlq", "workflows.start", access_denied, times=EVERY)),
          COMPLETED, bound=WINDOW),
+    Case("ingest-cancelled-before-ingest-event-lost", "ingest", "the S3 event (SQS), after the tenant cancelled",
+         "never delivered",
+         lambda d: (setattr(d, "lose_ingest_event", True), d.before_ingest.append(_cancel_now)),
+         ("cancelled",), output=(), bound=ENQUEUE_GRACE + SWEEP),
     Case("ingest-event-duplicated", "ingest", "the S3 event (SQS)", "delivered twice",
          lambda d: setattr(d, "duplicate_ingest_event", True), COMPLETED, once=True),
     Case("ingest-event-lost", "ingest", "the S3 event (SQS)", "never delivered",
@@ -258,6 +271,10 @@ CASES += [
     Case("chunk-last-message-redelivered-after-count", "chunk", "the last chunk's message (SQS)",
          "redelivered after it was counted and signalled (SIGKILL before delete)",
          lambda d: d.fail("worker", "queue.delete", Killed, skip=2), COMPLETED, once=True),
+    Case("chunk-worker-hangs-to-expiry", "chunk", "a worker runs chunk 0", "hangs (its message stays in flight) until expiry",
+         lambda d: setattr(d, "hang_chunk", 0), ("expired",), output=but(0, 1),
+         errors={0: "batch_expired", 1: "batch_expired"}, bound=WINDOW + RECONCILE + DRAIN_GRACE + 60,
+         waits=WINDOW + DRAIN_GRACE),
     Case("chunk-engine-error-status", "chunk", "the engine answers one line", "HTTP 400",
          lambda d: None, COMPLETED, output=but(3), errors={3: "400"}, respond="reject-3", once=True),
     Case("chunk-engine-down-once", "chunk", "the engine client", "EngineDown on the first request",
@@ -270,6 +287,11 @@ CASES += [
 
 
 # --- the workflow's wait, check and drain ----------------------------------------------------------------
+def _cancel_now(d: Driver) -> None:
+    d.phase = "api"
+    cancel_batch(d.stores, TENANT, BATCH, now=d.now)
+
+
 def _cancel_at(message: int, *, lose: bool = False, throttled: bool = False) -> Callable[[Driver], None]:
     """The tenant cancels before the ``message``-th work message is processed (chunk 0 counted)."""
 
@@ -323,6 +345,9 @@ CASES += [
          _cancel_at(1, lose=True), **_CANCELLED),
     Case("workflow-cancel-signal-throttled", "workflow", "the API's cancel signal", "throttled (the API answers 503)",
          _cancel_at(1, throttled=True), **_CANCELLED),
+    Case("workflow-cancel-while-a-chunk-hangs", "workflow", "drain a cancelled batch while chunk 1 runs",
+         "its worker hangs: drain waits out its grace",
+         lambda d: (_cancel_at(2)(d), setattr(d, "hang_chunk", 1)), waits=DRAIN_GRACE, **_CANCELLED),
     Case("workflow-cancel-drain-conflict", "workflow", "drain a cancelled batch (`batches.update`)", "TransactionConflict once",
          lambda d: (_cancel_at(1)(d), d.fail("drain", "batches.update", conflict)), **_CANCELLED),
 ]
@@ -428,13 +453,16 @@ def assert_outcome(d: Driver, case: Case) -> None:
     # Within the bound: soon after the work is done, or one reconcile period after expiry.
     bound = START + (case.bound or (WINDOW + RECONCILE + 60 if case.late else 2 * RECONCILE))
     assert d.finished_at is not None and d.finished_at <= bound, f"ended at t+{d.finished_at - START}s; {trace}"
+    assert d.finished_at >= START + case.waits, f"ended at t+{d.finished_at - START}s, before t+{case.waits}s; {trace}"
     for error in batch.errors or []:
         assert len(error["message"]) <= 500 and not re.search(r"Traceback|arn:|AccessDenied|Killed", error["message"])
     if batch.status == "failed" and batch.in_progress_at is not None:
         assert [e["code"] for e in batch.errors or []] == ["batch_failed"], batch.errors
     if batch.in_progress_at is None:
-        # Never validated: no files, one clear error (the ingest DLQ consumer's or the sweeper's).
-        assert batch.status == "failed" and [e["code"] for e in batch.errors or []] == ["ingest_failed"], batch
+        # Never validated: no files; failed with one clear error (the ingest DLQ consumer's or the
+        # sweeper's), or cancelled by its tenant.
+        if batch.status == "failed":
+            assert [e["code"] for e in batch.errors or []] == ["ingest_failed"], batch
         assert (batch.output_file_id, batch.error_file_id, batch.completed, batch.failed) == (None, None, 0, 0)
         return
     output, errors = assert_stores_agree(d.stores, TENANT, BATCH, custom_ids())
