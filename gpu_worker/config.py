@@ -67,6 +67,9 @@ class WorkerConfig(EnvSettings):
     #: after its last checkpoint; a redelivery does not run them again. 0 turns a trigger off.
     checkpoint_lines: int = Field(default=25, ge=0)
     checkpoint_seconds: float = Field(default=30.0, ge=0)
+    #: A chunk that failed for real (careful mode) sends this many lines at a time, alone on the
+    #: engine (docs/reliability.md, "Poison isolation").
+    careful_group_lines: int = Field(default=8, ge=1)
     #: Metrics (EMF) and a summary log line are flushed this often.
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"

@@ -75,7 +75,10 @@ class Worker:
         self._engine_down = False
         #: Careful chunks send each line alone (docs/reliability.md, "Poison isolation").
         self.gate = EngineGate()
-        self.policy = RunPolicy(checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds)
+        self.policy = RunPolicy(
+            checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
+            careful_group_lines=config.careful_group_lines,
+        )
         self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-stores")
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
 

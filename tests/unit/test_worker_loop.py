@@ -286,3 +286,33 @@ def test_engine_down_releases_the_chunk_at_once_and_waits_for_health_before_taki
     assert len(health_checks) == 2  # at start, and again before taking more work
     t = rig.metrics.totals
     assert (t.chunks_released, t.chunks_failed, t.chunks_done, t.lines_failed) == (1, 0, 1, 0)
+
+
+def test_a_line_that_keeps_crashing_the_engine_fails_alone_through_the_loop():
+    """The engine dies whenever "hi 1" reaches it (and is restarted while the worker waits for
+    /health, as the local supervisor or a new ECS task does). Each death releases the chunk at
+    once; the worker's own record narrows it down to that line, which fails as engine_crashed;
+    the other line completes, and the message is deleted, never dead-lettered."""
+    from functions.core.models import BatchOutputLine
+    from tests.fakes.engine import CrashingEngine
+
+    rig = Rig()
+    rig.engine = rig.worker.engine = engine = CrashingEngine("hi 1")
+
+    async def back_up(timeout, interval=1.0):
+        engine.restart()
+        return 0.0
+
+    engine.wait_healthy = back_up
+    (message,) = seed(rig.stores, 2, per_chunk=2)
+    rig.queue.send([message.model_dump_json()])
+    rig.run_until(lambda: rig.counted(0) and rig.queue.deleted, "the chunk counted")
+    assert [after for _, after in rig.queue.releases] == [0, 0, 0]  # three deaths, each released at once
+    marker = rig.stores.batches.markers[("acme", "batch_1", 0)]
+    err = rig.stores.objects.get(schema.chunk_part_key("acme", "batch_1", 0, marker.attempt, "err"))
+    assert [(l.custom_id, l.error.code) for l in map(BatchOutputLine.model_validate_json, err.splitlines())] == [
+        ("req-1", "engine_crashed")]
+    assert (marker.completed, marker.failed) == (1, 1)
+    t = rig.metrics.totals
+    assert (t.chunks_careful, t.lines_crashed, t.chunks_done) == (1, 1, 1)
+    assert engine.contents().count("hi 1") == 3 and engine.with_crash[-1] == ["hi 1"]
