@@ -125,6 +125,8 @@ class Driver:
     hang_chunk: int | None = None
     #: Ingest events to lose (never delivered) and to duplicate (delivered twice).
     lose_ingest_event: bool = False
+    #: Task states whose Lambda runs twice (the first answer lost: Step Functions retries it).
+    duplicate_tasks: set[str] = field(default_factory=set)
     #: Called with the driver before the ingest event is delivered (e.g. the tenant cancels).
     before_ingest: list[Callable[[Driver], None]] = field(default_factory=list)
     duplicate_ingest_event: bool = False
@@ -279,6 +281,9 @@ class Driver:
                 self.now += 2 * 2 ** (attempt - 1)
             self.phase = phase
             try:
+                if phase in self.duplicate_tasks and not attempt:
+                    call()  # its answer is lost: the state retries the task
+                    self.log.append(f"{phase}'s answer lost")
                 return call()
             except (Exception, Killed) as exc:
                 self.log.append(f"{phase} attempt {attempt + 1} raised {type(exc).__name__}")
