@@ -369,7 +369,19 @@ async def process_chunk(
     if commits is not None:
         commits.add(commit)
         commit.add_done_callback(commits.discard)
-    completed, failed, outcome = await asyncio.shield(commit)
+    try:
+        completed, failed, outcome = await asyncio.shield(commit)
+    except asyncio.CancelledError:
+        raise  # the commit goes on (shielded; the worker's drain awaits it)
+    except Exception:
+        # A store error while committing (a part's PUT, the counting transaction) is benign too:
+        # keep what ran as a checkpoint, so the next attempt neither reruns it nor counts a failure.
+        try:
+            await run.flush()
+        except Exception:  # noqa: BLE001 - the store is failing: those lines run again
+            log.exception("chunk %s/%d: could not checkpoint before releasing", message.batch_id, message.chunk)
+        await _end_benignly(stores, message, run, io=io, why="store error while committing")
+        raise
     return ChunkReport(False, completed, failed, usage, outcome, now() - started, start.record.careful, reused, crashed)
 
 

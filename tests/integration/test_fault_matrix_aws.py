@@ -155,11 +155,6 @@ def test_chunk_s3_slow_down_on_a_part_is_retried_by_redelivery_and_counted_once(
     assert (record.chunks_done, record.completed, record.failed) == (1, 2, 0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding for the worker poison isolation slice: gpu_worker/chunk.py process_chunk records a benign "
-    "end only for errors before the commit; S3's SlowDown on a result part (in _commit) spends the "
-    "chunk's poison budget and reruns its lines"
-))
 @pytest.mark.settings(chunk_max_lines=2)
 def test_chunk_s3_slow_down_on_a_part_does_not_spend_the_poison_budget(client, stores, deployed):
     s3 = BotocoreFaults(clients.client("s3"))

@@ -281,3 +281,19 @@ def test_a_careful_chunk_runs_in_groups_alone_and_blames_nobody_when_nothing_die
     assert stores.faults.calls["objects.put"] - puts == 3 + 2  # checkpoints 0-8, 8-16, 16-20; the two parts
     record = stores.batches.chunk_run("acme", "batch_1", 0)
     assert sorted(record.segments) == [[0, 8], [8, 16], [16, 20]] and record.blamed == [] and record.failures == 1
+
+
+def test_a_store_error_while_committing_is_benign_and_keeps_what_ran():
+    """The counting transaction fails once (a store error after the lines ran): the attempt ends
+    benignly, its results are checkpointed, and the next delivery sends nothing to the engine."""
+    stores = fake_stores()
+    (message,) = seed(stores, 3, per_chunk=3)
+    stores.faults.fail("batches.count_chunk", TimeoutError())
+    with pytest.raises(TimeoutError):
+        run(stores, message, InProcessEngine())
+    record = stores.batches.chunk_run("acme", "batch_1", 0)
+    assert (record.failures, record.benign, record.written()) == (0, 1, 3)
+    engine = InProcessEngine()
+    report = run(stores, message, engine)
+    assert engine.requests == [] and (report.completed, report.reused, report.careful) == (3, 3, False)
+    assert stores.batches.get("acme", "batch_1").completed == 3
