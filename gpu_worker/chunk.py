@@ -274,9 +274,9 @@ async def process_chunk(
 ) -> ChunkReport:
     """Skip the chunk if its batch stopped, or if it is already counted (then only re-signal the
     workflow if every chunk is counted); else open an attempt on its run record, run the lines
-    no earlier attempt checkpointed (all together, or one at a time alone on the engine if the
-    chunk failed for real before), checkpoint results as they come, write its parts, count it
-    (the last chunk signals the workflow). ``io`` runs blocking store calls off the loop;
+    no earlier attempt checkpointed (all together; or, if the chunk failed for real before, in
+    small groups alone on the engine, see ``_group``), checkpoint results as they come, write its
+    parts, count it (the last chunk signals the workflow). ``io`` runs blocking store calls off the loop;
     ``on_dispatch`` is called once the lines are handed to the engine client; a commit that
     outlives a cancelled caller stays in ``commits`` until it is done (the loop awaits them).
 
@@ -319,17 +319,12 @@ async def process_chunk(
         elif start.record.careful:
             record, index = start.record, reused
             while index < len(requests):
+                end = _group(record, index, len(requests), policy.careful_group_lines)
                 if index in record.blamed:
                     crashed += 1
-                    raw = requests[index]
-                    run.done.append(LineResult(results.error_line(_custom_id(raw), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE)))
-                    end = index + 1
+                    run.done.append(LineResult(results.error_line(
+                        _custom_id(requests[index]), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE)))
                 else:
-                    end = index + 1
-                    if index not in record.suspects:
-                        while (end < len(requests) and end - index < policy.careful_group_lines
-                               and end not in record.suspects and end not in record.blamed):
-                            end += 1
                     run.record = await io(accounting.mark_in_flight, stores, message, attempt, (index, end), run.record)
                     group = requests[index:end]
                     async with gate.exclusive():  # no other chunk's line is in the engine with these
@@ -383,6 +378,17 @@ async def process_chunk(
         await _end_benignly(stores, message, run, io=io, why="store error while committing")
         raise
     return ChunkReport(False, completed, failed, usage, outcome, now() - started, start.record.careful, reused, crashed)
+
+
+def _group(record: ChunkRunRecord, index: int, count: int, size: int) -> int:
+    """The end of the careful group starting at request ``index``: up to ``size`` lines, but a
+    blamed or suspect line (one that was in a group that died) always goes by itself."""
+    end = index + 1
+    if index in record.suspects or index in record.blamed:
+        return end
+    while end < count and end - index < size and end not in record.suspects and end not in record.blamed:
+        end += 1
+    return end
 
 
 async def _end_benignly(stores: Stores, message: WorkMessage, run: _Run, *, io: Io, why: str) -> None:
