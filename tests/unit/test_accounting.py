@@ -108,3 +108,55 @@ def test_a_store_fault_while_counting_propagates_and_counts_nothing(fault):
 def test_signal_vocabulary():
     assert [s.output() for s in Signal] == [{"outcome": "complete"}, {"outcome": "cancel"}, {"outcome": "expire"}]
     assert accounting.event_type("completed") == "batch.completed"
+
+
+# --- the chunk's run record: its poison budget ----------------------------------------------------
+def begin(stores, attempt, chunk=0):
+    return accounting.begin_run(stores, message(chunk), attempt, max_strikes=3, max_failures=10)
+
+
+def test_attempts_left_open_are_real_failures_and_benign_ends_are_not():
+    stores = fake_stores()
+    assert begin(stores, "a").died == 0
+    accounting.end_run(stores, message(0), "a")  # shutdown: benign
+    start = begin(stores, "b")
+    assert (start.died, start.record.failures, start.record.benign, start.record.open) == (0, 0, 1, ["b"])
+    start = begin(stores, "c")  # "b" never ended: it died
+    assert (start.died, start.record.failures, start.record.strikes, start.record.open) == (1, 1, 1, ["c"])
+    assert start.record.careful and not start.exhausted
+
+
+def test_a_dead_group_makes_suspects_and_a_dead_single_line_is_blamed():
+    stores = fake_stores()
+    first = begin(stores, "a")
+    accounting.mark_in_flight(stores, message(0), "a", (0, 8), first.record)  # a careful group of 8 dies
+    start = begin(stores, "b")
+    assert (start.record.suspects, start.record.blamed, start.record.strikes) == (list(range(8)), [], 0)
+    assert start.record.in_flight is None
+    record = accounting.add_segment(stores, message(0), "b", (0, 1), start.record)  # line 0 ran alone
+    accounting.mark_in_flight(stores, message(0), "b", (1, 2), record)  # line 1 alone dies
+    start = begin(stores, "c")
+    assert (start.record.blamed, start.record.failures, start.record.strikes) == ([1], 2, 0)
+
+
+def test_the_budget_is_spent_by_failures_without_progress_or_too_many_in_all():
+    stores = fake_stores()
+    begin(stores, "a0")
+    for n in range(1, 4):
+        start = begin(stores, f"a{n}")  # died again with nothing written
+    assert (start.record.strikes, start.exhausted) == (3, True)
+    other = fake_stores()
+    start = begin(other, "b0")
+    for n in range(1, 11):  # each attempt writes a line, then dies: progress, but 10 deaths in all
+        accounting.add_segment(other, message(0), f"b{n - 1}", (n - 1, n), start.record)
+        start = begin(other, f"b{n}")
+        assert start.record.strikes == 0
+    assert (start.record.failures, start.exhausted) == (10, True)
+
+
+def test_a_concurrent_change_of_the_run_record_is_merged_not_lost():
+    stores = fake_stores()
+    stale = begin(stores, "a").record
+    accounting.add_segment(stores, message(0), "a", (0, 5), stale)
+    record = accounting.add_segment(stores, message(0), "a", (5, 9), stale)  # written over a stale copy
+    assert record.segments == [[0, 5], [5, 9]] and record.written() == 9
