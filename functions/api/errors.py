@@ -30,6 +30,9 @@ KEY_IN_PROGRESS = Conflict(
     code="idempotency_key_in_progress",
 )
 
+#: How powertools' ValueError for a multipart Content-Type without ``boundary=`` begins.
+MISSING_BOUNDARY = "Missing boundary in multipart/form-data"
+
 #: Where powertools says a value came from (the first element of an error's loc).
 _SOURCES = ("body", "query", "path", "form", "header")
 
@@ -53,6 +56,15 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
     def handle_undecodable(_: UnicodeDecodeError) -> Response:
         # powertools decodes multipart part headers as UTF-8 and lets the error through
         return envelope(InvalidRequest("We could not parse the multipart/form-data body of your request: its part headers are not valid UTF-8."))
+
+    @app.exception_handler(ValueError)
+    def handle_value_error(error: ValueError) -> Response:
+        # powertools raises a bare ValueError for a multipart Content-Type without a boundary
+        if str(error).startswith(MISSING_BOUNDARY):
+            return envelope(InvalidRequest(
+                "We could not parse the multipart/form-data body of your request: its Content-Type header has no boundary."
+            ))
+        return handle_unexpected(error)
 
     @app.exception_handler(IdempotencyValidationError)
     def handle_key_reused(_: IdempotencyValidationError) -> Response:

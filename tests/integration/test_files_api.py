@@ -294,6 +294,13 @@ def test_a_multipart_name_that_is_not_utf8_is_400_not_500(raw, stores):
     assert stores.objects.list_keys("files/") == []
 
 
+def test_a_multipart_body_without_a_boundary_is_400_not_500(raw, stores):
+    response = raw.post("/files", content=b"--XX\r\n", headers={"Content-Type": "multipart/form-data"})
+    assert_error(response, 400, None)
+    assert "boundary" in response.json()["error"]["message"]
+    assert stores.objects.list_keys("files/") == []
+
+
 # --- delete -------------------------------------------------------------------------------------
 def test_delete_removes_record_and_bytes(raw, client, stores):
     f = client.files.create(file=("gone.jsonl", JSONL), purpose="batch")
