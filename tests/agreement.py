@@ -12,7 +12,7 @@ ports (the in-memory fakes or moto), ``assert_api_agrees`` through the official 
 
 from typing import Any
 
-from functions.core import results
+from functions.core import accounting, results
 from functions.core.models import TERMINAL_STATUSES, BatchOutputLine
 from functions.core.ports import Stores
 
@@ -69,6 +69,26 @@ def assert_stores_agree(
         output=output, errors=errors, custom_ids=custom_ids,
     )
     return output, errors
+
+
+def assert_usage_agrees(stores: Stores, tenant: str, batch_id: str) -> dict[str, int]:
+    """The batch's usage is its output file's: the sum of each 2xx line's ``usage``
+    (``results.usage_of``), for a batch whose counted chunks reported their lines' usage (the
+    worker's and the DLQ consumer's rule) and whose uncounted chunks' checkpointed lines finalize
+    kept. Returns the usage."""
+    batch = stores.batches.get(tenant, batch_id)
+    assert batch is not None, f"no batch {batch_id}"
+    body = b""
+    if batch.output_file_id is not None:
+        record = stores.files.get(tenant, batch.output_file_id, 0)
+        assert record is not None
+        body = stores.objects.get(record.s3_key)
+    usage = accounting.Usage()
+    for line in _lines(body):
+        usage.add_response(results.usage_of(line))
+    said = {k: getattr(batch, k) for k in accounting.Usage.model_fields}
+    assert said == usage.model_dump(), f"the batch says usage {said}, its output file's lines add up to {usage.model_dump()}"
+    return said
 
 
 def assert_api_agrees(client: Any, batch: Any, custom_ids: list[str] | None = None) -> tuple[list[BatchOutputLine], list[BatchOutputLine]]:

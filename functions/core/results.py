@@ -120,6 +120,17 @@ def read_checkpoints(objects: Objects, message: WorkMessage, cover: list[tuple[i
     return out
 
 
+def salvaged_lines(
+    objects: Objects, message: WorkMessage, cover: list[tuple[int, int]], code: str, text: str
+) -> list[BatchOutputLine]:
+    """Every request line of a chunk that will not be counted by a worker (dead-lettered, or left
+    when its batch closed), once each, in input order: the results its workers checkpointed for its
+    first lines (``cover``: ``ChunkRunRecord.cover()``, [] for none), then an error line
+    (``code``, ``text``) for each of the rest. The one code path of the DLQ consumer and finalize."""
+    kept = read_checkpoints(objects, message, cover) if cover else []
+    return kept + list(unrun_lines(objects, message, code, text))[len(kept):]
+
+
 def usage_of(line: BatchOutputLine) -> dict[str, Any] | None:
     """The engine's ``usage`` of a succeeded result line (what the chunk's usage adds)."""
     if not succeeded(line) or line.response is None or not isinstance(line.response.body, dict):

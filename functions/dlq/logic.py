@@ -43,11 +43,10 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterO
         # A worker did count it (and died before deleting the message): keep its results.
         return DeadLetterOutcome("already_counted")
     run = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
-    kept = results.read_checkpoints(stores.objects, message, run.cover()) if run is not None else []
+    lines = results.salvaged_lines(stores.objects, message, run.cover() if run is not None else [], ERROR_CODE, error_message(message))
     usage = accounting.Usage()
-    for line in kept:
-        usage.add_response(results.usage_of(line))
-    rest = list(results.unrun_lines(stores.objects, message, ERROR_CODE, error_message(message)))[len(kept):]
-    parts = results.write_parts(stores.objects, message, kept + rest)
+    for line in lines:
+        usage.add_response(results.usage_of(line))  # None for the error lines
+    parts = results.write_parts(stores.objects, message, lines)
     outcome = accounting.record_chunk(stores, message, parts=parts, usage=usage, now=now)
     return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", parts.failed, outcome.last)

@@ -8,6 +8,11 @@ behind, so that no batch stays open whatever single component failed or message 
 - ``cancelling`` before it started, ``enqueue_grace_seconds`` after the cancel: ``cancelled``;
 - ``in_progress``/``cancelling`` not ``enqueued`` ``enqueue_grace_seconds`` after it moved: the
   fan-out and the workflow start again (ingest's own ``resume``; duplicates are harmless);
+- every chunk counted (``accounting.all_counted``) and nothing done to the batch for
+  ``completion_grace`` (its workflow died: failed, aborted or timed out without finalizing, or
+  Fail's retries ran out): finalized by the workflow's own ``finalize`` as the workflow would have
+  (``completed``; ``cancelled`` if cancelling; ``expired`` if its expiry's drain had begun;
+  ``failed``, with its files, if Fail closed it), long before its expiry;
 - any open batch past ``expires_at + expiry_grace_seconds``: finalized ``expired`` (a cancelling
   one ``cancelled``) by the workflow's own ``finalize``, with its output and error files, whatever
   happened to its workflow. If that keeps failing for another grace period, the workflow's last
@@ -21,6 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
+from functions.core import accounting
 from functions.core.accounting import Signal
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.ports import Stores
@@ -38,6 +44,7 @@ FAILED_VALIDATING: Final = "failed_validating"
 CANCELLED: Final = "cancelled"
 RESTARTED: Final = "restarted"
 EXPIRED: Final = "expired"
+COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 
 
@@ -85,11 +92,37 @@ def sweep_batch(stores: Stores, settings: Settings, tenant: str, batch_id: str, 
         return NOTHING
     if now >= expiry_deadline:
         return _expire(stores, settings, batch, now)
+    if batch.status in ("in_progress", "cancelling", "finalizing") and accounting.all_counted(batch):
+        return _complete(stores, settings, batch, now)
     if batch.status in ("in_progress", "cancelling") and not batch.enqueued:
         if now >= (batch.in_progress_at or batch.created_at) + settings.enqueue_grace_seconds:
             resume(stores, settings, batch, now)
             return RESTARTED
     return NOTHING
+
+
+def completion_grace(settings: Settings) -> int:
+    """How long a batch whose every chunk is counted is left to its workflow: one reconcile period
+    (a live workflow whose signal was lost sees the counts at its next Check, at most
+    ``reconcile_seconds`` later) plus the expiry grace (its Drain and Finalize tasks with their
+    retries, which the same grace covers at expiry). 300 + 900 s = 20 min by default: a live
+    workflow always finishes first; ``finalize`` is idempotent should both run."""
+    return settings.reconcile_seconds + settings.expiry_grace_seconds
+
+
+def _complete(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> str:
+    """Finalize an all-counted batch its workflow left open, once it has been quiet (no chunk
+    counted, no cancel, no close) for ``completion_grace``."""
+    counted = stores.batches.counted_chunks(batch.tenant, batch.id)
+    touched = max([m.recorded_at for m in counted.values()]
+                  + [t or 0 for t in (batch.in_progress_at, batch.cancelling_at, batch.finalizing_at)])
+    if now < touched + completion_grace(settings):
+        return NOTHING
+    # The signal the workflow would have finalized with: a cancel and a close that decided why
+    # (``closed_for``) win over it in ``finalize``; an expiry's drain had begun if finalizing.
+    expiring = batch.status == "finalizing" and batch.closed_for is None
+    workflow.finalize(stores, batch.tenant, batch.id, Signal.EXPIRE if expiring else Signal.COMPLETE, now)
+    return COMPLETED
 
 
 def _expire(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> str:
@@ -103,5 +136,5 @@ def _expire(stores: Stores, settings: Settings, batch: BatchRecord, now: int) ->
         if now < batch.expires_at + 2 * settings.expiry_grace_seconds:
             raise  # logged by ``sweep``; the next sweep finalizes again
         logger.exception("finalizing an overdue batch keeps failing; failing it", extra={"tenant": batch.tenant, "batch_id": batch.id})
-        workflow.fail(stores, batch.tenant, batch.id, TaskError(Error="SweeperFinalizeFailed", Cause=repr(exc)), now)
+        workflow.fail(stores, batch.tenant, batch.id, TaskError(Error="SweeperFinalizeFailed", Cause=repr(exc)), now, retried=False)
         return FAILED

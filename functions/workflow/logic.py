@@ -4,12 +4,12 @@ running chunks, finalize, fail.
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from functions.core import accounting, ids, limits, results, schema
 from functions.core.accounting import SIGNAL_FIELD, Signal
-from functions.core.errors import ConditionFailed
+from functions.core.errors import ConditionFailed, Throttled
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord, FileRecord
@@ -182,30 +182,43 @@ class Assembled:
     failed: int
     output_file_id: str | None
     error_file_id: str | None
+    #: The batch's usage: its counted chunks' (the counters) and its uncounted chunks'
+    #: checkpointed lines'.
+    usage: accounting.Usage = field(default_factory=accounting.Usage)
 
     def values(self) -> dict[str, Any]:
-        """The batch's request counts and file ids: the counts are the files' lines, so they
-        agree with the files whatever the counters say."""
+        """The batch's request counts, usage and file ids: the counts are the files' lines, so
+        they agree with the files whatever the counters say."""
         return {
             "completed": self.completed,
             "failed": self.failed,
             "output_file_id": self.output_file_id,
             "error_file_id": self.error_file_id,
+            **self.usage.model_dump(),
         }
 
 
 def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
-    """Write a closed batch's files: each counted chunk's parts (the counted attempt's) in input
-    order, and an error line for every request of a chunk that was not counted (saying why the
-    batch closed, ``closed_for``). The one assembly of ``finalize`` and ``fail``; it writes
-    nothing on the batch's record. Raises on any store failure (the writers abort: no object)."""
+    """Write a closed batch's files in input order: each counted chunk's parts (the counted
+    attempt's); for a chunk that was not counted, the result lines its workers checkpointed
+    (docs/reliability.md, "Nothing completed is lost") and an error line for each of its other
+    requests (saying why the batch closed, ``closed_for``). The one assembly of ``finalize`` and
+    ``fail``; it writes nothing on the batch's record. Raises on any store failure (the writers
+    abort: no object).
+
+    ``batch`` is as the close left it (``accepting`` False): no chunk is counted after the close
+    (counting requires ``accepting``), so the markers read here are final, and each chunk's run
+    record is read after the close. A worker still running an uncounted chunk may checkpoint more
+    lines after that read: they stay out (that request gets its never-ran line)."""
     assert batch.planned_output_file_id and batch.planned_error_file_id and batch.closed_for
     tenant, batch_id = batch.tenant, batch.id
     counted = stores.batches.counted_chunks(tenant, batch_id)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     output_key = schema.file_key(tenant, batch.planned_output_file_id)
     error_key = schema.file_key(tenant, batch.planned_error_file_id)
-    completed = failed = never_ran = 0
+    completed = failed = 0
+    salvaged = {True: 0, False: 0}  # lines of uncounted chunks, by succeeded
+    usage = accounting.Usage(**{k: getattr(batch, k) for k in accounting.Usage.model_fields})
     with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
         for chunk in manifest.chunks:
             marker = counted.get(chunk.chunk)
@@ -216,14 +229,16 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
                 if marker.failed:
                     failed += _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors)
             else:
-                never_ran += _write_never_ran(stores, batch, chunk, errors, batch.closed_for)
-    failed += never_ran
-    if (completed, failed - never_ran) != (batch.completed, batch.failed):
+                for ok, count in _write_salvaged(stores, batch, chunk, output, errors, usage).items():
+                    salvaged[ok] += count
+    completed += salvaged[True]
+    failed += salvaged[False]
+    if (completed - salvaged[True], failed - salvaged[False]) != (batch.completed, batch.failed):
         # The counters and the parts disagree (they never should): the files win, so that the
         # counts a tenant reads agree with the files; the difference is logged.
         logger.warning(
             "batch parts disagree with its counters: %d completed and %d failed lines in the counted parts, counters %d and %d",
-            completed, failed - never_ran, batch.completed, batch.failed,
+            completed - salvaged[True], failed - salvaged[False], batch.completed, batch.failed,
             extra={"tenant": tenant, "batch_id": batch_id},
         )
     expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS
@@ -242,6 +257,7 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
         files=files, completed=completed, failed=failed,
         output_file_id=batch.planned_output_file_id if output.bytes else None,
         error_file_id=batch.planned_error_file_id if errors.bytes else None,
+        usage=usage,
     )
 
 
@@ -264,13 +280,21 @@ def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
     return lines
 
 
-def _write_never_ran(stores: Stores, batch: BatchRecord, chunk: Chunk, writer: ObjectWriter, closed_for: str) -> int:
-    code, message = NEVER_RAN[closed_for]
-    count = 0
-    for line in results.unrun_lines(stores.objects, batch.work_message(chunk), code, message):
-        writer.write(line.model_dump_json().encode() + b"\n")
-        count += 1
-    return count
+def _write_salvaged(
+    stores: Stores, batch: BatchRecord, chunk: Chunk, output: ObjectWriter, errors: ObjectWriter, usage: accounting.Usage
+) -> dict[bool, int]:
+    """Write an uncounted chunk's lines: its checkpointed results (2xx to ``output``, the rest to
+    ``errors``, as ``results.write_parts`` splits them; their usage added to ``usage``) and a
+    never-ran error line for each other request. Returns {succeeded: lines}."""
+    code, message = NEVER_RAN[batch.closed_for or FAIL]
+    run = stores.batches.chunk_run(batch.tenant, batch.id, chunk.chunk)
+    counts = {True: 0, False: 0}
+    for line in results.salvaged_lines(stores.objects, batch.work_message(chunk), run.cover() if run else [], code, message):
+        ok = results.succeeded(line)
+        (output if ok else errors).write(line.model_dump_json().encode() + b"\n")
+        usage.add_response(results.usage_of(line))
+        counts[ok] += 1
+    return counts
 
 
 #: What a tenant reads on a batch the workflow had to fail: short and true, never the cause itself
@@ -299,18 +323,28 @@ FAILED_WITH_FILES_ERROR: dict[str, Any] = {
 #: handler and keys, such as batch_id, its records use in Lambda).
 logger = logging.getLogger("batch-api-workflow.logic")
 
+#: Errors that say "try again shortly" (a throttled or conflicting store, after the adapters' own
+#: retries; a timed-out or refused connection): ``fail`` raises them, so that the Fail state's
+#: retry (infra/workflow.py) runs it again, rather than dropping the batch's files. If Fail's
+#: retries run out, the batch stays closed and open, and the sweeper finalizes it (as failed, with
+#: its files: ``closed_for`` is "fail") once every chunk is counted and the batch is quiet, or past
+#: ``expires_at`` + the expiry grace (docs/reliability.md, "Liveness: every batch ends").
+TRANSIENT: tuple[type[BaseException], ...] = (Throttled, TimeoutError, ConnectionError)
+
 #: How often ``fail`` assembles again when another task moved the batch on under it (a
 #: concurrent finalize showing it ``finalizing``) before it falls back to failing without files.
 FAIL_ATTEMPTS = 3
 
 
-def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int) -> dict[str, Any]:
+def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int, *, retried: bool = True) -> dict[str, Any]:
     """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``,
     keeping what completed. It closes the batch and assembles its files as ``finalize`` does
     (``assemble``; never-ran requests are error lines, ``batch_failed`` unless another task closed
-    the batch first), so lines that ran are not lost. If that assembly fails (the store that made
-    the workflow fail may still be down), the batch is failed without files, as the last resort
-    must not fail; the cause is logged. The tenant reads ``FAILED_WITH_FILES_ERROR`` or
+    the batch first), so lines that ran are not lost. A transient error (``TRANSIENT``) is raised
+    for the Fail state to retry; if the assembly fails otherwise (the store that made the workflow
+    fail may refuse for good), the batch is failed without files, as the last resort must not
+    fail; the cause is logged. ``retried=False`` (the sweeper's last resort, which has no retry
+    left) takes that fallback on a transient error too. The tenant reads ``FAILED_WITH_FILES_ERROR`` or
     ``FAILED_ERROR``; the workflow's full error is logged."""
     batch = _batch(stores, tenant, batch_id)
     logger.error(
@@ -323,6 +357,14 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int)
             break
         try:
             batch = _fail_keeping_results(stores, batch, now)
+        except TRANSIENT:
+            if retried:
+                raise  # the Fail state runs it again: the files are worth a retry
+            logger.warning(
+                "a transient error again while failing an overdue batch; failing it without files",
+                exc_info=True, extra={"tenant": tenant, "batch_id": batch_id},
+            )
+            break
         except Exception:  # noqa: BLE001 - the last resort: fail without files rather than not at all
             # A warning: the batch's failure itself is the error logged above.
             logger.warning(

@@ -338,7 +338,10 @@ CASES += [
          "AccessDenied on every attempt of both: the execution fails, the batch is left open",
          lambda d: (d.fail("drain", "batches.get", access_denied, times=EVERY),
                     d.fail("fail", "batches.get", access_denied, times=EVERY)),
-         ("expired",), bound=WINDOW + EXPIRY_GRACE + SWEEP),
+         # Every chunk counted: the sweeper finalizes it once quiet for a reconcile period plus
+         # the expiry grace (a live workflow would have won that race), long before its expiry.
+         COMPLETED, output=but(3), errors={3: "400"}, respond="reject-3",
+         bound=RECONCILE + EXPIRY_GRACE + 2 * SWEEP, waits=RECONCILE + EXPIRY_GRACE),
     Case("workflow-cancel", "workflow", "cancel after chunk 0 ran", "none (reference row)",
          _cancel_at(1), **_CANCELLED),
     Case("workflow-cancel-signal-lost", "workflow", "the API's cancel signal", "lost (sent, never arrives)",
@@ -404,16 +407,10 @@ def _drain_denied_then(step: Callable[[Driver], None]) -> Callable[[Driver], Non
     return setup
 
 
-PENDING_FAIL_TRANSIENT = (
-    "finding for the workflow Fail-path slice: functions/workflow/logic.py fail() falls back to "
-    "_fail_without_files on the first exception of _fail_keeping_results, transient ones included, "
-    "instead of raising so that the Fail state's retry runs it again: one throttled call loses every "
-    "file, and the counters (5 completed, 1 failed) then disagree with the files (none)"
-)
 CASES += [
     dataclasses.replace(c, setup=_drain_denied_then(c.setup))
     for c in rows("fail", FAIL_STEPS, {
-        "transient": {**_FINAL, "status": FAILED, "xfail": PENDING_FAIL_TRANSIENT},
+        "transient": {**_FINAL, "status": FAILED},
         "kill": {**_FINAL, "status": FAILED},
     })
 ]

@@ -5,6 +5,7 @@ concurrent finish, an aborted assembly leaves no object), fail; and the typed ta
 import json
 
 import pytest
+from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from functions.core import accounting, results, schema
@@ -15,8 +16,8 @@ from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
-from tests.agreement import assert_stores_agree
-from tests.fakes.aws import condition_failed, fake_stores
+from tests.agreement import assert_stores_agree, assert_usage_agrees
+from tests.fakes.aws import condition_failed, conflict, fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
 NOW = 5_000
@@ -302,7 +303,9 @@ def test_fail_after_some_chunks_ran_keeps_their_lines():
 def test_fail_when_the_files_cannot_be_written_fails_without_files(caplog):
     stores = setup(lines=4)
     run_chunk(stores, 0)
-    stores.faults.fail("objects.writer.write", TimeoutError("S3 did not answer"), times=100)
+    # A non-transient error (a transient one is raised for the Fail state's retry: tests below).
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "S3 did not answer"}}, "PutObject")
+    stores.faults.fail("objects.writer.write", denied, times=100)
     with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
         assert logic.fail(stores, "acme", "batch_1", TaskError(Error="E", Cause="S3 is down"), NOW) == {"status": "failed"}
     batch = current(stores)
@@ -434,6 +437,175 @@ def test_the_counts_are_the_files_lines_when_the_counters_disagree(caplog):
     assert current(stores).completed == 4
     assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
     assert any("disagree with its counters" in r.getMessage() for r in caplog.records)
+
+
+# --- checkpointed lines of a chunk that was not counted (docs/reliability.md) -----------------------
+#: One engine answer's usage: 10 prompt tokens (4 cached), 3 completion tokens.
+USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 4}}
+
+
+def answer(line: BatchOutputLine, status: int) -> BatchOutputLine:
+    """The engine's answer to ``line``'s request: a 2xx with USAGE, or a 400 without usage."""
+    body = {"object": "chat.completion", "usage": USAGE} if status == 200 else {"error": {"message": "bad", "type": "invalid_request_error"}}
+    return results.response_line(line.custom_id, status, body, "r")
+
+
+def message_of(stores, chunk: int):
+    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
+    return current(stores).work_message(manifest.chunks[chunk])
+
+
+def checkpoint(stores, chunk: int, statuses: list[int]):
+    """A worker started ``chunk`` and checkpointed its first lines' answers (then hangs or dies)."""
+    message = message_of(stores, chunk)
+    accounting.start_chunk(stores, message)
+    accounting.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
+    lines = [answer(l, s) for l, s in zip(results.unrun_lines(stores.objects, message, "x", "x"), statuses)]
+    segment = results.write_checkpoint(stores.objects, message, 0, lines)
+    accounting.add_segment(stores, message, "a1", segment, None)
+    return message
+
+
+def run_with_usage(stores, chunk: int):
+    """The worker's path for a whole chunk, every line 200 with USAGE, its usage counted."""
+    message = message_of(stores, chunk)
+    accounting.start_chunk(stores, message)
+    lines = [answer(l, 200) for l in results.unrun_lines(stores.objects, message, "x", "x")]
+    usage = accounting.Usage()
+    for line in lines:
+        usage.add_response(results.usage_of(line))
+    return accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW)
+
+
+def end_batch(stores, how: str) -> str:
+    """End the batch as the workflow would: expiry (drain, finalize), a cancel, or its Fail."""
+    if how == "expire":
+        logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW)
+        return logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW)["status"]
+    if how == "cancel":
+        stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": NOW - 10})
+        return logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW)["status"]
+    return logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), NOW)["status"]
+
+
+@pytest.mark.parametrize(("how", "status", "code"), [
+    ("expire", "expired", "batch_expired"),
+    ("cancel", "cancelled", "batch_cancelled"),
+    ("fail", "failed", "batch_failed"),
+])
+def test_a_batch_ending_mid_chunk_keeps_the_chunks_checkpointed_lines(how, status, code):
+    # Chunk 0 (req-0..3) ran two lines, checkpointed (req-0 answered 200, req-1 400), and was never
+    # counted; chunk 1 (req-4, req-5) was.
+    stores = setup(lines=6, per_chunk=4)
+    checkpoint(stores, 0, [200, 400])
+    run_with_usage(stores, 1)
+    assert end_batch(stores, how) == status
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
+    assert [l.custom_id for l in out] == ["req-0", "req-4", "req-5"]
+    assert [(l.custom_id, l.response.status_code if l.response else l.error.code) for l in err] == [
+        ("req-1", 400), ("req-2", code), ("req-3", code)]
+    batch = current(stores)
+    assert (batch.completed, batch.failed, batch.total) == (3, 3, 6)
+    # Three 2xx answers of 10 prompt (4 cached) and 3 completion tokens each.
+    assert assert_usage_agrees(stores, "acme", "batch_1") == {
+        "input_tokens": 30, "cached_tokens": 12, "output_tokens": 9, "reasoning_tokens": 0}
+
+
+def test_a_retried_finalize_keeps_the_checkpointed_lines_once():
+    stores = setup(lines=4, per_chunk=4)
+    checkpoint(stores, 0, [200, 200])
+    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    with pytest.raises(TimeoutError):
+        logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW)
+    assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW + 1) == {"status": "expired"}
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1"] and [l.error.code for l in err] == ["batch_expired"] * 2
+    assert assert_usage_agrees(stores, "acme", "batch_1")["input_tokens"] == 20
+
+
+def test_a_chunk_counted_just_before_the_close_is_read_from_its_parts_not_its_checkpoints():
+    # The worker checkpointed two lines, then finished the chunk and counts it while finalize is
+    # closing the batch: the count lands first, so the chunk's parts hold all its lines.
+    stores = setup(lines=4, per_chunk=4)
+    checkpoint(stores, 0, [200, 200])
+    real_update = stores.batches.update
+
+    def update(tenant, batch_id, **kw):
+        if kw.get("values", {}).get("accepting") is False and not current(stores).chunks_done:
+            assert run_with_usage(stores, 0).counted  # the racing count, just before the close
+        return real_update(tenant, batch_id, **kw)
+
+    stores.batches.update = update
+    assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert ([l.custom_id for l in out], err) == ([f"req-{i}" for i in range(4)], [])
+    assert assert_usage_agrees(stores, "acme", "batch_1")["input_tokens"] == 40
+
+
+def test_a_chunk_counted_after_the_close_is_refused_and_its_checkpoints_are_kept():
+    # The count comes just after the close (while finalize reads the run record): refused, so the
+    # files hold the checkpointed lines and never-ran lines, and the counts agree with them.
+    stores = setup(lines=4, per_chunk=4)
+    checkpoint(stores, 0, [200, 400])
+    real_run = stores.batches.chunk_run
+    late = []
+
+    def chunk_run(tenant, batch_id, chunk):
+        late.append(run_with_usage(stores, 0).counted)
+        return real_run(tenant, batch_id, chunk)
+
+    stores.batches.chunk_run = chunk_run
+    assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}
+    assert late == [False]
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert [l.custom_id for l in out] == ["req-0"]
+    assert [l.response.status_code if l.response else l.error.code for l in err] == [400, "batch_expired", "batch_expired"]
+    assert assert_usage_agrees(stores, "acme", "batch_1")["output_tokens"] == 3
+
+
+def test_the_dead_letter_consumer_and_finalize_keep_checkpoints_through_one_code_path():
+    # The same chunk, checkpointed the same way: the DLQ consumer's parts and finalize's files
+    # hold the same lines (results.salvaged_lines), with their own error code for the rest.
+    from functions.dlq import logic as dlq
+
+    stores = setup(lines=4, per_chunk=4)
+    message = checkpoint(stores, 0, [200, 400])
+    assert dlq.fail_chunk(stores, message, now=NOW).action == "recorded"
+    assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert [l.custom_id for l in out] == ["req-0"]
+    assert [l.response.status_code if l.response else l.error.code for l in err] == [400, dlq.ERROR_CODE, dlq.ERROR_CODE]
+    assert assert_usage_agrees(stores, "acme", "batch_1")["input_tokens"] == 10
+
+
+# --- fail: a transient error is retried by the Fail state ---------------------------------------------
+@pytest.mark.parametrize(("op", "error"), [
+    ("batches.update", conflict()),  # the close
+    ("objects.writer.complete", TimeoutError("S3 did not answer")),
+    ("batches.finish", throttle()),
+    ("batches.counted_chunks", ConnectionError("connection reset")),
+], ids=["close-conflict", "complete-timeout", "finish-throttled", "read-connection-reset"])
+def test_fail_raises_a_transient_error_so_its_retry_keeps_the_files(op, error):
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    stores.faults.fail(op, error)
+    with pytest.raises(type(error)):
+        logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), NOW)
+    assert current(stores).status not in ("failed",) and current(stores).errors is None
+    # The Fail state's retry:
+    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), NOW + 2) == {"status": "failed"}
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert [l.custom_id for l in out] == ["req-0", "req-1"] and [l.error.code for l in err] == ["batch_failed"] * 2
+    assert current(stores).errors == [logic.FAILED_WITH_FILES_ERROR]
+
+
+def test_fail_with_no_retry_left_fails_without_files_on_a_transient_error():
+    # The sweeper's last resort (retried=False) must end the batch whatever the store says.
+    stores = setup(lines=4)
+    run_chunk(stores, 0)
+    stores.faults.fail("batches.counted_chunks", throttle(), times=100)
+    assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW, retried=False) == {"status": "failed"}
+    assert current(stores).errors == [logic.FAILED_ERROR] and stores.files.items == {}
 
 
 # --- typed tasks --------------------------------------------------------------------------------
