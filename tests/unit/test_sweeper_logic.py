@@ -12,6 +12,10 @@ from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.sweeper import logic as sweeper
+from functions.core.errors import Throttled
+from functions.workflow import logic as workflow
+from functions.workflow.tasks import TaskError
+from tests.agreement import assert_stores_agree
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -140,6 +144,83 @@ def test_a_start_that_fails_again_is_retried_by_the_next_sweep():
         assert result.errors == ["batch_1"] and not current(stores).enqueued
     assert sweep(stores, CREATED + 1_000).actions == {sweeper.RESTARTED: ["batch_1"]}
     assert current(stores).enqueued and list(stores.workflows.started) == ["batch_1"]
+
+
+# --- every chunk counted, its workflow dead (failed, aborted or timed out without finalizing) ---------
+#: A live workflow sees an all-counted batch within one reconcile period (300 s by default) and
+#: finalizes it in its Drain and Finalize tasks, which the expiry grace (900 s here) covers: the
+#: sweeper waits both past the batch's last change.
+COMPLETION_GRACE = 300 + 900
+
+
+def test_the_completion_grace_outlasts_a_live_workflows_wait_and_tasks():
+    assert sweeper.completion_grace(SETTINGS) == COMPLETION_GRACE
+    assert sweeper.completion_grace(Settings(table_name="t", bucket_name="b")) == 20 * 60  # the defaults
+    tight = Settings(table_name="t", bucket_name="b", reconcile_seconds=60, expiry_grace_seconds=30)
+    assert sweeper.completion_grace(tight) > tight.reconcile_seconds
+
+
+def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_after_the_grace():
+    stores = setup(**RUNNING, enqueued=True)  # its workflow died after the chunks were sent
+    run_chunk(stores, 0, CREATED + 100)
+    run_chunk(stores, 1, CREATED + 200)
+    last = CREATED + 200
+    assert sweep(stores, last + COMPLETION_GRACE - 1).actions == {}  # a live workflow's time
+    assert current(stores).status == "in_progress"
+    assert sweep(stores, last + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
+    batch = current(stores)
+    assert (batch.status, batch.completed_at) == ("completed", last + COMPLETION_GRACE)
+    assert batch.completed_at < batch.expires_at - 80_000  # long before its expiry
+    out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert len(out) == 4 and err == []
+    assert stores.events.types() == ["batch.completed"]
+    assert sweep(stores, last + COMPLETION_GRACE + 300).looked == 0  # ended: off the open index
+
+
+def test_the_grace_counts_from_the_last_count():
+    stores = setup(**RUNNING, enqueued=True)
+    run_chunk(stores, 0, CREATED + 100)
+    run_chunk(stores, 1, CREATED + 5_000)  # a slow last chunk: its worker signalled a live workflow
+    assert sweep(stores, CREATED + 100 + COMPLETION_GRACE).actions == {}
+    assert sweep(stores, CREATED + 5_000 + COMPLETION_GRACE - 1).actions == {}
+    assert sweep(stores, CREATED + 5_000 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
+
+
+def test_a_batch_still_running_chunks_is_left_to_its_workflow():
+    stores = setup(**RUNNING, enqueued=True)
+    run_chunk(stores, 0, CREATED + 100)  # chunk 1 not counted yet
+    assert sweep(stores, CREATED + 100 + 10 * COMPLETION_GRACE).actions == {}
+    assert current(stores).status == "in_progress"
+
+
+def test_an_all_counted_cancelling_batch_ends_cancelled_with_every_answer():
+    stores = setup(**RUNNING, enqueued=True)
+    run_chunk(stores, 0, CREATED + 100)
+    run_chunk(stores, 1, CREATED + 200)
+    stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": CREATED + 300})
+    assert sweep(stores, CREATED + 300 + COMPLETION_GRACE - 1).actions == {}  # the cancel restarts the wait
+    assert sweep(stores, CREATED + 300 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
+    assert current(stores).status == "cancelled"
+    out, _ = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert len(out) == 4
+
+
+def test_a_batch_whose_fail_ran_out_of_retries_ends_failed_with_its_files():
+    # The Fail state closed the batch (closed_for "fail") and a transient error outlasted its
+    # retries: the execution failed. The sweeper finalizes it as Fail would have.
+    stores = setup(**RUNNING, enqueued=True)
+    run_chunk(stores, 0, CREATED + 100)
+    run_chunk(stores, 1, CREATED + 200)
+    stores.faults.fail("batches.finish", throttle(), times=4)
+    for attempt in range(4):  # the Fail task and its 3 retries
+        with pytest.raises(Throttled):
+            workflow.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), CREATED + 210 + attempt)
+    assert (current(stores).status, current(stores).closed_for, current(stores).accepting) == ("in_progress", "fail", False)
+    assert sweep(stores, CREATED + 200 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
+    batch = current(stores)
+    assert batch.status == "failed" and batch.errors == [workflow.FAILED_WITH_FILES_ERROR]
+    out, _ = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
+    assert len(out) == 4
 
 
 # --- past expiry + grace, whatever happened to its workflow ----------------------------------------
