@@ -75,19 +75,24 @@ def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
-def aws_target(cloudformation: Any, stack: str) -> Target:
-    outputs = stack_outputs(cloudformation, stack)
-    if names.OUTPUT_TABLE not in outputs:
-        raise TargetError(f"stack {stack!r} has no {names.OUTPUT_TABLE!r} output (is it this project's stack?)")
+def output(outputs: dict[str, str], stack: str, key: str) -> str:
+    """The stack output ``key`` (``infra/names.py`` OUTPUT_*), or a TargetError that says which."""
+    if key not in outputs:
+        raise TargetError(f"stack {stack!r} has no {key!r} output (is it this project's stack?)")
+    return outputs[key]
+
+
+def target_from_outputs(outputs: dict[str, str], stack: str) -> Target:
     api = outputs.get(names.OUTPUT_API_URL, "?")
-    return Target(kind="aws", table_name=outputs[names.OUTPUT_TABLE], description=f"stack {stack} ({api})")
+    return Target(kind="aws", table_name=output(outputs, stack, names.OUTPUT_TABLE), description=f"stack {stack} ({api})")
+
+
+def aws_target(cloudformation: Any, stack: str) -> Target:
+    return target_from_outputs(stack_outputs(cloudformation, stack), stack)
 
 
 def api_url(cloudformation: Any, stack: str) -> str:
-    outputs = stack_outputs(cloudformation, stack)
-    if names.OUTPUT_API_URL not in outputs:
-        raise TargetError(f"stack {stack!r} has no {names.OUTPUT_API_URL!r} output (is it this project's stack?)")
-    return outputs[names.OUTPUT_API_URL]
+    return output(stack_outputs(cloudformation, stack), stack, names.OUTPUT_API_URL)
 
 
 def resolve_target(

@@ -1,6 +1,15 @@
-"""The local deployment as `make up` runs it: ``python -m infra.local`` in a subprocess, on free
-loopback ports, with its own state directory (so it never touches a developer's running
-``make up``). Tests reach it only over HTTP, with the official openai SDK."""
+"""The deployment the end-to-end tests drive, chosen by ``BATCHAPI_E2E_TARGET`` (tests/e2e/target.py):
+
+- ``local`` (the default): the local deployment as `make up` runs it, ``python -m infra.local`` in a
+  subprocess, on free loopback ports, with its own state directory (so it never touches a
+  developer's running ``make up``);
+- ``aws``: a deployed stack (``make e2e-aws``), found through its CloudFormation outputs; nothing
+  local is started, and tests marked ``local_only`` are skipped with their reason.
+
+Tests reach it only over HTTP, with the official openai SDK, through the ``deployment`` (API only)
+and ``deployment_with_models`` fixtures; ``local``, ``local_engines`` and ``start_local`` are the
+local deployment itself, for ``local_only`` tests.
+"""
 
 import os
 import re
@@ -9,9 +18,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+from urllib.parse import SplitResult
 
 import pytest
 from openai import OpenAI
@@ -20,6 +31,8 @@ from batchctl import keys as batchctl_keys
 from batchctl import targets as batchctl_targets
 from infra import names
 from infra.local import state as local_state
+
+from . import target as e2e_target
 
 REPO = Path(__file__).resolve().parents[2]
 READY_PREFIX = "READY "
@@ -58,6 +71,9 @@ class LocalDeployment:
     moto_port: int
     ready_line: str
     started_in: float
+    kind: ClassVar[str] = "local"
+    #: The local authorizer reads the table on every request: a revoked key fails at once.
+    key_cache_seconds: ClassVar[int] = 0
 
     @property
     def base_url(self) -> str:
@@ -81,8 +97,15 @@ class LocalDeployment:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def client(self, key: str = names.LOCAL_KEY) -> OpenAI:
-        return OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
+    def client(self, key: str | None = None) -> OpenAI:
+        """The SDK with ``key`` (default: the key `make up` seeds)."""
+        return OpenAI(base_url=self.base_url, api_key=key or names.LOCAL_KEY, max_retries=0, timeout=60)
+
+    def tenant(self, name: str) -> str:
+        return name  # a fresh deployment per session: nothing to tell runs apart
+
+    def is_storage_url(self, url: SplitResult) -> bool:
+        return (url.hostname, url.port) == ("127.0.0.1", self.moto_port)  # a presigned moto URL
 
     def new_key(self, tenant: str) -> str:
         """A key for ``tenant``, created with batchctl's logic against this deployment's moto."""
@@ -186,10 +209,102 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
         time.sleep(0.05)
 
 
+# --- The target -------------------------------------------------------------------------------
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On AWS, skip the tests marked local_only (before any fixture of theirs is set up)."""
+    try:
+        kind = e2e_target.E2ESettings.from_env(os.environ).kind
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if kind == "local":
+        return
+    for item in items:
+        marker = item.get_closest_marker(e2e_target.LOCAL_ONLY)
+        if marker is not None and item.path.is_relative_to(Path(__file__).parent):
+            why = marker.args[0] if marker.args else "needs the local deployment"
+            item.add_marker(pytest.mark.skip(reason=f"local_only on {kind}: {why}"))
+
+
 @pytest.fixture(scope="session")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+def e2e_settings() -> e2e_target.E2ESettings:
+    return e2e_target.E2ESettings.from_env(os.environ)
+
+
+@pytest.fixture(autouse=True)
+def _aws_env(e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureRequest) -> None:
+    """tests/conftest.py's guard (fake credentials, a dead proxy) for the local target; a deployed
+    stack is reached with the operator's own credentials and network, so there it stays off."""
+    if e2e_settings.kind == "local":
+        request.getfixturevalue("_aws_env")  # the guard of tests/conftest.py
+
+
+def refuse_on_aws(settings: e2e_target.E2ESettings, what: str) -> None:
+    if settings.kind != "local":
+        pytest.fail(f"{what} is the local deployment, and the target is {settings.kind}: a test that needs "
+                    f"it must be marked {e2e_target.LOCAL_ONLY} (nothing local is started on {settings.kind})")
+
+
+@pytest.fixture(scope="session")
+def stack(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[e2e_target.StackDeployment]:
+    """The deployed stack (BATCHAPI_E2E_TARGET=aws): its outputs, this run's keys (files deleted and
+    keys revoked at the end)."""
+    if e2e_settings.kind != "aws":
+        pytest.fail(f"the stack fixture is for {e2e_target.TARGET_ENV}=aws (the target is {e2e_settings.kind})")
+    deployment = e2e_target.open_stack(
+        e2e_settings, cloudformation=batchctl_targets.cloudformation(), operator_env=os.environ,
+        state_dir=tmp_path_factory.mktemp("no-local-state"),
+    )
+    try:
+        yield deployment
+    finally:
+        problems = deployment.close()
+    assert problems == [], problems
+
+
+@pytest.fixture(scope="session")
+def deployment(e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureRequest) -> e2e_target.Deployment:
+    """The deployment under test, for tests of the API alone (locally: no engines)."""
+    return request.getfixturevalue("stack" if e2e_settings.kind == "aws" else "local")
+
+
+@pytest.fixture(scope="package")
+def deployment_with_models(e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureRequest) -> e2e_target.Deployment:
+    """The deployment under test with its models served (locally: the engines and workers too)."""
+    return request.getfixturevalue("stack" if e2e_settings.kind == "aws" else "local_engines")
+
+
+@pytest.fixture(scope="package")
+def served_models(deployment_with_models: e2e_target.Deployment) -> list[str]:
+    """What the target serves (``GET /v1/models``)."""
+    with deployment_with_models.client() as client:
+        return [m.id for m in client.models.list()]
+
+
+@pytest.fixture(scope="package")
+def embed_model(served_models: list[str], e2e_settings: e2e_target.E2ESettings) -> str:
+    model = e2e_target.pick_model(served_models, wanted=e2e_settings.embed_model, local=names.LOCAL_EMBED_MODEL)
+    if model is None:
+        pytest.skip(f"no embeddings model to use among {served_models} (set {e2e_target.EMBED_MODEL_ENV})")
+    return model
+
+
+@pytest.fixture(scope="package")
+def chat_model(served_models: list[str], e2e_settings: e2e_target.E2ESettings) -> str:
+    model = e2e_target.pick_model(
+        served_models, wanted=e2e_settings.chat_model, local=names.LOCAL_CHAT_MODEL,
+        exclude=e2e_settings.embed_model, only_if_alone=True,
+    )
+    if model is None:
+        pytest.skip(f"no chat model to use among {served_models} (set {e2e_target.CHAT_MODEL_ENV})")
+    return model
+
+
+# --- The local deployment (local_only tests) ---------------------------------------------------
+@pytest.fixture(scope="session")
+def local(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     """One local deployment for the session's e2e tests; stopped with Ctrl-C (SIGINT) at the end,
     which must exit 0 and remove its state file."""
+    refuse_on_aws(e2e_settings, "the local fixture")
     deployment = start_local_deployment(tmp_path_factory.mktemp("local"))
     try:
         yield deployment
@@ -200,8 +315,9 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]
 
 
 @pytest.fixture(scope="package")  # stopped when tests/e2e is done: the worker tests start their own engines
-def local_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+def local_engines(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
     """The whole system as `make up` runs it, engines and workers included (started once)."""
+    refuse_on_aws(e2e_settings, "the local_engines fixture")
     deployment = start_local_deployment(tmp_path_factory.mktemp("local-engines"), engines=True)
     try:
         yield deployment
@@ -213,13 +329,21 @@ def local_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDep
 
 
 @pytest.fixture
-def client(local: LocalDeployment) -> OpenAI:
-    """The SDK with the key `make up` seeds (overrides the in-process `client` of tests/conftest.py)."""
-    return local.client()
+def start_local(e2e_settings: e2e_target.E2ESettings) -> Callable[..., LocalDeployment]:
+    """``start_local_deployment`` for tests that start (and stop) a deployment of their own."""
+    refuse_on_aws(e2e_settings, "the start_local fixture")
+    return start_local_deployment
 
 
 @pytest.fixture
-def fresh_client(local: LocalDeployment, request: pytest.FixtureRequest) -> OpenAI:
+def client(deployment: e2e_target.Deployment) -> OpenAI:
+    """The SDK with the session's key (locally the one `make up` seeds; overrides the in-process
+    `client` of tests/conftest.py)."""
+    return deployment.client()
+
+
+@pytest.fixture
+def fresh_client(deployment: e2e_target.Deployment, request: pytest.FixtureRequest) -> OpenAI:
     """The SDK with a key for a tenant of its own, so listings see only this test's files."""
     tenant = "t-" + re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:60]
-    return local.client(local.new_key(tenant))
+    return deployment.client(deployment.new_key(tenant))

@@ -1,6 +1,9 @@
-"""The whole system as `make up` runs it (real vLLM on the CPU, real small models), driven only
-with the official openai SDK: chat, embeddings and completions batches, validation failures, engine
-rejections, cancel, expiry, two tenants, a large input and a large output.
+"""The whole system as `make up` runs it (real vLLM on the CPU, real small models), or a deployed
+stack (``BATCHAPI_E2E_TARGET=aws``, tests/e2e/target.py), driven only with the official openai SDK:
+chat, embeddings and completions batches, validation failures, engine rejections, cancel, expiry,
+two tenants, a large input and a large output. The models are the target's (``chat_model``,
+``embed_model``: ``GET /v1/models``); the tests that rely on the local engine's context length,
+windows, chunk size or speed are ``local_only``.
 
 Greedy text differs between runs and machines: these tests assert structure, status codes, counts
 and usage, never text."""
@@ -20,14 +23,16 @@ from infra import names
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
 
 CHAT, EMBED = names.LOCAL_CHAT_MODEL, names.LOCAL_EMBED_MODEL
+#: Embedding sizes of the models known by name (all-MiniLM-L6-v2: 384).
+EMBED_DIMENSIONS = {EMBED: 384}
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
 @pytest.fixture
-def sdk(local_engines, request) -> OpenAI:
+def sdk(deployment_with_models, request) -> OpenAI:
     """A tenant of this test's own, so its listings see only its objects."""
     tenant = "e2e-" + re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:50]
-    return local_engines.client(local_engines.new_key(tenant))
+    return deployment_with_models.client(deployment_with_models.new_key(tenant))
 
 
 #: Output tokens every long line of the cancel and expiry tests must generate (``ignore_eos``: no
@@ -38,10 +43,10 @@ CANCEL_TOKENS = 512
 CHUNK_LINES = 25
 
 
-def chat_line(i: int, content: str | None = None, max_tokens: int = 16) -> dict:
+def chat_line(i: int, content: str | None = None, max_tokens: int = 16, model: str = CHAT) -> dict:
     messages = [{"role": "user", "content": content or f"Say a word about the number {i}."}]
     return {"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": CHAT, "messages": messages, "max_tokens": max_tokens, "temperature": 0}}
+            "body": {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}}
 
 
 def submit(sdk: OpenAI, rows: list[dict], endpoint: str = "/v1/chat/completions", window: str = "24h") -> Batch:
@@ -85,18 +90,18 @@ def check_invariants(sdk: OpenAI, batch: Batch, custom_ids: list[str]) -> tuple[
     return out, err
 
 
-def test_chat_batch_of_100(sdk):
-    rows = [chat_line(i) for i in range(100)]
+def test_chat_batch_of_100(sdk, chat_model):
+    rows = [chat_line(i, model=chat_model) for i in range(100)]
     batch = wait(sdk, submit(sdk, rows).id)
     assert batch.status == "completed", batch
-    assert batch.model == CHAT and batch.completed_at >= batch.finalizing_at >= batch.in_progress_at
+    assert batch.model == chat_model and batch.completed_at >= batch.finalizing_at >= batch.in_progress_at
     out, err = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
     assert len(out) == 100 and err == [] and batch.error_file_id is None
     prompt = completion = 0
     for line in out:
         assert line.error is None and line.response.status_code == 200 and line.response.request_id
         body = ChatCompletion.model_validate(line.response.body)
-        assert body.object == "chat.completion" and body.model == CHAT
+        assert body.object == "chat.completion" and body.model == chat_model
         assert 1 <= body.usage.completion_tokens <= 16
         prompt += body.usage.prompt_tokens
         completion += body.usage.completion_tokens
@@ -104,21 +109,26 @@ def test_chat_batch_of_100(sdk):
     assert batch.usage.total_tokens == prompt + completion
 
 
-def test_embeddings_batch(sdk):
+def test_embeddings_batch(sdk, embed_model):
     rows = [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": EMBED, "input": f"sentence number {i}"}} for i in range(30)]
+             "body": {"model": embed_model, "input": f"sentence number {i}"}} for i in range(30)]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id)
     assert batch.status == "completed", batch
     out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
+    sizes = set()
     for line in out:
         body = CreateEmbeddingResponse.model_validate(line.response.body)
-        assert len(body.data) == 1 and len(body.data[0].embedding) == 384
+        assert len(body.data) == 1 and len(body.data[0].embedding) > 0
+        sizes.add(len(body.data[0].embedding))
+    assert len(sizes) == 1  # one model, one size
+    if embed_model in EMBED_DIMENSIONS:  # a model known by name: its size
+        assert sizes == {EMBED_DIMENSIONS[embed_model]}
     assert batch.usage.input_tokens > 0 and batch.usage.output_tokens == 0
 
 
-def test_completions_batch(sdk):
+def test_completions_batch(sdk, chat_model):
     rows = [{"custom_id": f"cmp-{i}", "method": "POST", "url": "/v1/completions",
-             "body": {"model": CHAT, "prompt": f"Count: {i},", "max_tokens": 8, "temperature": 0}} for i in range(10)]
+             "body": {"model": chat_model, "prompt": f"Count: {i},", "max_tokens": 8, "temperature": 0}} for i in range(10)]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/completions").id)
     assert batch.status == "completed", batch
     out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
@@ -127,14 +137,15 @@ def test_completions_batch(sdk):
         assert body.object == "text_completion" and 1 <= body.usage.completion_tokens <= 8
 
 
-def test_bad_lines_fail_the_batch(sdk):
-    rows = [chat_line(0), {"custom_id": "chat-0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": CHAT}},
-            {**chat_line(2), "url": "/v1/embeddings"}]
+def test_bad_lines_fail_the_batch(sdk, chat_model):
+    rows = [chat_line(0, model=chat_model), {"custom_id": "chat-0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": chat_model}},
+            {**chat_line(2, model=chat_model), "url": "/v1/embeddings"}]
     batch = wait(sdk, submit(sdk, rows).id)
     assert batch.status == "failed" and batch.output_file_id is None
     assert [(e.code, e.line) for e in batch.errors.data] == [("duplicate_custom_id", 2), ("invalid_url", 3)]
 
 
+@pytest.mark.local_only("needs the local engine's 2048-token context (--max-model-len)")
 def test_lines_the_engine_rejects_land_in_the_error_file(sdk):
     too_long = "word " * 3000  # over the 2048-token context
     rows = [chat_line(0), chat_line(1, content=too_long), chat_line(2), chat_line(3, content=too_long)]
@@ -147,6 +158,7 @@ def test_lines_the_engine_rejects_land_in_the_error_file(sdk):
         assert line.response.status_code == 400 and "context length" in line.response.body["error"]["message"]
 
 
+@pytest.mark.local_only("its timing assumes the local deployment's 25-line chunks, 10 s drain grace and CPU engine")
 def test_cancel_mid_run_keeps_partial_output(sdk):
     """The first chunk is short work; every line of the second generates CANCEL_TOKENS tokens
     (``ignore_eos``). Once the first chunk is counted the batch is cancelled: the second chunk, started
@@ -174,6 +186,7 @@ def test_cancel_mid_run_keeps_partial_output(sdk):
 
 
 
+@pytest.mark.local_only("needs the local deployment's 15s completion window and 25-line chunks")
 def test_short_window_expires_with_batch_expired_lines(sdk):
     """The work is fixed, not left to where greedy decoding happens to stop: every line generates
     exactly EXPIRY_TOKENS tokens, one decode step each, and a chunk is counted only once all its
@@ -191,9 +204,9 @@ def test_short_window_expires_with_batch_expired_lines(sdk):
     assert len(out) < len(rows) and any(l.error and l.error.code == "batch_expired" for l in err)
 
 
-def test_tenants_see_only_their_own(local_engines, sdk):
-    other = local_engines.client(local_engines.new_key("e2e-other-tenant"))
-    batch = wait(sdk, submit(sdk, [chat_line(0)]).id)
+def test_tenants_see_only_their_own(deployment_with_models, sdk, chat_model):
+    other = deployment_with_models.client(deployment_with_models.new_key("e2e-other-tenant"))
+    batch = wait(sdk, submit(sdk, [chat_line(0, model=chat_model)]).id)
     assert other.batches.list().data == [] and all(f.id != batch.input_file_id for f in other.files.list())
     for call in (lambda: other.batches.retrieve(batch.id), lambda: other.files.content(batch.output_file_id)):
         with pytest.raises(Exception) as info:
@@ -201,12 +214,12 @@ def test_tenants_see_only_their_own(local_engines, sdk):
         assert getattr(info.value, "status_code", None) == 404
 
 
-def test_large_input_through_uploads_and_large_output_through_the_redirect(sdk):
+def test_large_input_through_uploads_and_large_output_through_the_redirect(sdk, embed_model):
     # ~5 MB of input (each body padded with a long `user`, an embeddings parameter the engine
     # accepts and ignores; custom_ids are capped at 512 characters) and ~10 MB of embeddings out:
     # both above the 4 MiB limits.
     rows = [{"custom_id": f"big-{i}", "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": EMBED, "input": f"text {i}", "user": "x" * 4000}} for i in range(1200)]
+             "body": {"model": embed_model, "input": f"text {i}", "user": "x" * 4000}} for i in range(1200)]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id, timeout=300)
     assert batch.status == "completed", batch
     output = sdk.files.retrieve(batch.output_file_id)
@@ -218,17 +231,17 @@ def test_large_input_through_uploads_and_large_output_through_the_redirect(sdk):
     assert len(out) == 1200
 
 
-def test_batchctl_submits_waits_and_downloads(local_engines, tmp_path):
+def test_batchctl_submits_waits_and_downloads(deployment_with_models, chat_model, tmp_path):
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(sys.executable).with_name("batchctl")
     src = tmp_path / "in.jsonl"
-    src.write_text("\n".join(json.dumps(chat_line(i)) for i in range(5)) + "\n")
+    src.write_text("\n".join(json.dumps(chat_line(i, model=chat_model)) for i in range(5)) + "\n")
 
     def batchctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(script), *args], env=local_engines.env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        return subprocess.run([str(script), *args], env=deployment_with_models.env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
     created = batchctl("batches", "create", "--input", str(src), "--metadata", "via=batchctl")
     assert created.returncode == 0, created.stderr

@@ -1,4 +1,5 @@
-"""The running local deployment (``python -m infra.local``), driven only with the official openai SDK.
+"""The running deployment (locally ``python -m infra.local``; a deployed stack with
+``BATCHAPI_E2E_TARGET=aws``, tests/e2e/target.py), driven only with the official openai SDK.
 
 Every response body is validated with the SDK's own types, strictly: no field OpenAI's type lacks
 (at any depth), every field it declares present (OpenAI sends ``null`` rather than leaving one out).
@@ -24,7 +25,8 @@ from pydantic import BaseModel
 from functions.core import limits
 from infra import names
 
-from .conftest import LocalDeployment, port_open, start_local_deployment
+from .conftest import LocalDeployment, port_open
+from .target import Deployment, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -83,6 +85,7 @@ def payload(size: int, seed: int) -> bytes:
 
 
 # --- The process ------------------------------------------------------------------------------
+@pytest.mark.local_only("reads the local deployment's ready line, log and state file")
 def test_ready_line_and_state_file(local: LocalDeployment) -> None:
     assert local.base_url == f"http://127.0.0.1:{local.api_port}/v1"
     log = local.log()
@@ -217,7 +220,7 @@ def test_cancelled_upload_takes_no_parts(client: OpenAI) -> None:
     exact_error(info.value, 400)
 
 
-def test_large_file_uploads_in_chunks_and_downloads_through_the_redirect(client: OpenAI, local: LocalDeployment) -> None:
+def test_large_file_uploads_in_chunks_and_downloads_through_the_redirect(client: OpenAI, deployment: Deployment) -> None:
     size = 6_000_000
     assert size > limits.DEFAULT_INLINE_CONTENT_LIMIT
     data = payload(size, 42)
@@ -232,7 +235,7 @@ def test_large_file_uploads_in_chunks_and_downloads_through_the_redirect(client:
     response = raw.http_response
     assert [r.status_code for r in response.history] == [307]
     location = urlsplit(str(response.url))
-    assert (location.hostname, location.port) == ("127.0.0.1", local.moto_port)  # a presigned moto URL
+    assert deployment.is_storage_url(location)  # a presigned URL of the store (locally moto's)
     assert "X-Amz-Signature" in location.query
     assert "authorization" not in response.request.headers  # the bearer key never leaves for S3
     assert response.status_code == 200
@@ -261,7 +264,7 @@ def test_hostile_file_names_never_drop_the_connection(client: OpenAI, name: str)
     assert download_name(content.http_response.headers["content-disposition"]) == created.filename
 
 
-def test_a_non_latin_1_name_downloads_through_the_redirect_with_its_name(client: OpenAI, local: LocalDeployment) -> None:
+def test_a_non_latin_1_name_downloads_through_the_redirect_with_its_name(client: OpenAI) -> None:
     size = limits.DEFAULT_INLINE_CONTENT_LIMIT + 1
     data = payload(size, 7)
     name = 'rapport "final" 日本語.bin'
@@ -283,27 +286,28 @@ def test_an_unsafe_name_is_a_400_on_filename(client: OpenAI) -> None:
 
 
 # --- Keys -------------------------------------------------------------------------------------
-def test_invalid_key_is_rejected(local: LocalDeployment) -> None:
+def test_invalid_key_is_rejected(deployment: Deployment) -> None:
     with pytest.raises(openai.AuthenticationError) as info:
-        local.client("sk-not-a-real-key").files.list()
+        deployment.client("sk-not-a-real-key").files.list()
     exact_error(info.value, 401, code="invalid_api_key")
 
 
-def batchctl(local: LocalDeployment, *args: str) -> subprocess.CompletedProcess[str]:
-    """The `batchctl` console script of this venv, finding the deployment through its state dir only."""
+def batchctl(deployment: Deployment, *args: str) -> subprocess.CompletedProcess[str]:
+    """The `batchctl` console script of this venv, finding the deployment through its environment
+    only (locally its state dir; on AWS the stack's name and the operator's credentials)."""
     script = Path(sys.executable).with_name("batchctl")
     assert script.exists(), "the batchctl console script is not installed (make install)"
-    return subprocess.run([str(script), *args], env=local.env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([str(script), *args], env=deployment.env, capture_output=True, text=True, timeout=60)
 
 
-def test_batchctl_key_sees_only_its_own_tenant(local: LocalDeployment, client: OpenAI) -> None:
+def test_batchctl_key_sees_only_its_own_tenant(deployment: Deployment, client: OpenAI) -> None:
     mine = client.files.create(file=("mine.txt", b"local's"), purpose="user_data")
 
-    result = batchctl(local, "keys", "create", "--tenant", "other")
+    result = batchctl(deployment, "keys", "create", "--tenant", deployment.tenant("other"))
     assert result.returncode == 0, result.stderr
     key = result.stdout.strip()
     assert key.startswith("sk-") and key != names.LOCAL_KEY
-    other = local.client(key)
+    other = deployment.client(key)
 
     assert mine.id not in [f.id for f in other.files.list()]
     for call in (other.files.retrieve, other.files.content, other.files.delete):
@@ -315,23 +319,34 @@ def test_batchctl_key_sees_only_its_own_tenant(local: LocalDeployment, client: O
     assert theirs.id not in [f.id for f in client.files.list()]
     assert client.files.retrieve(mine.id).id == mine.id  # untouched
 
-    result = batchctl(local, "keys", "revoke", key)
+    result = batchctl(deployment, "keys", "revoke", key)
     assert result.returncode == 0, result.stderr
+    # At once locally; on AWS once the authorizer's cached answer for the key has lapsed.
+    assert eventually(lambda: _rejected(other), within=deployment.key_cache_seconds)
     with pytest.raises(openai.AuthenticationError) as info:
         other.files.list()
     exact_error(info.value, 401, code="invalid_api_key")
 
 
-def test_batchctl_rejects_a_bad_tenant_name(local: LocalDeployment) -> None:
-    result = batchctl(local, "keys", "create", "--tenant", "no spaces")
+def _rejected(client: OpenAI) -> bool:
+    try:
+        client.files.list()
+    except openai.AuthenticationError:
+        return True
+    return False
+
+
+def test_batchctl_rejects_a_bad_tenant_name(deployment: Deployment) -> None:
+    result = batchctl(deployment, "keys", "create", "--tenant", "no spaces")
     assert result.returncode == 2
     assert "invalid tenant name" in result.stderr and result.stdout == ""
 
 
 # --- Stopping ---------------------------------------------------------------------------------
+@pytest.mark.local_only("stops a local deployment of its own with a signal")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_signal_stops_everything(signum: int, tmp_path: Path) -> None:
-    deployment = start_local_deployment(tmp_path)
+def test_signal_stops_everything(signum: int, tmp_path: Path, start_local) -> None:
+    deployment = start_local(tmp_path)
     try:
         client = deployment.client()
         client.files.create(file=("a.txt", b"a"), purpose="user_data")  # leaves a keep-alive connection open

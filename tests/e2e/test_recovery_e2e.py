@@ -18,7 +18,10 @@ from openai import OpenAI
 from infra import names
 from tests.e2e.test_batches_e2e import CHUNK_LINES, chat_line, check_invariants, submit, wait
 
-pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow,
+    pytest.mark.local_only("kills the local deployment's worker and engine processes and reads its supervisor log"),
+]
 
 CHAT = names.LOCAL_CHAT_MODEL
 LINES = 4 * CHUNK_LINES
