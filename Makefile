@@ -38,8 +38,19 @@ test-unit: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not e2e and not engine"
 
-test-e2e: $(STAMP)
+## The end-to-end tests against the local deployment (the batch suite runs the real vLLM: the engine
+## is installed first, a no-op once installed).
+test-e2e: $(STAMP) engine
 	$(PY) -m pytest -m e2e
+
+## The same end-to-end tests against a deployed stack, after `cdk deploy` (docs/deploy.md, "After the
+## first cdk deploy"): the base URL and table come from the stack's outputs, the run makes its own
+## keys and revokes them; tests marked local_only are skipped with their reason. Nothing local is
+## started (no engine). STACK= picks the stack (default BatchApi); credentials and region from the
+## standard AWS chain (AWS_PROFILE, AWS_REGION); E2E_ARGS= passes pytest arguments (e.g. -k chat).
+.PHONY: e2e-aws
+e2e-aws: $(STAMP)
+	BATCHAPI_E2E_TARGET=aws $(if $(STACK),BATCHAPI_STACK=$(STACK)) $(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
 
 ## Only the long-running tests (marked `slow`: the worker against the real engine, the e2e batch
 ## suite); `make test` runs them with the rest.
