@@ -3,6 +3,7 @@ leaves a batch with no workflow: it never completes and never expires"): the rea
 real state machine run by moto's interpreter, the clock moved by the test (``clock``)."""
 
 import json
+import types
 
 import pytest
 from botocore.exceptions import ClientError
@@ -12,7 +13,7 @@ from functions.ingest import logic as ingest_logic
 from functions.sweeper import handler as sweeper_handler
 from infra.local.lambda_context import LocalLambdaContext
 from tests.agreement import assert_api_agrees
-from tests.integration.batch_helpers import executions, line, run_ingest, submit, take_work, wait_for_execution
+from tests.integration.batch_helpers import executions, line, run_ingest, submit, take_work, wait_for_execution, wait_for_task_token
 from tests.integration.worker.harness import run_one_chunk
 
 pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30)]
@@ -21,6 +22,9 @@ pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drai
 #: an open batch 900 s past its expiry is finalized by the sweeper.
 ENQUEUE_GRACE = 300
 EXPIRY_GRACE = 900
+#: An all-counted batch left open by its workflow is finalized after a reconcile period (300 s)
+#: plus the expiry grace (900 s) of quiet.
+COMPLETION_GRACE = 300 + 900
 
 
 def sweep() -> dict:
@@ -147,3 +151,43 @@ def test_a_batch_cancelled_before_it_started_with_no_ingest_left_ends_cancelled(
     assert sweep()["actions"] == {"cancelled": 1}
     assert client.batches.retrieve(batch.id).status == "cancelled"
     assert executions(deployed) == []
+
+
+def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_by_the_sweeper(client, stores, deployed, clock, monkeypatch):
+    """Every chunk is counted, then the execution fails without finalizing: Finalize and Fail hit
+    a transient error on every retry (Fail raises it for its own retry, which runs out). The
+    sweeper finalizes the batch ``completed`` a reconcile period plus the expiry grace after it went
+    quiet, long before its expiry."""
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+
+    from functions.workflow import logic as workflow_logic
+
+    monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=lambda _: None))
+    calls = []
+
+    def down(*args, **kwargs):
+        calls.append(1)
+        raise TimeoutError("the table did not answer")
+
+    with monkeypatch.context() as broken:
+        broken.setattr(workflow_logic, "finalize", down)
+        broken.setattr(workflow_logic, "fail", down)
+        batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())
+        run_ingest()
+        wait_for_task_token(stores, "acme", batch.id)
+        for work in take_work(deployed):
+            assert run_one_chunk(stores, work).outcome.counted
+        execution = wait_for_execution(deployed, batch.id)
+        assert execution["status"] == "FAILED" and len(calls) >= 8  # Finalize's and Fail's every retry
+    counted = stores.batches.get("acme", batch.id)
+    assert counted.status == "in_progress" and counted.chunks_done == counted.chunk_count == 2
+    quiet = max([m.recorded_at for m in stores.batches.counted_chunks("acme", batch.id).values()] + [counted.in_progress_at])
+    clock.now = quiet + COMPLETION_GRACE - 1
+    assert sweep()["actions"] == {}  # a live workflow's time
+    clock.now = quiet + COMPLETION_GRACE
+    assert sweep()["actions"] == {"completed": 1}
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.completed_at == quiet + COMPLETION_GRACE < done.expires_at - 80_000
+    output, errors = assert_api_agrees(client, done, [f"req-{i}" for i in range(4)])
+    assert len(output) == 4 and errors == []
+    assert stores.batches.open_batches() == []

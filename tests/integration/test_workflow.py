@@ -10,7 +10,7 @@ from openai.types import Batch
 from functions.core import clients, schema
 from functions.core.models import BatchOutputLine
 from functions.workflow import logic
-from tests.agreement import assert_api_agrees
+from tests.agreement import assert_api_agrees, assert_usage_agrees
 from tests.fakes.engine import InProcessEngine, rejecting
 from tests.integration.worker.harness import run_one_chunk, wait_until
 from tests.integration.batch_helpers import (
@@ -208,6 +208,36 @@ def test_a_chunk_that_never_finishes_is_abandoned_after_the_grace_period(client,
     done = client.batches.retrieve(batch.id)
     out, err = assert_invariants(client, done, ["req-0", "req-1"])
     assert done.status == "cancelled" and out == [] and {l.error.code for l in err} == {"batch_cancelled"}
+
+
+@pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=1)
+def test_a_cancel_keeps_the_checkpointed_lines_of_a_chunk_still_running(client, stores, deployed):
+    """Nothing completed is lost: the worker on the second chunk answered req-2, checkpointed it
+    (S3 object + run record) and hangs on req-3; the cancelled batch keeps req-2's answer and its
+    usage, and only req-3 is batch_cancelled."""
+    from functions.core import accounting, results
+
+    ids = [f"req-{i}" for i in range(4)]
+    batch = start(client, stores, [line(i) for i in range(4)])
+    first, second = take_work(deployed)
+    assert run_one_chunk(stores, first).outcome.counted
+    accounting.start_chunk(stores, second)
+    accounting.begin_run(stores, second, "a1", max_strikes=3, max_failures=10)
+    req2 = next(results.unrun_lines(stores.objects, second, "x", "x"))
+    usage = {"prompt_tokens": 7, "completion_tokens": 5}
+    answered = results.response_line(req2.custom_id, 200, {"object": "chat.completion", "usage": usage}, "r")
+    accounting.add_segment(stores, second, "a1", results.write_checkpoint(stores.objects, second, 0, [answered]), None)
+    before = stores.batches.get("acme", batch.id)
+    client.batches.cancel(batch.id)
+    assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "cancelled"
+    out, err = assert_api_agrees(client, done, ids)
+    assert [l.custom_id for l in out] == ["req-0", "req-1", "req-2"] and out[2].id == answered.id
+    assert [(l.custom_id, l.error.code) for l in err] == [("req-3", "batch_cancelled")]
+    assert (done.request_counts.completed, done.request_counts.failed) == (3, 1)
+    assert done.usage.input_tokens == before.input_tokens + 7 and done.usage.output_tokens == before.output_tokens + 5
+    assert_usage_agrees(stores, "acme", batch.id)
 
 
 @pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, completion_windows=("2s",))
