@@ -40,7 +40,7 @@ class BatchApiStack(cdk.Stack):
         self.reaper = Reaper(self, "Reaper", **common)
         self.workers = Workers(
             self, "Workers", config=config, settings=self.settings, storage=self.storage,
-            work_queues=self.ingest.work_queues, workflow=self.workflow,
+            work_queues=self.ingest.work_queues, workflow=self.workflow, lambdas=self.lambdas,
         )
 
         # Who may drive the workflow: ingest starts one execution per batch (and publishes the
@@ -63,12 +63,13 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_workflow(self.workflow.state_machine)
         self.monitoring.watch_functions({
             **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
-            "sweeper": self.sweeper.function,
+            "sweeper": self.sweeper.function, "scaler": self.workers.scaler.function,
         })
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
         self.monitoring.watch_dead_letter_queue("reaper", self.reaper.dead_letters)
         self.monitoring.watch_dead_letter_queue("sweeper", self.sweeper.dead_letters)
+        self.monitoring.watch_dead_letter_queue("scaler", self.workers.scaler.dead_letters)
         for model in config.models:
             worker_config = model.worker_config()
             self.monitoring.watch_model(

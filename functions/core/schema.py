@@ -67,6 +67,14 @@ def key_pk(key_hash: str) -> str:
     return f"KEY#{key_hash}"
 
 
+#: Partition key prefix of the GPU scaler's state items (functions/scaler): one per model.
+SCALER_PREFIX: Final = "SCALER#"
+
+
+def scaler_pk(model: str) -> str:
+    return f"{SCALER_PREFIX}{model}"
+
+
 # --- S3 ---------------------------------------------------------------------------------------
 def file_key(tenant: str, file_id: str) -> str:
     return f"files/{tenant}/{file_id}"

@@ -303,7 +303,7 @@ class Monitoring(Construct):
     def watch_model(self, label: str, worker: Any, *, namespace: str, service: str) -> None:
         """A GPU service: queue depth and age, backlog per task, tasks and instances, lines/s,
         tokens/s, errors; alarms on the queue's age and on its dead letters. ``worker`` is a
-        ``ModelWorker`` (its queue, service, scaling metrics)."""
+        ``ModelWorker`` (its queue, service, backlog metrics; the scaler decides from the queue itself)."""
         queue: sqs.IQueue = worker.work_queue
         dims = {"service": service, "model": worker.model.name}
 
@@ -340,7 +340,7 @@ class Monitoring(Construct):
             f"Model: {label}",
             *self.queue_graphs(queue, "Work queue (chunks)"),
             cw.GraphWidget(
-                title="Backlog per task (scaling metric)",
+                title="Backlog per task (the scaler adds a task at T)",
                 left=[worker.backlog_per_task],
                 left_annotations=[cw.HorizontalAnnotation(value=worker.model.backlog_per_task, label="scale out")],
                 width=8, height=6,

@@ -1,46 +1,54 @@
 """The GPU workers: per served model, an ECS service on EC2 GPU capacity that drains the model's work
 queue with vLLM's OpenAI server and our worker in one task (``gpu_worker/Dockerfile``).
 
-Per model: an ECS cluster (Container Insights on: the scaling reads its task counts) with one
-On-Demand capacity provider, plus a Spot one when the model asks for Spot; each provider is an Auto
-Scaling group of GPU instances (ECS-optimized GPU AMI, Amazon Linux 2023) that ECS scales with the
-tasks (managed scaling, managed termination protection, managed draining), min 0. The service
-scales on the work queue's backlog per task and idles at zero tasks and zero instances.
+Per model: an ECS cluster (Container Insights on, for the dashboard) with one On-Demand capacity
+provider, plus a Spot one when the model asks for Spot; each provider is an Auto Scaling group of
+GPU instances (ECS-optimized GPU AMI, Amazon Linux 2023) that ECS scales with the tasks (managed
+scaling, managed termination protection, managed draining), min 0. The service idles at zero
+tasks and zero instances.
 
-Scaling, with ``backlog = visible + in-flight messages`` of the work queue (chunks) and ``tasks``
-the service's desired task count:
-
-- ``per_task = backlog / tasks``, or, for a service at zero tasks, ``T`` (= ``backlog_per_task``)
-  as soon as one message waits: so the first message scales out from zero;
-- scale out by 1 / 2 / 4 tasks when ``per_task`` is at least T / 2T / 4T (one minute);
-- scale in by 1 task when, with one task fewer, each remaining task would still have under T/2
-  (for ``idle_minutes``; never the last task while messages remain);
-- scale to ``min_instances`` when the queue (waiting and in flight) has been empty for ``idle_minutes``.
+Scaling (``Scaler``, ``functions/scaler``): one small Lambda sets every model's desired task count
+from its work queue (SQS GetQueueAttributes: visible and in-flight messages, numbers that exist at
+zero tasks) and the service's own counts (ECS DescribeServices), with the rule in
+``functions/scaler/logic.py``: scale out at once to ``floor(backlog / T) + 1`` tasks (at most
+``max_instances``), scale in one task at a time with hysteresis and a cooldown, and to
+``min_instances`` once the queue has been empty for ``idle_minutes``. It runs when a batch's
+workflow starts (the Step Functions "Execution Status Change" event RUNNING, sent right after
+ingest has enqueued the batch's chunks: no alarm period in the way) and every minute. There is no
+Application Auto Scaling on the service: one controller owns the desired count.
 
 In-flight messages count as backlog, so a task is not removed while its chunks run; a task that
 is stopped anyway (scale-in, Spot interruption) gets SIGTERM and drains (``stop_timeout``).
+
+The task role reaches only what the worker uses: the model's queue, batch inputs (read) and chunk
+parts (read, write) in S3, and in the table the items of partitions ``T#...`` (a tenant's batch and
+its chunk markers) through GetItem/PutItem/UpdateItem only (``dynamodb:LeadingKeys``): never an
+API key's item (``KEY#...``), never a scan, a delete or an index.
 """
 
 from collections.abc import Mapping
 from pathlib import Path
 
 import aws_cdk as cdk
-from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_autoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from functions.core import schema
 from functions.core.settings import Settings
 from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
-from .common import acknowledge, acknowledge_data_grants, acknowledge_wildcards, log_group
+from .common import acknowledge, acknowledge_wildcards, arn_in_findings, log_group
 from .ingest import INPUT_KEYS, PART_KEYS
+from .lambdas import Lambdas
 from .storage import Storage
 from .workflow import Workflow
 
@@ -62,12 +70,40 @@ ENGINE_STOP_SECONDS = 20
 STOP_SLACK_SECONDS = 10
 
 SCALE_PERIOD = cdk.Duration.minutes(1)
-SCALE_OUT_COOLDOWN = cdk.Duration.minutes(2)
+#: The scaler removes at most one task per this period (scale-out has no cooldown: its target is
+#: absolute, so running it again changes nothing).
 SCALE_IN_COOLDOWN = cdk.Duration.minutes(5)
-#: Scale in by one task while the tasks left would each have under this fraction of T.
-SCALE_IN_FRACTION = 0.5
-#: Container Insights (ECS) namespace: the service's task counts.
+#: How often the scaler runs besides the workflow-start event (EventBridge's finest rate).
+SCALER_RATE = cdk.Duration.minutes(1)
+#: Attempts EventBridge makes to invoke the scaler for one event before it goes to the DLQ (a
+#: missed tick is harmless: the next one, a minute later, reads the same queue).
+SCALER_RETRIES = 2
+#: Container Insights (ECS) namespace: the service's task counts (dashboard only).
 ECS_INSIGHTS = "ECS/ContainerInsights"
+#: The Step Functions event that starts a batch's scale-out: its workflow's execution RUNNING,
+#: which ingest starts right after sending the batch's work messages (functions/ingest/logic.py).
+EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
+
+#: The DynamoDB actions the worker uses: GetItem, and PutItem and UpdateItem (also inside
+#: TransactWriteItems, which IAM authorizes item by item with these actions, as CDK's own
+#: ``grant_read_write_data`` relies on). No Query, Scan, DeleteItem, batch or index access.
+WORKER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+#: The partition keys the worker may touch: a tenant's partition (``T#<tenant>``: its batch items)
+#: and a batch's chunk partition (``T#<tenant>#B#<batch>``). Not ``KEY#`` (API keys), not ``SCALER#``.
+WORKER_LEADING_KEYS = (schema.tenant_pk("*"),)
+
+
+def grant_items(role: iam.IGrantable, storage: Storage, actions: tuple[str, ...], leading_keys: tuple[str, ...]) -> iam.PolicyStatement:
+    """Allow ``actions`` on the table's items whose partition key matches one of ``leading_keys``
+    (IAM ``StringLike`` patterns) and nothing else. ``ForAllValues`` with only item actions: every
+    key a request names must match (an empty set could only come from a Scan, which is not granted)."""
+    statement = iam.PolicyStatement(
+        actions=list(actions),
+        resources=[storage.table.table_arn],
+        conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}},
+    )
+    role.grant_principal.add_to_principal_policy(statement)
+    return statement
 
 
 def dockerignore_patterns(path: Path = DOCKERIGNORE) -> list[str]:
@@ -308,13 +344,15 @@ class ModelWorker(Construct):
         storage.bucket.grant_read(role, INPUT_KEYS)  # ranged GET of a chunk's lines
         storage.bucket.grant_put(role, PART_KEYS)  # the chunk's output and error parts
         storage.bucket.grant_read(role, PART_KEYS)  # a redelivered chunk reads its checkpoints
-        storage.table.grant_read_write_data(role)  # chunk start and accounting (transaction)
+        grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow
         # Metrics are CloudWatch EMF lines on stdout (the awslogs driver ships them): no
         # cloudwatch:PutMetricData needed.
 
     # --- scaling ---------------------------------------------------------------------------------
     def _scaling(self, model: ModelConfig) -> None:
+        """The metrics the dashboard shows beside the scaler's decisions (the scaler itself reads
+        the queue and the service through their APIs, not these series)."""
         t = model.backlog_per_task
         visible = self.work_queue.metric_approximate_number_of_messages_visible(period=SCALE_PERIOD, statistic="Maximum")
         in_flight = self.work_queue.metric_approximate_number_of_messages_not_visible(period=SCALE_PERIOD, statistic="Maximum")
@@ -334,54 +372,22 @@ class ModelWorker(Construct):
             period=SCALE_PERIOD,
             label="Backlog per task",
         )
-        # One task fewer would still leave each remaining task under T/2 (hysteresis: no flapping
-        # with scale-out at T); never the last task while chunks run (that is ScaleToMinimum's).
-        underused = cw.MathExpression(
-            expression=f"IF(backlog > 0 AND tasks > 1 AND backlog < (tasks - 1) * {t * SCALE_IN_FRACTION:g}, 1, 0)",
-            using_metrics={"backlog": self.backlog, "tasks": tasks},
-            period=SCALE_PERIOD,
-            label="One task fewer would do",
-        )
-        self.scaling = self.service.auto_scale_task_count(min_capacity=model.min_instances, max_capacity=model.max_instances)
-        self.scaling.scale_on_metric(
-            "ScaleOut",
-            metric=self.backlog_per_task,
-            scaling_steps=[
-                appscaling.ScalingInterval(upper=t, change=0),
-                appscaling.ScalingInterval(lower=t, change=+1),
-                appscaling.ScalingInterval(lower=2 * t, change=+2),
-                appscaling.ScalingInterval(lower=4 * t, change=+4),
-            ],
-            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            evaluation_periods=1,
-            cooldown=SCALE_OUT_COOLDOWN,
-            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
-        )
-        self.scaling.scale_on_metric(
-            "ScaleIn",
-            metric=underused,
-            scaling_steps=[
-                appscaling.ScalingInterval(upper=1, change=0),
-                appscaling.ScalingInterval(lower=1, change=-1),
-            ],
-            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            evaluation_periods=model.idle_minutes,
-            cooldown=SCALE_IN_COOLDOWN,
-            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
-        )
-        self.scaling.scale_on_metric(
-            "ScaleToMinimum",
-            metric=self.backlog,
-            scaling_steps=[
-                # Down by the whole range: Application Auto Scaling stops at min_instances.
-                appscaling.ScalingInterval(upper=0, change=-model.max_instances),
-                appscaling.ScalingInterval(lower=0, change=0),
-            ],
-            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            evaluation_periods=model.idle_minutes,
-            cooldown=SCALE_IN_COOLDOWN,
-            metric_aggregation_type=appscaling.MetricAggregationType.MAXIMUM,
-        )
+
+    def scaled_service(self) -> dict:
+        """What the scaler needs to scale this model: the fields of
+        ``functions.scaler.logic.ScaledService`` (names and ARNs are deploy-time tokens)."""
+        model = self.model
+        return {
+            "model": model.name,
+            "cluster": self.cluster.cluster_name,
+            "service": self.service.service_name,
+            "queue_url": self.work_queue.queue_url,
+            "min_tasks": model.min_instances,
+            "max_tasks": model.max_instances,
+            "backlog_per_task": model.backlog_per_task,
+            "idle_seconds": model.idle_minutes * 60,
+            "scale_in_cooldown_seconds": int(SCALE_IN_COOLDOWN.to_seconds()),
+        }
 
     def task_count_metric(self, name: str) -> cw.Metric:
         """A Container Insights task count of the service (DesiredTaskCount, RunningTaskCount, ...)."""
@@ -395,11 +401,19 @@ class ModelWorker(Construct):
 
     # --- cdk-nag ---------------------------------------------------------------------------------
     def _acknowledge(self, storage: Storage) -> None:
-        acknowledge_data_grants(self.task_definition.task_role, storage, {
-            INPUT_KEYS: "The worker reads its chunk's lines (one ranged GET of any tenant's batch input snapshot); "
-            "input snapshots only.",
-            PART_KEYS: "The worker writes its chunk's output and error parts (keys per attempt under the batch's parts/).",
-        }, table="the worker reads the batch and its chunk markers and counts the chunk in one transaction.")
+        bucket = arn_in_findings(storage.bucket)
+        acknowledge_wildcards(self.task_definition.task_role, {
+            f"Resource::{bucket}/{INPUT_KEYS}": "The worker reads its chunk's lines (one ranged GET of any tenant's "
+            "batch input snapshot); input snapshots only.",
+            f"Resource::{bucket}/{PART_KEYS}": "The worker writes its chunk's output and error parts and reads its "
+            "checkpoints (keys per attempt under the batch's parts/).",
+            "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on the key "
+            "patterns granted only.",
+            "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
+            "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
+            "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
+            "granted only.",
+        })
         acknowledge(
             self.task_definition.execution_role,
             "AwsSolutions-IAM5[Resource::*]",
@@ -427,8 +441,88 @@ class ModelWorker(Construct):
             )
 
 
+class Scaler(Construct):
+    """``function`` (functions/scaler), run by ``on_start`` (a batch's workflow execution RUNNING,
+    right after its chunks were enqueued) and ``schedule`` (every minute); ``dead_letters`` holds
+    invocations EventBridge could not deliver. Its rights: read the queues' depth, read and set the
+    desired count of the models' services, and its own state items (``SCALER#<model>``)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        storage: Storage,
+        lambdas: Lambdas,
+        workflow: Workflow,
+        workers: Mapping[str, ModelWorker],
+    ) -> None:
+        super().__init__(scope, id)
+        stack = cdk.Stack.of(self)
+        services = [w.scaled_service() for w in workers.values()]
+        self.function = lambdas.function(
+            self,
+            "Function",
+            handler="functions.scaler.handler.handler",
+            environment={
+                "SCALER_TABLE_NAME": storage.table.table_name,
+                "SCALER_SERVICES": stack.to_json_string(services),
+            },
+            description="Sets the GPU services' desired task counts from their work queues (functions/scaler)",
+            memory_size=256,
+            timeout=cdk.Duration.seconds(30),
+        )
+        # No reserved concurrency (a new account's limit of 10 leaves none to reserve): two runs at
+        # once read the same queue and set the same absolute count; the state item is last-writer-wins.
+        for worker in workers.values():
+            worker.work_queue.grant(self.function, "sqs:GetQueueAttributes")
+        self.function.add_to_role_policy(iam.PolicyStatement(
+            actions=["ecs:DescribeServices", "ecs:UpdateService"],
+            resources=[w.service.service_arn for w in workers.values()],
+        ))
+        grant_items(self.function, storage, ("dynamodb:GetItem", "dynamodb:PutItem"), (schema.scaler_pk("*"),))
+
+        self.dead_letters = sqs.Queue(
+            self,
+            "DeadLetters",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=cdk.Duration.days(14),
+        )
+        acknowledge(
+            self.dead_letters,
+            "AwsSolutions-SQS3",
+            "This queue is itself a dead-letter queue: scaler invocations EventBridge could not deliver.",
+        )
+
+        def target() -> targets.LambdaFunction:
+            return targets.LambdaFunction(
+                self.function, retry_attempts=SCALER_RETRIES, dead_letter_queue=self.dead_letters,
+                max_event_age=SCALER_RATE,
+            )
+
+        self.schedule = events.Rule(
+            self, "Schedule", description="Runs the GPU scaler every minute", schedule=events.Schedule.rate(SCALER_RATE),
+            targets=[target()],
+        )
+        # Step Functions sends its executions' status changes to the default bus (best effort:
+        # the schedule is the backstop).
+        self.on_start = events.Rule(
+            self,
+            "OnBatchStart",
+            description="Runs the GPU scaler when a batch's workflow starts (its chunks were just enqueued)",
+            event_pattern=events.EventPattern(
+                source=["aws.states"],
+                detail_type=[EXECUTION_STATUS_CHANGE],
+                detail={"status": ["RUNNING"], "stateMachineArn": [workflow.state_machine.state_machine_arn]},
+            ),
+            targets=[target()],
+        )
+
+
 class Workers(Construct):
-    """The network and one ``ModelWorker`` per served model (``workers`` by model name)."""
+    """The network, one ``ModelWorker`` per served model (``workers`` by model name) and the
+    ``scaler`` of their services."""
 
     def __init__(
         self,
@@ -440,6 +534,7 @@ class Workers(Construct):
         storage: Storage,
         work_queues: Mapping[str, sqs.IQueue],
         workflow: Workflow,
+        lambdas: Lambdas,
     ) -> None:
         super().__init__(scope, id)
         self.network = WorkerNetwork(self, "Network", config=config)
@@ -457,3 +552,4 @@ class Workers(Construct):
             )
             for index, model in enumerate(config.models)
         }
+        self.scaler = Scaler(self, "Scaler", storage=storage, lambdas=lambdas, workflow=workflow, workers=self.workers)

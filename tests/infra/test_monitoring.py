@@ -55,6 +55,7 @@ def test_dead_letter_queues_alarm_on_their_first_message(synth):
     assert visible == {
         synth.logical_id(synth.stack.ingest.ingest_dead_letters), synth.logical_id(synth.stack.reaper.dead_letters),
         synth.logical_id(synth.stack.sweeper.dead_letters),  # schedule ticks that never reached the sweeper
+        synth.logical_id(synth.stack.workers.scaler.dead_letters),  # scaler invocations never delivered
     }
     # The work DLQs are drained by the DLQ Lambda: a dead-lettered chunk alarms when received,
     # and again when it is not drained.
@@ -88,8 +89,11 @@ def test_failed_batches_alarm_on_failed_workflows(synth):
 
 
 def _batch_events_rule(synth):
-    """The one rule matching events (the sweeper's schedule is the other rule)."""
-    (found,) = [(k, r) for k, r in synth.resources("AWS::Events::Rule").items() if "EventPattern" in r["Properties"]]
+    """The one rule matching batch events (the schedules and the scaler's workflow-start rule aside)."""
+    (found,) = [
+        (k, r) for k, r in synth.resources("AWS::Events::Rule").items()
+        if "EventPattern" in r["Properties"] and r["Properties"]["EventPattern"].get("source") != ["aws.states"]
+    ]
     return found
 
 

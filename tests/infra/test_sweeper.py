@@ -22,7 +22,11 @@ def test_the_table_has_the_sparse_keys_only_index_of_open_batches(synth):
 
 def test_the_sweeper_runs_every_five_minutes_with_retries_and_a_dead_letter_queue(synth):
     fn, props = _functions(synth)["sweeper"]
-    rules = [r["Properties"] for r in synth.resources("AWS::Events::Rule").values() if "ScheduleExpression" in r["Properties"]]
+    rules = [
+        r["Properties"] for r in synth.resources("AWS::Events::Rule").values()
+        if "ScheduleExpression" in r["Properties"]
+        and any(t["Arn"] == {"Fn::GetAtt": [fn, "Arn"]} for t in r["Properties"]["Targets"])  # the scaler has its own
+    ]
     (rule,) = rules
     assert rule["ScheduleExpression"] == "rate(5 minutes)"  # Settings.sweep_seconds' default, 300 s
     assert rule["State"] == "ENABLED"

@@ -1,12 +1,10 @@
 """The GPU workers: network, capacity (GPU AMI, launch template, ASG, capacity providers), the task
-(image asset, GPU, cache, environment, draining), least privilege, and the scaling policies: the
-alarms' metric math is evaluated here for the situations that matter (first message, backlog,
-trickle, chunks in flight, empty queue)."""
+(image asset, GPU, cache, environment, draining), least privilege (the table by partition key:
+never an API key's item), and no Application Auto Scaling (the scaler owns the desired count:
+tests/infra/test_scaler.py)."""
 
+import fnmatch
 import json
-import math
-import operator
-from typing import Any
 
 import aws_cdk as cdk
 import pytest
@@ -233,9 +231,47 @@ def test_task_role_consumes_its_queue_reads_inputs_writes_parts_counts_and_signa
             "s3:GetObject*", "s3:GetBucket*", "s3:List*",  # a redelivered chunk reads its checkpoints
         }
         assert {a for a, r in s3 if r.endswith("input.jsonl")} == {"s3:GetObject*", "s3:GetBucket*", "s3:List*"}
-        assert {r for a, r in pairs if a.startswith("dynamodb:")} == {f"<{table}.Arn>", f"<{table}.Arn>/index/*"}
+        assert {r for a, r in pairs if a.startswith("dynamodb:")} == {f"<{table}.Arn>"}  # no index
+        assert {a for a, r in pairs if a.startswith("dynamodb:")} == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}
         assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", f"<{sm}>")}
         assert {a.split(":")[0] for a, _ in pairs} == {"sqs", "s3", "dynamodb", "states"}  # metrics are EMF logs
+
+
+def _table_statements(synth, role_id: str) -> list[dict]:
+    out = []
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                if any(a.startswith("dynamodb:") for a in actions):
+                    out.append(statement)
+    return out
+
+
+def iam_allows(statement: dict, partition_key: str) -> bool:
+    """Whether ``statement``'s condition lets a request on an item of ``partition_key`` through
+    (``ForAllValues:StringLike`` on ``dynamodb:LeadingKeys``: IAM's ``*`` matches any characters)."""
+    (operator_, ) = statement["Condition"]
+    assert operator_ == "ForAllValues:StringLike"
+    patterns = statement["Condition"][operator_]["dynamodb:LeadingKeys"]
+    patterns = patterns if isinstance(patterns, list) else [patterns]
+    return any(fnmatch.fnmatchcase(partition_key, p) for p in patterns)
+
+
+def test_task_role_reaches_batch_and_chunk_items_never_api_keys(synth):
+    from functions.core import schema
+    from functions.core.records import chunks_pk
+
+    for name, props in _by_model(synth, "AWS::ECS::TaskDefinition").items():
+        (statement,) = _table_statements(synth, props["TaskRoleArn"]["Fn::GetAtt"][0])
+        assert statement["Effect"] == "Allow"
+        # The worker's own items: a tenant's batch (T#<tenant>) and its chunk markers (T#<tenant>#B#<batch>).
+        assert iam_allows(statement, "T#acme") and iam_allows(statement, "T#acme#B#batch_1")
+        # Never an API key's item, nor the scaler's state.
+        assert not iam_allows(statement, "KEY#9f86d081884c7d659a2feaa0c55ad015")
+        assert not iam_allows(statement, "SCALER#" + name)
+        assert not iam_allows(statement, schema.key_pk("abc"))
+        assert iam_allows(statement, chunks_pk("t", "b"))
 
 
 def test_execution_role_pulls_the_image_writes_logs_reads_the_token(synth):
@@ -258,160 +294,20 @@ def test_instances_can_only_run_the_ecs_agent(synth):
         assert services <= {"ecs", "ecr", "logs"}, services
 
 
-# --- scaling --------------------------------------------------------------------------------------
-class _Num(float):
-    """A metric value in metric math: division by zero is NaN (the IF around it picks the other branch)."""
-
-    def __truediv__(self, other: float) -> "_Num":
-        return _Num(math.nan) if other == 0 else _Num(float(self) / float(other))
-
-    def __add__(self, other: float) -> "_Num":
-        return _Num(float(self) + float(other))
-
-    def __sub__(self, other: float) -> "_Num":
-        return _Num(float(self) - float(other))
-
-    def __mul__(self, other: float) -> "_Num":
-        return _Num(float(self) * float(other))
-
-    __rmul__ = __mul__
-
-
-def evaluate(alarm: dict, values: dict[str, float | None]) -> float:
-    """The value an alarm's metric math yields for the given raw metrics (by metric name;
-    None = no datapoint)."""
-    queries = {m["Id"]: m for m in alarm["Metrics"]}
-
-    def value(query_id: str) -> Any:
-        query = queries[query_id]
-        if "MetricStat" in query:
-            raw = values[query["MetricStat"]["Metric"]["MetricName"]]
-            return None if raw is None else _Num(raw)
-        expression = query["Expression"].replace(" AND ", " and ")
-        scope = {ref: value(ref) for ref in queries if ref in expression}
-        scope |= {"IF": lambda c, a, b: _Num(a) if c else _Num(b), "FILL": lambda m, v: _Num(v) if m is None else m}
-        return eval(expression, {"__builtins__": {}}, scope)  # noqa: S307 - our own template's expressions
-
-    (returned,) = [m for m in alarm["Metrics"] if m.get("ReturnData", True)]
-    return float(value(returned["Id"]))
-
-
-_COMPARE = {
-    "GreaterThanOrEqualToThreshold": operator.ge,
-    "LessThanOrEqualToThreshold": operator.le,
-}
-
-
-def _scaling(synth, name: str) -> tuple[dict, dict[str, tuple[dict, dict]]]:
-    """The model's scalable target and its policies by name: (policy, alarm)."""
-    index = [m.name for m in synth.config.models].index(name)
-    prefix = f"WorkersModel{index}"
-    (target_id,) = [k for k in synth.resources("AWS::ApplicationAutoScaling::ScalableTarget") if k.startswith(prefix)]
-    target = synth.json["Resources"][target_id]["Properties"]
-    policies = {}
-    for policy_id, policy in synth.resources("AWS::ApplicationAutoScaling::ScalingPolicy").items():
-        if policy["Properties"]["ScalingTargetId"] != {"Ref": target_id}:
-            continue
-        (alarm,) = [a["Properties"] for a in synth.resources("AWS::CloudWatch::Alarm").values()
-                    if a["Properties"].get("AlarmActions") == [{"Ref": policy_id}]]
-        key = next(k for k in ("ScaleOut", "ScaleIn", "ScaleToMinimum") if f"TaskCountTarget{k}" in policy_id)
-        policies[key] = (policy["Properties"], alarm)
-    assert set(policies) == {"ScaleOut", "ScaleIn", "ScaleToMinimum"}
-    return target, policies
-
-
-def decide(synth, name: str, *, waiting: int, running: int, tasks: int | None) -> int:
-    """The desired task count after every policy whose alarm breaches has acted once."""
-    target, policies = _scaling(synth, name)
-    values = {
-        "ApproximateNumberOfMessagesVisible": waiting,
-        "ApproximateNumberOfMessagesNotVisible": running,
-        "DesiredTaskCount": tasks,
-    }
-    desired = tasks or 0
-    for policy, alarm in policies.values():
-        metric = evaluate(alarm, values)
-        if not _COMPARE[alarm["ComparisonOperator"]](metric, alarm["Threshold"]):
-            continue
-        offset = metric - alarm["Threshold"]
-        config = policy["StepScalingPolicyConfiguration"]
-        assert config["AdjustmentType"] == "ChangeInCapacity"
-        # Application Auto Scaling: above the threshold a step's lower bound is inclusive, below
-        # it its upper bound is.
-        above = alarm["ComparisonOperator"].startswith("GreaterThan")
-
-        def contains(step: dict) -> bool:
-            low, high = step.get("MetricIntervalLowerBound", -math.inf), step.get("MetricIntervalUpperBound", math.inf)
-            return low <= offset < high if above else low < offset <= high
-
-        (step,) = [s for s in config["StepAdjustments"] if contains(s)]
-        desired += step["ScalingAdjustment"]
-    return max(target["MinCapacity"], min(target["MaxCapacity"], desired))
-
-
-@pytest.mark.parametrize("name", ["org/Chat-Model-7B", "embed-small"])
-def test_scalable_target_from_min_to_max(synth, name):
-    target, _ = _scaling(synth, name)
-    model = _model(synth, name)
-    assert (target["MinCapacity"], target["MaxCapacity"]) == (model.min_instances, model.max_instances) == (0, model.max_instances)
-    assert target["ScalableDimension"] == "ecs:service:DesiredCount"
-
-
-@pytest.mark.parametrize("name", ["org/Chat-Model-7B", "embed-small"])
-def test_scaling_decisions(synth, name):
-    t = _model(synth, name).backlog_per_task
-    top = _model(synth, name).max_instances
-    # The first message scales out from zero (Container Insights has a datapoint, or none at all).
-    assert decide(synth, name, waiting=1, running=0, tasks=0) == 1
-    assert decide(synth, name, waiting=1, running=0, tasks=None) == 1
-    # A large backlog adds tasks fast, up to max_instances.
-    assert decide(synth, name, waiting=10 * t, running=0, tasks=1) == min(top, 5)
-    assert decide(synth, name, waiting=3 * t, running=0, tasks=2) == min(top, 3)
-    # Within the target: nothing changes.
-    assert decide(synth, name, waiting=t - 1, running=0, tasks=1) == 1
-    assert decide(synth, name, waiting=t - 1, running=t, tasks=2) == 2
-    assert decide(synth, name, waiting=t, running=t, tasks=2) == min(top, 3)  # T per task: one more
-    # Chunks in flight keep the last task: running work is backlog.
-    assert decide(synth, name, waiting=0, running=3, tasks=1) == 1
-    # A trickle for many tasks: one fewer at a time (never below what the backlog needs).
-    assert decide(synth, name, waiting=1, running=2, tasks=3) == 2
-    assert decide(synth, name, waiting=0, running=t, tasks=2) == 2  # one task fewer would hold T: keep
-    # An empty queue (waiting and in flight): down to min_instances (0).
-    assert decide(synth, name, waiting=0, running=0, tasks=2) == 0
-    assert decide(synth, name, waiting=0, running=0, tasks=0) == 0
-
-
-@pytest.mark.parametrize("name", ["org/Chat-Model-7B", "embed-small"])
-def test_scale_out_is_fast_scale_in_waits_idle_minutes(synth, name):
-    _, policies = _scaling(synth, name)
-    model = _model(synth, name)
-    out_policy, out_alarm = policies["ScaleOut"]
-    assert out_alarm["EvaluationPeriods"] == 1 and out_alarm["Threshold"] == model.backlog_per_task
-    assert out_policy["StepScalingPolicyConfiguration"]["Cooldown"] == worker_construct.SCALE_OUT_COOLDOWN.to_seconds()
-    for key in ("ScaleIn", "ScaleToMinimum"):
-        policy, alarm = policies[key]
-        assert alarm["EvaluationPeriods"] == model.idle_minutes
-        assert policy["StepScalingPolicyConfiguration"]["Cooldown"] == worker_construct.SCALE_IN_COOLDOWN.to_seconds()
-    for _, alarm in policies.values():
-        for query in alarm["Metrics"]:
+# --- scaling (the scaler Lambda: tests/infra/test_scaler.py; its rule: tests/unit/test_scaler_logic.py)
+def test_no_application_auto_scaling_on_the_services(synth):
+    """One controller owns the desired count: the scaler. No scalable target, no step policy on a
+    Container Insights series that has no datapoint at zero tasks, no scaling alarm."""
+    assert not synth.resources("AWS::ApplicationAutoScaling::ScalableTarget")
+    assert not synth.resources("AWS::ApplicationAutoScaling::ScalingPolicy")
+    for alarm in synth.resources("AWS::CloudWatch::Alarm").values():
+        for query in alarm["Properties"].get("Metrics", []):
             if "MetricStat" in query:
-                assert query["MetricStat"]["Period"] == 60
+                assert query["MetricStat"]["Metric"]["Namespace"] != "ECS/ContainerInsights"
+        assert alarm["Properties"].get("Namespace") != "ECS/ContainerInsights"
 
 
-def test_scaling_reads_the_models_own_queue_and_service(synth):
-    services = synth.resources("AWS::ECS::Service")
-    for index, model in enumerate(synth.config.models):
-        queue = synth.logical_id(synth.stack.ingest.work_queues[model.name])
-        (service,) = [k for k in services if k.startswith(f"WorkersModel{index}")]
-        _, policies = _scaling(synth, model.name)
-        for _, alarm in policies.values():
-            for query in alarm["Metrics"]:
-                if "MetricStat" not in query:
-                    continue
-                metric = query["MetricStat"]["Metric"]
-                dims = {d["Name"]: d["Value"] for d in metric["Dimensions"]}
-                if metric["Namespace"] == "AWS/SQS":
-                    assert dims == {"QueueName": {"Fn::GetAtt": [queue, "QueueName"]}}
-                else:
-                    assert metric["Namespace"] == "ECS/ContainerInsights"  # AWS's Container Insights namespace
-                    assert dims["ServiceName"] == {"Fn::GetAtt": [service, "Name"]}
+@pytest.mark.parametrize("name", ["org/Chat-Model-7B", "embed-small"])
+def test_services_start_at_min_instances(synth, name):
+    service = _by_model(synth, "AWS::ECS::Service")[name]
+    assert service["DesiredCount"] == _model(synth, name).min_instances == 0
