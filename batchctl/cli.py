@@ -52,13 +52,14 @@ def main(
         print(f"batchctl: bad environment: {exc}", file=err)
         return 2
     stack = args.stack or settings.stack
+    region = targets.aws_region(env)
     path = local_state.state_file(settings.local_state_dir)
     if args.command in ("files", "batches"):
         state = local_state.LocalState.read(path)
         return batches.main_user(
             args, settings,
             local_base_url=state.api_base_url if state is not None and targets.local_answers(state) else None,
-            aws_base_url=lambda: targets.api_url(targets.cloudformation(), stack),
+            aws_base_url=lambda: targets.api_url(targets.cloudformation(region), stack),
             out=out, err=err,
         )
     try:
@@ -66,7 +67,7 @@ def main(
             args.target,
             state=local_state.LocalState.read(path),
             answers=targets.local_answers,
-            aws=lambda: targets.aws_target(targets.cloudformation(), stack),
+            aws=lambda: targets.aws_target(targets.cloudformation(region), stack, region),
         )
         print(f"batchctl: {target.description}", file=err)
         return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err)

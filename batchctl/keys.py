@@ -19,7 +19,7 @@ def key_repo(target: Target) -> KeyRepo:
     if target.kind == "local":
         session = local_session(target.region or local_state.REGION)
     else:
-        session = boto3.Session()  # the standard credential chain
+        session = boto3.Session(region_name=target.region)  # the standard chain (region: targets.aws_region)
     dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
     return KeyRepo(Table(dynamodb.Table(target.table_name)))
 

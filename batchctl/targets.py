@@ -2,10 +2,12 @@
 
 The local deployment (``make up``) when its state file exists and its moto answers; otherwise AWS,
 through the standard credential chain and the outputs of the CloudFormation stack (``--stack``,
-else ``BATCHAPI_STACK``, else the default name). ``--local``/``--aws`` force one.
+else ``BATCHAPI_STACK``, else the default name). ``--local``/``--aws`` force one. The region is
+``AWS_REGION`` if set (the variable the AWS CLI v2 and the other SDKs read, and boto3 does not),
+else boto3's own chain (``AWS_DEFAULT_REGION``, the profile).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +63,13 @@ def local_answers(state: local_state.LocalState) -> bool:
     return True
 
 
-def cloudformation() -> Any:
-    return boto3.Session().client("cloudformation", config=CONFIG)
+def aws_region(env: Mapping[str, str]) -> str | None:
+    """``AWS_REGION`` if set, else None (boto3's chain decides)."""
+    return env.get("AWS_REGION") or None
+
+
+def cloudformation(region: str | None = None) -> Any:
+    return boto3.Session(region_name=region).client("cloudformation", config=CONFIG)
 
 
 def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
@@ -82,13 +89,14 @@ def output(outputs: dict[str, str], stack: str, key: str) -> str:
     return outputs[key]
 
 
-def target_from_outputs(outputs: dict[str, str], stack: str) -> Target:
+def target_from_outputs(outputs: dict[str, str], stack: str, region: str | None = None) -> Target:
     api = outputs.get(names.OUTPUT_API_URL, "?")
-    return Target(kind="aws", table_name=output(outputs, stack, names.OUTPUT_TABLE), description=f"stack {stack} ({api})")
+    return Target(kind="aws", table_name=output(outputs, stack, names.OUTPUT_TABLE), region=region,
+                  description=f"stack {stack} ({api})")
 
 
-def aws_target(cloudformation: Any, stack: str) -> Target:
-    return target_from_outputs(stack_outputs(cloudformation, stack), stack)
+def aws_target(cloudformation: Any, stack: str, region: str | None = None) -> Target:
+    return target_from_outputs(stack_outputs(cloudformation, stack), stack, region)
 
 
 def api_url(cloudformation: Any, stack: str) -> str:

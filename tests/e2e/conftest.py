@@ -251,7 +251,8 @@ def stack(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPat
     if e2e_settings.kind != "aws":
         pytest.fail(f"the stack fixture is for {e2e_target.TARGET_ENV}=aws (the target is {e2e_settings.kind})")
     deployment = e2e_target.open_stack(
-        e2e_settings, cloudformation=batchctl_targets.cloudformation(), operator_env=os.environ,
+        e2e_settings, cloudformation=batchctl_targets.cloudformation(batchctl_targets.aws_region(os.environ)),
+        operator_env=os.environ, region=batchctl_targets.aws_region(os.environ),
         state_dir=tmp_path_factory.mktemp("no-local-state"),
     )
     try:
@@ -274,29 +275,35 @@ def deployment_with_models(e2e_settings: e2e_target.E2ESettings, request: pytest
 
 
 @pytest.fixture(scope="package")
-def served_models(deployment_with_models: e2e_target.Deployment) -> list[str]:
-    """What the target serves (``GET /v1/models``)."""
+def target_models(deployment_with_models: e2e_target.Deployment, e2e_settings: e2e_target.E2ESettings) -> dict:
+    """The chat and the embeddings model the tests use, from what the target serves (``GET
+    /v1/models``; None: there is none to use). On AWS both are warmed up first (one one-line batch
+    each, at once): the GPU services idle at zero, and the tests' per-batch timeouts are minutes."""
     with deployment_with_models.client() as client:
-        return [m.id for m in client.models.list()]
+        served = [m.id for m in client.models.list()]
+        embed = e2e_target.pick_model(served, wanted=e2e_settings.embed_model, local=names.LOCAL_EMBED_MODEL)
+        chat = e2e_target.pick_model(served, wanted=e2e_settings.chat_model, local=names.LOCAL_CHAT_MODEL,
+                                     exclude=embed, only_if_alone=True)
+        if deployment_with_models.kind == "aws":
+            endpoints = {m: e for m, e in ((chat, "/v1/chat/completions"), (embed, "/v1/embeddings")) if m is not None}
+            statuses = e2e_target.warm_up(client, endpoints, within=e2e_settings.warm_up_seconds)
+            assert all(s == "completed" for s in statuses.values()), (
+                f"warm-up batches after {e2e_settings.warm_up_seconds}s ({e2e_target.WARM_UP_ENV}): {statuses}")
+    return {"chat": chat, "embed": embed, "served": served}
 
 
 @pytest.fixture(scope="package")
-def embed_model(served_models: list[str], e2e_settings: e2e_target.E2ESettings) -> str:
-    model = e2e_target.pick_model(served_models, wanted=e2e_settings.embed_model, local=names.LOCAL_EMBED_MODEL)
-    if model is None:
-        pytest.skip(f"no embeddings model to use among {served_models} (set {e2e_target.EMBED_MODEL_ENV})")
-    return model
+def chat_model(target_models: dict) -> str:
+    if target_models["chat"] is None:
+        pytest.skip(f"no chat model to use among {target_models['served']} (set {e2e_target.CHAT_MODEL_ENV})")
+    return target_models["chat"]
 
 
 @pytest.fixture(scope="package")
-def chat_model(served_models: list[str], e2e_settings: e2e_target.E2ESettings) -> str:
-    model = e2e_target.pick_model(
-        served_models, wanted=e2e_settings.chat_model, local=names.LOCAL_CHAT_MODEL,
-        exclude=e2e_settings.embed_model, only_if_alone=True,
-    )
-    if model is None:
-        pytest.skip(f"no chat model to use among {served_models} (set {e2e_target.CHAT_MODEL_ENV})")
-    return model
+def embed_model(target_models: dict) -> str:
+    if target_models["embed"] is None:
+        pytest.skip(f"no embeddings model to use among {target_models['served']} (set {e2e_target.EMBED_MODEL_ENV})")
+    return target_models["embed"]
 
 
 # --- The local deployment (local_only tests) ---------------------------------------------------

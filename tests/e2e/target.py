@@ -11,6 +11,8 @@ take a ``deployment`` (conftest.py) and use only what both kinds have (``Deploym
                               need one skip when there is none)
     BATCHAPI_E2E_KEY_CACHE_SECONDS  how long a revoked key may still work (the stack's
                               authorizer_cache_seconds; default 300, the config's default)
+    BATCHAPI_E2E_WARM_UP_SECONDS    on AWS, how long the models' first one-line batches may take
+                              (GPU services start from zero; default 1800)
 
 On AWS the suite reads the API's base URL and the table from the stack's outputs (one
 DescribeStacks), creates its keys with batchctl's own code (``batchctl.keys`` on the table the
@@ -43,6 +45,10 @@ TARGET_ENV = "BATCHAPI_E2E_TARGET"
 CHAT_MODEL_ENV = "BATCHAPI_E2E_CHAT_MODEL"
 EMBED_MODEL_ENV = "BATCHAPI_E2E_EMBED_MODEL"
 KEY_CACHE_ENV = "BATCHAPI_E2E_KEY_CACHE_SECONDS"
+WARM_UP_ENV = "BATCHAPI_E2E_WARM_UP_SECONDS"
+#: From zero: queue metrics (1-5 min), an instance (~2 min), the image (~10 GB) and the weights:
+#: docs/deploy.md says 10-20 minutes is normal for the first batch.
+DEFAULT_WARM_UP_SECONDS = 1800
 KINDS = ("local", "aws")
 #: The marker of tests that need the local deployment itself; its argument says why.
 LOCAL_ONLY = "local_only"
@@ -62,19 +68,24 @@ class E2ESettings:
     chat_model: str | None = None
     embed_model: str | None = None
     key_cache_seconds: int = DEFAULT_KEY_CACHE_SECONDS
+    warm_up_seconds: int = DEFAULT_WARM_UP_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "E2ESettings":
         kind = env.get(TARGET_ENV) or "local"
         if kind not in KINDS:
             raise ValueError(f"{TARGET_ENV}={kind!r}: must be one of {', '.join(KINDS)}")
-        cache = env.get(KEY_CACHE_ENV) or str(DEFAULT_KEY_CACHE_SECONDS)
-        if not cache.isdigit():
-            raise ValueError(f"{KEY_CACHE_ENV}={cache!r}: must be a whole number of seconds")
+        seconds = {}
+        for name in (KEY_CACHE_ENV, WARM_UP_ENV):
+            value = env.get(name) or ""
+            if value and not value.isdigit():
+                raise ValueError(f"{name}={value!r}: must be a whole number of seconds")
+            seconds[name] = int(value) if value else None
         return cls(
             kind=kind, stack=CliSettings.from_env(env).stack,
             chat_model=env.get(CHAT_MODEL_ENV) or None, embed_model=env.get(EMBED_MODEL_ENV) or None,
-            key_cache_seconds=int(cache),
+            key_cache_seconds=seconds[KEY_CACHE_ENV] if seconds[KEY_CACHE_ENV] is not None else DEFAULT_KEY_CACHE_SECONDS,
+            warm_up_seconds=seconds[WARM_UP_ENV] if seconds[WARM_UP_ENV] is not None else DEFAULT_WARM_UP_SECONDS,
         )
 
 
@@ -211,11 +222,13 @@ class StackDeployment:
 
 
 def open_stack(settings: E2ESettings, *, cloudformation: Any, operator_env: Mapping[str, str], state_dir: Path,
+               region: str | None = None,
                key_repo: Callable[[batchctl_targets.Target], KeyRepo] = batchctl_keys.key_repo) -> StackDeployment:
     """The deployed stack ``settings.stack``: one DescribeStacks for its outputs (``ApiUrl``,
-    ``TableName``, ``BucketName``), and batchctl's key repository on its table."""
+    ``TableName``, ``BucketName``), and batchctl's key repository on its table (in ``region``; None:
+    boto3's chain)."""
     outputs = batchctl_targets.stack_outputs(cloudformation, settings.stack)
-    target = batchctl_targets.target_from_outputs(outputs, settings.stack)
+    target = batchctl_targets.target_from_outputs(outputs, settings.stack, region)
     return StackDeployment(
         stack=settings.stack,
         base_url=batchctl_targets.output(outputs, settings.stack, names.OUTPUT_API_URL),
@@ -257,3 +270,34 @@ def pytest_collection_finish(session: Any) -> None:
             "fixtures": sorted(getattr(item, "fixturenames", [])),
         })
     Path(path).write_text(json.dumps(rows, indent=1))
+
+
+# --- A deployed stack's GPU services start at zero -------------------------------------------------
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+def warm_up_line(model: str, endpoint: str) -> bytes:
+    body: dict[str, Any] = {"model": model, "input": "warm up"} if endpoint == "/v1/embeddings" else (
+        {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    return (json.dumps({"custom_id": "warm-up", "method": "POST", "url": endpoint, "body": body}) + "\n").encode()
+
+
+def warm_up(client: OpenAI, models: Mapping[str, str], *, within: float, interval: float = 15.0,
+            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+    """One one-line batch per model (``{model: endpoint}``), all at once, waited for together up
+    to ``within`` seconds: on a stack whose GPU services idle at zero, the suite's own batches
+    then run on started services and its per-batch timeouts (minutes) hold. Returns each model's
+    last batch status ("completed" when it is ready)."""
+    batches = {}
+    for model, endpoint in models.items():
+        file = client.files.create(file=("warm-up.jsonl", warm_up_line(model, endpoint)), purpose="batch")
+        batches[model] = client.batches.create(input_file_id=file.id, endpoint=endpoint, completion_window="24h").id  # type: ignore[arg-type]
+    statuses = dict.fromkeys(models, "validating")
+    deadline = clock() + within
+    while True:
+        for model, batch_id in batches.items():
+            if statuses[model] not in TERMINAL:
+                statuses[model] = client.batches.retrieve(batch_id).status
+        if all(s in TERMINAL for s in statuses.values()) or clock() >= deadline:
+            return statuses
+        sleep(interval)

@@ -5,12 +5,14 @@ shape, and moto's CloudFormation), keys made with batchctl's code and revoked at
 local. The last test rehearses ``make e2e-aws`` against a local deployment dressed as a stack."""
 
 import datetime
+import io
 import json
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import boto3
@@ -18,6 +20,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from batchctl import cli as batchctl_cli
 from batchctl import targets as batchctl_targets
 from functions.core import auth, schema
 from functions.core.errors import AuthenticationFailed
@@ -79,6 +82,7 @@ def test_the_default_target_is_local() -> None:
     settings = e2e_target.E2ESettings.from_env({})
     assert (settings.kind, settings.stack, settings.chat_model, settings.embed_model) == ("local", "BatchApi", None, None)
     assert settings.key_cache_seconds == 300  # infra/config.py's default authorizer cache
+    assert settings.warm_up_seconds == 30 * 60  # GPU services from zero: 10-20 minutes is normal
 
 
 def test_aws_target_takes_batchctls_stack_variable_and_the_models() -> None:
@@ -91,7 +95,7 @@ def test_aws_target_takes_batchctls_stack_variable_and_the_models() -> None:
 
 
 @pytest.mark.parametrize("env", [{"BATCHAPI_E2E_TARGET": "AWS"}, {"BATCHAPI_E2E_TARGET": "prod"},
-                                 {"BATCHAPI_E2E_KEY_CACHE_SECONDS": "5m"}])
+                                 {"BATCHAPI_E2E_KEY_CACHE_SECONDS": "5m"}, {"BATCHAPI_E2E_WARM_UP_SECONDS": "-1"}])
 def test_a_bad_setting_is_refused(env: dict[str, str]) -> None:
     with pytest.raises(ValueError, match=next(iter(env))):
         e2e_target.E2ESettings.from_env(env)
@@ -121,11 +125,12 @@ def test_the_stack_is_read_with_one_describe_stacks(tmp_path: Path) -> None:
     repos = []
     stack = e2e_target.open_stack(
         e2e_target.E2ESettings(kind="aws"), cloudformation=cloudformation, operator_env={"AWS_REGION": "eu-west-1"},
-        state_dir=tmp_path, key_repo=lambda target: repos.append(target) or "the key repo",
+        state_dir=tmp_path, region="eu-west-1", key_repo=lambda target: repos.append(target) or "the key repo",
     )
     stubber.assert_no_pending_responses()
     assert (stack.base_url, stack.bucket, stack.kind) == (API_URL, BUCKET, "aws")
-    assert [(t.kind, t.table_name, t.endpoint_url) for t in repos] == [("aws", TABLE, None)]  # AWS itself, no endpoint
+    # AWS itself (no endpoint), in the operator's region
+    assert [(t.kind, t.table_name, t.endpoint_url, t.region) for t in repos] == [("aws", TABLE, None, "eu-west-1")]
     assert stack.keys == "the key repo"
 
 
@@ -143,6 +148,28 @@ def test_a_missing_stack_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(batchctl_targets.TargetError, match="cannot read stack 'BatchApi': Stack with id BatchApi does not exist"):
         e2e_target.open_stack(e2e_target.E2ESettings(kind="aws"), cloudformation=cloudformation, operator_env={},
                               state_dir=tmp_path, key_repo=lambda target: None)
+
+
+@mock_aws
+def test_batchctl_and_the_suite_use_aws_region(tmp_path: Path) -> None:
+    """AWS_REGION (what the AWS CLI v2 and docs/deploy.md use; boto3 alone reads only
+    AWS_DEFAULT_REGION) picks the stack's region: a stack and table that exist only in eu-west-3
+    are found while AWS_DEFAULT_REGION says us-east-1."""
+    region = "eu-west-3"
+    boto3.client("dynamodb", region_name=region).create_table(TableName=TABLE, **schema.TABLE_SCHEMA)
+    template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}, "Outputs": {k: {"Value": v} for k, v in ALL_OUTPUTS.items()}}
+    boto3.client("cloudformation", region_name=region).create_stack(StackName=names.STACK_NAME, TemplateBody=json.dumps(template))
+    env = {"AWS_REGION": region, "AWS_DEFAULT_REGION": "us-east-1", local_state.STATE_DIR_ENV: str(tmp_path)}
+
+    assert batchctl_targets.aws_region(env) == region and batchctl_targets.aws_region({"AWS_DEFAULT_REGION": "x"}) is None
+    out, err = io.StringIO(), io.StringIO()
+    assert batchctl_cli.main(["--aws", "keys", "create", "--tenant", "acme"], env=env, out=out, err=err) == 0, err.getvalue()
+    key = out.getvalue().strip()
+    stack = e2e_target.open_stack(
+        e2e_target.E2ESettings(kind="aws"), cloudformation=batchctl_targets.cloudformation(batchctl_targets.aws_region(env)),
+        operator_env=env, state_dir=tmp_path, region=batchctl_targets.aws_region(env),
+    )
+    assert auth.resolve_tenant(stack.keys, f"Bearer {key}") == "acme"  # the suite reads the table batchctl wrote
 
 
 def test_redirects_are_recognised_as_the_stacks_bucket(tmp_path: Path) -> None:
@@ -205,6 +232,53 @@ def test_eventually_tries_at_once_then_until_the_bound() -> None:
     assert slept == []
     assert not e2e_target.eventually(lambda: False, within=12, interval=5, clock=clock, sleep=sleep)
     assert slept == [5, 5, 5]
+
+
+class FakeSdk:
+    """The few SDK calls warm_up makes; each batch's statuses are scripted per model."""
+
+    def __init__(self, script: dict[str, list[str]]):
+        self.script, self.uploaded, self.created, self.by_id = script, {}, [], {}
+        self.files = SimpleNamespace(create=self._file)
+        self.batches = SimpleNamespace(create=self._batch, retrieve=self._retrieve)
+
+    def _file(self, file, purpose):
+        file_id = f"file-{len(self.uploaded)}"
+        self.uploaded[file_id] = json.loads(file[1])
+        return SimpleNamespace(id=file_id)
+
+    def _batch(self, input_file_id, endpoint, completion_window):
+        line = self.uploaded[input_file_id]
+        assert (line["url"], completion_window) == (endpoint, "24h")
+        batch_id = f"batch-{len(self.created)}"
+        self.created.append((line["body"]["model"], endpoint))
+        self.by_id[batch_id] = iter(self.script[line["body"]["model"]])
+        return SimpleNamespace(id=batch_id)
+
+    def _retrieve(self, batch_id):
+        return SimpleNamespace(status=next(self.by_id[batch_id]))
+
+
+def test_warm_up_starts_every_model_at_once_and_waits_for_all() -> None:
+    now, slept = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    sdk = FakeSdk({"chat-m": ["validating", "in_progress", "completed"], "embed-m": ["in_progress", "completed"]})
+    statuses = e2e_target.warm_up(sdk, {"chat-m": "/v1/chat/completions", "embed-m": "/v1/embeddings"},
+                                  within=1800, interval=15, clock=lambda: now[0], sleep=sleep)
+    assert statuses == {"chat-m": "completed", "embed-m": "completed"}
+    assert sdk.created == [("chat-m", "/v1/chat/completions"), ("embed-m", "/v1/embeddings")]  # both before any wait
+    assert slept == [15, 15]
+    assert sdk.uploaded["file-0"]["body"]["max_tokens"] == 1 and sdk.uploaded["file-1"]["body"]["input"] == "warm up"
+
+    now[0], slept[:] = 0.0, []
+    stuck = FakeSdk({"chat-m": ["in_progress"] * 100})
+    assert e2e_target.warm_up(stuck, {"chat-m": "/v1/chat/completions"}, within=60, interval=15,
+                              clock=lambda: now[0], sleep=sleep) == {"chat-m": "in_progress"}
+    assert slept == [15, 15, 15, 15]  # gives up at the bound
 
 
 # --- Which tests run where -------------------------------------------------------------------------
