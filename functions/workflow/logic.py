@@ -216,8 +216,8 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     output_key = schema.file_key(tenant, batch.planned_output_file_id)
     error_key = schema.file_key(tenant, batch.planned_error_file_id)
-    completed = failed = 0
-    salvaged = {True: 0, False: 0}  # lines of uncounted chunks, by succeeded
+    completed = failed = 0  # lines of the counted chunks' parts
+    salvaged = {True: 0, False: 0}  # lines of the uncounted chunks (checkpointed or never-ran), by succeeded
     usage = accounting.Usage(**{k: getattr(batch, k) for k in accounting.Usage.model_fields})
     with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
         for chunk in manifest.chunks:
@@ -229,18 +229,18 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
                 if marker.failed:
                     failed += _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors)
             else:
-                for ok, count in _write_salvaged(stores, batch, chunk, output, errors, usage).items():
+                for ok, count in _write_salvaged(stores, batch, chunk, batch.closed_for, output, errors, usage).items():
                     salvaged[ok] += count
-    completed += salvaged[True]
-    failed += salvaged[False]
-    if (completed - salvaged[True], failed - salvaged[False]) != (batch.completed, batch.failed):
+    if (completed, failed) != (batch.completed, batch.failed):
         # The counters and the parts disagree (they never should): the files win, so that the
         # counts a tenant reads agree with the files; the difference is logged.
         logger.warning(
             "batch parts disagree with its counters: %d completed and %d failed lines in the counted parts, counters %d and %d",
-            completed - salvaged[True], failed - salvaged[False], batch.completed, batch.failed,
+            completed, failed, batch.completed, batch.failed,
             extra={"tenant": tenant, "batch_id": batch_id},
         )
+    completed += salvaged[True]
+    failed += salvaged[False]
     expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS
     files = [
         FileRecord(
@@ -281,12 +281,13 @@ def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
 
 
 def _write_salvaged(
-    stores: Stores, batch: BatchRecord, chunk: Chunk, output: ObjectWriter, errors: ObjectWriter, usage: accounting.Usage
+    stores: Stores, batch: BatchRecord, chunk: Chunk, closed_for: str,
+    output: ObjectWriter, errors: ObjectWriter, usage: accounting.Usage,
 ) -> dict[bool, int]:
     """Write an uncounted chunk's lines: its checkpointed results (2xx to ``output``, the rest to
     ``errors``, as ``results.write_parts`` splits them; their usage added to ``usage``) and a
     never-ran error line for each other request. Returns {succeeded: lines}."""
-    code, message = NEVER_RAN[batch.closed_for or FAIL]
+    code, message = NEVER_RAN[closed_for]
     run = stores.batches.chunk_run(batch.tenant, batch.id, chunk.chunk)
     counts = {True: 0, False: 0}
     for line in results.salvaged_lines(stores.objects, batch.work_message(chunk), run.cover() if run else [], code, message):
