@@ -2,13 +2,18 @@
 
 Routes read the tenant the authorizer put in the request context, bind the request to the models
 of ``protocol`` and return the wire models of ``functions.core.models``; ``errors`` renders every
-failure as OpenAI's error envelope.
+failure as OpenAI's error envelope. Every response carries ``x-request-id``: API Gateway's request
+id (``requestContext.requestId``, ``$context.requestId`` in its access log and gateway responses),
+which is also every log line's ``correlation_id``.
 """
 
 from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
+from aws_lambda_powertools.logging import correlation_paths
+
+from functions.core import http
 
 from . import errors
 from .routes import batches, files, models, uploads
@@ -20,6 +25,19 @@ for resource in (files, uploads, batches, models):
 errors.register(app, logger)
 
 
-@logger.inject_lambda_context(clear_state=True)
+def with_request_id(response: dict[str, Any], request_id: str | None) -> dict[str, Any]:
+    """``response`` with ``x-request-id`` set (in ``multiValueHeaders``, which API Gateway prefers)."""
+    if request_id:
+        multi = dict(response.get("multiValueHeaders") or {})
+        multi[http.REQUEST_ID_HEADER] = [request_id]
+        response["multiValueHeaders"] = multi
+        headers = response.get("headers")
+        if headers:
+            response["headers"] = {k: v for k, v in headers.items() if k.lower() != http.REQUEST_ID_HEADER}
+    return response
+
+
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return app.resolve(event, context)
+    request_id = (event.get("requestContext") or {}).get("requestId")
+    return with_request_id(app.resolve(event, context), request_id)

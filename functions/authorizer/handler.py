@@ -2,12 +2,13 @@
 
 Allows the whole API for a known key (so API Gateway may cache the answer per key) and passes the
 tenant in the authorizer context. Any failure raises ``Unauthorized``, which API Gateway answers
-with 401 and the OpenAI error envelope (its UNAUTHORIZED gateway response); a Deny policy would be
-a 403 instead."""
+with 401 and the OpenAI error envelope (its UNAUTHORIZED gateway response); a Deny policy is the
+ACCESS_DENIED gateway response (also 401 in this stack); any other exception is API Gateway's 500."""
 
 from typing import Any
 
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.data_classes import event_source
 from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event import (
     APIGatewayAuthorizerRequestEvent,
@@ -41,7 +42,8 @@ def authorize(stores: Stores, event: APIGatewayAuthorizerRequestEvent, now: int)
     return policy
 
 
-@logger.inject_lambda_context(clear_state=True)
+# correlation_id: API Gateway's request id, the x-request-id the client gets (also on a 401).
+@logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
 @event_source(data_class=APIGatewayAuthorizerRequestEvent)
 def handler(event: APIGatewayAuthorizerRequestEvent, context: Any) -> dict[str, Any]:
     try:

@@ -35,6 +35,8 @@ S3_MAX_PARTS: Final = 10_000
 # --- Transport (AWS) ---------------------------------------------------------------------------
 #: Lambda's synchronous invocation payload limit (request and response, after base64).
 LAMBDA_PAYLOAD_LIMIT: Final = 6 * 1024 * 1024
+#: API Gateway's REST payload quota (not adjustable): a larger request is its REQUEST_TOO_LARGE (413).
+API_GATEWAY_PAYLOAD_LIMIT: Final = 10 * 1024 * 1024
 #: File content up to this many bytes is answered inline (base64 in the Lambda response must stay
 #: under LAMBDA_PAYLOAD_LIMIT); larger content is a redirect to a presigned S3 URL.
 DEFAULT_INLINE_CONTENT_LIMIT: Final = 4 * 1024 * 1024

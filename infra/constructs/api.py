@@ -16,7 +16,6 @@ from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from functions.core import http
-from functions.core.errors import UNAUTHORIZED_BODY, ApiError, InvalidRequest, ServerError
 from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig
@@ -26,17 +25,11 @@ from .lambdas import Lambdas
 from .storage import Storage
 
 #: API Gateway's own REST integration timeout: the api Lambda gets no longer.
-INTEGRATION_TIMEOUT = cdk.Duration.seconds(29)
+INTEGRATION_TIMEOUT = cdk.Duration.seconds(http.INTEGRATION_TIMEOUT_SECONDS)
 _JSON = "application/json"
-_JSON_HEADERS = {"Content-Type": f"'{_JSON}'"}
-
-
-def gateway_error_template(error_class: type[ApiError]) -> str:
-    """A gateway-response template rendering API Gateway's own message in OpenAI's envelope."""
-    placeholder = "__MESSAGE__"
-    body = json.dumps(error_class(placeholder).body())
-    # $context.error.messageString is API Gateway's message as a quoted JSON string.
-    return body.replace(json.dumps(placeholder), "$context.error.messageString")
+#: Headers every gateway response carries: JSON, and API Gateway's request id as ``x-request-id``
+#: (the header the SDK reads into ``_request_id``; the api Lambda sets the same id on its answers).
+_GATEWAY_HEADERS = {"Content-Type": f"'{_JSON}'", http.REQUEST_ID_HEADER: "context.requestId"}
 
 
 def access_log_format() -> apigw.AccessLogFormat:
@@ -198,18 +191,18 @@ class Api(Construct):
         return api
 
     def _gateway_responses(self) -> None:
-        """API Gateway's own answers, in OpenAI's error envelope (the SDK parses them)."""
-        unauthorized = json.dumps(UNAUTHORIZED_BODY)
-        for name, kind in (("Unauthorized", apigw.ResponseType.UNAUTHORIZED), ("AccessDenied", apigw.ResponseType.ACCESS_DENIED)):
+        """API Gateway's own answers (``http.GATEWAY_ERRORS``, which the local front renders too), in
+        OpenAI's error envelope with ``x-request-id``; 429s with ``Retry-After``."""
+        for error in http.GATEWAY_ERRORS.values():
+            headers = dict(_GATEWAY_HEADERS)
+            if error.retry_after_seconds is not None:
+                headers["Retry-After"] = f"'{error.retry_after_seconds}'"
             self.rest_api.add_gateway_response(
-                name, type=kind, status_code="401", templates={_JSON: unauthorized}, response_headers=_JSON_HEADERS
-            )
-        for name, kind, error in (
-            ("Default4xx", apigw.ResponseType.DEFAULT_4_XX, InvalidRequest),
-            ("Default5xx", apigw.ResponseType.DEFAULT_5_XX, ServerError),
-        ):
-            self.rest_api.add_gateway_response(
-                name, type=kind, templates={_JSON: gateway_error_template(error)}, response_headers=_JSON_HEADERS
+                "".join(part.capitalize() for part in error.response_type.split("_")),
+                type=apigw.ResponseType.of(error.response_type),
+                status_code=str(error.status) if error.status is not None else None,
+                templates={_JSON: error.template()},
+                response_headers=headers,
             )
 
     def _endpoint(self, config: DeployConfig) -> str:

@@ -1,88 +1,172 @@
-"""The local HTTP front: what API Gateway does for the deployed API, on 127.0.0.1.
+"""The local HTTP front: what API Gateway (REST API, Lambda proxy integration) does for the deployed
+API, on 127.0.0.1, rule by rule (docs/local.md has each rule with its AWS source and its test).
 
-Each HTTP request becomes an API Gateway REST proxy event. The authorizer handler runs first (a
-REQUEST authorizer, identity source ``Authorization``); its context lands in
-``requestContext.authorizer`` as API Gateway puts it there. Binary bodies are base64-encoded as
-API Gateway does for its binary media types; Lambda's payload limit is enforced. Whatever the
-handler returns or raises, the client gets an answer (502 as API Gateway gives for a failed or
-malformed Lambda response), never a dropped connection.
+Driven by the settings the stack synthesizes (``functions.core.http``: binary media types, the
+integration timeout, the gateway responses; ``functions.core.limits``: payload quotas):
+
+- only ``/v1/{proxy+}`` exists (anything else is API Gateway's MISSING_AUTHENTICATION_TOKEN);
+- a request over API Gateway's 10 MB payload quota is its REQUEST_TOO_LARGE (413);
+- a REQUEST authorizer (identity source ``Authorization``) runs first: no header or "Unauthorized"
+  is UNAUTHORIZED, a Deny is ACCESS_DENIED, any other failure AUTHORIZER_CONFIGURATION_ERROR;
+- the proxy event carries ``headers``/``queryStringParameters`` (the last value of each name) and
+  ``multiValueHeaders``/``multiValueQueryStringParameters`` (all of them), header names as sent;
+- the request body is base64-encoded iff its ``Content-Type`` matches a binary media type;
+- an event over Lambda's 6 MB synchronous payload is refused (413, see docs/local.md);
+- the api Lambda gets the integration timeout (29 s), then INTEGRATION_TIMEOUT (504);
+- a response that is not a valid proxy response, or over Lambda's 6 MB, is a 502;
+- ``headers`` and ``multiValueHeaders`` of the response are merged (multi-value wins per name) and
+  sent as separate header lines;
+- an ``isBase64Encoded`` body is decoded to bytes only when the request's FIRST ``Accept`` media
+  type matches a binary media type; otherwise the client gets the base64 text, as on AWS.
+
+Every gateway response renders the stack's own template (``http.GATEWAY_ERRORS``: OpenAI's error
+envelope, ``x-request-id``, ``Retry-After`` on 429s). Whatever the handler returns or raises, the
+client gets an answer, never a dropped connection.
 """
 
 import base64
+import binascii
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from functions.core import http, limits
-from functions.core.errors import UNAUTHORIZED_BODY, PayloadTooLarge
+from functions.core.errors import PayloadTooLarge
 
 from .lambda_context import LocalLambdaContext
 
 Handler = Callable[[dict[str, Any], Any], Any]
+Headers = list[tuple[str, str]]
+Answer = tuple[int, Headers, bytes]
 
 STAGE = "local"
 API_ID = "local"
 ACCOUNT = "123456789012"
-#: API Gateway's answer when the Lambda fails or returns a malformed proxy response (502).
-INTERNAL_ERROR_BODY = {"message": "Internal server error"}
+#: API Gateway's own messages ($context.error.messageString) for the rejections the front makes.
+MISSING_TOKEN_MESSAGE = "Missing Authentication Token"
+INTERNAL_ERROR_MESSAGE = "Internal server error"
+TIMEOUT_MESSAGE = "Endpoint request timed out"
+#: The status API Gateway gives each rejection before the stack's gateway responses apply.
+_DEFAULT_STATUS = {"MISSING_AUTHENTICATION_TOKEN": 403, "API_CONFIGURATION_ERROR": 500, "INTEGRATION_FAILURE": 502}
+#: Rejections the stack leaves to its DEFAULT_4XX/DEFAULT_5XX responses.
+_FALLBACK = {"MISSING_AUTHENTICATION_TOKEN": "DEFAULT_4XX", "API_CONFIGURATION_ERROR": "DEFAULT_5XX", "INTEGRATION_FAILURE": "DEFAULT_5XX"}
 
 
-def _is_binary(content_type: str) -> bool:
-    return any(content_type.lower().startswith(t) for t in http.BINARY_MEDIA_TYPES)
+def header_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Headers:
+    return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+
+
+def first_header(headers: Headers, name: str) -> str | None:
+    """The first value of header ``name`` (names are case-insensitive)."""
+    return next((v for k, v in headers if k.lower() == name.lower()), None)
+
+
+def single_and_multi(pairs: Headers) -> tuple[dict[str, str] | None, dict[str, list[str]] | None]:
+    """API Gateway's two views of repeated names: the last value of each, and all values in order."""
+    multi: dict[str, list[str]] = {}
+    for k, v in pairs:
+        multi.setdefault(k, []).append(v)
+    if not multi:
+        return None, None
+    return {k: values[-1] for k, values in multi.items()}, multi
+
+
+def response_headers(result: dict[str, Any]) -> Headers:
+    """``headers`` and ``multiValueHeaders`` merged as API Gateway does: a name present in
+    ``multiValueHeaders`` keeps only those values; each value is its own header line."""
+    multi = {str(k): [str(v) for v in values] for k, values in (result.get("multiValueHeaders") or {}).items()}
+    lowered = {k.lower() for k in multi}
+    merged: Headers = [(str(k), str(v)) for k, v in (result.get("headers") or {}).items() if str(k).lower() not in lowered]
+    for k, values in multi.items():
+        merged.extend((k, v) for v in values)
+    return merged
 
 
 class LocalApi:
     """Turns HTTP requests into authorizer + proxy events and Lambda results into responses."""
 
-    def __init__(self, api_handler: Handler, authorizer_handler: Handler):
+    def __init__(
+        self,
+        api_handler: Handler,
+        authorizer_handler: Handler,
+        *,
+        binary_media_types: tuple[str, ...] = http.BINARY_MEDIA_TYPES,
+        integration_timeout: float = http.INTEGRATION_TIMEOUT_SECONDS,
+        payload_limit: int = limits.API_GATEWAY_PAYLOAD_LIMIT,
+        lambda_payload_limit: int = limits.LAMBDA_PAYLOAD_LIMIT,
+    ):
         self._api = api_handler
         self._authorizer = authorizer_handler
+        self.binary_media_types = binary_media_types
+        self.integration_timeout = integration_timeout
+        self.payload_limit = payload_limit
+        self.lambda_payload_limit = lambda_payload_limit
 
-    def handle(self, method: str, target: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+    def handle(self, method: str, target: str, headers: Mapping[str, str] | Iterable[tuple[str, str]], body: bytes) -> Answer:
+        pairs = header_pairs(headers)
+        request_id = str(uuid.uuid4())
+        answer = self._handle(method, target, pairs, body, request_id)
+        status, out, payload = answer
+        # API Gateway names every response with its request id (x-amzn-RequestId).
+        return status, [*out, ("x-amzn-RequestId", request_id)], payload
+
+    def _handle(self, method: str, target: str, pairs: Headers, body: bytes, request_id: str) -> Answer:
         split = urlsplit(target)
         path = split.path
-        query = parse_qs(split.query, keep_blank_values=True)
-        request_id = str(uuid.uuid4())
-        method_arn = f"arn:aws:execute-api:us-east-1:{ACCOUNT}:{API_ID}/{STAGE}/{method}{path}"
+        query_single, query_multi = single_and_multi(parse_qsl(split.query, keep_blank_values=True))
+        headers_single, headers_multi = single_and_multi(pairs)
 
-        authorization = next((v for k, v in headers.items() if k.lower() == http.AUTH_HEADER.lower()), None)
-        if not authorization:
-            return self._json(401, UNAUTHORIZED_BODY)
+        if not path.startswith(http.API_PREFIX + "/") or path == http.API_PREFIX + "/":
+            return self.gateway("MISSING_AUTHENTICATION_TOKEN", request_id, MISSING_TOKEN_MESSAGE)
+        if len(body) > self.payload_limit:
+            return self.gateway("REQUEST_TOO_LARGE", request_id, "Request Too Long")
+
+        method_arn = f"arn:aws:execute-api:us-east-1:{ACCOUNT}:{API_ID}/{STAGE}/{method}{path}"
+        if not first_header(pairs, http.AUTH_HEADER):  # the identity source is missing: no authorizer call
+            return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
         auth_event = {
             "type": "REQUEST",
             "methodArn": method_arn,
-            "resource": "/{proxy+}",
+            "resource": "/v1/{proxy+}",
             "path": path,
             "httpMethod": method,
-            "headers": headers,
-            "queryStringParameters": {k: v[-1] for k, v in query.items()} or None,
-            "requestContext": {"requestId": request_id, "stage": STAGE, "apiId": API_ID},
+            "headers": headers_single,
+            "multiValueHeaders": headers_multi,
+            "queryStringParameters": query_single,
+            "multiValueQueryStringParameters": query_multi,
+            "pathParameters": {"proxy": path.removeprefix(http.API_PREFIX + "/")},
+            "stageVariables": None,
+            "requestContext": {"requestId": request_id, "stage": STAGE, "apiId": API_ID, "httpMethod": method},
         }
         try:
             policy = self._authorizer(auth_event, LocalLambdaContext("authorizer"))
-        except Exception:
-            return self._json(401, UNAUTHORIZED_BODY)
-        if policy["policyDocument"]["Statement"][0]["Effect"] != "Allow":
-            return self._json(403, UNAUTHORIZED_BODY)
+            effect = policy["policyDocument"]["Statement"][0]["Effect"]
+            principal = policy["principalId"]
+        except Exception as exc:  # noqa: BLE001 - "Unauthorized" is the 401 contract; anything else a 500
+            if str(exc) == "Unauthorized":
+                return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
+            return self.gateway("AUTHORIZER_CONFIGURATION_ERROR", request_id, INTERNAL_ERROR_MESSAGE)
+        if effect != "Allow":
+            return self.gateway("ACCESS_DENIED", request_id, "User is not authorized to access this resource")
 
-        content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
-        binary = _is_binary(content_type)
+        binary = http.is_binary_media_type(first_header(pairs, "Content-Type"), self.binary_media_types)
         event = {
-            "resource": "/{proxy+}",
+            "resource": "/v1/{proxy+}",
             "path": path,
             "httpMethod": method,
-            "headers": headers,
-            "multiValueHeaders": {k: [v] for k, v in headers.items()},
-            "queryStringParameters": {k: v[-1] for k, v in query.items()} or None,
-            "multiValueQueryStringParameters": query or None,
-            "pathParameters": {"proxy": path.lstrip("/")},
+            "headers": headers_single,
+            "multiValueHeaders": headers_multi,
+            "queryStringParameters": query_single,
+            "multiValueQueryStringParameters": query_multi,
+            "pathParameters": {"proxy": path.removeprefix(http.API_PREFIX + "/")},
             "stageVariables": None,
             "requestContext": {
-                "resourcePath": "/{proxy+}",
+                "resourcePath": "/v1/{proxy+}",
                 "httpMethod": method,
                 "path": f"/{STAGE}{path}",
                 "stage": STAGE,
@@ -91,34 +175,80 @@ class LocalApi:
                 "accountId": ACCOUNT,
                 "apiId": API_ID,
                 "identity": {"sourceIp": "127.0.0.1"},
-                "authorizer": {"principalId": policy["principalId"], **policy.get("context", {})},
+                "authorizer": {"principalId": principal, **(policy.get("context") or {})},
             },
             "body": (base64.b64encode(body).decode() if binary else body.decode("utf-8", "replace")) if body else None,
             "isBase64Encoded": bool(body) and binary,
         }
-        if len(json.dumps(event)) > limits.LAMBDA_PAYLOAD_LIMIT:
+        if len(json.dumps(event)) > self.lambda_payload_limit:
             error = PayloadTooLarge(
-                f"The request is larger than the {limits.LAMBDA_PAYLOAD_LIMIT} bytes a Lambda request can carry; "
-                "upload large files with the Uploads API in smaller parts."
+                f"The request is larger than the {self.lambda_payload_limit} bytes a Lambda request can carry (after "
+                "base64). Upload large files with the Uploads API (client.uploads.upload_file_chunked(..., "
+                f"part_size={limits.MAX_UPLOAD_PART_BYTES}))."
             )
-            return self._json(error.status, error.body())
+            return error.status, self._json_headers(request_id), json.dumps(error.body()).encode()
+
+        outcome = self._invoke(event)
+        if outcome is None:
+            return self.gateway("INTEGRATION_TIMEOUT", request_id, TIMEOUT_MESSAGE)
         try:
-            result = self._api(event, LocalLambdaContext("api"))
-            out_headers = {k: str(v) for k, v in (result.get("headers") or {}).items()}
-            for k, values in (result.get("multiValueHeaders") or {}).items():
-                out_headers[k] = ", ".join(str(v) for v in values)
-            raw = result.get("body") or ""
-            payload = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
+            result = outcome()
             status = int(result["statusCode"])
-        except Exception:  # noqa: BLE001 - what API Gateway answers for a failed or malformed Lambda
-            return self._json(502, INTERNAL_ERROR_BODY)
-        if not all(sendable(k) and sendable(v) for k, v in out_headers.items()) or not 100 <= status <= 599:
-            return self._json(502, INTERNAL_ERROR_BODY)
+            out_headers = response_headers(result)
+            raw = result.get("body") or ""
+            if not isinstance(raw, str) or len(json.dumps(result)) > self.lambda_payload_limit:
+                raise ValueError("not a proxy response Lambda can return")
+        except Exception:  # noqa: BLE001 - a failed, malformed or oversized Lambda response
+            return self.gateway("INTEGRATION_FAILURE", request_id, INTERNAL_ERROR_MESSAGE)
+        if result.get("isBase64Encoded") and http.is_binary_media_type(first_header(pairs, "Accept"), self.binary_media_types):
+            try:
+                payload = base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError):
+                return self.gateway("API_CONFIGURATION_ERROR", request_id, INTERNAL_ERROR_MESSAGE)
+        else:
+            payload = raw.encode()  # text, or the base64 text itself when the Accept type is not binary
+        if not all(sendable(k) and sendable(v) for k, v in out_headers) or not 100 <= status <= 599:
+            return self.gateway("INTEGRATION_FAILURE", request_id, INTERNAL_ERROR_MESSAGE)
         return status, out_headers, payload
 
+    def _invoke(self, event: dict[str, Any]) -> Callable[[], Any] | None:
+        """Call the api handler, waiting at most the integration timeout: a callable giving its result
+        (or raising its exception), or None when it did not answer in time (it runs on, as a Lambda
+        would until its own timeout)."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["result"] = self._api(event, LocalLambdaContext("api"))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="api-lambda", daemon=True).start()
+        if not done.wait(self.integration_timeout):
+            return None
+
+        def outcome() -> Any:
+            if "error" in box:
+                raise box["error"]
+            return box["result"]
+
+        return outcome
+
+    def gateway(self, response_type: str, request_id: str, gateway_message: str) -> Answer:
+        """API Gateway's own answer of this type, rendered from the stack's gateway response."""
+        error = http.GATEWAY_ERRORS.get(response_type) or http.GATEWAY_ERRORS[_FALLBACK[response_type]]
+        status = error.status or _DEFAULT_STATUS[response_type]
+        headers = self._json_headers(request_id)
+        if error.retry_after_seconds is not None:
+            headers.append(("Retry-After", str(error.retry_after_seconds)))
+        return status, headers, json.dumps(error.body(gateway_message)).encode()
+
     @staticmethod
-    def _json(status: int, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-        return status, {"Content-Type": "application/json"}, json.dumps(body).encode()
+    def _json_headers(request_id: str) -> Headers:
+        return [("Content-Type", "application/json"), (http.REQUEST_ID_HEADER, request_id)]
 
 
 def sendable(value: str) -> bool:
@@ -138,18 +268,17 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
         def _serve(self) -> None:
             length = self.headers.get("Content-Length") or "0"
             if not length.isdigit():  # API Gateway's answer to a malformed request
-                status, out_headers, payload = LocalApi._json(400, {"message": "Bad Request"})
+                status, out_headers, payload = 400, [("Content-Type", "application/json")], json.dumps({"message": "Bad Request"}).encode()
                 self.close_connection = True  # the body's end is unknown: nothing more can be read
             else:
                 body = self.rfile.read(int(length)) if int(length) else b""
-                headers = {k: v for k, v in self.headers.items()}
                 try:
-                    status, out_headers, payload = api.handle(self.command, self.path, headers, body)
+                    status, out_headers, payload = api.handle(self.command, self.path, list(self.headers.items()), body)
                 except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
-                    status, out_headers, payload = LocalApi._json(502, INTERNAL_ERROR_BODY)
+                    status, out_headers, payload = api.gateway("INTEGRATION_FAILURE", str(uuid.uuid4()), INTERNAL_ERROR_MESSAGE)
             self.send_response(status)
-            for k, v in out_headers.items():
-                if k.lower() not in ("content-length", "connection"):
+            for k, v in out_headers:
+                if k.lower() not in ("content-length", "connection", "transfer-encoding"):
                     self.send_header(k, v)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from functions.core import http
 from functions.core.errors import UNAUTHORIZED_BODY
 from infra import names
@@ -11,6 +13,11 @@ def test_binary_media_types_come_from_the_http_contract(synth):
     _, api = synth.one("AWS::ApiGateway::RestApi")
     assert api["Properties"]["BinaryMediaTypes"] == list(http.BINARY_MEDIA_TYPES)
     assert "multipart/form-data" in api["Properties"]["BinaryMediaTypes"]
+    # The Accept the official SDK sends for files.content (openai/resources/files.py): without it
+    # API Gateway answers every inline download as base64 text (docs/local.md).
+    assert "application/binary" in api["Properties"]["BinaryMediaTypes"]
+    # */* would match every request's Content-Type: API Gateway would base64 every JSON body.
+    assert not any(t.startswith("*") for t in api["Properties"]["BinaryMediaTypes"])
     assert api["Properties"]["EndpointConfiguration"] == {"Types": ["REGIONAL"]}
 
 
@@ -42,7 +49,10 @@ def test_gateway_rejections_answer_openai_401_envelope(synth):
     for kind in ("UNAUTHORIZED", "ACCESS_DENIED"):
         assert responses[kind]["StatusCode"] == "401"
         assert json.loads(responses[kind]["ResponseTemplates"]["application/json"]) == UNAUTHORIZED_BODY
-        assert responses[kind]["ResponseParameters"] == {"gatewayresponse.header.Content-Type": "'application/json'"}
+        assert responses[kind]["ResponseParameters"] == {
+            "gatewayresponse.header.Content-Type": "'application/json'",
+            "gatewayresponse.header.x-request-id": "context.requestId",
+        }
     assert UNAUTHORIZED_BODY["error"]["code"] == "invalid_api_key"
 
 
@@ -78,3 +88,64 @@ def test_api_url_output_is_the_sdk_base_url(synth):
     # https://<api id>.execute-api.<region>.<suffix>/<stage>/v1
     assert parts[0] == "https://"
     assert parts[-2:] == [{"Ref": synth.one("AWS::ApiGateway::Stage")[0]}, http.API_PREFIX]
+
+
+def _gateway_responses(synth):
+    return {r["Properties"]["ResponseType"]: r["Properties"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()}
+
+
+def _render(template: str, gateway_message: str) -> dict:
+    """What API Gateway sends for a template: $context.error.messageString is its message as a JSON string."""
+    return json.loads(template.replace("$context.error.messageString", json.dumps(gateway_message)))
+
+
+def test_every_gateway_response_carries_the_request_id_and_json(synth):
+    responses = _gateway_responses(synth)
+    assert set(responses) >= {
+        "UNAUTHORIZED", "ACCESS_DENIED", "AUTHORIZER_FAILURE", "AUTHORIZER_CONFIGURATION_ERROR", "THROTTLED",
+        "QUOTA_EXCEEDED", "REQUEST_TOO_LARGE", "INTEGRATION_TIMEOUT", "DEFAULT_4XX", "DEFAULT_5XX",
+    }
+    for kind, props in responses.items():
+        params = props["ResponseParameters"]
+        assert params["gatewayresponse.header.x-request-id"] == "context.requestId", kind
+        assert params["gatewayresponse.header.Content-Type"] == "'application/json'", kind
+        body = _render(props["ResponseTemplates"]["application/json"], "API Gateway's message")
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, kind
+        assert body["error"]["message"], kind
+
+
+@pytest.mark.parametrize(("kind", "code", "retry_after"), [("THROTTLED", "rate_limit_exceeded", "'1'"), ("QUOTA_EXCEEDED", "quota_exceeded", "'60'")])
+def test_throttling_is_a_429_rate_limit_error_with_retry_after(synth, kind, code, retry_after):
+    props = _gateway_responses(synth)[kind]
+    assert props["StatusCode"] == "429"
+    assert props["ResponseParameters"]["gatewayresponse.header.Retry-After"] == retry_after
+    error = _render(props["ResponseTemplates"]["application/json"], "Too Many Requests")["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == code and error["param"] is None
+    assert "Retry-After" in error["message"]
+
+
+def test_a_request_over_api_gateways_10_mb_is_a_413_naming_the_uploads_api(synth):
+    props = _gateway_responses(synth)["REQUEST_TOO_LARGE"]
+    assert props["StatusCode"] == "413"
+    error = _render(props["ResponseTemplates"]["application/json"], "Request Too Long")["error"]
+    assert error["code"] == "request_too_large" and error["type"] == "invalid_request_error"
+    assert str(10 * 1024 * 1024) in error["message"] and "client.uploads.upload_file_chunked" in error["message"]
+
+
+def test_the_integration_timeout_is_a_504_in_the_envelope_and_the_lambda_gets_29_s(synth):
+    props = _gateway_responses(synth)["INTEGRATION_TIMEOUT"]
+    assert props["StatusCode"] == "504"
+    error = _render(props["ResponseTemplates"]["application/json"], "Endpoint request timed out")["error"]
+    assert error == {"message": "Endpoint request timed out", "type": "server_error", "param": None, "code": "timeout"}
+    (method,) = synth.resources("AWS::ApiGateway::Method").values()
+    assert method["Properties"]["Integration"]["TimeoutInMillis"] == 29_000
+    fn = synth.resources("AWS::Lambda::Function")[synth.logical_id(synth.stack.api.api_function)]
+    assert fn["Properties"]["Timeout"] == 29
+
+
+@pytest.mark.parametrize("kind", ["AUTHORIZER_FAILURE", "AUTHORIZER_CONFIGURATION_ERROR"])
+def test_a_failing_authorizer_is_a_500_server_error_not_a_401(synth, kind):
+    props = _gateway_responses(synth)[kind]
+    assert props["StatusCode"] == "500"
+    error = _render(props["ResponseTemplates"]["application/json"], "null")["error"]
+    assert error["type"] == "server_error" and "API key" in error["message"]

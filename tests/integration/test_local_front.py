@@ -1,7 +1,11 @@
 """The local front (infra/local/front.py) and the Lambda front (infra/local/lambda_front.py)
 answer whatever their handler returns or raises: never a dropped connection. A header value
 http.server cannot send (CR/LF, NUL, not Latin-1) is API Gateway's 502 for a malformed Lambda
-response, not an exception mid-response."""
+response, not an exception mid-response.
+
+Then API Gateway's rules, one test (at least) per row of docs/local.md: binary media types both
+ways, payload quotas, the integration timeout, multi-value headers and query strings, header names
+as sent, its own rejections in OpenAI's envelope with x-request-id."""
 
 import json
 import socket
@@ -60,7 +64,11 @@ def test_a_handler_result_that_cannot_be_sent_is_a_502_on_a_live_connection(serv
     url = serve(handler)
     with httpx2.Client(base_url=url, headers={"Authorization": "Bearer k"}, timeout=10) as http:
         response = http.get("/v1/files")
-        assert response.status_code == 502 and response.json() == {"message": "Internal server error"}
+        # API Gateway's 502 for a failed or malformed Lambda, through the stack's DEFAULT_5XX response
+        assert response.status_code == 502 and response.json() == {
+            "error": {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
+        }
+        assert response.headers["x-request-id"]
         assert "set-cookie" not in response.headers
         again = http.get("/v1/files")  # the same keep-alive connection still answers
         assert again.status_code == 502
@@ -87,3 +95,239 @@ def test_a_malformed_content_length_is_answered_400(serve):
         while piece := sock.recv(65536):  # the front closes the connection after answering
             answer += piece
     assert answer.startswith(b"HTTP/1.1 400 ") and b'{"message": "Bad Request"}' in answer
+
+
+# --- API Gateway's rules (docs/local.md) ------------------------------------------------------------
+import base64  # noqa: E402
+from functions.core import http as http_contract  # noqa: E402
+
+
+class Recorder:
+    """An api handler that records its events and answers what the test tells it."""
+
+    def __init__(self, answer=None):
+        self.events = []
+        self.answer = answer or (lambda event: {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"})
+
+    def __call__(self, event, context):
+        self.events.append(event)
+        return self.answer(event)
+
+
+def front(handler, authorizer=allow, **options):
+    return LocalApi(handler, authorizer, **options)
+
+
+def call(api, method="GET", target="/v1/files", headers=(("Authorization", "Bearer k"),), body=b""):
+    status, headers_out, payload = api.handle(method, target, list(headers), body)
+    return status, headers_out, payload
+
+
+def header(headers_out, name):
+    values = [v for k, v in headers_out if k.lower() == name.lower()]
+    return values
+
+
+@pytest.mark.parametrize(
+    ("content_type", "encoded"),
+    [
+        ("application/json", False),
+        ("text/plain; charset=utf-8", False),
+        ("application/octet-stream", True),
+        ("Multipart/Form-Data; boundary=xyz", True),
+        ("application/binary", True),
+        (None, False),
+    ],
+)
+def test_the_request_body_is_base64_iff_its_content_type_is_a_binary_media_type(content_type, encoded):
+    recorder = Recorder()
+    headers = [("Authorization", "Bearer k")] + ([("Content-Type", content_type)] if content_type else [])
+    body = b"\x00\xff{}"
+    call(front(recorder), "POST", "/v1/files", headers, body)
+    (event,) = recorder.events
+    assert event["isBase64Encoded"] is encoded
+    assert event["body"] == (base64.b64encode(body).decode() if encoded else body.decode("utf-8", "replace"))
+
+
+BINARY = bytes(range(256))
+
+
+def binary_answer(event):
+    return {"statusCode": 200, "multiValueHeaders": {"Content-Type": ["application/octet-stream"]},
+            "body": base64.b64encode(BINARY).decode(), "isBase64Encoded": True}
+
+
+@pytest.mark.parametrize(
+    ("accept", "gets_bytes"),
+    [
+        ("application/binary", True),  # what the official SDK sends for files.content
+        ("application/octet-stream;q=0.9", True),
+        ("application/binary, */*", True),
+        ("*/*", False),  # curl, httpx, browsers: API Gateway answers the base64 text
+        ("application/json, application/binary", False),  # only the FIRST Accept type counts
+        (None, False),
+    ],
+)
+def test_a_base64_response_is_bytes_only_when_the_first_accept_type_is_binary(accept, gets_bytes):
+    headers = [("Authorization", "Bearer k")] + ([("Accept", accept)] if accept else [])
+    status, _, payload = call(front(Recorder(binary_answer)), headers=headers)
+    assert status == 200
+    assert payload == (BINARY if gets_bytes else base64.b64encode(BINARY))
+
+
+def test_a_response_with_both_header_maps_is_merged_and_repeated_names_are_separate_lines(serve):
+    def answer(event):
+        return {"statusCode": 200, "headers": {"X-One": "1", "Set-Cookie": "ignored=1"},
+                "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]}, "body": "ok"}
+
+    status, headers_out, _ = call(front(Recorder(answer)))
+    assert status == 200
+    assert header(headers_out, "X-One") == ["1"]
+    assert header(headers_out, "Set-Cookie") == ["a=1", "b=2"]  # multiValueHeaders wins for a name in both
+    url = serve(Recorder(answer))
+    response = httpx2.get(f"{url}/v1/files", headers={"Authorization": "Bearer k"}, timeout=10)
+    assert response.headers.get_list("set-cookie") == ["a=1", "b=2"]
+
+
+def test_repeated_headers_and_query_parameters_reach_the_lambda_in_both_views():
+    recorder = Recorder()
+    headers = [("Authorization", "Bearer k"), ("X-Multi", "1"), ("X-Multi", "2"), ("X-MiXeD-Case", "v")]
+    call(front(recorder), target="/v1/files?a=1&a=2&b=&c=x%20y", headers=headers)
+    (event,) = recorder.events
+    assert event["headers"]["X-Multi"] == "2"  # the last value
+    assert event["multiValueHeaders"]["X-Multi"] == ["1", "2"]
+    assert event["headers"]["X-MiXeD-Case"] == "v"  # header names as the client sent them
+    assert event["queryStringParameters"] == {"a": "2", "b": "", "c": "x y"}
+    assert event["multiValueQueryStringParameters"] == {"a": ["1", "2"], "b": [""], "c": ["x y"]}
+    assert event["pathParameters"] == {"proxy": "files"}
+    assert event["requestContext"]["authorizer"]["tenant"] == "acme"
+
+
+def test_no_query_string_is_null_in_both_views():
+    recorder = Recorder()
+    call(front(recorder))
+    assert recorder.events[0]["queryStringParameters"] is None
+    assert recorder.events[0]["multiValueQueryStringParameters"] is None
+
+
+def envelope(payload):
+    body = json.loads(payload)
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_a_request_over_api_gateways_10_mb_is_its_413_and_never_reaches_the_lambda():
+    recorder = Recorder()
+    api = front(recorder)
+    assert api.payload_limit == 10 * 1024 * 1024
+    headers = [("Authorization", "Bearer k"), ("Content-Type", "application/octet-stream")]
+    status, headers_out, payload = call(api, "POST", "/v1/files", headers, b"x" * (10 * 1024 * 1024 + 1))
+    assert status == 413 and recorder.events == []
+    error = envelope(payload)
+    assert error["code"] == "request_too_large" and error["type"] == "invalid_request_error"
+    assert str(10 * 1024 * 1024) in error["message"] and "upload_file_chunked" in error["message"]
+    assert header(headers_out, "x-request-id")
+
+
+def test_an_event_over_lambdas_6_mb_is_refused_before_the_lambda():
+    recorder = Recorder()
+    headers = [("Authorization", "Bearer k"), ("Content-Type", "application/octet-stream")]
+    # 4.5 MiB of bytes: under API Gateway's 10 MB, but 6 MiB once base64-encoded in the event
+    status, _, payload = call(front(recorder), "POST", "/v1/files", headers, b"x" * (4608 * 1024))
+    assert status == 413 and recorder.events == []
+    assert envelope(payload)["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(("extra", "status"), [(-1024, 200), (1, 502)])
+def test_a_lambda_response_over_6_mb_is_a_502(extra, status):
+    def answer(event):
+        response = {"statusCode": 200, "headers": {}, "body": ""}
+        overhead = len(json.dumps(response))
+        response["body"] = "x" * (6 * 1024 * 1024 - overhead + extra)
+        return response
+
+    got, _, payload = call(front(Recorder(answer)))
+    assert got == status
+    if status == 502:
+        assert envelope(payload) == {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
+
+
+def test_the_lambda_gets_29_s_then_the_client_gets_504_endpoint_request_timed_out():
+    assert front(Recorder()).integration_timeout == 29
+    release = threading.Event()
+
+    def slow(event, context):
+        release.wait(30)
+        return {"statusCode": 200, "body": "late"}
+
+    try:
+        status, headers_out, payload = call(front(slow, integration_timeout=0.2))
+    finally:
+        release.set()
+    assert status == 504
+    assert envelope(payload) == {"message": "Endpoint request timed out", "type": "server_error", "param": None, "code": "timeout"}
+    assert header(headers_out, "x-request-id")
+
+
+def deny(event, context):
+    return {"principalId": "x", "policyDocument": {"Statement": [{"Effect": "Deny"}]}}
+
+
+def unauthorized(event, context):
+    raise Exception("Unauthorized")
+
+
+def broken(event, context):
+    raise RuntimeError("the key table is throttled")
+
+
+@pytest.mark.parametrize(
+    ("authorizer", "headers", "status", "error_type", "code"),
+    [
+        (allow, [], 401, "invalid_request_error", "invalid_api_key"),  # no identity source: no authorizer call
+        (unauthorized, [("Authorization", "Bearer bad")], 401, "invalid_request_error", "invalid_api_key"),
+        (deny, [("Authorization", "Bearer bad")], 401, "invalid_request_error", "invalid_api_key"),
+        (broken, [("Authorization", "Bearer k")], 500, "server_error", None),
+    ],
+    ids=["missing", "unauthorized", "deny", "authorizer-fails"],
+)
+def test_the_authorizers_answers_are_the_stacks_gateway_responses(authorizer, headers, status, error_type, code):
+    recorder = Recorder()
+    got, headers_out, payload = call(front(recorder, authorizer), headers=headers)
+    assert got == status and recorder.events == []
+    error = envelope(payload)
+    assert (error["type"], error["code"]) == (error_type, code)
+    assert header(headers_out, "x-request-id") and header(headers_out, "content-type") == ["application/json"]
+
+
+@pytest.mark.parametrize("target", ["/", "/v2/files", "/v1", "/v1/"])
+def test_a_path_outside_v1_proxy_is_api_gateways_403_missing_authentication_token(target):
+    recorder = Recorder()
+    status, _, payload = call(front(recorder), target=target)
+    assert status == 403 and recorder.events == []
+    assert envelope(payload) == {"message": "Missing Authentication Token", "type": "invalid_request_error", "param": None, "code": None}
+
+
+def test_every_gateway_response_the_front_renders_is_the_stacks_template():
+    """The front renders http.GATEWAY_ERRORS, which infra/constructs/api.py synthesizes: same status,
+    same body (API Gateway's message substituted), Retry-After on 429s."""
+    api = front(Recorder())
+    for kind, error in http_contract.GATEWAY_ERRORS.items():
+        if error.status is None:
+            continue
+        status, headers_out, payload = api.gateway(kind, "req-1", "API Gateway's message")
+        rendered = json.loads(error.template().replace("$context.error.messageString", json.dumps("API Gateway's message")))
+        assert status == error.status and json.loads(payload) == rendered
+        assert header(headers_out, "x-request-id") == ["req-1"]
+        assert header(headers_out, "Retry-After") == ([str(error.retry_after_seconds)] if error.retry_after_seconds else [])
+    status, headers_out, payload = api.gateway("THROTTLED", "req-2", "Too Many Requests")
+    assert status == 429 and header(headers_out, "Retry-After") == ["1"]
+    assert envelope(payload)["type"] == "rate_limit_error" and envelope(payload)["code"] == "rate_limit_exceeded"
+
+
+def test_an_invalid_base64_body_for_a_binary_accept_is_api_gateways_500():
+    def answer(event):
+        return {"statusCode": 200, "body": "not base64!", "isBase64Encoded": True}
+
+    status, _, payload = call(front(Recorder(answer)), headers=[("Authorization", "Bearer k"), ("Accept", "application/binary")])
+    assert status == 500 and envelope(payload)["type"] == "server_error"

@@ -279,7 +279,7 @@ def test_an_upload_named_with_quotes_and_any_script_keeps_its_name_and_downloads
     done = client.uploads.complete(upload_id=upload.id, part_ids=[part.id])
     assert done.file.filename == name and client.files.retrieve(done.file.id).filename == name
     assert client.files.content(done.file.id).content == payload
-    disposition = raw.get(f"/files/{done.file.id}/content").headers["content-disposition"]
+    disposition = raw.get(f"/files/{done.file.id}/content", headers={"Accept": "application/binary"}).headers["content-disposition"]
     assert all(" " <= c <= "~" for c in disposition)
     assert disposition.startswith('attachment; filename="say _hi_ _ ___ _.jsonl"; filename*=UTF-8\'\'')
     assert unquote(disposition.split("filename*=UTF-8''", 1)[1], errors="strict") == name

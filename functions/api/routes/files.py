@@ -42,7 +42,12 @@ def get_file(file_id: str) -> FileObject:
 
 @router.get("/v1/files/<file_id>/content")
 def get_file_content(file_id: str):  # noqa: ANN201 - a raw Response (bytes or a redirect)
-    content = files.get_file_content(deps.stores(), deps.settings(), tenant(router), file_id, deps.now())
+    settings = deps.settings()
+    if not http.is_binary_media_type(router.current_event.headers.get("Accept")):
+        # API Gateway would hand this client the base64 text of an inline body (its first Accept type
+        # is not a binary media type: curl's and browsers' */*): a presigned URL gives it the bytes.
+        settings = settings.model_copy(update={"inline_content_limit": -1})
+    content = files.get_file_content(deps.stores(), settings, tenant(router), file_id, deps.now())
     if content.redirect is not None:
         return Response(status_code=307, headers={"Location": content.redirect}, body="")
     return Response(
