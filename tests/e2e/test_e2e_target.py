@@ -228,8 +228,10 @@ def test_eventually_tries_at_once_then_until_the_bound() -> None:
     assert e2e_target.eventually(lambda: next(answers), within=300, interval=5, clock=clock, sleep=sleep)
     assert slept == [5, 5]
     now[0], slept[:] = 0.0, []
-    assert not e2e_target.eventually(lambda: False, within=0, clock=clock, sleep=sleep)  # local: one try
-    assert slept == []
+    calls = []
+    assert e2e_target.eventually(lambda: calls.append(1) or True, within=0, clock=clock, sleep=sleep)  # local: one try...
+    assert not e2e_target.eventually(lambda: calls.append(1) or False, within=0, clock=clock, sleep=sleep)
+    assert (calls, slept) == ([1, 1], [])  # ...and no wait
     assert not e2e_target.eventually(lambda: False, within=12, interval=5, clock=clock, sleep=sleep)
     assert slept == [5, 5, 5]
 
