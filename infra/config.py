@@ -203,6 +203,12 @@ class DeployConfig(_Strict):
     #: A revoked key keeps working for up to this long.
     authorizer_cache_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     log_retention_days: int = 30
+    #: Days a batch's working data (everything under ``batches/<tenant>/<batch>/``: input snapshot,
+    #: chunk manifest, result parts, checkpoints) is kept after the batch ends, at least; the
+    #: bucket's lifecycle removes each object ``batch_data_retention_days`` plus the longest a batch
+    #: can stay open after it was written (infra/constructs/storage.py, docs/deploy.md "Retention").
+    #: The batch's record and its output and error files are not batch data: they keep their own expiry.
+    batch_data_retention_days: Annotated[int, Field(ge=0, le=3650)] = 7
     #: What happens to the bucket, table and log groups when the stack is deleted. ``destroy`` also
     #: empties the bucket on delete (for dev stacks); ``retain`` keeps customer data (default).
     removal_policy: Literal["retain", "destroy"] = "retain"

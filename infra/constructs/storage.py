@@ -10,6 +10,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from functions.core import limits, schema
+from functions.core.settings import Settings
 from infra.config import DeployConfig
 
 from .common import acknowledge, removal_policy
@@ -29,11 +30,36 @@ UPLOADS_PREFIX = schema.upload_prefix("t", "u").split("/", 1)[0] + "/"
 UPLOAD_PARTS_EXPIRY_DAYS = math.ceil(limits.UPLOAD_EXPIRY_SECONDS / 86_400) + 1
 #: Incomplete S3 multipart uploads (assembling a File from parts) are aborted after this.
 ABORT_MULTIPART_DAYS = 1
+#: Batch data (``schema.BATCHES_PREFIX``): the lifecycle rule's prefix.
+BATCHES_PREFIX = schema.BATCHES_PREFIX
+#: Slack on top of the longest a batch stays open: a day of sweeper outage before batch data of a
+#: batch still open could go (the sweeper ends every batch by its expiry plus minutes).
+OPEN_SLACK_DAYS = 1
+
+
+def longest_open_seconds(settings: Settings) -> int:
+    """The longest a batch stays open after its creation: its completion window (the longest the
+    deployment accepts), the expiry grace, the drain grace and one sweep period (docs/reliability.md,
+    "Liveness": the sweeper ends every open batch by then)."""
+    window = max(limits.window_seconds(w) for w in settings.completion_windows)
+    return window + settings.expiry_grace_seconds + settings.drain_grace_seconds + settings.sweep_seconds
+
+
+def batch_data_expiry_days(config: DeployConfig) -> int:
+    """Days after its creation the lifecycle removes an object under ``batches/``.
+
+    Every object of a batch is written between the batch's creation and its end, and a batch ends
+    at most ``longest_open_seconds`` after its creation; so an object removed this many days after
+    it was written is removed at least ``batch_data_retention_days`` after the batch ended (never
+    while it is open), and at most that plus the longest open time plus ``OPEN_SLACK_DAYS`` (plus
+    S3's rounding to the next midnight UTC and its asynchronous removal)."""
+    settings = config.settings(table_name="-", bucket_name="-")
+    return config.batch_data_retention_days + math.ceil(longest_open_seconds(settings) / 86_400) + OPEN_SLACK_DAYS
 
 
 class Storage(Construct):
     """``bucket``: SSE-S3, no public access, TLS only, unversioned, access-logged, with lifecycle
-    rules for multipart leftovers and Uploads parts. ``table``: ``schema.TABLE_SCHEMA`` on demand,
+    rules for multipart leftovers, Uploads parts and batch data (``batch_data_expiry_days``). ``table``: ``schema.TABLE_SCHEMA`` on demand,
     with PITR, TTL and the stream the reaper reads."""
 
     def __init__(self, scope: Construct, id: str, *, config: DeployConfig) -> None:
@@ -77,6 +103,12 @@ class Storage(Construct):
                     id="expire-upload-parts",
                     prefix=UPLOADS_PREFIX,
                     expiration=cdk.Duration.days(UPLOAD_PARTS_EXPIRY_DAYS),
+                ),
+                # Retention of batch data: see batch_data_expiry_days. Not files/ (their own expiry).
+                s3.LifecycleRule(
+                    id="expire-batch-data",
+                    prefix=BATCHES_PREFIX,
+                    expiration=cdk.Duration.days(batch_data_expiry_days(config)),
                 ),
             ],
             removal_policy=policy,
