@@ -220,7 +220,7 @@ class LocalApi:
 
         def run() -> None:
             try:
-                box["result"] = self._api(event, LocalLambdaContext("api"))
+                box["result"] = self._api(event, LocalLambdaContext("api", timeout_seconds=self.integration_timeout))
             except BaseException as exc:  # noqa: BLE001 - handed back to the caller
                 box["error"] = exc
             finally:

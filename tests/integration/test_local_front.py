@@ -331,3 +331,14 @@ def test_an_invalid_base64_body_for_a_binary_accept_is_api_gateways_500():
 
     status, _, payload = call(front(Recorder(answer)), headers=[("Authorization", "Bearer k"), ("Accept", "application/binary")])
     assert status == 500 and envelope(payload)["type"] == "server_error"
+
+
+def test_the_api_lambdas_context_reports_the_integration_timeout_as_its_time_left():
+    seen = []
+
+    def handler(event, context):
+        seen.append(context.get_remaining_time_in_millis())
+        return {"statusCode": 200, "body": ""}
+
+    call(front(handler))
+    assert 0 < seen[0] <= 29_000
