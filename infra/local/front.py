@@ -5,6 +5,7 @@ Driven by the settings the stack synthesizes (``functions.core.http``: binary me
 integration timeout, the gateway responses; ``functions.core.limits``: payload quotas):
 
 - only ``/v1/{proxy+}`` exists (anything else is API Gateway's MISSING_AUTHENTICATION_TOKEN);
+- with ``throttle=(rate, burst)`` (off by default), the stage's token bucket: THROTTLED (429);
 - a request over API Gateway's 10 MB payload quota is its REQUEST_TOO_LARGE (413);
 - a REQUEST authorizer (identity source ``Authorization``) runs first: no header or "Unauthorized"
   is UNAUTHORIZED, a Deny is ACCESS_DENIED, any other failure AUTHORIZER_CONFIGURATION_ERROR;
@@ -87,6 +88,26 @@ def response_headers(result: dict[str, Any]) -> Headers:
     return merged
 
 
+class TokenBucket:
+    """API Gateway's stage throttling: a bucket of ``burst`` requests refilled at ``rate`` per second
+    (its documented token-bucket algorithm); a request finding it empty is THROTTLED (429)."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]):
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens, self._last = float(burst), clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self._tokens < 1:
+                return False
+            self._tokens -= 1
+            return True
+
+
 class LocalApi:
     """Turns HTTP requests into authorizer + proxy events and Lambda results into responses."""
 
@@ -99,9 +120,12 @@ class LocalApi:
         integration_timeout: float = http.INTEGRATION_TIMEOUT_SECONDS,
         payload_limit: int = limits.API_GATEWAY_PAYLOAD_LIMIT,
         lambda_payload_limit: int = limits.LAMBDA_PAYLOAD_LIMIT,
+        throttle: tuple[float, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._api = api_handler
         self._authorizer = authorizer_handler
+        self._bucket = TokenBucket(*throttle, clock) if throttle else None
         self.binary_media_types = binary_media_types
         self.integration_timeout = integration_timeout
         self.payload_limit = payload_limit
@@ -123,6 +147,8 @@ class LocalApi:
 
         if not path.startswith(http.API_PREFIX + "/") or path == http.API_PREFIX + "/":
             return self.gateway("MISSING_AUTHENTICATION_TOKEN", request_id, MISSING_TOKEN_MESSAGE)
+        if self._bucket is not None and not self._bucket.take():
+            return self.gateway("THROTTLED", request_id, "Too Many Requests")
         if len(body) > self.payload_limit:
             return self.gateway("REQUEST_TOO_LARGE", request_id, "Request Too Long")
 

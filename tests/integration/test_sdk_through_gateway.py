@@ -58,3 +58,43 @@ def test_errors_carry_the_request_id_too(client, api_url):
         OpenAI(base_url=api_url, api_key="sk-wrong", max_retries=0).files.list()
     assert bad_key.value.request_id  # the authorizer's 401 is API Gateway's UNAUTHORIZED response
     assert bad_key.value.body["code"] == "invalid_api_key"
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def throttled(aws, keys):
+    """The front with API Gateway's stage throttling on: 1 request per second, a burst of 2."""
+    import threading
+
+    from functions.authorizer import handler as authorizer_handler
+    from infra.local.front import LocalApi, make_server
+
+    clock = ManualClock()
+    server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler, throttle=(1.0, 2), clock=clock), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    yield OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=keys["acme"], max_retries=0), clock
+    server.shutdown()
+    server.server_close()
+
+
+def test_api_gateways_throttling_reaches_the_sdk_as_a_rate_limit_error_with_retry_after(throttled):
+    client, clock = throttled
+    client.files.list()
+    client.files.list()  # the burst
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.files.list()
+    error = limited.value
+    assert error.status_code == 429 and error.request_id
+    assert error.body == {
+        "message": error.body["message"], "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded",
+    }
+    assert error.response.headers["retry-after"] == "1"
+    clock.now += 1.0  # the bucket refills one request per second
+    assert client.files.list()._request_id
