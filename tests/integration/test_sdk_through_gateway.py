@@ -98,3 +98,15 @@ def test_api_gateways_throttling_reaches_the_sdk_as_a_rate_limit_error_with_retr
     assert error.response.headers["retry-after"] == "1"
     clock.now += 1.0  # the bucket refills one request per second
     assert client.files.list()._request_id
+
+
+def test_the_largest_inline_file_fits_lambdas_6_mb_answer_and_comes_back_exact(client):
+    """4 MiB (the inline limit, README) is about 5.6 MB once base64-encoded in the Lambda's answer:
+    under Lambda's 6 MB, so the front (which 502s an answer over it) hands the SDK the exact bytes."""
+    import os
+
+    payload = os.urandom(4 * 1024 * 1024)
+    f = client.files.create(file=("edge.bin", payload), purpose="user_data")
+    response = client.files.with_raw_response.content(f.id)
+    assert response.http_response.status_code == 200  # inline, not a redirect
+    assert response.content == payload
