@@ -8,6 +8,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
+from .files import ready
 from .protocol import BatchListQuery, CreateBatchBody
 
 #: Statuses from which a cancel moves the batch to cancelling.
@@ -37,6 +38,7 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
             f"File {input_file_id} has purpose {file.purpose!r}; a batch input file must have purpose 'batch'.",
             param="input_file_id", code="invalid_file_purpose",
         )
+    ready(file, param="input_file_id")  # an Upload still being assembled is a clear 400 (docs/uploads.md)
     batch_id = ids.new_id(ids.BATCH)
     record = BatchRecord(
         tenant=tenant,

@@ -81,8 +81,21 @@ class Content:
     redirect: str | None = None
 
 
+def ready(record: FileRecord, *, param: str = "file_id") -> FileRecord:
+    """``record`` if its bytes are there; a File still being assembled from an Upload (status
+    ``uploaded``, docs/uploads.md) or whose assembly failed (``error``) is a clear 400."""
+    if record.status == "uploaded":
+        raise InvalidRequest(
+            f"File {record.id} is still being assembled from its upload (status 'uploaded'); retry once "
+            "client.files.retrieve shows status 'processed'.", param=param, code="file_not_ready",
+        )
+    if record.status == "error":
+        raise InvalidRequest(f"File {record.id} has no content: {record.status_details}", param=param, code="file_error")
+    return record
+
+
 def get_file_content(stores: Stores, settings: Settings, tenant: str, file_id: str, now: int) -> Content:
-    record = _get(stores, tenant, file_id, now)
+    record = ready(_get(stores, tenant, file_id, now))
     if record.bytes > settings.inline_content_limit:
         url = stores.objects.presigned_get(record.s3_key, seconds=settings.presign_seconds, filename=record.filename)
         return Content(filename=record.filename, redirect=url)

@@ -1,7 +1,20 @@
 """Uploads API logic: a large file arrives in parts (each small enough for a Lambda request) and is
-assembled into one S3 object with multipart copy/coalescing, then becomes a normal File."""
+assembled into one S3 object, then becomes a normal File.
+
+No API request moves more than a bounded number of bytes (docs/uploads.md): a part request stores
+one part (at most ``max_upload_part_bytes``); ``complete`` assembles an upload of at most
+``limits.UPLOAD_INLINE_ASSEMBLY_BYTES`` itself and hands a larger one to the upload assembler
+(``functions/assembler``, one SQS message): it records the part order in a manifest, creates the
+File as ``uploaded`` and answers at once; ``assemble`` then streams the parts in order into one S3
+multipart upload, computing the md5 on the way (md5 cannot be combined from per-part digests, so
+every byte is read once, in order), and marks the File ``processed`` (or ``error``)."""
 
 import hashlib
+import json
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from functions.core import ids, limits, schema
 from functions.core.errors import ConditionFailed, Conflict, InvalidRequest, PayloadTooLarge, not_found
@@ -59,7 +72,8 @@ def add_part(stores: Stores, settings: Settings, tenant: str, upload_id: str, *,
     if len(data) > settings.max_upload_part_bytes:
         raise PayloadTooLarge(
             f"The part is {len(data)} bytes; parts may be at most {settings.max_upload_part_bytes} bytes "
-            "(use a smaller part_size).",
+            "(a Lambda request carries about 6 MB after base64): use "
+            f"client.uploads.upload_file_chunked(..., part_size={settings.max_upload_part_bytes}).",
             param="data",
         )
     part_id = ids.new_id(ids.PART)
@@ -77,12 +91,15 @@ def add_part(stores: Stores, settings: Settings, tenant: str, upload_id: str, *,
     return part.to_wire()
 
 
-def complete_upload(stores: Stores, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int) -> Upload:
+def complete_upload(stores: Stores, settings: Settings, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int) -> Upload:
     part_ids, md5 = body.part_ids, body.md5
     record = _get(stores, tenant, upload_id)
     if record.status == "completed" and record.file_id:
-        # A retried complete: answer as the first one did.
+        # A retried complete: answer as the first one did (and hand a File still being assembled
+        # to the assembler again: the first message may have been lost with a crash).
         file = stores.files.get(tenant, record.file_id, now)
+        if file is not None and file.status == "uploaded":
+            _dispatch(stores, settings, tenant, upload_id)
         return record.to_wire(now, file.to_wire() if file else None)
     record = _pending(stores, tenant, upload_id, now)
     if not part_ids:
@@ -104,16 +121,15 @@ def complete_upload(stores: Stores, tenant: str, upload_id: str, body: CompleteU
     # The destination key is derived from the upload, so a retry after a crash overwrites the same
     # object instead of leaving an orphan; the File record only appears in the transaction below.
     dest = schema.file_key(tenant, upload_id)
-    stores.objects.concatenate(dest, [(parts[p].s3_key, parts[p].bytes) for p in part_ids])
-    if md5 is not None:
-        digest = hashlib.md5(usedforsecurity=False)
-        for chunk in stores.objects.iter_bytes(dest):
-            digest.update(chunk)
-        if digest.hexdigest() != md5.lower():
+    sources = [(parts[p].s3_key, parts[p].bytes) for p in part_ids]
+    inline = total <= limits.UPLOAD_INLINE_ASSEMBLY_BYTES
+    if inline:
+        digest = assemble_parts(stores, dest, sources)
+        if md5 is not None and digest != md5.lower():
             stores.objects.delete(dest)
-            raise InvalidRequest(
-                f"The md5 of the assembled file is {digest.hexdigest()}, not {md5}.", param="md5", code="md5_mismatch"
-            )
+            raise InvalidRequest(_md5_message(digest, md5), param="md5", code="md5_mismatch")
+    elif not settings.assembly_queue_url:
+        raise RuntimeError("uploads larger than UPLOAD_INLINE_ASSEMBLY_BYTES need assembly_queue_url (the assembler)")
     ttl = record.file_expires_after
     file = FileRecord(
         tenant=tenant,
@@ -124,14 +140,132 @@ def complete_upload(stores: Stores, tenant: str, upload_id: str, body: CompleteU
         created_at=now,
         expires_at=now + ttl if ttl is not None else None,
         s3_key=dest,
+        status="processed" if inline else "uploaded",
     )
+    if not inline:
+        # The order and the md5 to check, for the assembler (at most S3_MAX_PARTS entries: the
+        # part ids, not the bytes). Written before the File exists, so the assembler always finds it.
+        manifest = Manifest(file_id=file.id, md5=md5.lower() if md5 else None, parts=sources)
+        stores.objects.put(manifest_key(tenant, upload_id), manifest.dump(), "application/json")
     try:
         stores.uploads.complete(record, file)
     except ConditionFailed:
         raise Conflict(f"Upload {upload_id} was completed or cancelled concurrently.", param="upload_id") from None
-    stores.objects.delete_many(parts[p].s3_key for p in part_ids)
+    if inline:
+        stores.objects.delete_many(key for key, _ in sources)
+    else:
+        _dispatch(stores, settings, tenant, upload_id)
     completed = record.model_copy(update={"status": "completed", "file_id": file.id})
     return completed.to_wire(now, file.to_wire())
+
+
+def _md5_message(digest: str, expected: str) -> str:
+    return f"The md5 of the assembled file is {digest}, not {expected}."
+
+
+# --- Assembly -----------------------------------------------------------------------------------
+#: Parts fetched ahead of the one being written (memory: this many parts + one S3 part buffer).
+PREFETCH_PARTS = 4
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``complete`` hands the assembler: the File to fill, the md5 to check, the parts in order."""
+
+    file_id: str
+    md5: str | None
+    parts: list[tuple[str, int]]
+
+    def dump(self) -> bytes:
+        return json.dumps({"file_id": self.file_id, "md5": self.md5, "parts": self.parts}).encode()
+
+    @classmethod
+    def load(cls, raw: bytes) -> "Manifest":
+        data = json.loads(raw)
+        return cls(file_id=data["file_id"], md5=data["md5"], parts=[(k, int(n)) for k, n in data["parts"]])
+
+
+def manifest_key(tenant: str, upload_id: str) -> str:
+    return f"{schema.upload_prefix(tenant, upload_id)}manifest.json"
+
+
+def assembly_message(tenant: str, upload_id: str) -> str:
+    return json.dumps({"tenant": tenant, "upload_id": upload_id})
+
+
+def _dispatch(stores: Stores, settings: Settings, tenant: str, upload_id: str) -> None:
+    stores.queues.queue(settings.assembly_queue_url).send([assembly_message(tenant, upload_id)])
+
+
+def _fetched(stores: Stores, sources: list[tuple[str, int]]) -> Iterator[bytes]:
+    """The parts' bytes in order, up to PREFETCH_PARTS fetched ahead (S3 latency overlaps the
+    writes; memory stays bounded by the window, never the file)."""
+    with ThreadPoolExecutor(max_workers=PREFETCH_PARTS) as pool:
+        window: deque[Future[bytes]] = deque()
+        pending = iter(sources)
+        for key, _ in pending:
+            window.append(pool.submit(stores.objects.get, key))
+            if len(window) >= PREFETCH_PARTS:
+                break
+        while window:
+            data = window.popleft().result()
+            for key, _ in pending:
+                window.append(pool.submit(stores.objects.get, key))
+                break
+            yield data
+
+
+def assemble_parts(stores: Stores, dest: str, sources: list[tuple[str, int]]) -> str:
+    """Write the parts' concatenation to ``dest`` (one S3 multipart upload, parts of
+    ``MultipartWriter.PART_BYTES``) and return its md5: every byte is read once and written once."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with stores.objects.writer(dest) as writer:
+        for (key, size), data in zip(sources, _fetched(stores, sources), strict=True):
+            if len(data) != size:
+                raise RuntimeError(f"part {key} holds {len(data)} bytes, not {size}")
+            digest.update(data)
+            writer.write(data)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """What one assembly did: ``processed``, ``error`` (md5 mismatch / gave up) or ``skipped``."""
+
+    outcome: str
+    file_id: str | None = None
+    bytes: int = 0
+
+
+def assemble(stores: Stores, tenant: str, upload_id: str, *, now: int) -> Assembled:
+    """The assembler's work for one completed Upload (idempotent: a redelivery of a File already
+    settled only removes what is left of the parts)."""
+    record = stores.uploads.get(tenant, upload_id)
+    if record is None or record.status != "completed" or not record.file_id:
+        return Assembled("skipped")
+    file = stores.files.get(tenant, record.file_id, now)
+    prefix_keys = stores.objects.list_keys(schema.upload_prefix(tenant, upload_id))
+    if file is None or file.status != "uploaded":
+        stores.objects.delete_many(prefix_keys)  # settled (or deleted) before: only leftovers go
+        return Assembled("skipped", record.file_id)
+    manifest = Manifest.load(stores.objects.get(manifest_key(tenant, upload_id)))
+    digest = assemble_parts(stores, file.s3_key, manifest.parts)
+    if manifest.md5 is not None and digest != manifest.md5:
+        stores.objects.delete(file.s3_key)
+        stores.files.settle(tenant, file.id, "error", _md5_message(digest, manifest.md5))
+        outcome = "error"
+    else:
+        outcome = "processed" if stores.files.settle(tenant, file.id, "processed") else "skipped"
+    stores.objects.delete_many(prefix_keys)
+    return Assembled(outcome, file.id, file.bytes)
+
+
+def give_up(stores: Stores, tenant: str, upload_id: str, reason: str, *, now: int) -> None:
+    """The assembler's last delivery failed: the File says so (``error``) instead of staying
+    ``uploaded`` forever; the parts go with the bucket's lifecycle rule on uploads/."""
+    record = stores.uploads.get(tenant, upload_id)
+    if record is not None and record.file_id:
+        stores.files.settle(tenant, record.file_id, "error", f"The upload could not be assembled: {reason[:200]}")
 
 
 def cancel_upload(stores: Stores, tenant: str, upload_id: str, *, now: int) -> Upload:

@@ -45,6 +45,14 @@ DEFAULT_PRESIGN_SECONDS: Final = 300
 #: The largest Uploads part the API accepts: what a Lambda request can carry after base64 and the
 #: multipart envelope. Clients must use part_size <= this (the SDK's default is 64 MB).
 MAX_UPLOAD_PART_BYTES: Final = 4 * 1024 * 1024
+#: ``complete`` assembles an Upload of at most this many bytes itself (reading and writing at most
+#: this much in one request, about a second on AWS, and answering an md5 mismatch with a 400);
+#: a larger one is handed to the upload assembler (docs/uploads.md), so no API request moves more.
+UPLOAD_INLINE_ASSEMBLY_BYTES: Final = 32 * 1024 * 1024
+#: The assembler's run time bound (Lambda's maximum): 8 GB streamed at >= 10 MB/s fits in it.
+ASSEMBLER_TIMEOUT_SECONDS: Final = 900
+#: Deliveries of one assembly message before it is dead-lettered (the last one marks the File error).
+ASSEMBLER_MAX_RECEIVES: Final = 3
 
 # --- Batches (OpenAI: POST /v1/batches) ---------------------------------------------------------
 DEFAULT_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")

@@ -57,6 +57,9 @@ class FileStore(Protocol):
     def list(
         self, tenant: str, *, purpose: str | None, after: str | None, ascending: bool, limit: int, now: int
     ) -> tuple[list[FileRecord], bool]: ...
+    def settle(self, tenant: str, file_id: str, status: str, details: str | None = None) -> FileRecord | None:
+        """Move a File from ``uploaded`` (an Upload being assembled) to ``status`` (``processed`` or
+        ``error``, with ``details``); returns it, or None if it is gone or no longer ``uploaded``."""
 
 
 class UploadStore(Protocol):

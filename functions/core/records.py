@@ -73,6 +73,11 @@ class FileRecord(Record):
     created_at: int
     expires_at: int | None = None
     s3_key: str
+    #: OpenAI's File status: ``uploaded`` while an Upload's parts are still being assembled into
+    #: ``s3_key`` (docs/uploads.md), ``processed`` once the bytes are there, ``error`` if assembly
+    #: failed (``status_details`` says why, e.g. an md5 mismatch).
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    status_details: str | None = None
 
     @staticmethod
     def sort_key(file_id: str) -> str:
@@ -101,6 +106,8 @@ class FileRecord(Record):
             expires_at=self.expires_at,
             filename=self.filename,
             purpose=self.purpose,
+            status=self.status,
+            status_details=self.status_details,
         )
 
 

@@ -87,6 +87,9 @@ class Settings(EnvSettings):
     inline_content_limit: int = Field(default=limits.DEFAULT_INLINE_CONTENT_LIMIT, ge=0)
     presign_seconds: int = Field(default=limits.DEFAULT_PRESIGN_SECONDS, gt=0)
     max_upload_part_bytes: int = Field(default=limits.MAX_UPLOAD_PART_BYTES, gt=0)
+    #: The queue of the upload assembler (docs/uploads.md): uploads larger than
+    #: limits.UPLOAD_INLINE_ASSEMBLY_BYTES are assembled there, not in the API request.
+    assembly_queue_url: str = ""
     # --- Batches ---
     #: Endpoints a batch may target (each also needs a model that serves it).
     allowed_endpoints: tuple[str, ...] = limits.DEFAULT_ENDPOINTS

@@ -237,6 +237,15 @@ class FakeFiles(_Port):
         alive = [self.items[(tenant, i)] for i in ids if not self.items[(tenant, i)].expired(now)]
         return alive[:limit], len(alive) > limit
 
+    def settle(self, tenant: str, file_id: str, status: str, details: str | None = None) -> FileRecord | None:
+        self._op("settle")
+        current = self.items.get((tenant, file_id))
+        if current is None or current.status != "uploaded":
+            return None
+        new = current.model_copy(update={"status": status, "status_details": details})
+        self.items[(tenant, file_id)] = new
+        return new
+
 
 class FakeUploads(_Port):
     name = "uploads"

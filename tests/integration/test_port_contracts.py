@@ -185,3 +185,22 @@ def test_open_batches_lists_exactly_the_batches_not_terminal(ports: Stores):
     assert ports.batches.open_batches() == [("acme", "batch_r")]
     # a terminal batch read back carries none of the index's attributes as fields
     assert ports.batches.get("acme", "batch_v").status == "failed"
+
+
+def test_a_file_settles_once_from_uploaded(ports: Stores):
+    """An assembled Upload's File moves from ``uploaded`` to processed/error exactly once; a File
+    already processed (or gone) is never moved again (a redelivered assembly changes nothing)."""
+    pending = FileRecord(tenant="acme", id="file-up", filename="u.jsonl", purpose="batch", bytes=3,
+                         created_at=1, s3_key="files/acme/upload_1", status="uploaded")
+    ports.files.create(pending)
+    assert ports.files.get("acme", "file-up", now=2).to_wire().status == "uploaded"
+    settled = ports.files.settle("acme", "file-up", "error", "md5 mismatch")
+    assert settled is not None and (settled.status, settled.status_details) == ("error", "md5 mismatch")
+    assert ports.files.settle("acme", "file-up", "processed") is None
+    stored = ports.files.get("acme", "file-up", now=2)
+    assert (stored.status, stored.status_details) == ("error", "md5 mismatch")
+    done = pending.model_copy(update={"id": "file-done", "status": "processed"})
+    ports.files.create(done)
+    assert ports.files.settle("acme", "file-done", "error", "late") is None
+    assert ports.files.get("acme", "file-done", now=2).status == "processed"
+    assert ports.files.settle("acme", "file-missing", "processed") is None

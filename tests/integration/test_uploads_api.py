@@ -1,6 +1,7 @@
 """Uploads API: parts small enough for a Lambda request assemble into one byte-identical File."""
 
 import hashlib
+import json
 import os
 from urllib.parse import unquote
 
@@ -283,3 +284,205 @@ def test_an_upload_named_with_quotes_and_any_script_keeps_its_name_and_downloads
     assert all(" " <= c <= "~" for c in disposition)
     assert disposition.startswith('attachment; filename="say _hi_ _ ___ _.jsonl"; filename*=UTF-8\'\'')
     assert unquote(disposition.split("filename*=UTF-8''", 1)[1], errors="strict") == name
+
+
+# --- uploads of any size: bounded bytes per request, assembly by the assembler (docs/uploads.md) ---
+class WireBytes:
+    """Counts what each API request moves through the Lambda: the request and response bodies of
+    the API event, plus every byte the handler sends to and receives from S3 meanwhile (measured
+    on the botocore wire: request bodies sent, Content-Length of answers received)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, int] | None = None
+        self.requests: list[tuple[str, dict[str, int]]] = []
+        self.outside = {"s3_in": 0, "s3_out": 0}  # S3 bytes moved outside any API request
+
+    def _bucket(self) -> dict[str, int]:
+        return self.current if self.current is not None else self.outside
+
+    def sent(self, request, **_) -> None:  # noqa: ANN001 - botocore's request-created event
+        body, headers = request.body, request.headers
+        if "X-Amz-Decoded-Content-Length" in headers:  # aws-chunked (flexible checksums)
+            size = int(headers["X-Amz-Decoded-Content-Length"])
+        elif body is None:
+            size = 0
+        elif isinstance(body, bytes | bytearray | str):
+            size = len(body)
+        elif "Content-Length" in headers:
+            size = int(headers["Content-Length"])
+        else:
+            here = body.tell()
+            size = body.seek(0, 2) - here
+            body.seek(here)
+        self._bucket()["s3_out"] = self._bucket().get("s3_out", 0) + size
+
+    def received(self, http_response, **_) -> None:  # noqa: ANN001 - botocore's after-call event
+        self._bucket()["s3_in"] = self._bucket().get("s3_in", 0) + int(http_response.headers.get("content-length", 0))
+
+    def wrap(self, handler):
+        def counted(event, context):
+            self.current = {"api_in": len(event.get("body") or ""), "s3_in": 0, "s3_out": 0}
+            try:
+                answer = handler(event, context)
+            finally:
+                counted_bytes, self.current = self.current, None
+            counted_bytes["api_out"] = len(answer.get("body") or "")
+            self.requests.append((f"{event['httpMethod']} {event['path']}", counted_bytes))
+            return answer
+
+        return counted
+
+    @staticmethod
+    def total(moved: dict[str, int]) -> int:
+        return sum(moved.values())
+
+
+@pytest.fixture
+def assembler_queue(aws, monkeypatch):
+    """The assembly queue (as the stack and the local deployment configure it) and a drain that
+    runs the assembler Lambda's handler on it, as the event source mapping would."""
+    from functions.assembler import handler as assembler_handler
+    from infra.local.pollers import drain_queue
+
+    sqs = clients.client("sqs")
+    url = sqs.create_queue(QueueName="test-assembly", Attributes={"VisibilityTimeout": "900"})["QueueUrl"]
+    monkeypatch.setenv("BATCHAPI_ASSEMBLY_QUEUE_URL", url)
+    from functions.core import deps
+
+    deps.reset()
+
+    class Queue:
+        def __init__(self) -> None:
+            self.url = url
+
+        def drain(self) -> int:
+            return drain_queue(sqs, url, assembler_handler.handler, name="assembler")
+
+        def depth(self) -> int:
+            attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+            return int(attributes["Attributes"]["ApproximateNumberOfMessages"])
+
+    return Queue()
+
+
+@pytest.fixture
+def wire(assembler_queue, keys):
+    """An SDK client whose every API request is measured by a WireBytes (its own local front)."""
+    import threading
+
+    from openai import OpenAI
+
+    from functions.api import handler as api_handler
+    from functions.authorizer import handler as authorizer_handler
+    from infra.local.front import LocalApi, make_server
+
+    counter = WireBytes()
+    events = clients.client("s3").meta.events
+    events.register("request-created.s3.*", counter.sent)
+    events.register("after-call.s3.*", counter.received)
+    server = make_server(LocalApi(counter.wrap(api_handler.handler), authorizer_handler.handler), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+    thread.start()
+    sdk = OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=keys["acme"], max_retries=0)
+    yield counter, sdk
+    server.shutdown()
+    server.server_close()
+    events.unregister("request-created.s3.*", counter.sent)
+    events.unregister("after-call.s3.*", counter.received)
+
+
+def test_no_api_request_moves_more_than_a_part_and_complete_moves_no_file_bytes(wire, assembler_queue, stores):
+    counter, sdk = wire
+    payload = os.urandom(40 * MIB + 777)  # above the 32 MiB complete assembles itself
+    upload = sdk.uploads.upload_file_chunked(
+        file=payload, filename="forty.jsonl", bytes=len(payload), mime_type="application/jsonl",
+        purpose="batch", part_size=4 * MIB, md5=hashlib.md5(payload).hexdigest(),
+    )
+    # OpenAI's shape at once: completed, with its File; the File's bytes are still being assembled
+    assert upload.status == "completed" and upload.file is not None and upload.file.bytes == len(payload)
+    names = [name for name, _ in counter.requests]
+    assert names[0] == "POST /v1/uploads" and names[-1] == f"POST /v1/uploads/{upload.id}/complete"
+    assert names.count(f"POST /v1/uploads/{upload.id}/parts") == 11
+    # every request: at most one part in (base64 + envelope) and out to S3, whatever the file's size
+    bound = 2 * (4 * MIB * 4 // 3) + 64 * 1024
+    assert max(WireBytes.total(moved) for _, moved in counter.requests) <= bound
+    complete = counter.requests[-1][1]
+    assert complete["s3_in"] + complete["s3_out"] < 64 * 1024, complete  # the manifest, no file bytes
+    assert WireBytes.total(complete) < 64 * 1024
+    assert upload.file.status == "uploaded"
+
+    # the assembler (not an API request) moves the file once in and once out
+    before = dict(counter.outside)
+    assert assembler_queue.drain() == 1
+    moved_in = counter.outside["s3_in"] - before["s3_in"]
+    moved_out = counter.outside["s3_out"] - before["s3_out"]
+    assert len(payload) <= moved_in < len(payload) + 64 * 1024
+    assert len(payload) <= moved_out < len(payload) + 64 * 1024
+    file = sdk.files.retrieve(upload.file.id)
+    assert file.status == "processed" and file.bytes == len(payload)
+    record = stores.files.get("acme", file.id, now=0)
+    assert b"".join(stores.objects.iter_bytes(record.s3_key)) == payload
+    assert stores.objects.list_keys("uploads/") == []  # parts and manifest gone
+
+
+def test_an_assembled_upload_is_not_a_batch_input_until_processed(assembler_queue, client, raw, stores):
+    payload = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}\n'
+    payload = payload * (33 * MIB // len(payload) + 1)
+    upload = client.uploads.upload_file_chunked(
+        file=payload, filename="in.jsonl", bytes=len(payload), mime_type="application/jsonl", purpose="batch",
+        part_size=4 * MIB,
+    )
+    file_id = upload.file.id
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    assert_error(raw.post("/batches", json=body), 400, "file_not_ready", "input_file_id", message="client.files.retrieve")
+    assert_error(raw.get(f"/files/{file_id}/content"), 400, "file_not_ready", "file_id")
+    # a complete retried while assembling answers as the first did and hands the upload over again
+    again = client.uploads.complete(upload.id, part_ids=["ignored"])
+    assert again.file.id == file_id and assembler_queue.depth() == 2
+    assert assembler_queue.drain() == 2  # the second delivery finds the File settled: a no-op
+    assert client.files.retrieve(file_id).status == "processed"
+    assert stores.objects.list_keys("uploads/") == []
+
+
+def test_a_large_upload_with_a_wrong_md5_ends_as_a_file_in_error(assembler_queue, client, raw, stores):
+    payload = os.urandom(33 * MIB)
+    upload = client.uploads.upload_file_chunked(
+        file=payload, filename="bad.jsonl", bytes=len(payload), mime_type="application/jsonl", purpose="batch",
+        part_size=4 * MIB, md5="0" * 32,
+    )
+    assert upload.status == "completed" and upload.file.status == "uploaded"
+    assembler_queue.drain()
+    file = client.files.retrieve(upload.file.id)
+    assert file.status == "error" and hashlib.md5(payload).hexdigest() in file.status_details
+    assert "0" * 32 in file.status_details
+    assert_error(raw.get(f"/files/{file.id}/content"), 400, "file_error", "file_id", message="md5")
+    body = {"input_file_id": file.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    assert_error(raw.post("/batches", json=body), 400, "file_error", "input_file_id")
+    assert stores.objects.list_keys(f"files/acme/{upload.id}") == []  # no wrong bytes kept
+    assert stores.objects.list_keys("uploads/") == []
+
+
+def test_the_assemblers_last_failed_delivery_marks_the_file_error(assembler_queue, client, stores, monkeypatch):
+    from functions.assembler import handler as assembler_handler
+
+    payload = os.urandom(33 * MIB)
+    upload = client.uploads.upload_file_chunked(
+        file=payload, filename="lost.jsonl", bytes=len(payload), mime_type="application/jsonl", purpose="batch",
+        part_size=4 * MIB,
+    )
+    stores.objects.delete(stores.objects.list_keys(f"uploads/acme/{upload.id}/")[0])  # a part vanished
+    message = json.dumps({"tenant": "acme", "upload_id": upload.id})
+    with pytest.raises(Exception):
+        assembler_handler.handle(message, receives=1)  # retried by the queue
+    assert client.files.retrieve(upload.file.id).status == "uploaded"
+    assembler_handler.handle(message, receives=3)  # the last delivery: it gives up, clearly
+    file = client.files.retrieve(upload.file.id)
+    assert file.status == "error" and "could not be assembled" in file.status_details
+
+
+def test_without_an_assembler_a_large_complete_fails_before_creating_a_file(raw, client):
+    upload = create(raw, size=33 * MIB).json()
+    part_ids = [add_part(raw, upload["id"], os.urandom(n)).json()["id"] for n in (4 * MIB,) * 8 + (MIB,)]
+    response = raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": part_ids})
+    assert response.status_code == 500
+    assert client.files.list().data == [] and client.uploads.cancel(upload["id"]).status == "cancelled"

@@ -113,7 +113,7 @@ def add_parts(stores, upload_id, blobs):
 
 
 def complete(stores, upload_id, part_ids, md5=None, now=NOW):
-    return uploads.complete_upload(stores, "acme", upload_id, CompleteUploadBody(part_ids=part_ids, md5=md5), now=now)
+    return uploads.complete_upload(stores, SETTINGS, "acme", upload_id, CompleteUploadBody(part_ids=part_ids, md5=md5), now=now)
 
 
 def test_upload_lives_one_hour_and_its_file_takes_the_batch_default(stores):

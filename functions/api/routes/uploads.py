@@ -27,7 +27,7 @@ def add_upload_part(upload_id: str, data: Annotated[UploadFile, File()]) -> Uplo
 
 @router.post("/v1/uploads/<upload_id>/complete")
 def complete_upload(upload_id: str, body: Annotated[CompleteUploadBody, Body()]) -> Upload:
-    return uploads.complete_upload(deps.stores(), tenant(router), upload_id, body, now=deps.now())
+    return uploads.complete_upload(deps.stores(), deps.settings(), tenant(router), upload_id, body, now=deps.now())
 
 
 @router.post("/v1/uploads/<upload_id>/cancel")

@@ -49,6 +49,14 @@ class FileRepo:
             )
         return [FileRecord.from_item(i) for i in items], more
 
+    def settle(self, tenant: str, file_id: str, status: str, details: str | None = None) -> FileRecord | None:
+        values: dict[str, Any] = {"status": status, **({"status_details": details} if details else {})}
+        try:
+            item = self._table.set_if(schema.tenant_pk(tenant), FileRecord.sort_key(file_id), values, expect={"status": "uploaded"})
+        except ConditionFailed:
+            return None
+        return FileRecord.from_item(item)
+
 
 class UploadRepo:
     def __init__(self, table: Table):
