@@ -139,4 +139,5 @@ def test_run_sets_the_count_once_and_remembers_the_idle_clock():
 @pytest.mark.parametrize("bad", [{"max_tasks": 0}, {"backlog_per_task": 0}, {"min_tasks": -1}])
 def test_service_settings_are_validated(bad):
     with pytest.raises(ValueError):
-        SERVICE.model_copy(update=bad).model_validate(SERVICE.model_dump() | bad)
+        ScaledService.model_validate(SERVICE.model_dump() | bad)
+    assert ScaledService.model_validate(SERVICE.model_dump()) == SERVICE
