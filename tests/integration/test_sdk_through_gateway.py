@@ -10,6 +10,7 @@ import pytest
 from openai import OpenAI
 
 from functions.api import handler as api_handler
+from functions.authorizer import handler as authorizer_handler
 from functions.core import schema
 from tests.integration.batch_helpers import line, submit
 
@@ -57,6 +58,7 @@ def test_errors_carry_the_request_id_too(client, api_url):
     with pytest.raises(openai.AuthenticationError) as bad_key:
         OpenAI(base_url=api_url, api_key="sk-wrong", max_retries=0).files.list()
     assert bad_key.value.request_id  # the authorizer's 401 is API Gateway's UNAUTHORIZED response
+    assert authorizer_handler.logger.get_correlation_id() == bad_key.value.request_id  # and its log lines
     assert bad_key.value.body["code"] == "invalid_api_key"
 
 
