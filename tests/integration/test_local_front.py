@@ -7,6 +7,7 @@ Then API Gateway's rules, one test (at least) per row of docs/local.md: binary m
 ways, payload quotas, the integration timeout, multi-value headers and query strings, header names
 as sent, its own rejections in OpenAI's envelope with x-request-id."""
 
+import base64
 import json
 import socket
 import threading
@@ -14,6 +15,7 @@ import threading
 import httpx2
 import pytest
 
+from functions.core import http as http_contract
 from infra.local.front import LocalApi, make_server
 from infra.local.lambda_front import invoke
 
@@ -98,8 +100,6 @@ def test_a_malformed_content_length_is_answered_400(serve):
 
 
 # --- API Gateway's rules (docs/local.md) ------------------------------------------------------------
-import base64  # noqa: E402
-from functions.core import http as http_contract  # noqa: E402
 
 
 class Recorder:
