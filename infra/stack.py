@@ -21,6 +21,7 @@ from infra.constructs.monitoring import Monitoring
 from infra.constructs.reaper import Reaper
 from infra.constructs.storage import Storage
 from infra.constructs.sweeper import Sweeper
+from infra.constructs.uploads import Uploads
 from infra.constructs.worker import Workers
 from infra.constructs.workflow import Workflow
 
@@ -33,10 +34,14 @@ class BatchApiStack(cdk.Stack):
         self.storage = Storage(self, "Storage", config=config)
         self.lambdas = Lambdas(self, "Lambdas", config=config)
         self.ingest = Ingest(self, "Ingest", config=config, storage=self.storage, lambdas=self.lambdas)
-        self.settings = self.ingest.settings
+        # The upload assembler's queue goes into the one Settings (docs/uploads.md).
+        self.uploads = Uploads(self, "Uploads", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.ingest.settings)
+        self.settings = self.uploads.settings
+        self.uploads.share_settings(self.ingest.functions.values())
         common = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
         self.workflow = Workflow(self, "Workflow", **common)
         self.api = Api(self, "Api", **common)
+        self.uploads.grant_dispatch(self.api.api_function)
         self.reaper = Reaper(self, "Reaper", **common)
         self.workers = Workers(
             self, "Workers", config=config, settings=self.settings, storage=self.storage,
@@ -63,12 +68,13 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_workflow(self.workflow.state_machine)
         self.monitoring.watch_functions({
             **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
-            "sweeper": self.sweeper.function, "scaler": self.workers.scaler.function,
+            "sweeper": self.sweeper.function, "assembler": self.uploads.function, "scaler": self.workers.scaler.function,
         })
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
         self.monitoring.watch_dead_letter_queue("reaper", self.reaper.dead_letters)
         self.monitoring.watch_dead_letter_queue("sweeper", self.sweeper.dead_letters)
+        self.monitoring.watch_dead_letter_queue("assembler", self.uploads.dead_letters)
         self.monitoring.watch_dead_letter_queue("scaler", self.workers.scaler.dead_letters)
         for model in config.models:
             worker_config = model.worker_config()

@@ -22,6 +22,7 @@ HANDLERS = {
     "ingest_dlq": "functions.ingest.dlq_handler.handler",
     "sweeper": "functions.sweeper.handler.handler",
     "scaler": "functions.scaler.handler.handler",
+    "assembler": "functions.assembler.handler.handler",
 }
 #: CDK's own function that writes the bucket's notification configuration at deploy time.
 CDK_NOTIFICATIONS_HANDLER = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
@@ -51,7 +52,7 @@ def expected_settings_env(synth) -> dict[str, str]:
         bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
         queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
         state_machine_arn=arn,
-    ).to_env()
+    ).model_copy(update={"assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>"}).to_env()
 
 
 def _asset_dir(synth) -> Path:
@@ -167,7 +168,9 @@ def test_api_lambda_reads_and_writes_table_and_bucket(synth, ids):
     # Nothing beyond its table, its bucket, its logs and tracing.
     assert _on(pairs, "dynamodb") == table_actions
     assert {r for a, r in pairs if a.startswith("s3:")} == {_objects(ids["bucket"]), _ref(ids["bucket"])}
-    assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "states", "logs", "xray"}
+    assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "states", "logs", "xray", "sqs"}
+    # sqs: only handing a large upload to the assembler (docs/uploads.md)
+    assert {r for a, r in pairs if a.startswith("sqs:")} == {json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]})}
     assert "s3:PutObjectAcl" not in object_actions
 
 
