@@ -21,13 +21,14 @@ from typing import Protocol
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
 from functions.api import handler as api_handler
+from functions.assembler import handler as assembler_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.dlq import handler as dlq_handler
 from functions.ingest import dlq_handler as ingest_dlq_handler
 from functions.ingest import handler as ingest_handler
 from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
-from functions.core import auth, clients, deps, http
+from functions.core import auth, clients, deps, http, limits
 from functions.core.settings import Settings
 from infra import names
 
@@ -232,6 +233,30 @@ class TtlSweeper:
             self._thread = None
 
 
+class AssemblyQueue:
+    """The upload assembler's queue (infra/constructs/uploads.py, docs/uploads.md); like the
+    stack's output, its URL goes into the handlers' settings."""
+
+    name = "assembly-queue"
+
+    def __init__(self, environ: MutableMapping[str, str], prefix: str):
+        self._environ, self._prefix = environ, prefix
+
+    @property
+    def url(self) -> str:
+        return self._environ[Settings.env_name("assembly_queue_url")]
+
+    def start(self) -> None:
+        self._environ[Settings.env_name("assembly_queue_url")] = clients.client("sqs").create_queue(
+            QueueName=f"{self._prefix}-assembly",
+            Attributes={"VisibilityTimeout": str(limits.ASSEMBLER_TIMEOUT_SECONDS)},
+        )["QueueUrl"]
+        deps.reset()
+
+    def stop(self) -> None:
+        pass  # it lives in moto and goes with it
+
+
 class Sweeper:
     """What the EventBridge schedule does: invokes the sweeper's handler every ``every`` seconds
     (``Settings.sweep_seconds``) in a thread."""
@@ -389,6 +414,8 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             "ingest-dlq", lambda: clients.client("sqs"), lambda: ingest_dlq_url(clients.client, config.prefix),
             ingest_dlq_handler.handler,
         ),
+        assembly := AssemblyQueue(environ, config.prefix),
+        Poller("assembler", lambda: clients.client("sqs"), lambda: assembly.url, assembler_handler.handler),
         Sweeper(config.settings.sweep_seconds),
         *(
             Poller(
