@@ -486,3 +486,38 @@ def test_without_an_assembler_a_large_complete_fails_before_creating_a_file(raw,
     response = raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": part_ids})
     assert response.status_code == 500
     assert client.files.list().data == [] and client.uploads.cancel(upload["id"]).status == "cancelled"
+
+
+@pytest.mark.slow
+def test_a_200_mib_batch_input_and_a_512_mib_file_through_the_sdk(wire, assembler_queue, stores):
+    """OpenAI's limits, end to end through the SDK's helper: a batch input of exactly 200 MiB (then
+    accepted by batches.create once assembled) and a 512 MiB file; no request moves more than a part."""
+    counter, sdk = wire
+    line = b'{"custom_id": "r", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "test-chat"}}\n'
+    batch_input = (line * (200 * MIB // len(line) + 1))[: 200 * MIB - 1] + b"\n"
+    assert len(batch_input) == 200 * MIB
+    first = sdk.uploads.upload_file_chunked(
+        file=batch_input, filename="input.jsonl", bytes=len(batch_input), mime_type="application/jsonl",
+        purpose="batch", part_size=4 * MIB, md5=hashlib.md5(batch_input).hexdigest(),
+    )
+    del batch_input
+    big = os.urandom(512 * MIB)
+    second = sdk.uploads.upload_file_chunked(
+        file=big, filename="weights.bin", bytes=len(big), mime_type="application/octet-stream",
+        purpose="user_data", part_size=4 * MIB, md5=hashlib.md5(big).hexdigest(),
+    )
+    bound = 2 * (4 * MIB * 4 // 3) + 64 * 1024
+    assert max(WireBytes.total(moved) for _, moved in counter.requests) <= bound
+    completes = [moved for name, moved in counter.requests if name.endswith("/complete")]
+    assert len(completes) == 2 and all(WireBytes.total(moved) < 64 * 1024 for moved in completes)
+    assert assembler_queue.drain() == 2
+    assert sdk.files.retrieve(second.file.id).status == "processed"
+    record = stores.files.get("acme", second.file.id, now=0)
+    digest = hashlib.md5()
+    for chunk in stores.objects.iter_bytes(record.s3_key):
+        digest.update(chunk)
+    assert digest.hexdigest() == hashlib.md5(big).hexdigest()
+    del big
+    assert sdk.files.retrieve(first.file.id).status == "processed"
+    batch = sdk.batches.create(input_file_id=first.file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.status == "validating" and batch.input_file_id == first.file.id

@@ -1,0 +1,222 @@
+"""Benchmark: a 512 MiB upload through the SDK's ``client.uploads.upload_file_chunked`` (not a test;
+run with `make bench-uploads`; results in docs/benchmarks.md).
+
+moto runs as a separate server process (its in-memory S3 does not count against our memory); the
+local front and the real API handler run in this process, as in the integration tests; the
+assembler runs in a fresh child process (the Lambda the assembly queue feeds), whose wall time and
+peak RSS are measured. Every byte each API request moves through the Lambda is counted: the API
+event's body in, the response body out, and every S3 byte sent and received meanwhile (botocore
+hooks on the wire). The md5 is sent with ``complete`` and checked by the assembler.
+
+    .venv/bin/python -m tests.bench.bench_uploads [--mib 512] [--part-mib 4]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.bench.bench_lifecycle import free_port, peak_rss_mib
+
+MIB = 1024 * 1024
+PREFIX = "bench"
+
+
+class Meter:
+    """Bytes moved per API request (and by S3 calls outside any request)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, int] | None = None
+        self.requests: list[tuple[str, dict[str, int], float]] = []
+        self.outside = {"s3_in": 0, "s3_out": 0}
+
+    def _into(self) -> dict[str, int]:
+        return self.current if self.current is not None else self.outside
+
+    def sent(self, request: Any, **_: Any) -> None:
+        body, headers = request.body, request.headers
+        if "X-Amz-Decoded-Content-Length" in headers:
+            size = int(headers["X-Amz-Decoded-Content-Length"])
+        elif body is None:
+            size = 0
+        elif isinstance(body, bytes | bytearray | str):
+            size = len(body)
+        elif "Content-Length" in headers:
+            size = int(headers["Content-Length"])
+        else:  # a file-like body (UploadPart over HTTP)
+            here = body.tell()
+            size = body.seek(0, 2) - here
+            body.seek(here)
+        self._into()["s3_out"] += size
+
+    def received(self, http_response: Any, **_: Any) -> None:
+        self._into()["s3_in"] += int(http_response.headers.get("content-length", 0))
+
+    def wrap(self, handler: Any) -> Any:
+        def measured(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            self.current = {"api_in": len(event.get("body") or ""), "s3_in": 0, "s3_out": 0}
+            started = time.perf_counter()
+            try:
+                answer = handler(event, context)
+            finally:
+                moved, self.current = self.current, None
+            moved["api_out"] = len(answer.get("body") or "")
+            self.requests.append((f"{event['httpMethod']} {event['path']}", moved, time.perf_counter() - started))
+            return answer
+
+        return measured
+
+
+def hook_s3(meter: Meter) -> None:
+    import boto3
+    import botocore.session
+
+    session = botocore.session.get_session()
+    session.register("request-created.s3", meter.sent)
+    session.register("after-call.s3", meter.received)
+    boto3.setup_default_session(botocore_session=session)
+
+
+def assembler_child() -> None:
+    """Runs the assembler Lambda's handler on the assembly queue in this fresh process."""
+    from functions.assembler import handler as assembler_handler
+    from functions.core import clients, deps
+    from infra.local.pollers import drain_queue
+
+    meter = Meter()
+    hook_s3(meter)
+    started = time.perf_counter()
+    handled = drain_queue(clients.client("sqs"), deps.settings().assembly_queue_url, assembler_handler.handler, name="assembler")
+    wall = time.perf_counter() - started
+    print(json.dumps({"handled": handled, "wall_s": wall, "peak_rss_mib": peak_rss_mib(), **meter.outside}))
+
+
+def write_file(path: Path, size: int) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with path.open("wb") as f:
+        left = size
+        while left:
+            block = os.urandom(min(left, 8 * MIB))
+            digest.update(block)
+            f.write(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=int, default=512)
+    parser.add_argument("--part-mib", type=int, default=4)
+    parser.add_argument("--child", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        assembler_child()
+        return
+
+    port = free_port()
+    moto = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    os.environ.update(env)
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        report = bench(args, env)
+    finally:
+        moto.terminate()
+        moto.wait()
+    print(json.dumps(report, indent=2))
+
+
+def bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    from openai import OpenAI
+
+    meter = Meter()
+    hook_s3(meter)
+    from functions.api import handler as api_handler
+    from functions.authorizer import handler as authorizer_handler
+    from functions.core import auth, clients, deps, limits
+    from functions.core.settings import Settings
+    from infra.local.front import LocalApi, make_server
+    from infra.local.resources import create_resources
+
+    settings = create_resources(Settings(table_name="bench", bucket_name="bench"), clients.client, prefix=PREFIX)
+    queue = clients.client("sqs").create_queue(
+        QueueName=f"{PREFIX}-assembly", Attributes={"VisibilityTimeout": str(limits.ASSEMBLER_TIMEOUT_SECONDS)}
+    )["QueueUrl"]
+    settings = settings.model_copy(update={"assembly_queue_url": queue})
+    env.update(settings.to_env())
+    os.environ.update(env)
+    deps.reset()
+    key = auth.create_key(deps.stores().keys, "bench", now=int(time.time()))
+    server = make_server(LocalApi(meter.wrap(api_handler.handler), authorizer_handler.handler), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    client = OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=key, max_retries=0)
+
+    size = args.mib * MIB
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "big.bin"
+        md5 = write_file(path, size)
+        started = time.perf_counter()
+        upload = client.uploads.upload_file_chunked(
+            file=path, mime_type="application/octet-stream", purpose="user_data", part_size=args.part_mib * MIB, md5=md5,
+        )
+        sdk_wall = time.perf_counter() - started
+    server.shutdown()
+    assert upload.status == "completed" and upload.file is not None and upload.file.status == "uploaded", upload
+    api_peak = peak_rss_mib()
+
+    out = subprocess.run([sys.executable, "-m", "tests.bench.bench_uploads", "--child"], env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"assembler failed:\n{out.stderr[-3000:]}")
+    assembler = json.loads(out.stdout.strip().splitlines()[-1])
+    record = deps.stores().files.get("bench", upload.file.id, now=int(time.time()))
+    assert record is not None and record.status == "processed", record  # the assembler checked the md5
+    assert deps.stores().objects.size(record.s3_key) == size
+
+    def total(moved: dict[str, int]) -> int:
+        return sum(moved.values())
+
+    parts = [(m, t) for name, m, t in meter.requests if name.endswith("/parts")]
+    complete = [(m, t) for name, m, t in meter.requests if name.endswith("/complete")][-1]
+    return {
+        "file_mib": args.mib,
+        "part_mib": args.part_mib,
+        "api_requests": len(meter.requests),
+        "parts": len(parts),
+        "sdk_upload_file_chunked_s": round(sdk_wall, 1),
+        "sdk_throughput_mib_s": round(args.mib / sdk_wall, 1),
+        "max_bytes_one_request": max(total(m) for _, m, _ in meter.requests),
+        "max_part_request_s": round(max(t for _, t in parts), 3),
+        "complete_bytes": total(complete[0]),
+        "complete_s": round(complete[1], 3),
+        "api_process_peak_rss_mib": round(api_peak),
+        "assembler_s": round(assembler["wall_s"], 1),
+        "assembler_throughput_mib_s": round(args.mib / assembler["wall_s"], 1),
+        "assembler_peak_rss_mib": round(assembler["peak_rss_mib"]),
+        "assembler_s3_in_mib": round(assembler["s3_in"] / MIB, 1),
+        "assembler_s3_out_mib": round(assembler["s3_out"] / MIB, 1),
+        "file_status": record.status,
+    }
+
+
+if __name__ == "__main__":
+    main()
