@@ -61,7 +61,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .local-state
 
 # --- Benchmarks (not tests; results in docs/benchmarks.md) ------------------------------------
-.PHONY: bench bench-lifecycle bench-worker
+.PHONY: bench bench-lifecycle bench-worker bench-uploads
 ## Ingest + finalize of a 50,000-line (~200 MB) and a 500-line (~2 MB) batch: wall time, peak
 ## memory, AWS requests per input line.
 bench-lifecycle: $(STAMP)
@@ -71,7 +71,11 @@ bench-lifecycle: $(STAMP)
 ## machine): output tokens/s of each and their ratio.
 bench-worker: $(STAMP) engine
 	$(PY) -m tests.bench.bench_worker --lines 200 --max-tokens 64 --rounds 3
-bench: bench-lifecycle bench-worker
+## A 512 MiB upload through the SDK's upload_file_chunked (4 MiB parts): bytes per API request,
+## complete's latency, the assembler's time and peak memory (docs/uploads.md).
+bench-uploads: $(STAMP)
+	$(PY) -m tests.bench.bench_uploads --mib 512
+bench: bench-lifecycle bench-worker bench-uploads
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
 ENGINE_VENV := .venv-engine
