@@ -30,7 +30,8 @@ from .protocol import CompleteUploadBody, CreateUploadBody
 def create_upload(stores: Stores, settings: Settings, tenant: str, body: CreateUploadBody, *, now: int) -> Upload:
     check_size(
         body.purpose, body.filename, body.bytes,
-        max_batch_bytes=settings.max_batch_file_bytes, max_bytes=min(settings.max_file_bytes, limits.UPLOAD_MAX_BYTES),
+        # OpenAI: an Upload accepts at most 8 GB (files.create's 512 MB per file does not apply)
+        max_batch_bytes=settings.max_batch_file_bytes, max_bytes=limits.UPLOAD_MAX_BYTES,
         param="bytes",
     )
     record = UploadRecord(

@@ -221,6 +221,14 @@ def test_batch_file_of_exactly_200_mib_is_accepted(raw):
     assert response.json()["bytes"] == 200 * MIB
 
 
+@pytest.mark.parametrize("purpose", ["user_data", "fine-tune", "assistants"])
+def test_an_upload_of_another_purpose_may_total_8_gib(raw, purpose):
+    ok = create(raw, size=8 * 1024 * MIB, filename="big.jsonl", purpose=purpose)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["bytes"] == 8 * 1024 * MIB
+    assert_error(create(raw, size=8 * 1024 * MIB + 1, filename="big.jsonl", purpose=purpose), 400, "file_too_large", "bytes")
+
+
 def test_at_most_10_000_parts(raw):
     upload = create(raw, size=3).json()
     too_many = [f"part_{i:026d}" for i in range(10_001)]
