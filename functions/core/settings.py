@@ -115,6 +115,10 @@ class Settings(EnvSettings):
     expiry_grace_seconds: int = Field(default=limits.DEFAULT_EXPIRY_GRACE_SECONDS, ge=0)
     state_machine_arn: str = ""
     event_bus_name: str = "default"
+    #: Webhooks (docs/webhooks.md): the queue of events and deliveries; plain http to a loopback
+    #: host is allowed only where this is set (the local deployment), never on AWS.
+    webhook_queue_url: str = ""
+    webhook_allow_loopback_http: bool = False
 
     def to_env(self) -> dict[str, str]:
         return {
