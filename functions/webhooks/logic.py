@@ -20,6 +20,8 @@ from datetime import datetime
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
+from functions.core.names import EVENT_SOURCE
+
 from .signing import headers
 from .store import AttemptRecord, WebhookRepo
 
@@ -33,6 +35,19 @@ ATTEMPTS: Final = len(SCHEDULE_SECONDS)
 POST_TIMEOUT_SECONDS: Final = 10
 #: A delivery message is one of these; anything else on the queue is an EventBridge event.
 DELIVERY_KIND: Final = "webhook.delivery"
+
+#: The queue's visibility: six times the function's timeout (AWS's guidance for SQS event
+#: sources); a handler crash retries after it.
+FUNCTION_TIMEOUT_SECONDS: Final = 60
+QUEUE_VISIBILITY_SECONDS: Final = 6 * FUNCTION_TIMEOUT_SECONDS
+#: Messages per invocation: at most 5 x POST_TIMEOUT_SECONDS of waiting, within the timeout.
+BATCH_SIZE: Final = 5
+
+
+def event_pattern() -> dict[str, Any]:
+    """The EventBridge rule that routes batch events to the webhook queue."""
+    return {"source": [EVENT_SOURCE], "detail-type": list(EVENT_TYPES)}
+
 
 _LOOPBACK_HOSTS: Final = frozenset({"localhost"})
 

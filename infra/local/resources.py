@@ -56,6 +56,20 @@ def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix
     return settings.model_copy(update={"models": models, "state_machine_arn": state_machine_arn})
 
 
+def create_webhook_queue(client: Callable[[str], Any], *, prefix: str, event_bus: str) -> str:
+    """The webhook queue (+ DLQ) and the EventBridge rule routing batch events to it, as
+    infra/constructs/webhooks.py builds them (docs/webhooks.md); returns the queue's URL."""
+    from functions.webhooks import logic  # noqa: PLC0415 - only the local deployment needs it
+
+    sqs, events = client("sqs"), client("events")
+    url = _queue_with_dlq(sqs, f"{prefix}-webhooks", logic.ATTEMPTS, visibility=logic.QUEUE_VISIBILITY_SECONDS)
+    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    rule = f"{prefix}-webhook-events"
+    events.put_rule(Name=rule, EventBusName=event_bus, EventPattern=json.dumps(logic.event_pattern()))
+    events.put_targets(Rule=rule, EventBusName=event_bus, Targets=[{"Id": "webhooks", "Arn": arn}])
+    return url
+
+
 def ingest_queue_url(client: Callable[[str], Any], prefix: str) -> str:
     return client("sqs").get_queue_url(QueueName=names.ingest_queue_name(prefix))["QueueUrl"]
 
