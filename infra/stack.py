@@ -22,6 +22,7 @@ from infra.constructs.reaper import Reaper
 from infra.constructs.storage import Storage
 from infra.constructs.sweeper import Sweeper
 from infra.constructs.uploads import Uploads
+from infra.constructs.webhooks import Webhooks
 from infra.constructs.worker import Workers
 from infra.constructs.workflow import Workflow
 
@@ -36,8 +37,12 @@ class BatchApiStack(cdk.Stack):
         self.ingest = Ingest(self, "Ingest", config=config, storage=self.storage, lambdas=self.lambdas)
         # The upload assembler's queue goes into the one Settings (docs/uploads.md).
         self.uploads = Uploads(self, "Uploads", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.ingest.settings)
-        self.settings = self.uploads.settings
         self.uploads.share_settings(self.ingest.functions.values())
+        # Webhooks (docs/webhooks.md): terminal batch events fanned out to tenants' endpoints; its
+        # queue goes into the one Settings too.
+        self.webhooks = Webhooks(self, "Webhooks", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.uploads.settings)
+        self.settings = self.webhooks.settings
+        self.webhooks.share_settings([*self.ingest.functions.values(), self.uploads.function])
         common = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
         self.workflow = Workflow(self, "Workflow", **common)
         self.api = Api(self, "Api", **common)
@@ -69,12 +74,14 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_functions({
             **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
             "sweeper": self.sweeper.function, "assembler": self.uploads.function, "scaler": self.workers.scaler.function,
+            "webhooks": self.webhooks.function,
         })
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
         self.monitoring.watch_dead_letter_queue("reaper", self.reaper.dead_letters)
         self.monitoring.watch_dead_letter_queue("sweeper", self.sweeper.dead_letters)
         self.monitoring.watch_dead_letter_queue("assembler", self.uploads.dead_letters)
+        self.monitoring.watch_dead_letter_queue("webhooks", self.webhooks.dead_letters)
         self.monitoring.watch_dead_letter_queue("scaler", self.workers.scaler.dead_letters)
         for model in config.models:
             worker_config = model.worker_config()

@@ -23,6 +23,7 @@ HANDLERS = {
     "sweeper": "functions.sweeper.handler.handler",
     "scaler": "functions.scaler.handler.handler",
     "assembler": "functions.assembler.handler.handler",
+    "webhooks": "functions.webhooks.handler.handler",
 }
 #: CDK's own function that writes the bucket's notification configuration at deploy time.
 CDK_NOTIFICATIONS_HANDLER = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
@@ -52,7 +53,10 @@ def expected_settings_env(synth) -> dict[str, str]:
         bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
         queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
         state_machine_arn=arn,
-    ).model_copy(update={"assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>"}).to_env()
+    ).model_copy(update={
+        "assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>",
+        "webhook_queue_url": f"<{synth.logical_id(synth.stack.webhooks.queue)}>",
+    }).to_env()
 
 
 def _asset_dir(synth) -> Path:

@@ -1,0 +1,89 @@
+"""Webhooks (docs/webhooks.md): an EventBridge rule routing the terminal batch events
+(``batch.completed|failed|expired|cancelled``, source ``batch-api``) to the webhook queue, and the
+Lambda that consumes it (``functions/webhooks``): it fans each event out as one delivery message
+per subscribed endpoint (onto the same queue) and attempts deliveries. A failed attempt sets its
+message's visibility to the next delay of the schedule and reports it as a batch item failure;
+after ``logic.ATTEMPTS`` receives the message goes to the dead-letter queue (watched by monitoring).
+
+Its rights: GetItem, Query and PutItem on the table (endpoints by tenant, the attempt log; no
+index, no update or delete), send to and change visibility on its own queue (event source
+mapping: receive and delete). No VPC: it must reach the tenants' HTTPS endpoints on the internet.
+"""
+
+from collections.abc import Iterable
+
+import aws_cdk as cdk
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_lambda as lambda_
+from constructs import Construct
+
+from functions.core.settings import Settings
+from functions.webhooks import logic
+from infra.config import DeployConfig
+
+from .common import acknowledge
+from .lambdas import Lambdas
+from .storage import Storage
+
+TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem")
+
+
+class Webhooks(Construct):
+    """``queue`` (+ ``dead_letters``), ``rule``, ``function``."""
+
+    def __init__(
+        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas,
+        settings: Settings,
+    ) -> None:
+        super().__init__(scope, id)
+        self.dead_letters = sqs.Queue(
+            self, "DeadLetters", retention_period=cdk.Duration.days(14),
+            encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+        )
+        acknowledge(self.dead_letters, "AwsSolutions-SQS3", "This queue is itself the webhook queue's dead-letter queue.")
+        self.queue = sqs.Queue(
+            self, "Queue",
+            visibility_timeout=cdk.Duration.seconds(logic.QUEUE_VISIBILITY_SECONDS),
+            # The schedule spans about 27.6 h; a message must outlive it (and a backlog).
+            retention_period=cdk.Duration.days(4),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.dead_letters, max_receive_count=logic.ATTEMPTS),
+            encryption=sqs.QueueEncryption.SQS_MANAGED,  # EventBridge can send to SQS-managed SSE queues
+            enforce_ssl=True,
+        )
+        # The bus the workflow publishes to (named in Settings, as infra/constructs/workflow.py finds it).
+        event_bus = events.EventBus.from_event_bus_name(self, "EventBus", settings.event_bus_name)
+        self.rule = events.Rule(
+            self, "BatchEvents", event_bus=event_bus,
+            event_pattern=events.EventPattern(**{
+                k.replace("-", "_"): v for k, v in logic.event_pattern().items()
+            }),
+            targets=[targets.SqsQueue(self.queue)],
+            description="Terminal batch events -> webhook fan-out (docs/webhooks.md)",
+        )
+        # HTTPS only on AWS: webhook_allow_loopback_http stays False (its default).
+        self.settings = settings.model_copy(update={"webhook_queue_url": self.queue.queue_url})
+        self.function = lambdas.function(
+            self, "Function",
+            handler="functions.webhooks.handler.handler",
+            environment=self.settings.to_env(),
+            description="Fans batch events out to tenants' webhook endpoints and delivers them (signed, retried)",
+            memory_size=256,
+            timeout=cdk.Duration.seconds(logic.FUNCTION_TIMEOUT_SECONDS),
+        )
+        self.function.add_event_source(sources.SqsEventSource(
+            self.queue, batch_size=logic.BATCH_SIZE, report_batch_item_failures=True,
+        ))
+        self.queue.grant_send_messages(self.function)  # fan-out
+        self.queue.grant(self.function, "sqs:ChangeMessageVisibility")  # the backoff
+        iam.Grant.add_to_principal(grantee=self.function, actions=list(TABLE_ACTIONS),
+                                   resource_arns=[storage.table.table_arn])
+
+    def share_settings(self, functions: Iterable[lambda_.Function]) -> None:
+        """Functions made before this construct get the queue's URL too, so every function's
+        environment stays exactly the one ``Settings.to_env()``."""
+        for function in functions:
+            function.add_environment(Settings.env_name("webhook_queue_url"), self.queue.queue_url)
