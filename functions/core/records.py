@@ -249,7 +249,7 @@ class BatchRecord(Record):
         return f"BATCH#{batch_id}"
 
     def keys(self) -> dict[str, str]:
-        keys = {schema.PK: schema.tenant_pk(self.tenant), schema.SK: self.sort_key(self.id)}
+        keys = {schema.PK: schema.batches_pk(self.tenant), schema.SK: self.sort_key(self.id)}
         if self.status not in TERMINAL_STATUSES:
             keys.update(self.open_keys())
         return keys
@@ -301,9 +301,8 @@ class BatchRecord(Record):
         )
 
 
-def chunks_pk(tenant: str, batch_id: str) -> str:
-    """Partition of a batch's chunk markers (still keyed by the tenant)."""
-    return f"{schema.tenant_pk(tenant)}#B#{batch_id}"
+#: Partition of a batch's chunk markers and run records (defined in ``schema``).
+chunks_pk = schema.chunks_pk
 
 
 class ChunkRecord(Record):

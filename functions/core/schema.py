@@ -60,7 +60,33 @@ TABLE_SCHEMA: Final = {
 
 
 def tenant_pk(tenant: str) -> str:
+    """A tenant's own partition: its files, uploads (and their parts), webhook endpoints. The GPU
+    worker cannot reach it (infra/constructs/worker.py): batches live in ``batches_pk``."""
     return f"T#{tenant}"
+
+
+#: Suffix of a tenant's batch partition. Batches have a partition of their own (not the tenant's)
+#: so that the GPU worker's IAM ``dynamodb:LeadingKeys`` can name exactly the partitions it uses
+#: (this one and a batch's chunk partition) and never a file or upload record.
+BATCHES_SUFFIX: Final = "#BATCHES"
+
+
+def batches_pk(tenant: str) -> str:
+    """The partition of a tenant's batch items (``T#<tenant>#BATCHES``)."""
+    return f"{tenant_pk(tenant)}{BATCHES_SUFFIX}"
+
+
+def tenant_of_batches_pk(pk: str) -> str:
+    """The tenant of a ``batches_pk`` partition key."""
+    prefix = tenant_pk("")
+    if not (pk.startswith(prefix) and pk.endswith(BATCHES_SUFFIX)):
+        raise ValueError(f"not a batch partition: {pk!r}")
+    return pk[len(prefix):-len(BATCHES_SUFFIX)]
+
+
+def chunks_pk(tenant: str, batch_id: str) -> str:
+    """The partition of one batch's chunk count markers and run records (``T#<tenant>#B#<batch>``)."""
+    return f"{tenant_pk(tenant)}#B#{batch_id}"
 
 
 def key_pk(key_hash: str) -> str:

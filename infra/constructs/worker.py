@@ -21,9 +21,12 @@ In-flight messages count as backlog, so a task is not removed while its chunks r
 is stopped anyway (scale-in, Spot interruption) gets SIGTERM and drains (``stop_timeout``).
 
 The task role reaches only what the worker uses: the model's queue, batch inputs (read) and chunk
-parts (read, write) in S3, and in the table the items of partitions ``T#...`` (a tenant's batch and
-its chunk markers) through GetItem/PutItem/UpdateItem only (``dynamodb:LeadingKeys``): never an
-API key's item (``KEY#...``), never a scan, a delete or an index.
+parts (read, write) in S3, and in the table, through GetItem/PutItem/UpdateItem only, the items of
+two partition shapes (``dynamodb:LeadingKeys``): a tenant's batch partition ``T#<tenant>#BATCHES``
+and a batch's chunk partition ``T#<tenant>#B#<batch>`` (``WORKER_LEADING_KEYS``). Never a tenant's
+own partition ``T#<tenant>`` (file, upload and webhook records), an API key's item (``KEY#...``),
+the scaler's state (``SCALER#...``) or an idempotency record; never a scan, a query, a delete or
+an index.
 """
 
 from collections.abc import Mapping
@@ -88,9 +91,12 @@ EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
 #: TransactWriteItems, which IAM authorizes item by item with these actions, as CDK's own
 #: ``grant_read_write_data`` relies on). No Query, Scan, DeleteItem, batch or index access.
 WORKER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
-#: The partition keys the worker may touch: a tenant's partition (``T#<tenant>``: its batch items)
-#: and a batch's chunk partition (``T#<tenant>#B#<batch>``). Not ``KEY#`` (API keys), not ``SCALER#``.
-WORKER_LEADING_KEYS = (schema.tenant_pk("*"),)
+#: The partition keys the worker may touch (IAM ``StringLike`` patterns, built by the same
+#: ``schema`` functions as the keys): a tenant's batch partition (``T#*#BATCHES``: the batch item
+#: it starts and counts on) and a batch's chunk partition (``T#*#B#*``: count markers and run
+#: records). A tenant name has no ``#`` (``records.TENANT_PATTERN``), so no other partition matches:
+#: not ``T#<tenant>`` (files, uploads, webhooks), ``KEY#`` (API keys), ``SCALER#``, ``IDEMPOTENCY#``.
+WORKER_LEADING_KEYS = (schema.batches_pk("*"), schema.chunks_pk("*", "*"))
 
 
 def grant_items(role: iam.IGrantable, storage: Storage, actions: tuple[str, ...], leading_keys: tuple[str, ...]) -> iam.PolicyStatement:

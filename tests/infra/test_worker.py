@@ -265,8 +265,10 @@ def test_task_role_reaches_batch_and_chunk_items_never_api_keys(synth):
     for name, props in _by_model(synth, "AWS::ECS::TaskDefinition").items():
         (statement,) = _table_statements(synth, props["TaskRoleArn"]["Fn::GetAtt"][0])
         assert statement["Effect"] == "Allow"
-        # The worker's own items: a tenant's batch (T#<tenant>) and its chunk markers (T#<tenant>#B#<batch>).
-        assert iam_allows(statement, "T#acme") and iam_allows(statement, "T#acme#B#batch_1")
+        # The worker's own items: a tenant's batches (T#<tenant>#BATCHES) and a batch's chunk
+        # markers (T#<tenant>#B#<batch>); never the tenant's own partition (files, uploads).
+        assert iam_allows(statement, "T#acme#BATCHES") and iam_allows(statement, "T#acme#B#batch_1")
+        assert not iam_allows(statement, "T#acme")
         # Never an API key's item, nor the scaler's state.
         assert not iam_allows(statement, "KEY#9f86d081884c7d659a2feaa0c55ad015")
         assert not iam_allows(statement, "SCALER#" + name)

@@ -121,12 +121,12 @@ class BatchRepo:
         self._table.put(record.to_item(), if_absent=True)
 
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None:
-        item = self._table.get(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id))
+        item = self._table.get(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id))
         return BatchRecord.from_item(item) if item else None
 
     def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
         items, more = self._table.query_page(
-            pk=schema.tenant_pk(tenant), prefix=BatchRecord.sort_key(""), after=after, ascending=False, limit=limit
+            pk=schema.batches_pk(tenant), prefix=BatchRecord.sort_key(""), after=after, ascending=False, limit=limit
         )
         return [BatchRecord.from_item(i) for i in items], more
 
@@ -145,7 +145,7 @@ class BatchRepo:
         A write that makes the batch terminal also takes it out of the open-batch index."""
         item = self._table.update(
             Update(
-                schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id),
+                schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
                 values=values or {}, defaults=defaults or {}, add=add or {}, remove=_closing(values, remove),
                 expect=expect or {},
             )
@@ -161,7 +161,7 @@ class BatchRepo:
             self._table.transact([
                 Put(marker.to_item(), if_absent=True),
                 Update(
-                    schema.tenant_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
+                    schema.batches_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
                     add=marker.batch_counters(), expect={"accepting": True},
                 ),
             ])
@@ -204,7 +204,7 @@ class BatchRepo:
         """Create the batch's output files and set its terminal state in one transaction."""
         self._table.transact([
             *(Put(f.to_item()) for f in files),
-            Update(schema.tenant_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
+            Update(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
                    remove=_closing(values, ())),
         ])
 
@@ -214,7 +214,7 @@ class BatchRepo:
         a batch made terminal a moment ago may still be listed (read it by key)."""
         items = self._table.query_index(schema.GSI_OPEN, schema.GSI_OPEN_PK, schema.OPEN_PARTITION)
         return [
-            (item[schema.PK].removeprefix(schema.tenant_pk("")), item[schema.SK].removeprefix(BatchRecord.sort_key("")))
+            (schema.tenant_of_batches_pk(item[schema.PK]), item[schema.SK].removeprefix(BatchRecord.sort_key("")))
             for item in items
         ]
 

@@ -1,0 +1,238 @@
+"""Who may touch which table items: the GPU worker's task role reaches exactly the partitions it
+uses (a tenant's batch partition and a batch's chunk partitions) through GetItem/PutItem/UpdateItem,
+and never a tenant's file, upload or webhook records, an API key, the scaler's state or an
+idempotency record (issue 11).
+
+The synthesized policy is evaluated the way IAM evaluates it: ``ForAllValues:StringLike`` on
+``dynamodb:LeadingKeys`` (every partition key a request names must match one pattern; IAM's ``*``
+matches any characters, as ``fnmatch``'s does), against keys produced by the real records, and
+against every DynamoDB request the worker's real chunk path makes on moto.
+"""
+
+import fnmatch
+import json
+from typing import Any
+
+import pytest
+from moto import mock_aws
+
+from functions.core import clients, schema
+from functions.core.aws import stores_from_settings
+from functions.core.messages import WorkMessage
+from functions.core.records import (
+    ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
+)
+from functions.core.settings import Settings
+from tests.conftest import PREFIX, TEST_SETTINGS
+from tests.integration.worker.harness import run_one_chunk
+
+#: The worker's table actions and partition patterns, from the issue: its batch items live in
+#: ``T#<tenant>#BATCHES``, its chunk markers and run records in ``T#<tenant>#B#<batch>``.
+WORKER_ACTIONS = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
+WORKER_PATTERNS = ["T#*#BATCHES", "T#*#B#*"]
+#: Tenant names the API accepts (``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``), some shaped like the patterns' literals.
+TENANTS = ["acme", "B", "BATCHES", "B.BATCHES", "a-B-", "T", "KEY", "x" * 64]
+
+
+def _worker_statements(synth) -> dict[str, dict]:
+    """The one DynamoDB statement of each model's task role, by model name."""
+    out = {}
+    for name, task in synth.resources("AWS::ECS::TaskDefinition").items():
+        role = task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0]
+        found = []
+        for policy in synth.resources("AWS::IAM::Policy").values():
+            if {"Ref": role} in policy["Properties"]["Roles"]:
+                for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                    actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                    if any(a.startswith("dynamodb:") for a in actions):
+                        found.append(statement)
+        (out[name],) = found
+    assert len(out) == len(synth.config.models)
+    return out
+
+
+def leading_keys(statement: dict) -> list[str]:
+    (operator_,) = statement["Condition"]
+    assert operator_ == "ForAllValues:StringLike"
+    patterns = statement["Condition"][operator_]["dynamodb:LeadingKeys"]
+    return patterns if isinstance(patterns, list) else [patterns]
+
+
+def allows(statement: dict, action: str, partition_keys: list[str]) -> bool:
+    """IAM's answer for ``action`` on items of ``partition_keys``: the action is granted and every
+    key matches a pattern (ForAllValues). An empty key set is a Scan, never granted here."""
+    actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+    patterns = leading_keys(statement)
+    return (
+        statement["Effect"] == "Allow"
+        and action in actions
+        and bool(partition_keys)
+        and all(any(fnmatch.fnmatchcase(k, p) for p in patterns) for k in partition_keys)
+    )
+
+
+def test_worker_policy_names_only_its_actions_and_partitions(synth):
+    for name, statement in _worker_statements(synth).items():
+        assert statement["Effect"] == "Allow"
+        assert sorted(statement["Action"]) == WORKER_ACTIONS, name
+        assert sorted(leading_keys(statement)) == sorted(WORKER_PATTERNS), name
+        # The table itself: no index ARN (no Query of any index).
+        assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
+
+
+def _records(tenant: str) -> dict[str, dict[str, Any]]:
+    """One record of each kind for ``tenant``, as the stores write them (their ``keys()``)."""
+    batch = BatchRecord(
+        tenant=tenant, id="batch_abc", input_file_id="file-in", endpoint="/v1/chat/completions",
+        completion_window="24h", created_at=1, expires_at=86_401, input_key=schema.batch_input_key(tenant, "batch_abc"),
+    )
+    return {
+        "batch": batch.keys(),
+        "terminal batch": batch.model_copy(update={"status": "completed"}).keys(),
+        "chunk marker": ChunkRecord(
+            tenant=tenant, batch_id="batch_abc", chunk=3, attempt="a1", completed=1, failed=0, recorded_at=1, expires_at=2,
+        ).keys(),
+        "chunk run": ChunkRunRecord(tenant=tenant, batch_id="batch_abc", chunk=3, expires_at=2).keys(),
+        "file": FileRecord.model_validate({
+            "tenant": tenant, "id": "file-abc", "filename": "in.jsonl", "purpose": "batch", "bytes": 1,
+            "created_at": 1, "s3_key": schema.file_key(tenant, "file-abc"),
+        }).keys(),
+        "upload": UploadRecord.model_validate({
+            "tenant": tenant, "id": "upload_abc", "filename": "in.jsonl", "purpose": "batch", "bytes": 1,
+            "mime_type": "text/jsonl", "created_at": 1, "expires_at": 3_601,
+        }).keys(),
+        "upload part": UploadPartRecord.model_validate({
+            "tenant": tenant, "upload_id": "upload_abc", "id": "part_abc", "created_at": 1, "bytes": 1, "s3_key": "k",
+            "expires_at": 3_601,
+        }).keys(),
+    }
+
+
+ALLOWED_KINDS = {"batch", "terminal batch", "chunk marker", "chunk run"}
+
+
+@pytest.mark.parametrize("tenant", TENANTS)
+def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth, tenant):
+    records = _records(tenant)
+    for name, statement in _worker_statements(synth).items():
+        for kind, keys in records.items():
+            for action in WORKER_ACTIONS:
+                assert allows(statement, action, [keys[schema.PK]]) == (kind in ALLOWED_KINDS), (name, kind, keys)
+        # A transaction naming a file and the batch is denied as a whole (ForAllValues).
+        assert not allows(statement, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
+
+
+def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
+    from functions.webhooks.store import AttemptRecord, EndpointRecord
+
+    api_key = ApiKeyRecord(key_hash="9f86d081884c7d659a2feaa0c55ad015", tenant="acme", created_at=1, hint="abcd")
+    endpoint = EndpointRecord(
+        tenant="acme", id="we_1", url="https://example.com/hook", events=["batch.completed"], secret="whsec_x",
+        created_at=1, updated_at=1,
+    )
+    attempt = AttemptRecord(
+        tenant="acme", endpoint_id="we_1", webhook_id="msg_1", event_id="evt_1", event_type="batch.completed",
+        attempt=1, at=1, outcome="delivered",
+    )
+    others = [
+        api_key.keys()[schema.PK],
+        schema.scaler_pk("org/Chat-Model-7B"),
+        "IDEMPOTENCY#create_batch#key",  # functions/api/idempotency.py's partition
+        endpoint.to_item()[schema.PK],
+        attempt.to_item()[schema.PK],
+    ]
+    for name, statement in _worker_statements(synth).items():
+        for pk in others:
+            for action in WORKER_ACTIONS:
+                assert not allows(statement, action, [pk]), (name, pk)
+        for action in ("dynamodb:Query", "dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"):
+            assert not allows(statement, action, [schema.batches_pk("acme")]), (name, action)
+
+
+# --- every request the worker's chunk path makes, checked against the policy ------------------
+def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(IAM action, partition keys) pairs a DynamoDB request is authorized by. A transaction is
+    authorized item by item, with the action of each item's operation."""
+    def pk(value: Any) -> str:
+        return value["S"] if isinstance(value, dict) else value
+
+    if operation == "TransactWriteItems":
+        out = []
+        for item in params["TransactItems"]:
+            ((kind, body),) = item.items()
+            keys = body["Item"] if kind == "Put" else body["Key"]
+            action = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem", "ConditionCheck": "ConditionCheckItem"}[kind]
+            out.append((f"dynamodb:{action}", [pk(keys[schema.PK])]))
+        return out
+    if operation in ("GetItem", "DeleteItem", "UpdateItem"):
+        return [(f"dynamodb:{operation}", [pk(params["Key"][schema.PK])])]
+    if operation == "PutItem":
+        return [("dynamodb:PutItem", [pk(params["Item"][schema.PK])])]
+    if operation == "Query":
+        return [("dynamodb:Query", [])]  # the tests below fail on any Query: the worker makes none
+    return [(f"dynamodb:{operation}", [])]
+
+
+CHAT = "/v1/chat/completions"
+
+
+def _lines(n: int) -> bytes:
+    return "".join(
+        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
+                    "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
+        for i in range(n)
+    ).encode()
+
+
+@pytest.fixture
+def moto_stores(monkeypatch):
+    from infra.local.resources import create_resources
+
+    with mock_aws():
+        clients.reset()
+        settings: Settings = create_resources(
+            TEST_SETTINGS, clients.client, prefix=PREFIX,
+            workflow_function_arn="arn:aws:lambda:us-east-1:123456789012:function:batch-api-test-workflow",
+        )
+        yield settings, stores_from_settings(settings)
+        clients.reset()
+
+
+def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_stores):
+    """Two chunks of a batch through the worker's real path on moto (the second delivered twice),
+    every DynamoDB request recorded and evaluated against each model's worker policy."""
+    settings, stores = moto_stores
+    calls: list[tuple[str, dict[str, Any]]] = []
+    events = clients.dynamodb_table(settings.table_name).meta.client.meta.events
+    events.register("provide-client-params.dynamodb.*", lambda params, model, **_: calls.append((model.name, params)))
+
+    tenant, batch_id, now = "acme", "batch_abc", 1_000
+    data = _lines(4)
+    key = schema.batch_input_key(tenant, batch_id)
+    stores.objects.put(key, data)
+    stores.batches.create(BatchRecord(
+        tenant=tenant, id=batch_id, input_file_id="file-in", endpoint=CHAT, completion_window="24h",
+        created_at=now, expires_at=now + 86_400, status="in_progress", model="test-chat", total=4,
+        chunk_count=2, accepting=True, enqueued=True, input_key=key,
+    ))
+    half = len(_lines(2))
+    messages = [
+        WorkMessage(batch_id=batch_id, tenant=tenant, chunk=0, input_key=key, byte_start=0, byte_end=half,
+                    first_line=1, line_count=2, endpoint=CHAT, model="test-chat", expires_at=now + 86_400),
+        WorkMessage(batch_id=batch_id, tenant=tenant, chunk=1, input_key=key, byte_start=half, byte_end=len(data),
+                    first_line=3, line_count=2, endpoint=CHAT, model="test-chat", expires_at=now + 86_400),
+    ]
+    del calls[:]  # the setup above is not the worker's
+    assert run_one_chunk(stores, messages[0]).outcome.counted
+    assert run_one_chunk(stores, messages[1]).outcome.last
+    assert run_one_chunk(stores, messages[1]).skipped  # a redelivery: reads the marker and the batch
+    assert stores.batches.get(tenant, batch_id).completed == 4
+
+    requests = [pair for operation, params in calls for pair in _operation_keys(operation, params)]
+    operations = {operation for operation, _ in calls}
+    # The worker's path made every kind of call it has: item reads, writes, updates, the count transaction.
+    assert operations == {"GetItem", "PutItem", "UpdateItem", "TransactWriteItems"}, operations
+    assert {k for _, keys in requests for k in keys} == {schema.batches_pk(tenant), schema.chunks_pk(tenant, batch_id)}
+    for name, statement in _worker_statements(synth).items():
+        denied = [(a, k) for a, k in requests if not allows(statement, a, k)]
+        assert denied == [], (name, denied)
