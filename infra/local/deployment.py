@@ -28,6 +28,7 @@ from functions.ingest import dlq_handler as ingest_dlq_handler
 from functions.ingest import handler as ingest_handler
 from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
+from functions.webhooks import handler as webhooks_handler
 from functions.core import auth, clients, deps, http, limits
 from functions.core.settings import Settings
 from infra import names
@@ -38,7 +39,7 @@ from .lambda_front import LambdaFront
 from .pollers import Poller
 from .processes import Engines, EngineSpec, Supervisor, Workers
 from .lambda_context import LocalLambdaContext
-from .resources import create_resources, ingest_dlq_url, ingest_queue_url, work_dlq_url
+from .resources import create_resources, create_webhook_queue, ingest_dlq_url, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
 from .ttl import start_sweeper
 
@@ -257,6 +258,29 @@ class AssemblyQueue:
         pass  # it lives in moto and goes with it
 
 
+class WebhookQueue:
+    """The webhook queue and the EventBridge rule feeding it (infra/constructs/webhooks.py,
+    docs/webhooks.md); like the stack's output, its URL goes into the handlers' settings."""
+
+    name = "webhook-queue"
+
+    def __init__(self, environ: MutableMapping[str, str], prefix: str, event_bus: str):
+        self._environ, self._prefix, self._event_bus = environ, prefix, event_bus
+
+    @property
+    def url(self) -> str:
+        return self._environ[Settings.env_name("webhook_queue_url")]
+
+    def start(self) -> None:
+        self._environ[Settings.env_name("webhook_queue_url")] = create_webhook_queue(
+            clients.client, prefix=self._prefix, event_bus=self._event_bus
+        )
+        deps.reset()
+
+    def stop(self) -> None:
+        pass  # it lives in moto and goes with it
+
+
 class Sweeper:
     """What the EventBridge schedule does: invokes the sweeper's handler every ``every`` seconds
     (``Settings.sweep_seconds``) in a thread."""
@@ -370,6 +394,8 @@ class LocalConfig:
         enqueue_grace_seconds=5,
         expiry_grace_seconds=30,
         validating_timeout_seconds=6 * 60,
+        # Webhooks to a receiver on this machine (http://127.0.0.1:...); never on AWS.
+        webhook_allow_loopback_http=True,
     )
 
 
@@ -416,6 +442,8 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         ),
         assembly := AssemblyQueue(environ, config.prefix),
         Poller("assembler", lambda: clients.client("sqs"), lambda: assembly.url, assembler_handler.handler),
+        webhook_queue := WebhookQueue(environ, config.prefix, config.settings.event_bus_name),
+        Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler),
         Sweeper(config.settings.sweep_seconds),
         *(
             Poller(
