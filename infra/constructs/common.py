@@ -3,9 +3,11 @@
 from typing import Any, cast
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from functions.core import schema
 from infra import names
 from infra.config import DeployConfig
 
@@ -61,10 +63,11 @@ def state_machine_arn(scope: Construct) -> str:
     )
 
 
-def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, str], *, table: str) -> None:
+def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, str], *, table: str | None) -> None:
     """IAM5 acknowledgments for ``bucket.grant_read``/``grant_put`` on key patterns (``objects``:
     pattern -> why this role needs those keys) and ``table.grant_read_write_data`` (``table``: why
-    this role reads and writes the table). ``storage`` is the Storage construct."""
+    this role reads and writes the table; None for a role granted items by ``grant_items``, which
+    has no wildcard). ``storage`` is the Storage construct."""
     bucket = arn_in_findings(storage.bucket)
     acknowledge_wildcards(scope, {
         **{f"Resource::{bucket}/{pattern}": reason for pattern, reason in objects.items()},
@@ -74,6 +77,29 @@ def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, s
         "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
         "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
         "granted only.",
-        f"Resource::{arn_in_findings(storage.table)}/index/*": "grant_read_write_data includes the table's "
-        f"index (GSI); {table}",
+        **({f"Resource::{arn_in_findings(storage.table)}/index/*": "grant_read_write_data includes the table's "
+            f"index (GSI); {table}"} if table is not None else {}),
     })
+
+
+#: IAM ``StringLike`` patterns of partition keys (``dynamodb:LeadingKeys``), built by the same
+#: ``schema`` functions as the keys: every tenant's batch partition (``T#*#BATCHES``) and every
+#: batch's chunk partition (``T#*#B#*``). A tenant name has no ``#`` (``records.TENANT_PATTERN``),
+#: so neither matches a tenant's own partition ``T#<tenant>`` (files, uploads, webhooks), nor
+#: ``KEY#``, ``SCALER#`` or ``IDEMPOTENCY#`` items.
+BATCH_PARTITIONS = schema.batches_pk("*")
+CHUNK_PARTITIONS = schema.chunks_pk("*", "*")
+
+
+def grant_items(role: iam.IGrantable, storage: Any, actions: tuple[str, ...], leading_keys: tuple[str, ...]) -> iam.PolicyStatement:
+    """Allow ``actions`` on the table's items whose partition key matches one of ``leading_keys``
+    (IAM ``StringLike`` patterns) and nothing else. ``ForAllValues`` with only item actions: every
+    key a request names must match (an empty set could only come from a Scan, which is not granted).
+    The table's ARN only: no index. ``storage`` is the Storage construct."""
+    statement = iam.PolicyStatement(
+        actions=list(actions),
+        resources=[storage.table.table_arn],
+        conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}},
+    )
+    role.grant_principal.add_to_principal_policy(statement)
+    return statement

@@ -21,7 +21,10 @@ from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig
 
-from .common import acknowledge, acknowledge_data_grants, resource_prefix, state_machine_arn
+from .common import (
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_data_grants, grant_items, resource_prefix,
+    state_machine_arn,
+)
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -33,6 +36,12 @@ INPUT_KEYS = schema.batch_input_key("*", "*")
 MANIFEST_KEYS = schema.batch_manifest_key("*", "*")
 BATCH_KEYS = schema.batch_prefix("*", "*") + "*"
 PART_KEYS = schema.chunk_part_key("*", "*", 0, "*", "out").rsplit("/", 1)[0] + "/*"
+#: Table actions (``common.grant_items``): ingest and the ingest DLQ consumer read a batch and move
+#: it with conditional updates; the chunk DLQ consumer also counts the chunk as the worker does
+#: (marker and run record: GetItem, PutItem; the count's TransactWriteItems is authorized item by
+#: item). No Query, Scan, DeleteItem, batch or index access.
+BATCH_ITEM_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
+CHUNK_COUNT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
 
 #: The ingest Lambda validates and fans out one whole batch per invocation (up to 200 MB of input).
 INGEST_TIMEOUT = cdk.Duration.minutes(10)
@@ -119,7 +128,8 @@ class Ingest(Construct):
             # One batch per invocation: each gets the whole timeout; a failed one alone is retried.
             sources.SqsEventSource(self.ingest_queue, batch_size=1, report_batch_item_failures=True)
         )
-        storage.table.grant_read_write_data(self.function)
+        # The batch item only (read, conditional updates): never a file, upload or key item.
+        grant_items(self.function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # the input, and the manifest on a retry
         storage.bucket.grant_put(self.function, MANIFEST_KEYS)
         for queue in self.work_queues.values():
@@ -128,7 +138,7 @@ class Ingest(Construct):
             BATCH_KEYS: "Reads the batch input snapshot (streamed) and, when an event is redelivered, the chunk "
             "manifest it wrote: only under batches/, never a tenant's files.",
             MANIFEST_KEYS: "Writes each batch's chunk manifest (deterministic key).",
-        }, table="ingest reads and updates the batch record by key.")
+        }, table=None)
 
         # --- dead-lettered chunks -> DLQ Lambda ---------------------------------------------------
         self.dlq_function = lambdas.function(
@@ -142,7 +152,9 @@ class Ingest(Construct):
         )
         for dlq in self.work_dead_letters.values():
             self.dlq_function.add_event_source(sources.SqsEventSource(dlq, batch_size=1, report_batch_item_failures=True))
-        storage.table.grant_read_write_data(self.dlq_function)
+        # What the worker has: the batch item and the chunk's marker and run record (the count is a
+        # TransactWriteItems, authorized item by item).
+        grant_items(self.dlq_function, storage, CHUNK_COUNT_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
         storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept
@@ -150,7 +162,7 @@ class Ingest(Construct):
             INPUT_KEYS: "Reads the dead-lettered chunk's lines (a ranged GET of the input snapshot) for their "
             "custom_ids; any tenant's batch can dead-letter a chunk.",
             PART_KEYS: "Writes the chunk's error part (a key per attempt under the batch's parts/).",
-        }, table="the handler reads the batch and its chunk markers and records the chunk in one transaction.")
+        }, table=None)
 
         # --- dead-lettered ingest events -> ingest DLQ Lambda ---------------------------------------
         # An ingest event that failed INGEST_MAX_RECEIVES times would otherwise leave its batch
@@ -168,13 +180,13 @@ class Ingest(Construct):
         self.ingest_dlq_function.add_event_source(
             sources.SqsEventSource(self.ingest_dead_letters, batch_size=1, report_batch_item_failures=True)
         )
-        storage.table.grant_read_write_data(self.ingest_dlq_function)
+        grant_items(self.ingest_dlq_function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
         storage.bucket.grant_read(self.ingest_dlq_function, MANIFEST_KEYS)  # a retried fan-out reads the manifest
         for queue in self.work_queues.values():
             queue.grant_send_messages(self.ingest_dlq_function)
         acknowledge_data_grants(self.ingest_dlq_function.role, storage, {
             MANIFEST_KEYS: "A retried fan-out reads the chunk manifest ingest wrote for any tenant's batch (read only).",
-        }, table="the handler reads the batch by key and moves it with conditional writes.")
+        }, table=None)
 
         # CDK's own handler that writes the bucket's notification configuration (a custom resource:
         # CloudFormation cannot set it on the bucket without a bucket <-> queue policy cycle).

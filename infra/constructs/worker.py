@@ -49,8 +49,10 @@ from functions.core import schema
 from functions.core.settings import Settings
 from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
-from .common import acknowledge, acknowledge_wildcards, arn_in_findings, log_group
-from .ingest import INPUT_KEYS, PART_KEYS
+from .common import (
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_items, log_group,
+)
+from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
 from .lambdas import Lambdas
 from .storage import Storage
 from .workflow import Workflow
@@ -90,26 +92,13 @@ EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
 #: The DynamoDB actions the worker uses: GetItem, and PutItem and UpdateItem (also inside
 #: TransactWriteItems, which IAM authorizes item by item with these actions, as CDK's own
 #: ``grant_read_write_data`` relies on). No Query, Scan, DeleteItem, batch or index access.
-WORKER_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+WORKER_TABLE_ACTIONS = CHUNK_COUNT_ACTIONS
 #: The partition keys the worker may touch (IAM ``StringLike`` patterns, built by the same
 #: ``schema`` functions as the keys): a tenant's batch partition (``T#*#BATCHES``: the batch item
 #: it starts and counts on) and a batch's chunk partition (``T#*#B#*``: count markers and run
 #: records). A tenant name has no ``#`` (``records.TENANT_PATTERN``), so no other partition matches:
 #: not ``T#<tenant>`` (files, uploads, webhooks), ``KEY#`` (API keys), ``SCALER#``, ``IDEMPOTENCY#``.
-WORKER_LEADING_KEYS = (schema.batches_pk("*"), schema.chunks_pk("*", "*"))
-
-
-def grant_items(role: iam.IGrantable, storage: Storage, actions: tuple[str, ...], leading_keys: tuple[str, ...]) -> iam.PolicyStatement:
-    """Allow ``actions`` on the table's items whose partition key matches one of ``leading_keys``
-    (IAM ``StringLike`` patterns) and nothing else. ``ForAllValues`` with only item actions: every
-    key a request names must match (an empty set could only come from a Scan, which is not granted)."""
-    statement = iam.PolicyStatement(
-        actions=list(actions),
-        resources=[storage.table.table_arn],
-        conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}},
-    )
-    role.grant_principal.add_to_principal_policy(statement)
-    return statement
+WORKER_LEADING_KEYS = (BATCH_PARTITIONS, CHUNK_PARTITIONS)
 
 
 def dockerignore_patterns(path: Path = DOCKERIGNORE) -> list[str]:

@@ -34,21 +34,38 @@ WORKER_PATTERNS = ["T#*#BATCHES", "T#*#B#*"]
 TENANTS = ["acme", "B", "BATCHES", "B.BATCHES", "a-B-", "T", "KEY", "x" * 64]
 
 
+def _table_statement(synth, role: str) -> dict:
+    """The one DynamoDB statement of the role with logical id ``role``."""
+    found = []
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        if {"Ref": role} in policy["Properties"]["Roles"]:
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                if any(a.startswith("dynamodb:") for a in actions):
+                    found.append(statement)
+    (statement,) = found
+    return statement
+
+
 def _worker_statements(synth) -> dict[str, dict]:
     """The one DynamoDB statement of each model's task role, by model name."""
-    out = {}
-    for name, task in synth.resources("AWS::ECS::TaskDefinition").items():
-        role = task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0]
-        found = []
-        for policy in synth.resources("AWS::IAM::Policy").values():
-            if {"Ref": role} in policy["Properties"]["Roles"]:
-                for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
-                    actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-                    if any(a.startswith("dynamodb:") for a in actions):
-                        found.append(statement)
-        (out[name],) = found
+    out = {
+        name: _table_statement(synth, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+        for name, task in synth.resources("AWS::ECS::TaskDefinition").items()
+    }
     assert len(out) == len(synth.config.models)
     return out
+
+
+def _lambda_statement(synth, label: str) -> dict:
+    """The DynamoDB statement of one of ingest's functions: ``ingest``, ``dlq`` (dead-lettered
+    chunks) or ``ingest_dlq`` (dead-lettered ingest events)."""
+    function = {
+        "ingest": synth.stack.ingest.function,
+        "dlq": synth.stack.ingest.dlq_function,
+        "ingest_dlq": synth.stack.ingest.ingest_dlq_function,
+    }[label]
+    return _table_statement(synth, synth.logical_id(function.role))
 
 
 def leading_keys(statement: dict) -> list[str]:
@@ -78,6 +95,28 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
         assert sorted(leading_keys(statement)) == sorted(WORKER_PATTERNS), name
         # The table itself: no index ARN (no Query of any index).
         assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
+
+
+#: The narrow Lambdas, from the issue ("grant only what each needs"): ingest and the ingest DLQ
+#: consumer read a batch and update it; the chunk DLQ consumer counts a chunk as the worker does.
+LAMBDA_RIGHTS = {
+    "ingest": (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]),
+    "ingest_dlq": (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]),
+    "dlq": (WORKER_ACTIONS, WORKER_PATTERNS),
+}
+
+
+@pytest.mark.parametrize("label", LAMBDA_RIGHTS)
+def test_narrow_lambdas_name_only_their_actions_and_partitions(synth, label):
+    actions, patterns = LAMBDA_RIGHTS[label]
+    statement = _lambda_statement(synth, label)
+    assert statement["Effect"] == "Allow"
+    assert sorted(statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]) == actions
+    assert sorted(leading_keys(statement)) == sorted(patterns)
+    assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
+    for kind, keys in _records("acme").items():
+        if kind not in ALLOWED_KINDS:
+            assert not allows(statement, "dynamodb:GetItem", [keys[schema.PK]]), (label, kind)
 
 
 def _records(tenant: str) -> dict[str, dict[str, Any]]:
@@ -236,3 +275,76 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
     for name, statement in _worker_statements(synth).items():
         denied = [(a, k) for a, k in requests if not allows(statement, a, k)]
         assert denied == [], (name, denied)
+
+
+# --- the real paths on moto: API, ingest, worker, the two DLQ consumers ------------------------
+from tests.integration.conftest import aws, api_url, deployed, keys, stores, client  # noqa: E402,F401 - fixtures
+
+
+class Recorder:
+    """Every DynamoDB request made in this process, tagged with the role that made it (``as_``)."""
+
+    def __init__(self) -> None:
+        self.role = "setup"
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __call__(self, params: dict[str, Any], model: Any, **_: Any) -> None:
+        self.calls.append((self.role, model.name, params))
+
+    def requests(self, role: str) -> list[tuple[str, list[str]]]:
+        return [pair for r, operation, params in self.calls if r == role for pair in _operation_keys(operation, params)]
+
+
+@pytest.mark.settings(chunk_max_lines=2)
+def test_every_table_request_of_ingest_worker_and_dlq_consumers_is_allowed(synth, client, stores, deployed):
+    """A batch through the real handlers (ingest, one chunk by the worker's path, the other by the
+    chunk DLQ consumer), and a second batch's ingest event through the ingest DLQ consumer: each
+    role's DynamoDB requests are evaluated against its synthesized policy."""
+    from functions.dlq import handler as dlq_handler
+    from functions.ingest import dlq_handler as ingest_dlq_handler
+    from infra.local.pollers import drain_queue
+    from infra.local.resources import ingest_dlq_url, ingest_queue_url
+    from tests.integration.batch_helpers import line, run_ingest, submit, take_work
+    from tests.integration.worker.harness import dlq_url
+
+    recorder = Recorder()
+    clients.dynamodb_table(deployed.table_name).meta.client.meta.events.register("provide-client-params.dynamodb.*", recorder)
+    sqs = clients.client("sqs")
+
+    batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())
+    recorder.role = "ingest"
+    assert run_ingest() == 1
+    recorder.role = "setup"
+    first, second = take_work(deployed)
+    recorder.role = "worker"
+    assert run_one_chunk(stores, first).outcome.counted
+    recorder.role = "dlq"
+    dlq = dlq_url(deployed.models["test-chat"].queue_url)
+    sqs.send_message(QueueUrl=dlq, MessageBody=second.model_dump_json())
+    assert drain_queue(sqs, dlq, dlq_handler.handler, name="dlq") == 1
+    recorder.role = "setup"
+    after = stores.batches.get("acme", batch.id)
+    assert (after.completed, after.failed, after.chunks_done) == (2, 2, 2)
+
+    # A second batch's ingest event, dead-lettered: the ingest DLQ consumer ends or resumes it.
+    other = submit(client, (line(0) + "\n").encode())
+    url = ingest_queue_url(clients.client, PREFIX)
+    events = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    for message in events:
+        sqs.send_message(QueueUrl=ingest_dlq_url(clients.client, PREFIX), MessageBody=message["Body"])
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    recorder.role = "ingest_dlq"
+    assert drain_queue(sqs, ingest_dlq_url(clients.client, PREFIX), ingest_dlq_handler.handler, name="ingest-dlq") >= 1
+    recorder.role = "setup"
+    assert stores.batches.get("acme", other.id).status != "validating"
+
+    statements = {label: [_lambda_statement(synth, label)] for label in LAMBDA_RIGHTS}
+    statements["worker"] = list(_worker_statements(synth).values())
+    for role, role_statements in statements.items():
+        requests = recorder.requests(role)
+        assert requests, f"{role} made no table request"
+        for statement in role_statements:
+            denied = [(a, k) for a, k in requests if not allows(statement, a, k)]
+            assert denied == [], (role, denied)
+    # The API (full table rights) wrote the tenant's files in T#acme: the partition the others never touch.
+    assert any(schema.tenant_pk("acme") in keys for _, keys in recorder.requests("setup"))
