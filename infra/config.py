@@ -43,8 +43,11 @@ _WIRED_SETTINGS: Final = frozenset(
 #: field is a knob a model's ``worker`` section may set (``WORKER_<FIELD>`` in the container).
 _WIRED_WORKER: Final = frozenset({"model", "queue_url", "engine_url"})
 
-#: The endpoints a model serves unless its config says otherwise (a chat model).
-DEFAULT_MODEL_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions")
+#: The endpoints a model serves unless its config says otherwise (a chat model: vLLM serves the
+#: Responses API for every generate model). An embeddings model: ``["/v1/embeddings", "/v1/score",
+#: "/v1/rerank"]`` (vLLM scores with the embeddings' cosine); a cross-encoder reranker:
+#: ``["/v1/score", "/v1/rerank"]`` (docs/engine.md "Endpoints").
+DEFAULT_MODEL_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 #: The engine image the GPU worker runs by default: the same vLLM release the local deployment runs
 #: on the CPU, so what is tested locally is what serves in the cloud. Pin your own per model.
@@ -78,7 +81,8 @@ class ModelConfig(_Strict):
     #: The name clients put in ``body.model`` (and vLLM's ``--served-model-name``).
     name: Annotated[str, Field(min_length=1)]
     #: The batch endpoints this model answers (``Settings.models[name].endpoints``): a chat model
-    #: serves chat and completions, an embedding model ``["/v1/embeddings"]``.
+    #: serves chat, completions and responses, an embedding model ``["/v1/embeddings", "/v1/score",
+    #: "/v1/rerank"]`` (or only some of them: a batch may target only the endpoints listed here).
     endpoints: Annotated[tuple[str, ...], Field(min_length=1)] = DEFAULT_MODEL_ENDPOINTS
     #: Hugging Face id or path the engine loads; defaults to ``name``.
     weights: str | None = None

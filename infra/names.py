@@ -52,8 +52,10 @@ def _local_models() -> dict:
     from functions.core.settings import ModelRoute
 
     return {
-        LOCAL_CHAT_MODEL: ModelRoute(endpoints=("/v1/chat/completions", "/v1/completions")),
-        LOCAL_EMBED_MODEL: ModelRoute(endpoints=("/v1/embeddings",)),
+        # docs/engine.md "Endpoints": vLLM serves the Responses API for a generate model, and score
+        # and rerank (cosine similarity of the embeddings) for an embeddings model.
+        LOCAL_CHAT_MODEL: ModelRoute(endpoints=("/v1/chat/completions", "/v1/completions", "/v1/responses")),
+        LOCAL_EMBED_MODEL: ModelRoute(endpoints=("/v1/embeddings", "/v1/score", "/v1/rerank")),
     }
 
 

@@ -17,10 +17,11 @@ CANCELLABLE = ("validating", "in_progress")
 
 def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBatchBody, *, now: int) -> Batch:
     """A batch in ``validating`` over a snapshot of its input file (ingest takes it from there)."""
-    if body.endpoint not in settings.allowed_endpoints:
+    served = settings.served_endpoints()  # allowed, and answered by a model of this deployment
+    if body.endpoint not in served:
         raise InvalidRequest(
             f"Invalid value for 'endpoint': {body.endpoint!r}. Supported values are: "
-            + ", ".join(repr(e) for e in settings.allowed_endpoints) + ".",
+            + ", ".join(repr(e) for e in served) + ".",
             param="endpoint", code="invalid_value",
         )
     if body.completion_window not in settings.completion_windows:

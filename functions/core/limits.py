@@ -55,7 +55,11 @@ ASSEMBLER_TIMEOUT_SECONDS: Final = 900
 ASSEMBLER_MAX_RECEIVES: Final = 3
 
 # --- Batches (OpenAI: POST /v1/batches) ---------------------------------------------------------
-DEFAULT_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+#: Every endpoint a batch can target: OpenAI's four that vLLM serves, and vLLM's score and rerank
+#: (docs/engine.md "Endpoints"). Which ones a deployment serves is per model (``ModelRoute.endpoints``).
+DEFAULT_ENDPOINTS: Final = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank",
+)
 DEFAULT_COMPLETION_WINDOWS: Final = ("24h",)
 #: A batch holds at most 50,000 requests.
 DEFAULT_MAX_BATCH_LINES: Final = 50_000

@@ -171,7 +171,13 @@ def _too_deep(line: RawLine) -> str:
 
 
 def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
-    """Check one request line's own fields; returns (custom_id, model)."""
+    """Check one request line's own fields; returns (custom_id, model).
+
+    The body's shape is the endpoint's, and the engine's to judge, as OpenAI's validation leaves
+    it to the request: only ``body.model`` (which routes the batch) is required here, so every
+    endpoint's body passes: ``messages`` (chat), ``prompt`` (completions), ``input`` (embeddings,
+    and responses, with ``instructions``), ``text_1``/``text_2`` (score), ``query``/``documents``
+    (rerank). A body the engine refuses becomes that line's 400 in the error file."""
     if "custom_id" not in obj:
         raise LineError("missing_required_parameter", "Missing required parameter: 'custom_id'.", "custom_id")
     custom_id = obj["custom_id"]
@@ -190,7 +196,10 @@ def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
     url = obj.get("url")
     if url != endpoint:
         raise LineError(
-            "invalid_url", f"The url {shown(url)} does not match the batch's endpoint {endpoint!r}.", "url"
+            "invalid_url",
+            f"The url {shown(url)} does not match the batch's endpoint {endpoint!r}: every line of a batch "
+            f"uses the batch's endpoint.",
+            "url",
         )
     body = obj.get("body")
     if not isinstance(body, dict):

@@ -91,7 +91,7 @@ class Settings(EnvSettings):
     #: limits.UPLOAD_INLINE_ASSEMBLY_BYTES are assembled there, not in the API request.
     assembly_queue_url: str = ""
     # --- Batches ---
-    #: Endpoints a batch may target (each also needs a model that serves it).
+    #: Endpoints a batch may target (each also needs a model that serves it: ``served_endpoints``).
     allowed_endpoints: tuple[str, ...] = limits.DEFAULT_ENDPOINTS
     #: Completion windows a batch may ask for ("24h" as OpenAI; a local deployment adds short ones).
     completion_windows: tuple[str, ...] = limits.DEFAULT_COMPLETION_WINDOWS
@@ -119,6 +119,13 @@ class Settings(EnvSettings):
     #: host is allowed only where this is set (the local deployment), never on AWS.
     webhook_queue_url: str = ""
     webhook_allow_loopback_http: bool = False
+
+    def served_endpoints(self) -> tuple[str, ...]:
+        """The endpoints a batch of this deployment may target: those allowed that at least one
+        served model answers (in ``allowed_endpoints`` order). Which model serves which endpoint
+        is chosen per deployment (``models[name].endpoints``)."""
+        served = {endpoint for route in self.models.values() for endpoint in route.endpoints}
+        return tuple(endpoint for endpoint in self.allowed_endpoints if endpoint in served)
 
     def to_env(self) -> dict[str, str]:
         return {

@@ -81,7 +81,7 @@ INVALID = [
     ({"account": "123456789012"}, (), "set both account and region"),
     ({"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]}, ("models", 0), "max_instances < min_instances"),
     ({"models": [{"name": "m"}, {"name": "m"}]}, ("models",), "model names must be unique"),
-    ({"models": [{"name": "m", "endpoints": ["/v1/responses"]}]}, (), "endpoints ['/v1/responses'] are not in allowed_endpoints"),
+    ({"models": [{"name": "m", "endpoints": ["/v1/moderations"]}]}, (), "endpoints ['/v1/moderations'] are not in allowed_endpoints"),
     ({"models": [{"name": "m", "endpoints": []}]}, ("models", 0, "endpoints"), "at least 1 item"),
     ({"models": [{"name": "m", "engine_args": ["--max-model-len 8192"]}]}, ("models", 0, "engine_args"), "no whitespace inside one"),
     ({"models": [{"name": "m", "worker": {"queue_url": "x"}}]}, ("models", 0, "worker"), "unknown worker settings ['queue_url']"),

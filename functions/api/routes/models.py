@@ -1,4 +1,11 @@
-"""/v1/models"""
+"""/v1/models
+
+A model id may hold ``/`` (Hugging Face ids: ``Qwen/Qwen2.5-7B-Instruct``). The openai SDK sends
+``client.models.retrieve("Qwen/Qwen2.5-7B-Instruct")`` as ``/v1/models/Qwen%2FQwen2.5-7B-Instruct``
+(its ``path_template`` percent-encodes the slash), and API Gateway may hand the Lambda that path
+with the ``%2F`` kept or decoded to ``/``. So the id is read from the whole rest of the path, over
+one segment or several, and percent-decoded once (``models.model_id_from_path``).
+"""
 
 import time
 from typing import Any
@@ -26,4 +33,11 @@ def list_models() -> dict[str, Any]:
 @router.get("/v1/models/<model_id>")
 def get_model(model_id: str) -> Model:
     tenant(router)
-    return models.get_model(deps.settings(), model_id, created=CREATED)
+    return models.get_model(deps.settings(), models.model_id_from_path(router.current_event.path), created=CREATED)
+
+
+# An id with a literal slash (a decoded %2F, or a client that does not encode it): more segments.
+@router.get("/v1/models/<model_id>/.+")
+def get_model_with_slash(model_id: str) -> Model:
+    tenant(router)
+    return models.get_model(deps.settings(), models.model_id_from_path(router.current_event.path), created=CREATED)
