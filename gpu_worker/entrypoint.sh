@@ -15,6 +15,7 @@
 #                             an explicit --max-num-seqs in ENGINE_ARGS wins. The value is given
 #                             to the worker (WORKER_ENGINE_MAX_NUM_SEQS): its default in-flight cap.
 #   ENGINE_ARGS               extra `vllm serve` arguments, split on whitespace
+#                             (--enable-prompt-tokens-details is always added: cached_tokens in usage)
 #   ENGINE_STOP_SECONDS       how long the engine may take to stop before SIGKILL (default 20)
 #   ENGINE_CMD / WORKER_CMD   the two commands (default `vllm serve` / `python3 -m gpu_worker`)
 set -uo pipefail
@@ -39,6 +40,11 @@ done
 if [[ -z $MAX_NUM_SEQS ]]; then
   MAX_NUM_SEQS=${ENGINE_MAX_NUM_SEQS:-256}
   EXTRA_ARGS+=(--max-num-seqs "$MAX_NUM_SEQS")
+fi
+# Usage with cached_tokens (prompt_tokens_details / input_tokens_details): vLLM reports them only
+# with this flag. Prefix caching itself is vLLM's default for every model that supports it.
+if [[ " ${EXTRA_ARGS[*]} " != *" --enable-prompt-tokens-details "* ]]; then
+  EXTRA_ARGS+=(--enable-prompt-tokens-details)
 fi
 export WORKER_ENGINE_MAX_NUM_SEQS=$MAX_NUM_SEQS
 export WORKER_ENGINE_URL=http://127.0.0.1:$ENGINE_PORT

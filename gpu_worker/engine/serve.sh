@@ -3,8 +3,8 @@
 #
 #   gpu_worker/engine/serve.sh MODEL_NAME PORT [extra `vllm serve` args...]
 #
-#   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions)
-#               all-minilm-l6-v2       (pooling:  /v1/embeddings)
+#   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions, /v1/responses)
+#               all-minilm-l6-v2       (pooling:  /v1/embeddings, /v1/score, /v1/rerank)
 #   PORT        TCP port on 127.0.0.1 (the server never binds another address)
 #
 # Environment overrides (all optional):
@@ -36,7 +36,9 @@ MODELS_DIR=${ENGINE_MODELS_DIR:-$REPO_ROOT/.models}
 case $MODEL_NAME in
   smollm2-135m-instruct)
     # Decoder LLM: chat + completions. bf16 weights (the folder's dtype).
-    MODEL_ARGS=(--runner generate)
+    # Prefix caching (vLLM's default for this model, made explicit): lines sharing a long system
+    # prompt reuse its KV blocks, and usage reports them as cached_tokens.
+    MODEL_ARGS=(--runner generate --enable-prefix-caching)
     DEFAULT_MAX_LEN=2048
     DEFAULT_KV=1G
     ;;
@@ -66,6 +68,8 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # never reach for the Hugging F
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1      # no usage reporting
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
+# --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (responses:
+# input_tokens_details) in every answer; without it vLLM leaves the details out (always 0 here).
 # --kv-cache-memory-bytes: a fixed KV cache. Without it vLLM CPU reserves
 # gpu-memory-utilization x the NUMA node's memory and refuses to start when that much is not
 # free, so a second server (the local deployment runs both) fails to start after the first.
@@ -77,4 +81,5 @@ exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
   --gpu-memory-utilization 0.5 \
   --kv-cache-memory-bytes "${ENGINE_KV_CACHE_BYTES:-$DEFAULT_KV}" \
   --max-model-len "${ENGINE_MAX_MODEL_LEN:-$DEFAULT_MAX_LEN}" \
+  --enable-prompt-tokens-details \
   "$@"

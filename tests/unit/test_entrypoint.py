@@ -74,7 +74,7 @@ def test_the_engine_command_line_comes_from_the_environment(run):
     engine_argv = next(l for l in lines() if l.startswith("engine argv"))
     assert engine_argv.split()[2:] == [
         "org/weights", "--served-model-name", "my-model", "--host", "127.0.0.1", "--port", "8123",
-        "--max-model-len", "8192", "--enforce-eager", "--max-num-seqs", "256",
+        "--max-model-len", "8192", "--enforce-eager", "--max-num-seqs", "256", "--enable-prompt-tokens-details",
     ]
     worker_env = next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_ENGINE_URL=http://127.0.0.1:8123" in worker_env
@@ -87,7 +87,7 @@ def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
     engine_argv = next(l for l in lines() if l.startswith("engine argv"))
-    assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith("--max-num-seqs 64")
+    assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith("--max-num-seqs 64 --enable-prompt-tokens-details")
     assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_MODEL=org/weights" in next(l for l in lines() if l.startswith("worker env"))
 
