@@ -19,7 +19,10 @@ from functions.core.settings import Settings
 from infra import names, workflow
 from infra.config import DeployConfig
 
-from .common import acknowledge_data_grants, acknowledge_wildcards, arn_in_findings, log_group, resource_prefix
+from .common import (
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge_data_grants, acknowledge_wildcards, arn_in_findings, grant_items,
+    log_group, resource_prefix,
+)
 from .ingest import BATCH_KEYS
 from .lambdas import Lambdas
 from .storage import Storage
@@ -30,6 +33,13 @@ WORKFLOW_TIMEOUT = cdk.Duration.minutes(15)
 FILE_KEYS = schema.file_key("*", "*")
 #: The one action that resumes a waiting execution (no SendTaskFailure/Heartbeat: nobody sends those).
 SIGNAL = "states:SendTaskSuccess"
+#: The workflow's table rights (``common.grant_items``): read and update the batch, read its chunk
+#: markers (one Query of the chunk partition) and run records; and put the output and error File
+#: records (in the tenant's partition ``T#<tenant>``, inside finalize's transaction). No delete,
+#: Scan, batch or index access; never an API key, the scaler's state or an idempotency record.
+WORKFLOW_BATCH_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query")
+WORKFLOW_FILE_ACTIONS = ("dynamodb:PutItem",)
+FILE_PARTITIONS = schema.tenant_pk("*")
 
 
 class Workflow(Construct):
@@ -59,7 +69,8 @@ class Workflow(Construct):
             memory_size=1024,
             timeout=WORKFLOW_TIMEOUT,
         )
-        storage.table.grant_read_write_data(self.function)
+        grant_items(self.function, storage, WORKFLOW_BATCH_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
+        grant_items(self.function, storage, WORKFLOW_FILE_ACTIONS, (FILE_PARTITIONS,))  # output and error File records
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # input (never-ran lines), manifest, parts
         storage.bucket.grant_put(self.function, FILE_KEYS)  # output and error files (multipart)
         self.grant_publish(self.function)
@@ -71,7 +82,7 @@ class Workflow(Construct):
             "input snapshot: only under batches/.",
             FILE_KEYS: "Finalize writes the output and error files of any tenant's batch (files/<tenant>/<file "
             "id>, ids minted at finalize).",
-        }, table="the workflow reads and updates the batch and its chunk markers and creates the output File records.")
+        }, table=None)
 
         self.state_machine = sfn.StateMachine(
             self,

@@ -252,9 +252,9 @@ def test_batch_functions_read_and_write_only_their_keys(synth, ids, label):
     # the DLQ reads the checkpoints under parts/ it writes beside (it keeps a chunk's checkpointed lines)
     written = PUT | READ if label == "dlq" else PUT
     assert _s3(pairs) == {_ref(bucket): READ, _keys(bucket, reads): READ, _keys(bucket, writes): written}
-    # ingest and the DLQ consumer: the table's items only, no index (their partitions and actions:
+    # ingest, the DLQ consumer and the workflow: the table's items only, no index (their partitions and actions:
     # tests/infra/test_table_access.py)
-    index = set() if label in ("ingest", "dlq") else {_objects(ids["table"]).replace("/*", "/index/*")}
+    index = set() if label in ("ingest", "dlq", "workflow") else {_objects(ids["table"]).replace("/*", "/index/*")}
     assert {r for a, r in pairs if a.startswith("dynamodb:")} == {_ref(ids["table"]), *index}
     assert {a.split(":")[0] for a, _ in pairs} == services | {"logs", "xray"}
     _log_and_trace_only(pairs, _functions(synth)[label][1]["LoggingConfig"]["LogGroup"]["Ref"])

@@ -34,8 +34,8 @@ WORKER_PATTERNS = ["T#*#BATCHES", "T#*#B#*"]
 TENANTS = ["acme", "B", "BATCHES", "B.BATCHES", "a-B-", "T", "KEY", "x" * 64]
 
 
-def _table_statement(synth, role: str) -> dict:
-    """The one DynamoDB statement of the role with logical id ``role``."""
+def _table_statements(synth, role: str) -> list[dict]:
+    """The DynamoDB statements of the role with logical id ``role``."""
     found = []
     for policy in synth.resources("AWS::IAM::Policy").values():
         if {"Ref": role} in policy["Properties"]["Roles"]:
@@ -43,7 +43,12 @@ def _table_statement(synth, role: str) -> dict:
                 actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
                 if any(a.startswith("dynamodb:") for a in actions):
                     found.append(statement)
-    (statement,) = found
+    return found
+
+
+def _table_statement(synth, role: str) -> dict:
+    """The one DynamoDB statement of the role with logical id ``role``."""
+    (statement,) = _table_statements(synth, role)
     return statement
 
 
@@ -57,15 +62,16 @@ def _worker_statements(synth) -> dict[str, dict]:
     return out
 
 
-def _lambda_statement(synth, label: str) -> dict:
-    """The DynamoDB statement of one of ingest's functions: ``ingest``, ``dlq`` (dead-lettered
-    chunks) or ``ingest_dlq`` (dead-lettered ingest events)."""
+def _lambda_statements(synth, label: str) -> list[dict]:
+    """The DynamoDB statements of a narrow Lambda: ``ingest``, ``dlq`` (dead-lettered chunks),
+    ``ingest_dlq`` (dead-lettered ingest events) or ``workflow``."""
     function = {
         "ingest": synth.stack.ingest.function,
         "dlq": synth.stack.ingest.dlq_function,
         "ingest_dlq": synth.stack.ingest.ingest_dlq_function,
+        "workflow": synth.stack.workflow.function,
     }[label]
-    return _table_statement(synth, synth.logical_id(function.role))
+    return _table_statements(synth, synth.logical_id(function.role))
 
 
 def leading_keys(statement: dict) -> list[str]:
@@ -88,6 +94,11 @@ def allows(statement: dict, action: str, partition_keys: list[str]) -> bool:
     )
 
 
+def allows_any(statements: list[dict], action: str, partition_keys: list[str]) -> bool:
+    """IAM's answer with several Allow statements (no Deny): any one of them allows the request."""
+    return any(allows(s, action, partition_keys) for s in statements)
+
+
 def test_worker_policy_names_only_its_actions_and_partitions(synth):
     for name, statement in _worker_statements(synth).items():
         assert statement["Effect"] == "Allow"
@@ -97,26 +108,43 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
         assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
 
 
-#: The narrow Lambdas, from the issue ("grant only what each needs"): ingest and the ingest DLQ
-#: consumer read a batch and update it; the chunk DLQ consumer counts a chunk as the worker does.
+#: The narrow Lambdas, from the issue ("grant only what each needs"), as (actions, partition
+#: patterns) per statement: ingest and the ingest DLQ consumer read a batch and update it; the
+#: chunk DLQ consumer counts a chunk as the worker does; the workflow reads and updates the batch,
+#: queries its chunk markers, and puts the output File records in the tenant's partition.
 LAMBDA_RIGHTS = {
-    "ingest": (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]),
-    "ingest_dlq": (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]),
-    "dlq": (WORKER_ACTIONS, WORKER_PATTERNS),
+    "ingest": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"])],
+    "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"])],
+    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS)],
+    "workflow": [
+        (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
+        (["dynamodb:PutItem"], ["T#*"]),
+    ],
 }
+
+
+def _actions(statement: dict) -> list[str]:
+    return sorted(statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]])
 
 
 @pytest.mark.parametrize("label", LAMBDA_RIGHTS)
 def test_narrow_lambdas_name_only_their_actions_and_partitions(synth, label):
-    actions, patterns = LAMBDA_RIGHTS[label]
-    statement = _lambda_statement(synth, label)
-    assert statement["Effect"] == "Allow"
-    assert sorted(statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]) == actions
-    assert sorted(leading_keys(statement)) == sorted(patterns)
-    assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
+    statements = _lambda_statements(synth, label)
+    expected = sorted((sorted(actions), sorted(patterns)) for actions, patterns in LAMBDA_RIGHTS[label])
+    assert sorted((_actions(s), sorted(leading_keys(s))) for s in statements) == expected
+    table = f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
+    for statement in statements:
+        assert statement["Effect"] == "Allow" and synth.render(statement["Resource"]) == table
+    # None reads a tenant's file or upload records, an API key, the scaler's state; none deletes.
+    others = [schema.key_pk("abc"), schema.scaler_pk("m"), "IDEMPOTENCY#create_batch#key"]
     for kind, keys in _records("acme").items():
         if kind not in ALLOWED_KINDS:
-            assert not allows(statement, "dynamodb:GetItem", [keys[schema.PK]]), (label, kind)
+            others.append(keys[schema.PK])
+    for pk in others:
+        assert not allows_any(statements, "dynamodb:GetItem", [pk]), (label, pk)
+        assert not allows_any(statements, "dynamodb:Query", [pk]), (label, pk)
+    for action in ("dynamodb:DeleteItem", "dynamodb:Scan", "dynamodb:BatchWriteItem", "dynamodb:BatchGetItem"):
+        assert not allows_any(statements, action, [schema.batches_pk("acme")]), (label, action)
 
 
 def _records(tenant: str) -> dict[str, dict[str, Any]]:
@@ -189,6 +217,17 @@ def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
 
 
 # --- every request the worker's chunk path makes, checked against the policy ------------------
+def _partition_of(condition: Any) -> str:
+    """The table partition key value a Query's key condition (boto3 ``Key`` objects) names."""
+    expression = condition.get_expression()
+    if expression["operator"] == "AND":
+        found = [_partition_of(c) for c in expression["values"] if c.get_expression()["operator"] in ("=", "AND")]
+        (value,) = [f for f in found if f]
+        return value
+    left, right = expression["values"]
+    return right if expression["operator"] == "=" and left.name == schema.PK else ""
+
+
 def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(IAM action, partition keys) pairs a DynamoDB request is authorized by. A transaction is
     authorized item by item, with the action of each item's operation."""
@@ -208,7 +247,9 @@ def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, l
     if operation == "PutItem":
         return [("dynamodb:PutItem", [pk(params["Item"][schema.PK])])]
     if operation == "Query":
-        return [("dynamodb:Query", [])]  # the tests below fail on any Query: the worker makes none
+        if "IndexName" in params:  # an index's ARN: none of the roles checked here has one
+            return [("dynamodb:Query(index)", [])]
+        return [("dynamodb:Query", [_partition_of(params["KeyConditionExpression"])])]
     return [(f"dynamodb:{operation}", [])]
 
 
@@ -296,11 +337,14 @@ class Recorder:
 
 
 @pytest.mark.settings(chunk_max_lines=2)
-def test_every_table_request_of_ingest_worker_and_dlq_consumers_is_allowed(synth, client, stores, deployed):
+def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allowed(synth, client, stores, deployed):
     """A batch through the real handlers (ingest, one chunk by the worker's path, the other by the
-    chunk DLQ consumer), and a second batch's ingest event through the ingest DLQ consumer: each
-    role's DynamoDB requests are evaluated against its synthesized policy."""
+    chunk DLQ consumer, the workflow's check, drain and finalize), and a second batch's ingest
+    event through the ingest DLQ consumer: each role's DynamoDB requests are evaluated against its
+    synthesized policy."""
     from functions.dlq import handler as dlq_handler
+    from functions.workflow import handler as workflow_handler
+    from infra.local.lambda_context import LocalLambdaContext
     from functions.ingest import dlq_handler as ingest_dlq_handler
     from infra.local.pollers import drain_queue
     from infra.local.resources import ingest_dlq_url, ingest_queue_url
@@ -322,9 +366,17 @@ def test_every_table_request_of_ingest_worker_and_dlq_consumers_is_allowed(synth
     dlq = dlq_url(deployed.models["test-chat"].queue_url)
     sqs.send_message(QueueUrl=dlq, MessageBody=second.model_dump_json())
     assert drain_queue(sqs, dlq, dlq_handler.handler, name="dlq") == 1
+    recorder.role = "workflow"
+    for event in (
+        {"action": "check", "reconcile_seconds": 60},
+        {"action": "drain", "signal": "complete"},
+        {"action": "finalize", "signal": "complete"},
+    ):
+        workflow_handler.handler({"tenant": "acme", "batch_id": batch.id, **event}, LocalLambdaContext("workflow"))
     recorder.role = "setup"
     after = stores.batches.get("acme", batch.id)
-    assert (after.completed, after.failed, after.chunks_done) == (2, 2, 2)
+    assert (after.status, after.completed, after.failed, after.chunks_done) == ("completed", 2, 2, 2)
+    assert client.files.retrieve(after.output_file_id).purpose == "batch_output"
 
     # A second batch's ingest event, dead-lettered: the ingest DLQ consumer ends or resumes it.
     other = submit(client, (line(0) + "\n").encode())
@@ -338,13 +390,15 @@ def test_every_table_request_of_ingest_worker_and_dlq_consumers_is_allowed(synth
     recorder.role = "setup"
     assert stores.batches.get("acme", other.id).status != "validating"
 
-    statements = {label: [_lambda_statement(synth, label)] for label in LAMBDA_RIGHTS}
-    statements["worker"] = list(_worker_statements(synth).values())
-    for role, role_statements in statements.items():
-        requests = recorder.requests(role)
+    policies = {label: _lambda_statements(synth, label) for label in LAMBDA_RIGHTS}
+    policies.update({f"worker {name}": [s] for name, s in _worker_statements(synth).items()})
+    for role, statements in policies.items():
+        requests = recorder.requests(role.split()[0])
         assert requests, f"{role} made no table request"
-        for statement in role_statements:
-            denied = [(a, k) for a, k in requests if not allows(statement, a, k)]
-            assert denied == [], (role, denied)
+        denied = [(a, k) for a, k in requests if not allows_any(statements, a, k)]
+        assert denied == [], (role, denied)
+    # The paths made the calls these rights exist for (the workflow's Query and its File put).
+    assert ("dynamodb:Query", [schema.chunks_pk("acme", batch.id)]) in recorder.requests("workflow")
+    assert ("dynamodb:PutItem", [schema.tenant_pk("acme")]) in recorder.requests("workflow")
     # The API (full table rights) wrote the tenant's files in T#acme: the partition the others never touch.
     assert any(schema.tenant_pk("acme") in keys for _, keys in recorder.requests("setup"))
