@@ -1,5 +1,6 @@
-"""Webhook endpoints and the delivery-attempt log, on the deployment's one table, under the
-tenant's partition (``T#<tenant>``): ``WEBHOOK#<endpoint id>`` and
+"""Webhook endpoints and the delivery-attempt log, on the deployment's one table, in a partition
+of their own per tenant (``webhooks_pk``: ``T#<tenant>#WEBHOOKS``, so the webhook Lambda's IAM
+``dynamodb:LeadingKeys`` names these partitions and nothing else): ``WEBHOOK#<endpoint id>`` and
 ``WHLOG#<unix time, 10 digits>#<webhook-id>#<attempt, 2 digits>`` (newest first when listed; the
 log expires after ``LOG_RETENTION_SECONDS`` by DynamoDB TTL).
 
@@ -28,6 +29,12 @@ LOG_RETENTION_SECONDS: Final = 30 * 86_400
 PREVIOUS_SECRET_SECONDS: Final = 86_400
 
 
+def webhooks_pk(tenant: str) -> str:
+    """A tenant's webhook partition (``webhooks_pk("*")`` is the IAM pattern of all of them; a
+    tenant name has no ``#``, so it matches no other partition)."""
+    return f"{schema.tenant_pk(tenant)}#WEBHOOKS"
+
+
 def new_endpoint_id() -> str:
     return "we_" + secrets.token_hex(16)
 
@@ -49,7 +56,7 @@ class EndpointRecord(BaseModel):
         return [self.secret, *([self.previous_secret] if keep else [])]  # type: ignore[list-item]
 
     def to_item(self) -> dict[str, Any]:
-        return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: ENDPOINT_PREFIX + self.id,
+        return {schema.PK: webhooks_pk(self.tenant), schema.SK: ENDPOINT_PREFIX + self.id,
                 **self.model_dump(exclude_none=True)}
 
     @classmethod
@@ -80,7 +87,7 @@ class AttemptRecord(BaseModel):
 
     def to_item(self) -> dict[str, Any]:
         sk = f"{LOG_PREFIX}{self.at:010d}#{self.webhook_id}#{self.attempt:02d}"
-        return {schema.PK: schema.tenant_pk(self.tenant), schema.SK: sk, schema.TTL: self.at + LOG_RETENTION_SECONDS,
+        return {schema.PK: webhooks_pk(self.tenant), schema.SK: sk, schema.TTL: self.at + LOG_RETENTION_SECONDS,
                 **self.model_dump(exclude_none=True)}
 
     @classmethod
@@ -100,12 +107,12 @@ class WebhookRepo:
         self._table.put(record.to_item(), if_absent=True)
 
     def get(self, tenant: str, endpoint_id: str) -> EndpointRecord | None:
-        item = self._table.get(schema.tenant_pk(tenant), ENDPOINT_PREFIX + endpoint_id)
+        item = self._table.get(webhooks_pk(tenant), ENDPOINT_PREFIX + endpoint_id)
         return EndpointRecord.from_item(item) if item else None
 
     def list(self, tenant: str) -> list[EndpointRecord]:
         items, _ = self._table.query_page(
-            pk=schema.tenant_pk(tenant), prefix=ENDPOINT_PREFIX, after=None, ascending=True, limit=1000
+            pk=webhooks_pk(tenant), prefix=ENDPOINT_PREFIX, after=None, ascending=True, limit=1000
         )
         return [EndpointRecord.from_item(i) for i in items]
 
@@ -121,14 +128,14 @@ class WebhookRepo:
         )
         try:
             item = self._table.set_if(
-                schema.tenant_pk(tenant), ENDPOINT_PREFIX + endpoint_id, values, expect={"secret": record.secret}
+                webhooks_pk(tenant), ENDPOINT_PREFIX + endpoint_id, values, expect={"secret": record.secret}
             )
         except ConditionFailed:  # deleted or rotated meanwhile
             return None
         return EndpointRecord.from_item(item)
 
     def delete(self, tenant: str, endpoint_id: str) -> EndpointRecord | None:
-        old = self._table.delete(schema.tenant_pk(tenant), ENDPOINT_PREFIX + endpoint_id)
+        old = self._table.delete(webhooks_pk(tenant), ENDPOINT_PREFIX + endpoint_id)
         return EndpointRecord.from_item(old) if old else None
 
     def log(self, attempt: AttemptRecord) -> None:
@@ -141,6 +148,6 @@ class WebhookRepo:
             return alive and (endpoint_id is None or item.get("endpoint_id") == endpoint_id)
 
         items, _ = self._table.query_page(
-            pk=schema.tenant_pk(tenant), prefix=LOG_PREFIX, after=None, ascending=False, limit=limit, keep=keep
+            pk=webhooks_pk(tenant), prefix=LOG_PREFIX, after=None, ascending=False, limit=limit, keep=keep
         )
         return [AttemptRecord.from_item(i) for i in items]

@@ -5,8 +5,9 @@ per subscribed endpoint (onto the same queue) and attempts deliveries. A failed 
 message's visibility to the next delay of the schedule and reports it as a batch item failure;
 after ``logic.ATTEMPTS`` receives the message goes to the dead-letter queue (watched by monitoring).
 
-Its rights: GetItem, Query and PutItem on the table (endpoints by tenant, the attempt log; no
-index, no update or delete), send to and change visibility on its own queue (event source
+Its rights: GetItem, Query and PutItem on the table's webhook partitions only (``T#*#WEBHOOKS``
+by ``dynamodb:LeadingKeys``: endpoints and the attempt log; no index, no update or delete, no
+file, batch or key item), send to and change visibility on its own queue (event source
 mapping: receive and delete). No VPC: it must reach the tenants' HTTPS endpoints on the internet.
 """
 
@@ -15,7 +16,6 @@ from collections.abc import Iterable
 import aws_cdk as cdk
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_lambda as lambda_
@@ -23,13 +23,16 @@ from constructs import Construct
 
 from functions.core.settings import Settings
 from functions.webhooks import logic
+from functions.webhooks.store import webhooks_pk
 from infra.config import DeployConfig
 
-from .common import acknowledge
+from .common import acknowledge, grant_items
 from .lambdas import Lambdas
 from .storage import Storage
 
 TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem")
+#: The only partitions it may touch: the tenants' webhook partitions (``T#*#WEBHOOKS``).
+WEBHOOK_PARTITIONS = webhooks_pk("*")
 
 
 class Webhooks(Construct):
@@ -79,8 +82,7 @@ class Webhooks(Construct):
         ))
         self.queue.grant_send_messages(self.function)  # fan-out
         self.queue.grant(self.function, "sqs:ChangeMessageVisibility")  # the backoff
-        iam.Grant.add_to_principal(grantee=self.function, actions=list(TABLE_ACTIONS),
-                                   resource_arns=[storage.table.table_arn])
+        grant_items(self.function, storage, TABLE_ACTIONS, (WEBHOOK_PARTITIONS,))
 
     def share_settings(self, functions: Iterable[lambda_.Function]) -> None:
         """Functions made before this construct get the queue's URL too, so every function's

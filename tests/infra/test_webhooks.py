@@ -50,6 +50,11 @@ def test_eight_attempts_then_the_dead_letter_queue_and_partial_batch_failures(sy
     assert "VpcConfig" not in props
 
 
+def _statements(synth, role: str) -> list[dict]:
+    return [st for p in synth.resources("AWS::IAM::Policy").values() if {"Ref": role} in p["Properties"]["Roles"]
+            for st in p["Properties"]["PolicyDocument"]["Statement"]]
+
+
 def test_least_privilege(synth):
     role = synth.logical_id(synth.stack.webhooks.function.role)
     granted = {(a, synth.render(json.loads(r))) for a, r in synth.permissions(role)}
@@ -62,3 +67,30 @@ def test_least_privilege(synth):
     assert {r for _, r in sqs} == {queue}
     assert {"sqs:SendMessage", "sqs:ChangeMessageVisibility", "sqs:ReceiveMessage", "sqs:DeleteMessage"} <= {a for a, _ in sqs}
     assert not any(a.startswith(("s3:", "states:", "events:")) for a, _ in granted)
+
+
+def test_the_table_rights_reach_webhook_records_only(synth):
+    """``dynamodb:LeadingKeys`` (IAM's ``*`` as fnmatch's): the endpoint and attempt items of any
+    tenant match; a tenant's files, batches, chunks, API keys and the scaler's state do not."""
+    import fnmatch
+
+    from functions.core import schema
+    from functions.webhooks.store import AttemptRecord, EndpointRecord
+
+    role = synth.logical_id(synth.stack.webhooks.function.role)
+    [statement] = [st for st in _statements(synth, role) if any(a.startswith("dynamodb:") for a in st["Action"])]
+    patterns = statement["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+    assert patterns == ["T#*#WEBHOOKS"]
+
+    def allowed(pk: str) -> bool:
+        return any(fnmatch.fnmatchcase(pk, p) for p in patterns)
+
+    for tenant in ("acme", "B", "WEBHOOKS", "x" * 64):
+        endpoint = EndpointRecord(tenant=tenant, id="we_1", url="https://h", events=["batch.failed"],
+                                  secret="whsec_AAAA", created_at=1, updated_at=1).to_item()
+        attempt = AttemptRecord(tenant=tenant, endpoint_id="we_1", webhook_id="wh_1", event_id="evt_1",
+                                event_type="batch.failed", attempt=1, at=1, outcome="delivered").to_item()
+        assert allowed(endpoint[schema.PK]) and allowed(attempt[schema.PK])
+        for other in (schema.tenant_pk(tenant), schema.batches_pk(tenant), schema.chunks_pk(tenant, "batch_1"),
+                      schema.key_pk("abc"), schema.scaler_pk("m")):
+            assert not allowed(other), other
