@@ -313,17 +313,14 @@ def plan_retry(batch: Any, error_lines: Iterable[bytes], only: str) -> RetryPlan
     return RetryPlan(picked, skipped, total)
 
 
-def select_lines(input_lines: Iterable[bytes], custom_ids: Iterable[str]) -> tuple[list[bytes], set[str]]:
-    """The input lines whose custom_id is one of ``custom_ids``, in input order, bytes unchanged
-    (the first line of each id), and the ids not found."""
-    missing = set(custom_ids)
-    kept: list[bytes] = []
+def select_lines(input_lines: Iterable[bytes], missing: set[str]) -> Iterator[bytes]:
+    """The input lines whose custom_id is in ``missing``, in input order, bytes unchanged (the first
+    line of each id); each one found is removed from ``missing`` (what is left was not found)."""
     for raw in input_lines:
         custom_id = _custom_id(raw)
         if custom_id in missing:
             missing.discard(custom_id)
-            kept.append(raw)
-    return kept, missing
+            yield raw
 
 
 def retry_metadata(metadata: dict[str, str] | None, batch_id: str) -> tuple[dict[str, str], bool]:
@@ -343,25 +340,30 @@ def retry(client: OpenAI, batch_id: str, *, only: str, err: TextIO):
     if not plan.custom_ids:
         raise RetryRefused(f"nothing to retry: none of the {plan.total} error lines of {batch_id} is selected by "
                            f"--only {only} (skipped: {skipped})")
-    kept, missing = select_lines(_lines(_stream(client, batch.input_file_id)), plan.custom_ids)
-    if missing:
-        print(f"batchctl: warning: {len(missing)} custom_id(s) of the error file are not in the input file "
-              f"{batch.input_file_id}: {', '.join(sorted(missing)[:5])}", file=err)
-    if not kept:
-        raise RetryRefused(f"nothing to retry: no line of input file {batch.input_file_id} matches the error file")
-    metadata, recorded = retry_metadata(batch.metadata, batch_id)
-    if not recorded:
-        print(f"batchctl: warning: batch {batch_id} already has {limits.METADATA_MAX_PAIRS} metadata pairs: "
-              f"{RETRY_OF} is not recorded on the new batch", file=err)
+    missing = set(plan.custom_ids)
     with tempfile.TemporaryDirectory() as tmp:
+        # streamed to a file: memory is one line plus the set of custom_ids
         path = Path(tmp) / f"{batch_id}_retry.jsonl"
-        path.write_bytes(b"".join(raw + b"\n" for raw in kept))
+        kept = 0
+        with path.open("wb") as f:
+            for raw in select_lines(_lines(_stream(client, batch.input_file_id)), missing):
+                f.write(raw + b"\n")
+                kept += 1
+        if missing:
+            print(f"batchctl: warning: {len(missing)} custom_id(s) of the error file are not in the input file "
+                  f"{batch.input_file_id}: {', '.join(sorted(missing)[:5])}", file=err)
+        if not kept:
+            raise RetryRefused(f"nothing to retry: no line of input file {batch.input_file_id} matches the error file")
+        metadata, recorded = retry_metadata(batch.metadata, batch_id)
+        if not recorded:
+            print(f"batchctl: warning: batch {batch_id} already has {limits.METADATA_MAX_PAIRS} metadata pairs: "
+                  f"{RETRY_OF} is not recorded on the new batch", file=err)
         file = upload_file(client, path, "batch")
     new = client.batches.create(
         input_file_id=file.id, endpoint=batch.endpoint, completion_window=batch.completion_window,
         metadata=metadata,
     )
-    print(f"batchctl: retrying {len(kept)} of the {plan.total} error lines of {batch_id} as {new.id}"
+    print(f"batchctl: retrying {kept} of the {plan.total} error lines of {batch_id} as {new.id}"
           + (f" (skipped: {skipped})" if skipped else ""), file=err)
     return new
 

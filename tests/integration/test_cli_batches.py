@@ -10,7 +10,9 @@ from openai.types import Batch, FileObject
 
 from batchctl import batches as cli_batches
 from batchctl.settings import CliSettings
-from tests.integration.batch_helpers import line, run_ingest
+from tests.fakes.engine import REJECTED, InProcessEngine, chat_answer, content
+from tests.integration.batch_helpers import line, run_ingest, submit, take_work
+from tests.integration.worker.harness import run_one_chunk
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -78,11 +80,6 @@ def test_api_client_resolution():
 
 
 # --- retry (issue 12): a finished batch's failed and never-run requests as a new batch ---------
-
-from functions.core import limits as _limits  # noqa: E402
-from tests.fakes.engine import REJECTED, chat_answer, content  # noqa: E402
-from tests.integration.batch_helpers import submit, take_work  # noqa: E402
-from tests.integration.worker.harness import InProcessEngine, run_one_chunk  # noqa: E402
 
 #: The deployment's default: an open batch is finalized by the sweeper 900 s past its expiry.
 EXPIRY_GRACE = 900
