@@ -4,7 +4,7 @@
     batchctl keys revoke KEY               revokes KEY
     batchctl webhooks create|list|rotate|delete|deliveries --tenant NAME ...   (docs/webhooks.md)
     batchctl files upload PATH             uploads a file (large ones through the Uploads API)
-    batchctl batches create|get|list|cancel|wait|download ...   (see batchctl/batches.py)
+    batchctl batches create|get|list|cancel|wait|retry|download ...   (see batchctl/batches.py)
     batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL
                                            runs a local batch file through an engine (no AWS)
 
