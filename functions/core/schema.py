@@ -60,8 +60,9 @@ TABLE_SCHEMA: Final = {
 
 
 def tenant_pk(tenant: str) -> str:
-    """A tenant's own partition: its files, uploads (and their parts), webhook endpoints. The GPU
-    worker cannot reach it (infra/constructs/worker.py): batches live in ``batches_pk``."""
+    """A tenant's own partition: its files, uploads (and their parts). The GPU worker cannot reach
+    it (infra/constructs/worker.py): batches live in ``batches_pk``, webhook records in
+    ``functions.webhooks.store.webhooks_pk``."""
     return f"T#{tenant}"
 
 

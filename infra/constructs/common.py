@@ -85,8 +85,8 @@ def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, s
 #: IAM ``StringLike`` patterns of partition keys (``dynamodb:LeadingKeys``), built by the same
 #: ``schema`` functions as the keys: every tenant's batch partition (``T#*#BATCHES``) and every
 #: batch's chunk partition (``T#*#B#*``). A tenant name has no ``#`` (``records.TENANT_PATTERN``),
-#: so neither matches a tenant's own partition ``T#<tenant>`` (files, uploads, webhooks), nor
-#: ``KEY#``, ``SCALER#`` or ``IDEMPOTENCY#`` items.
+#: so neither matches a tenant's own partition ``T#<tenant>`` (files, uploads), its webhook
+#: partition ``T#<tenant>#WEBHOOKS``, nor ``KEY#``, ``SCALER#`` or ``IDEMPOTENCY#`` items.
 BATCH_PARTITIONS = schema.batches_pk("*")
 CHUNK_PARTITIONS = schema.chunks_pk("*", "*")
 

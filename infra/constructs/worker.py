@@ -24,7 +24,7 @@ The task role reaches only what the worker uses: the model's queue, batch inputs
 parts (read, write) in S3, and in the table, through GetItem/PutItem/UpdateItem only, the items of
 two partition shapes (``dynamodb:LeadingKeys``): a tenant's batch partition ``T#<tenant>#BATCHES``
 and a batch's chunk partition ``T#<tenant>#B#<batch>`` (``WORKER_LEADING_KEYS``). Never a tenant's
-own partition ``T#<tenant>`` (file, upload and webhook records), an API key's item (``KEY#...``),
+own partition ``T#<tenant>`` (file and upload records), its webhook records, an API key's item (``KEY#...``),
 the scaler's state (``SCALER#...``) or an idempotency record; never a scan, a query, a delete or
 an index.
 """
@@ -97,7 +97,7 @@ WORKER_TABLE_ACTIONS = CHUNK_COUNT_ACTIONS
 #: ``schema`` functions as the keys): a tenant's batch partition (``T#*#BATCHES``: the batch item
 #: it starts and counts on) and a batch's chunk partition (``T#*#B#*``: count markers and run
 #: records). A tenant name has no ``#`` (``records.TENANT_PATTERN``), so no other partition matches:
-#: not ``T#<tenant>`` (files, uploads, webhooks), ``KEY#`` (API keys), ``SCALER#``, ``IDEMPOTENCY#``.
+#: not ``T#<tenant>`` (files, uploads), ``T#<tenant>#WEBHOOKS``, ``KEY#``, ``SCALER#``, ``IDEMPOTENCY#``.
 WORKER_LEADING_KEYS = (BATCH_PARTITIONS, CHUNK_PARTITIONS)
 
 
