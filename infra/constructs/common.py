@@ -1,10 +1,12 @@
-"""Small helpers every construct uses: removal policy, log groups, cdk-nag acknowledgments."""
+"""Small helpers every construct uses: removal policy, log groups, dead-letter queues, cdk-nag
+acknowledgments, table grants."""
 
 from typing import Any, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from functions.core import schema
@@ -23,6 +25,16 @@ def log_group(scope: Construct, id: str, config: DeployConfig) -> logs.LogGroup:
     # config has already validated against the values CloudWatch accepts.
     cast(logs.CfnLogGroup, group.node.default_child).retention_in_days = config.log_retention_days
     return group
+
+
+def dead_letter_queue(scope: Construct, id: str, *, of: str) -> sqs.Queue:
+    """A dead-letter queue (SSE, TLS only, 14 days: SQS's longest retention) for ``of``, which is
+    what cdk-nag's SQS3 ("has no DLQ of its own") is acknowledged with."""
+    queue = sqs.Queue(
+        scope, id, encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True, retention_period=cdk.Duration.days(14)
+    )
+    acknowledge(queue, "AwsSolutions-SQS3", f"This queue is itself a dead-letter queue: {of}.")
+    return queue
 
 
 def acknowledge(scope: Construct, rule: str, reason: str) -> None:

@@ -8,7 +8,6 @@ sent to a dead-letter queue (watched by monitoring) instead of being dropped wit
 import aws_cdk as cdk
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from functions.core import schema
@@ -16,7 +15,7 @@ from functions.core.records import FileRecord
 from functions.core.settings import Settings
 from infra.config import DeployConfig
 
-from .common import acknowledge, acknowledge_wildcards, arn_in_findings
+from .common import acknowledge_wildcards, arn_in_findings, dead_letter_queue
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -59,18 +58,7 @@ class Reaper(Construct):
             "DeleteObjectTagging...), on this bucket's objects only.",
         })
 
-        self.dead_letters = sqs.Queue(
-            self,
-            "DeadLetters",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=cdk.Duration.days(14),
-        )
-        acknowledge(
-            self.dead_letters,
-            "AwsSolutions-SQS3",
-            "This queue is itself a dead-letter queue: the on-failure destination of the reaper's stream mapping.",
-        )
+        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="the on-failure destination of the reaper's stream mapping")
         self.function.add_event_source(
             sources.DynamoEventSource(
                 storage.table,

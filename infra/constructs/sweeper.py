@@ -12,13 +12,12 @@ publishing batch events. A scheduled rule is free; the function runs ``sweep_sec
 import aws_cdk as cdk
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from functions.core.settings import Settings
 from infra.config import DeployConfig
 
-from .common import acknowledge, acknowledge_data_grants
+from .common import acknowledge_data_grants, dead_letter_queue
 from .ingest import BATCH_KEYS, Ingest
 from .lambdas import Lambdas
 from .storage import Storage
@@ -75,18 +74,7 @@ class Sweeper(Construct):
             "for any tenant.",
         }, table="the sweeper queries the open-batch index and reads and moves batches by key.")
 
-        self.dead_letters = sqs.Queue(
-            self,
-            "DeadLetters",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=cdk.Duration.days(14),
-        )
-        acknowledge(
-            self.dead_letters,
-            "AwsSolutions-SQS3",
-            "This queue is itself a dead-letter queue: schedule ticks EventBridge could not deliver to the sweeper.",
-        )
+        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="schedule ticks EventBridge could not deliver to the sweeper")
         self.rule = events.Rule(
             self,
             "Schedule",

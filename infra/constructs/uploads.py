@@ -24,7 +24,7 @@ from functions.core import limits, schema
 from functions.core.settings import Settings
 from infra.config import DeployConfig
 
-from .common import acknowledge, acknowledge_data_grants, acknowledge_wildcards
+from .common import acknowledge_data_grants, acknowledge_wildcards, dead_letter_queue
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -45,14 +45,7 @@ class Uploads(Construct):
         self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas, settings: Settings
     ) -> None:
         super().__init__(scope, id)
-        self.dead_letters = sqs.Queue(
-            self,
-            "DeadLetters",
-            retention_period=cdk.Duration.days(14),
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-        )
-        acknowledge(self.dead_letters, "AwsSolutions-SQS3", "This queue is itself the assembly queue's dead-letter queue.")
+        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="the assembly queue's")
         self.queue = sqs.Queue(
             self,
             "Queue",

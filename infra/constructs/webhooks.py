@@ -26,7 +26,7 @@ from functions.webhooks import logic
 from functions.webhooks.store import webhooks_pk
 from infra.config import DeployConfig
 
-from .common import acknowledge, grant_items
+from .common import dead_letter_queue, grant_items
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -43,11 +43,7 @@ class Webhooks(Construct):
         settings: Settings,
     ) -> None:
         super().__init__(scope, id)
-        self.dead_letters = sqs.Queue(
-            self, "DeadLetters", retention_period=cdk.Duration.days(14),
-            encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
-        )
-        acknowledge(self.dead_letters, "AwsSolutions-SQS3", "This queue is itself the webhook queue's dead-letter queue.")
+        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="the webhook queue's")
         self.queue = sqs.Queue(
             self, "Queue",
             visibility_timeout=cdk.Duration.seconds(logic.QUEUE_VISIBILITY_SECONDS),

@@ -50,6 +50,7 @@ from functions.core.settings import Settings
 from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
 from .common import (
+    dead_letter_queue,
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_items, log_group,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
@@ -477,18 +478,7 @@ class Scaler(Construct):
         ))
         grant_items(self.function, storage, ("dynamodb:GetItem", "dynamodb:PutItem"), (schema.scaler_pk("*"),))
 
-        self.dead_letters = sqs.Queue(
-            self,
-            "DeadLetters",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=cdk.Duration.days(14),
-        )
-        acknowledge(
-            self.dead_letters,
-            "AwsSolutions-SQS3",
-            "This queue is itself a dead-letter queue: scaler invocations EventBridge could not deliver.",
-        )
+        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="scaler invocations EventBridge could not deliver")
 
         def target() -> targets.LambdaFunction:
             return targets.LambdaFunction(
