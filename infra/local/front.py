@@ -155,9 +155,8 @@ class LocalApi:
         method_arn = f"arn:aws:execute-api:us-east-1:{ACCOUNT}:{API_ID}/{STAGE}/{method}{path}"
         if not first_header(pairs, http.AUTH_HEADER):  # the identity source is missing: no authorizer call
             return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
-        auth_event = {
-            "type": "REQUEST",
-            "methodArn": method_arn,
+        # What API Gateway passes of the request to both the REQUEST authorizer and the proxy.
+        request = {
             "resource": "/v1/{proxy+}",
             "path": path,
             "httpMethod": method,
@@ -167,6 +166,11 @@ class LocalApi:
             "multiValueQueryStringParameters": query_multi,
             "pathParameters": {"proxy": path.removeprefix(http.API_PREFIX + "/")},
             "stageVariables": None,
+        }
+        auth_event = {
+            "type": "REQUEST",
+            "methodArn": method_arn,
+            **request,
             "requestContext": {"requestId": request_id, "stage": STAGE, "apiId": API_ID, "httpMethod": method},
         }
         try:
@@ -182,15 +186,7 @@ class LocalApi:
 
         binary = http.is_binary_media_type(first_header(pairs, "Content-Type"), self.binary_media_types)
         event = {
-            "resource": "/v1/{proxy+}",
-            "path": path,
-            "httpMethod": method,
-            "headers": headers_single,
-            "multiValueHeaders": headers_multi,
-            "queryStringParameters": query_single,
-            "multiValueQueryStringParameters": query_multi,
-            "pathParameters": {"proxy": path.removeprefix(http.API_PREFIX + "/")},
-            "stageVariables": None,
+            **request,
             "requestContext": {
                 "resourcePath": "/v1/{proxy+}",
                 "httpMethod": method,
