@@ -1,5 +1,6 @@
-"""Assertions shared by the API tests: OpenAI shapes and the OpenAI error envelope."""
+"""Shared by the tests: OpenAI shapes, the OpenAI error envelope, a free loopback port."""
 
+import socket
 from typing import Any
 
 import httpx2
@@ -49,3 +50,10 @@ def with_changes(obj: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]
         else:
             obj[key] = value
     return obj
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

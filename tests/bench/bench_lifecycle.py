@@ -23,12 +23,6 @@ from typing import Any
 PREFIX = "bench"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def settings_for(args: argparse.Namespace):
     from functions.core.settings import ModelRoute, Settings
 
@@ -115,29 +109,9 @@ def main() -> None:
         phase_child(args.child, args.state)
         return
 
-    port = free_port()
-    moto = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    os.environ.update(env)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with moto_server() as env:
         counter = count_requests()
         report = bench(args, env, counter)
-    finally:
-        moto.terminate()
-        moto.wait()
     print(json.dumps(report, indent=2))
 
 

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.bench.bench_lifecycle import free_port, peak_rss_mib
+from tests.bench.bench_lifecycle import peak_rss_mib
+from tests.bench.moto import moto_server
 
 MIB = 1024 * 1024
 PREFIX = "bench"
@@ -121,28 +122,8 @@ def main() -> None:
         assembler_child()
         return
 
-    port = free_port()
-    moto = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    os.environ.update(env)
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+    with moto_server() as env:
         report = bench(args, env)
-    finally:
-        moto.terminate()
-        moto.wait()
     print(json.dumps(report, indent=2))
 
 

@@ -32,6 +32,8 @@ from batchctl import targets as batchctl_targets
 from infra import names
 from infra.local import state as local_state
 
+from tests.helpers import free_port
+
 from . import target as e2e_target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,11 +43,6 @@ READY_TIMEOUT = 30.0
 ENGINES_READY_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_open(port: int) -> bool:

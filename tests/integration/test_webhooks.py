@@ -8,7 +8,6 @@ makes the message visible at once (``change_message_visibility(0)``) instead of 
 
 import http.server
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from functions.webhooks import handler, logic, signing
 from functions.webhooks.store import EndpointRecord, WebhookRepo
 from infra.local.pollers import poll_once
 from infra.local.resources import create_webhook_queue
+from tests.helpers import free_port
 
 SDK = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9")
 TENANT = "acme"
@@ -66,11 +66,6 @@ class Receiver:
             self._server.server_close()
             self._server = None
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

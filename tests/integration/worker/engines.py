@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from tests.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 #: Loopback only, never through a proxy (urlopen's global opener keeps the proxies of the
@@ -32,11 +32,6 @@ def missing() -> str | None:
             return f"no model folder {MODELS_DIR / model}: run `make engine` first"
     return None
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
