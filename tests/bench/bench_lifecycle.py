@@ -13,12 +13,13 @@ import argparse
 import collections
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from tests.bench.moto import moto_server
 
 PREFIX = "bench"
 
