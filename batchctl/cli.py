@@ -11,7 +11,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.local import state as local_state
 
-from . import batches, keys, targets, webhooks
+from . import batches, keys, targets, tenants, webhooks
 from .settings import STACK_ENV, CliSettings
 
 
@@ -25,6 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", help=f"CloudFormation stack name (default: ${STACK_ENV} or {CliSettings().stack})")
     commands = p.add_subparsers(dest="command", required=True)
     keys.add_parsers(commands)
+    tenants.add_parsers(commands)
     webhooks.add_parsers(commands)
     batches.add_parsers(commands)
     from gpu_worker import offline  # run-batch: the worker's offline mode (no AWS)
@@ -74,6 +75,8 @@ def main(
         if args.command == "webhooks":
             return webhooks.run(args, webhooks.webhook_repo(target), local=target.kind == "local",
                                 now=int(time.time()), out=out, err=err)
+        if args.command == "tenants":
+            return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err)
         return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err)
     except targets.TargetError as exc:
         print(f"batchctl: {exc}", file=err)

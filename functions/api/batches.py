@@ -1,6 +1,6 @@
 """Batches API logic: takes its stores as arguments."""
 
-from functions.core import accounting, ids, limits, schema
+from functions.core import accounting, ids, limits, schema, tenants
 from functions.core.accounting import Signal
 from functions.core.errors import ConditionFailed, InvalidRequest, not_found
 from functions.core.models import Batch, ListPage
@@ -40,6 +40,8 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
             param="input_file_id", code="invalid_file_purpose",
         )
     ready(file, param="input_file_id")  # an Upload still being assembled is a clear 400 (docs/uploads.md)
+    # Last: only a create that would otherwise succeed counts against the hourly limit (429).
+    tenants.admit_creation(stores.tenants, tenant, now=now)
     batch_id = ids.new_id(ids.BATCH)
     record = BatchRecord(
         tenant=tenant,

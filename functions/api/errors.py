@@ -14,7 +14,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyValidationError,
 )
 
-from functions.core.errors import ApiError, Conflict, InvalidRequest, NotFound, ServerError
+from functions.core.errors import ApiError, Conflict, InvalidRequest, NotFound, RateLimited, ServerError
 
 from .protocol import MAP_FIELDS
 
@@ -38,7 +38,9 @@ _SOURCES = ("body", "query", "path", "form", "header")
 
 
 def envelope(error: ApiError) -> Response:
-    return Response(status_code=error.status, content_type="application/json", body=json.dumps(error.body()))
+    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, RateLimited) else None
+    return Response(status_code=error.status, content_type="application/json", body=json.dumps(error.body()),
+                    headers=headers)
 
 
 def register(app: APIGatewayRestResolver, logger: Logger) -> None:

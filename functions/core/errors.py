@@ -42,6 +42,19 @@ class PayloadTooLarge(ApiError):
     default_code = "request_too_large"
 
 
+class RateLimited(ApiError):
+    """A tenant's rate limit (``functions.core.tenants``): 429 ``rate_limit_error`` with a
+    ``Retry-After`` header of ``retry_after`` seconds (rendered by ``functions.api.errors``)."""
+
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int, param: str | None = None, code: str | None = None):
+        super().__init__(message, param=param, code=code)
+        self.retry_after = retry_after
+
+
 class ServerError(ApiError):
     status = 500
     type = "server_error"

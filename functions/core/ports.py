@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .tenants import TenantPolicy
 from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
 
 
@@ -77,6 +78,20 @@ class KeyStore(Protocol):
     def create(self, record: ApiKeyRecord) -> None: ...
     def get(self, key_hash: str) -> ApiKeyRecord | None: ...
     def delete(self, key_hash: str) -> ApiKeyRecord | None: ...
+
+
+class TenantStore(Protocol):
+    """Tenant policies (``functions.core.tenants``) and the batch-creation counters."""
+
+    def get(self, tenant: str) -> TenantPolicy | None: ...
+    def put(self, policy: TenantPolicy) -> None:
+        """Create or replace the tenant's policy."""
+    def list(self) -> list[TenantPolicy]:
+        """Every stored policy, by tenant name."""
+    def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        """Add one to the tenant's creation counter of the window starting at ``window_start``,
+        only while it is below ``limit`` (atomic: concurrent creates never push it past the limit);
+        True if counted, False if the window is full. The counter item expires at ``expires_at``."""
 
 
 class BatchStore(Protocol):
@@ -177,6 +192,7 @@ class Stores:
     queues: Queues
     workflows: Workflows
     events: Events
+    tenants: TenantStore
 
 
 # --- The inference engine (the worker's side) ---------------------------------------------------

@@ -94,6 +94,24 @@ def key_pk(key_hash: str) -> str:
     return f"KEY#{key_hash}"
 
 
+#: The one partition of every tenant's policy (``functions.core.tenants``): one item per tenant,
+#: sort key = the tenant, so ``batchctl tenants list`` is one Query, never a scan. Read once per
+#: batch create and once per ingest: far below a partition's limits. Ingest's IAM names it in
+#: ``dynamodb:LeadingKeys`` (GetItem only).
+TENANTS_PK: Final = "TENANTS"
+
+
+def tenant_policy_sk(tenant: str) -> str:
+    return f"POLICY#{tenant}"
+
+
+def creations_pk(tenant: str) -> str:
+    """The partition of a tenant's batch-creation counters (one item per hour window, removed by
+    TTL): ``T#<tenant>#CREATES``, apart from the tenant's files so the reaper's stream filter and
+    the worker never see them."""
+    return f"{tenant_pk(tenant)}#CREATES"
+
+
 #: Partition key prefix of the GPU scaler's state items (functions/scaler): one per model.
 SCALER_PREFIX: Final = "SCALER#"
 

@@ -14,6 +14,7 @@ from functions.core.lines import LineError, check_request, iter_lines, parse_req
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
+from functions.core.tenants import TenantPolicy
 from functions.core.ports import Objects, Stores
 
 
@@ -29,9 +30,10 @@ class Validation:
     chunks: list[Chunk] = field(default_factory=list)
 
 
-def validate(objects: Objects, settings: Settings, batch: BatchRecord) -> Validation:
+def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None = None) -> Validation:
     """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
-    custom_ids (bounded by the line limit)."""
+    custom_ids (bounded by the line limit). ``policy`` is the tenant's (None: no record, every
+    served model allowed)."""
     result = Validation()
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
@@ -62,6 +64,12 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord) -> Valida
                     raise LineError(
                         "model_not_found",
                         f"The model {shown(model)} is not served for {batch.endpoint} by this deployment.",
+                        "body.model",
+                    )
+                if policy is not None and not policy.allows(model):
+                    raise LineError(
+                        "model_not_allowed",
+                        f"The model {shown(model)} is not allowed for this organization.",
                         "body.model",
                     )
                 result.model = model
@@ -163,7 +171,7 @@ def resume(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> 
 
 
 def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> BatchRecord:
-    result = validate(stores.objects, settings, batch)
+    result = validate(stores.objects, settings, batch, stores.tenants.get(batch.tenant))  # its policy: one read
     if result.errors:
         try:
             failed = stores.batches.update(

@@ -25,6 +25,7 @@ from typing import Any
 
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
+from functions.core.tenants import TenantPolicy
 from functions.core.records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
 )
@@ -317,6 +318,36 @@ class FakeKeys(_Port):
         return self.items.pop(key_hash, None)
 
 
+class FakeTenants(_Port):
+    name = "tenants"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.policies: dict[str, TenantPolicy] = {}
+        self.counters: dict[tuple[str, int], int] = {}
+
+    def get(self, tenant: str) -> TenantPolicy | None:
+        self._op("get")
+        policy = self.policies.get(tenant)
+        return policy.model_copy(deep=True) if policy else None
+
+    def put(self, policy: TenantPolicy) -> None:
+        self._op("put")
+        self.policies[policy.tenant] = policy.model_copy(deep=True)
+
+    def list(self) -> list[TenantPolicy]:
+        self._op("list")
+        return [self.policies[t].model_copy(deep=True) for t in sorted(self.policies)]
+
+    def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        self._op("count_creation")
+        count = self.counters.get((tenant, window_start), 0)
+        if count >= limit:
+            return False
+        self.counters[(tenant, window_start)] = count + 1
+        return True
+
+
 class FakeBatches(_Port):
     name = "batches"
 
@@ -577,5 +608,6 @@ def fake_stores() -> FakeStores:
         queues=FakeQueues(faults),
         workflows=FakeWorkflows(faults),
         events=FakeEvents(faults),
+        tenants=FakeTenants(faults),
         faults=faults,
     )

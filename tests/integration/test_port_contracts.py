@@ -204,3 +204,21 @@ def test_a_file_settles_once_from_uploaded(ports: Stores):
     assert ports.files.settle("acme", "file-done", "error", "late") is None
     assert ports.files.get("acme", "file-done", now=2).status == "processed"
     assert ports.files.settle("acme", "file-missing", "processed") is None
+
+
+def test_tenant_policies_and_the_creation_counter(ports: Stores):
+    from functions.core.tenants import TenantPolicy
+
+    assert ports.tenants.get("acme") is None and ports.tenants.list() == []
+    policy = TenantPolicy(tenant="acme", allowed_models=["m"], batches_per_hour=2, max_enqueued_tokens={"m": 9})
+    ports.tenants.put(policy)
+    ports.tenants.put(TenantPolicy(tenant="Globex"))
+    assert ports.tenants.get("acme") == policy
+    ports.tenants.put(policy.model_copy(update={"batches_per_hour": 5}))  # replaced, not merged
+    assert ports.tenants.get("acme").batches_per_hour == 5
+    assert [p.tenant for p in ports.tenants.list()] == ["Globex", "acme"]
+    # the counter stops at the limit, per tenant and per window
+    assert [ports.tenants.count_creation("acme", 3600, limit=2, expires_at=10**10) for _ in range(3)] == [True, True, False]
+    assert ports.tenants.count_creation("acme", 7200, limit=2, expires_at=10**10)
+    assert ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)
+    assert not ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)

@@ -11,6 +11,7 @@ from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
 from .s3 import ObjectStore
 from .sqs import SqsQueues
 from .stepfunctions import StepFunctions
+from .tenants import TenantRepo
 
 
 def stores_from_settings(settings: Settings) -> Stores:
@@ -25,4 +26,5 @@ def stores_from_settings(settings: Settings) -> Stores:
         queues=SqsQueues(clients.client("sqs")),
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
+        tenants=TenantRepo(table),
     )

@@ -86,6 +86,19 @@ class Table:
         del request["TableName"]
         return self._call(self._table.update_item, **request, ReturnValues="ALL_NEW")["Attributes"]
 
+    def add_below(self, pk: str, sk: str, attribute: str, limit: int, values: dict[str, Any]) -> dict[str, Any]:
+        """ADD 1 to the number ``attribute`` (creating the item) and SET ``values``, only while the
+        number is absent or below ``limit``; returns the new item (ConditionFailed at the limit)."""
+        names = {"#n": attribute, **{f"#v{i}": k for i, k in enumerate(values)}}
+        bound = {":one": 1, ":limit": limit, **{f":v{i}": v for i, v in enumerate(values.values())}}
+        sets = ", ".join(f"#v{i} = :v{i}" for i in range(len(values)))
+        return self._call(
+            self._table.update_item, Key={schema.PK: pk, schema.SK: sk},
+            UpdateExpression="ADD #n :one" + (f" SET {sets}" if sets else ""),
+            ConditionExpression="attribute_not_exists(#n) OR #n < :limit",
+            ExpressionAttributeNames=names, ExpressionAttributeValues=bound, ReturnValues="ALL_NEW",
+        )["Attributes"]
+
     def set_if(self, pk: str, sk: str, values: dict[str, Any], *, expect: dict[str, Any]) -> dict[str, Any]:
         """Set attributes only if the item exists and matches ``expect``; returns the new item."""
         return self.update(Update(pk, sk, values=values, expect=expect))

@@ -1,0 +1,138 @@
+"""``batchctl tenants create|get|set|list``: tenant policies (``functions.core.tenants``), written
+straight into the deployment's table, effective at the next batch create / ingest (no redeploy).
+
+A tenant without a record has the default policy (today's behaviour: every served model, no
+limits). ``create`` refuses an existing record; ``set`` changes only the options given (on the
+stored policy, or the default one); ``none`` clears a limit, ``all`` clears the allowlist."""
+
+import argparse
+import json
+import time
+from typing import Any, TextIO
+
+import boto3
+from pydantic import ValidationError
+
+from functions.core.aws.dynamodb import Table
+from functions.core.aws.tenants import TenantRepo
+from functions.core.records import check_tenant
+from functions.core.tenants import TenantPolicy, default_policy
+from infra.local import state as local_state
+
+from .targets import CONFIG, Target, local_session
+
+
+def tenant_repo(target: Target) -> TenantRepo:
+    if target.kind == "local":
+        session = local_session(target.region or local_state.REGION)
+    else:
+        session = boto3.Session(region_name=target.region)  # the standard chain (region: targets.aws_region)
+    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
+    return TenantRepo(Table(dynamodb.Table(target.table_name)))
+
+
+def _tenant(value: str) -> str:
+    try:
+        return check_tenant(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(value: str) -> int | None:
+    if value == "none":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'none', got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return number
+
+
+def _models(value: str) -> list[str] | None:
+    if value == "all":
+        return None
+    models = [m.strip() for m in value.split(",") if m.strip()]
+    if not models:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of models, or 'all'")
+    return models
+
+
+def _cap(value: str) -> tuple[str, int | None]:
+    model, sep, number = value.rpartition("=")
+    if not sep or not model:
+        raise argparse.ArgumentTypeError(f"expected MODEL=N (or MODEL=none), got {value!r}")
+    return model, _count(number)
+
+
+def _policy_options(parser: argparse.ArgumentParser) -> None:
+    """The policy's options; an option not given is absent from the namespace (SUPPRESS), so
+    ``none``/``all`` (None) can clear a value."""
+    parser.add_argument("--tenant", required=True, type=_tenant, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
+    option = parser.add_argument_group("policy").add_argument
+    unset = argparse.SUPPRESS
+    option("--allowed-models", type=_models, default=unset, help="comma-separated models this tenant may use, or 'all'")
+    option("--batches-per-hour", type=_count, default=unset, help="batch creations per clock hour, or 'none'")
+    option("--max-enqueued-requests", type=_cap, action="append", default=unset, metavar="MODEL=N",
+           help="per model: requests enqueued at once, or MODEL=none (defined, not enforced yet); repeatable")
+    option("--max-enqueued-tokens", type=_cap, action="append", default=unset, metavar="MODEL=N",
+           help="per model: prompt tokens enqueued at once, or MODEL=none (defined, not enforced yet); repeatable")
+    option("--output-token-budget", type=_count, default=unset, help="output tokens per period, or 'none' (not enforced yet)")
+    option("--budget-period", choices=("day", "month"), default=unset)
+    option("--budget-action", choices=("reject", "stop"), default=unset)
+
+
+def add_parsers(commands: argparse._SubParsersAction) -> None:
+    tenants = commands.add_parser("tenants", help="tenant policies").add_subparsers(dest="action", required=True)
+    _policy_options(tenants.add_parser("create", help="store a tenant's policy (refused if it has one)"))
+    _policy_options(tenants.add_parser("set", help="change the options given of a tenant's policy"))
+    get = tenants.add_parser("get", help="print a tenant's policy (the default one if none is stored)")
+    get.add_argument("--tenant", required=True, type=_tenant)
+    tenants.add_parser("list", help="print every stored policy, one JSON object a line")
+
+
+def apply(policy: TenantPolicy, args: argparse.Namespace, *, now: int) -> TenantPolicy:
+    """``policy`` with the options given in ``args`` (options not given keep their value)."""
+    data: dict[str, Any] = policy.model_dump()
+    given = vars(args)
+    for name in ("allowed_models", "batches_per_hour", "output_token_budget", "budget_period", "budget_action"):
+        if name in given:
+            data[name] = given[name]
+    for name in ("max_enqueued_requests", "max_enqueued_tokens"):
+        for model, number in given.get(name) or ():
+            if number is None:
+                data[name].pop(model, None)
+            else:
+                data[name][model] = number
+    data["updated_at"] = now
+    return TenantPolicy.model_validate(data)
+
+
+def show(policy: TenantPolicy) -> str:
+    return json.dumps(policy.model_dump(), sort_keys=True)
+
+
+def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None, out: TextIO, err: TextIO) -> int:
+    now = int(time.time()) if now is None else now
+    if args.action == "list":
+        for policy in tenants.list():
+            print(show(policy), file=out)
+        return 0
+    stored = tenants.get(args.tenant)
+    if args.action == "get":
+        if stored is None:
+            print(f"batchctl: tenant {args.tenant!r} has no policy: the defaults apply", file=err)
+        print(show(stored or default_policy(args.tenant)), file=out)
+        return 0
+    if args.action == "create" and stored is not None:
+        print(f"batchctl: tenant {args.tenant!r} already has a policy (change it with `tenants set`)", file=err)
+        return 1
+    try:
+        policy = apply(stored or default_policy(args.tenant), args, now=now)
+    except ValidationError as exc:
+        print(f"batchctl: invalid policy: {exc.errors()[0]['msg']}", file=err)
+        return 2
+    tenants.put(policy)
+    print(show(policy), file=out)
+    return 0
