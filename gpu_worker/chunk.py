@@ -124,7 +124,7 @@ class RunPolicy:
     on the engine (a suspect line, one that was in a group that died, goes by itself)."""
 
     checkpoint_lines: int = 25
-    checkpoint_seconds: float = 30.0
+    checkpoint_seconds: float = 5.0
     careful_group_lines: int = 8
     max_strikes: int = limits.CHUNK_MAX_STRIKES
     max_failures: int = limits.CHUNK_MAX_FAILURES
@@ -223,10 +223,12 @@ def _custom_id(raw: RawLine) -> str:
 
 def _checkpoint(stores: Stores, message: WorkMessage, attempt: str, start: int, lines: list[BatchOutputLine],
                 current: ChunkRunRecord | None) -> ChunkRunRecord:
-    """Write a checkpoint, then record it on the run record (a crash between the two only
-    leaves an object nobody reads: its lines run again)."""
+    """Write a checkpoint, then record it on the run record with its lines' outcomes, the live
+    progress (a crash between the two only leaves an object nobody reads: its lines run again,
+    and were never shown as done)."""
     segment = results.write_checkpoint(stores.objects, message, start, lines)
-    return accounting.add_segment(stores, message, attempt, segment, current)
+    outcomes = "".join("1" if results.succeeded(line) else "0" for line in lines)
+    return accounting.add_segment(stores, message, attempt, segment, current, outcomes)
 
 
 class _Run:

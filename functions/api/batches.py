@@ -3,7 +3,7 @@
 from functions.core import accounting, ids, limits, schema, tenants
 from functions.core.accounting import Signal
 from functions.core.errors import ConditionFailed, InvalidRequest, not_found
-from functions.core.models import Batch, ListPage
+from functions.core.models import Batch, BatchRequestCounts, ListPage
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
@@ -63,8 +63,40 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
     return record.to_wire()
 
 
+#: Statuses whose request_counts are live (docs/reliability.md, "Live progress"): chunks still
+#: run, or their checkpointed lines are about to be salvaged.
+LIVE_STATUSES = ("in_progress", "finalizing", "cancelling")
+
+
 def get_batch(stores: Stores, tenant: str, batch_id: str) -> Batch:
-    return _get(stores, tenant, batch_id).to_wire()
+    return wire(stores, _get(stores, tenant, batch_id))
+
+
+def live_counts(stores: Stores, record: BatchRecord) -> BatchRequestCounts:
+    """The lines finished so far: every counted chunk's marker, plus, for each chunk not counted
+    yet, its checkpointed lines (they are never run again and always end in the final files, so
+    this never exceeds the final counts). One consistent Query of the chunk partition; the batch's
+    own counters (counted chunks only) are a floor. Each chunk's share only grows (segments are
+    only added; a marker holds at least its checkpointed lines), so successive reads never go down."""
+    markers, runs = stores.batches.chunk_states(record.tenant, record.id)
+    completed = sum(m.completed for m in markers.values())
+    failed = sum(m.failed for m in markers.values())
+    for chunk, run in runs.items():
+        if chunk not in markers:
+            succeeded, errored = run.checkpointed()
+            completed += succeeded
+            failed += errored
+    return BatchRequestCounts(
+        completed=max(record.completed, completed), failed=max(record.failed, failed), total=record.total
+    )
+
+
+def wire(stores: Stores, record: BatchRecord) -> Batch:
+    """The batch as the API shows it: live request_counts while it is open."""
+    batch = record.to_wire()
+    if record.status in LIVE_STATUSES:
+        batch = batch.model_copy(update={"request_counts": live_counts(stores, record)})
+    return batch
 
 
 def _get(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
@@ -76,7 +108,7 @@ def _get(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
 
 def list_batches(stores: Stores, tenant: str, query: BatchListQuery) -> ListPage[Batch]:
     records, has_more = stores.batches.list(tenant, after=query.after, limit=query.limit)
-    return ListPage[Batch].of([r.to_wire() for r in records], has_more)
+    return ListPage[Batch].of([wire(stores, r) for r in records], has_more)
 
 
 def cancel_batch(stores: Stores, tenant: str, batch_id: str, *, now: int) -> Batch:

@@ -242,13 +242,17 @@ def mark_in_flight(
 
 
 def add_segment(
-    stores: Stores, message: WorkMessage, attempt: str, segment: tuple[int, int], current: ChunkRunRecord | None
+    stores: Stores, message: WorkMessage, attempt: str, segment: tuple[int, int], current: ChunkRunRecord | None,
+    outcomes: str | None = None,
 ) -> ChunkRunRecord:
-    """Record a checkpoint written (its object exists): its lines are never run again."""
+    """Record a checkpoint written (its object exists): its lines are never run again.
+    ``outcomes``: one character per line, "1" succeeded, "0" failed (the live progress)."""
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
         if list(segment) not in run.segments:
             run.segments.append(list(segment))
+        if outcomes is not None:
+            run.outcomes[f"{segment[0]}-{segment[1]}"] = outcomes
         if run.in_flight_by == attempt and run.in_flight is not None and segment[0] <= run.in_flight < segment[1]:
             run.in_flight = run.in_flight_end = run.in_flight_by = None
         return run

@@ -68,6 +68,11 @@ DEFAULT_MAX_LINE_BYTES: Final = 1024 * 1024
 #: A work message (chunk) covers at most this many lines and bytes of the input.
 DEFAULT_CHUNK_MAX_LINES: Final = 100
 DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
+#: A small batch is spread over up to this many chunks (so several GPUs share it), each of at
+#: least MIN_CHUNK_LINES lines: chunk lines = min(chunk_max_lines, max(MIN_CHUNK_LINES,
+#: ceil(total / TARGET_CHUNKS))). See docs/reliability.md, "Live progress".
+TARGET_CHUNKS: Final = 8
+MIN_CHUNK_LINES: Final = 10
 #: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
 #: failures in a row without progress, or this many in all, its unwritten lines fail with
 #: ``chunk_failed`` and it is counted. Benign releases (shutdown, an engine already down, store

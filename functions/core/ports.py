@@ -121,6 +121,9 @@ class BatchStore(Protocol):
     def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]: ...
     def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
         """The run record of one chunk (its attempts and checkpoints; None before the first)."""
+    def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+        """The batch's count markers and run records, by chunk, read together (one strongly
+        consistent Query of the chunk partition): the live progress of an open batch."""
     def save_chunk_run(self, record: ChunkRunRecord) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
         ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""

@@ -371,6 +371,10 @@ class ChunkRunRecord(Record):
     #: Checkpointed result segments, [start, end) request indices of the chunk (0 = its first
     #: non-blank line), written as ``schema.chunk_checkpoint_key``.
     segments: list[list[int]] = []
+    #: Live progress: for each recorded segment (``"start-end"``), one character per line of it,
+    #: ``"1"`` for a succeeded result and ``"0"`` for a failed one, recorded in the same write as
+    #: the segment (docs/reliability.md, "Live progress").
+    outcomes: dict[str, str] = {}
     #: Lines checkpointed when the last attempt began (progress is measured against it).
     progress: int = 0
     #: Careful mode: the request lines [in_flight, in_flight_end) in the engine (alone: no other
@@ -409,6 +413,19 @@ class ChunkRunRecord(Record):
                 break
             end = max(end, stop)
         return end
+
+    def checkpointed(self) -> tuple[int, int]:
+        """(succeeded, failed) among the ``written()`` lines, each line once (overlapping segments
+        are read as ``cover()`` reads them); a segment recorded without outcomes counts none."""
+        succeeded = failed = end = 0
+        for start, stop in self.cover():
+            marks = self.outcomes.get(f"{start}-{stop}")
+            if marks is not None and len(marks) == stop - start:
+                kept = marks[end - start:] if end > start else marks
+                succeeded += kept.count("1")
+                failed += kept.count("0")
+            end = stop
+        return succeeded, failed
 
     def cover(self) -> list[tuple[int, int]]:
         """The segments to read for ``written()`` lines: each adds lines, in order."""

@@ -4,6 +4,7 @@ fan them out to the model's work queue, then start the batch's workflow.
 Every step is safe to repeat: the state moves with conditional writes, the chunk manifest and the
 work messages are deterministic, and the workflow execution is named after the batch."""
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,10 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
         return result
     seen: set[str] = set()
     current: dict[str, int] | None = None
+    # A small batch is cut again once its total is known (``chunk_lines``): its valid lines'
+    # offsets are kept while there are at most TARGET_CHUNKS full chunks' worth (memory bounded).
+    small: list[tuple[int, int, int]] | None = []
+    small_cap = limits.TARGET_CHUNKS * settings.chunk_max_lines
     for line in iter_lines(objects.iter_bytes(batch.input_key), max_line_bytes=settings.max_line_bytes):
         if line.blank:
             continue
@@ -95,11 +100,42 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
             current = {"byte_start": line.start, "byte_end": line.end, "first_line": line.number, "line_count": 0}
         current["line_count"] += 1
         current["byte_end"] = line.end
+        if small is not None and len(small) < small_cap:
+            small.append((line.start, line.end, line.number))
+        else:
+            small = None
     if current is not None and not result.errors:
         result.chunks.append(Chunk(chunk=len(result.chunks), **current))
+    if small and not result.errors:
+        result.chunks = _cut(small, chunk_lines(result.total, settings.chunk_max_lines), settings.chunk_max_bytes)
     if result.total == 0 and not result.errors:
         fail("empty_file", "The input file has no requests.")
     return result
+
+
+def chunk_lines(total: int, chunk_max_lines: int) -> int:
+    """Lines per chunk: a small batch is spread over up to TARGET_CHUNKS chunks of at least
+    MIN_CHUNK_LINES lines (so several GPUs share it and its progress moves chunk by chunk); a large
+    one uses full chunks."""
+    return min(chunk_max_lines, max(limits.MIN_CHUNK_LINES, math.ceil(total / limits.TARGET_CHUNKS)))
+
+
+def _cut(lines: list[tuple[int, int, int]], size: int, max_bytes: int) -> list[Chunk]:
+    """Chunks of consecutive (start, end, number) lines: at most ``size`` lines and ``max_bytes``
+    bytes each (always at least one line), as the streaming cut does."""
+    chunks: list[Chunk] = []
+    current: dict[str, int] | None = None
+    for start, end, number in lines:
+        if current is not None and (current["line_count"] >= size or end - current["byte_start"] > max_bytes):
+            chunks.append(Chunk(chunk=len(chunks), **current))
+            current = None
+        if current is None:
+            current = {"byte_start": start, "byte_end": end, "first_line": number, "line_count": 0}
+        current["line_count"] += 1
+        current["byte_end"] = end
+    if current is not None:
+        chunks.append(Chunk(chunk=len(chunks), **current))
+    return chunks
 
 
 def ingest(

@@ -422,6 +422,13 @@ class FakeBatches(_Port):
         self._op("counted_chunks")
         return {c: m for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)}
 
+    def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+        self._op("chunk_states")
+        return (
+            {c: m.model_copy(deep=True) for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)},
+            {c: r.model_copy(deep=True) for (t, b, c), r in self.runs.items() if (t, b) == (tenant, batch_id)},
+        )
+
     def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
         self._op("chunk_run")
         record = self.runs.get((tenant, batch_id, chunk))

@@ -75,6 +75,23 @@ def test_a_chunk_counts_once_and_only_while_accepting(ports: Stores):
     assert set(ports.batches.counted_chunks("acme", "batch_c1")) == {0}
 
 
+def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):
+    from functions.core.records import ChunkRunRecord
+
+    ports.batches.create(new_batch())
+    ports.batches.create(new_batch(id="batch_c2"))
+    assert ports.batches.chunk_states("acme", "batch_c1") == ({}, {})
+    run = ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=1, version=1, segments=[[0, 3]],
+                         outcomes={"0-3": "101"}, expires_at=10**10)
+    ports.batches.save_chunk_run(run)
+    ports.batches.save_chunk_run(run.model_copy(update={"batch_id": "batch_c2", "chunk": 0}))
+    assert ports.batches.count_chunk(marker(0))
+    markers, runs = ports.batches.chunk_states("acme", "batch_c1")
+    assert set(markers) == {0} and markers[0].completed == 2
+    assert set(runs) == {1} and runs[1].outcomes == {"0-3": "101"} and runs[1].checkpointed() == (2, 1)
+    assert ports.batches.chunk_states("globex", "batch_c1") == ({}, {})  # keyed by tenant
+
+
 def test_finish_is_atomic(ports: Stores):
     ports.batches.create(new_batch(accepting=False))
     f = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3,
@@ -222,3 +239,4 @@ def test_tenant_policies_and_the_creation_counter(ports: Stores):
     assert ports.tenants.count_creation("acme", 7200, limit=2, expires_at=10**10)
     assert ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)
     assert not ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)
+    assert not ports.tenants.count_creation("Initech", 3600, limit=0, expires_at=10**10)  # zero: none at all

@@ -181,6 +181,22 @@ class BatchRepo:
         )
         return {(r := ChunkRecord.from_item(i)).chunk: r for i in items}
 
+    def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+        """Markers and run records of the batch: one consistent Query of its chunk partition
+        (paged by DynamoDB past 1 MB)."""
+        items, _ = self._table.query_page(pk=chunks_pk(tenant, batch_id), prefix="", after=None, ascending=True,
+                                          limit=10**9)
+        markers: dict[int, ChunkRecord] = {}
+        runs: dict[int, ChunkRunRecord] = {}
+        for item in items:
+            if item[schema.SK].startswith(ChunkRecord.PREFIX):
+                marker = ChunkRecord.from_item(item)
+                markers[marker.chunk] = marker
+            elif item[schema.SK].startswith(ChunkRunRecord.PREFIX):
+                run = ChunkRunRecord.from_item(item)
+                runs[run.chunk] = run
+        return markers, runs
+
     def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
         """The run record of one chunk: one GetItem (its own item, not the batch's)."""
         item = self._table.get(chunks_pk(tenant, batch_id), ChunkRunRecord.sort_key(chunk))
