@@ -105,7 +105,7 @@ def admit_creation(tenants: Any, tenant: str, *, now: int) -> TenantPolicy | Non
         return policy
     start = window_start(now)
     limit = policy.batches_per_hour
-    if limit <= 0 or not tenants.count_creation(
+    if not tenants.count_creation(
         tenant, start, limit=limit, expires_at=start + HOUR_SECONDS + COUNTER_GRACE_SECONDS
     ):
         raise RateLimited(

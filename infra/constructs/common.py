@@ -101,6 +101,9 @@ def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, s
 #: partition ``T#<tenant>#WEBHOOKS``, nor ``KEY#``, ``SCALER#`` or ``IDEMPOTENCY#`` items.
 BATCH_PARTITIONS = schema.batches_pk("*")
 CHUNK_PARTITIONS = schema.chunks_pk("*", "*")
+#: The one partition of the tenant policies (``schema.TENANTS_PK``, no wildcard): ingest reads the
+#: batch's tenant's policy (its model allowlist) with one GetItem.
+TENANT_POLICIES = schema.TENANTS_PK
 
 
 def grant_items(role: iam.IGrantable, storage: Any, actions: tuple[str, ...], leading_keys: tuple[str, ...]) -> iam.PolicyStatement:

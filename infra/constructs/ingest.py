@@ -22,7 +22,7 @@ from infra import names
 from infra.config import DeployConfig
 
 from .common import (
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_data_grants, grant_items, resource_prefix,
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, TENANT_POLICIES, acknowledge, acknowledge_data_grants, grant_items, resource_prefix,
     state_machine_arn,
 )
 from .lambdas import Lambdas
@@ -130,6 +130,8 @@ class Ingest(Construct):
         )
         # The batch item only (read, conditional updates): never a file, upload or key item.
         grant_items(self.function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
+        # The tenant's policy (its model allowlist, issue 13): read only, its one partition.
+        grant_items(self.function, storage, ("dynamodb:GetItem",), (TENANT_POLICIES,))
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # the input, and the manifest on a retry
         storage.bucket.grant_put(self.function, MANIFEST_KEYS)
         for queue in self.work_queues.values():

@@ -113,7 +113,7 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
 #: chunk DLQ consumer counts a chunk as the worker does; the workflow reads and updates the batch,
 #: queries its chunk markers, and puts the output File records in the tenant's partition.
 LAMBDA_RIGHTS = {
-    "ingest": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"])],
+    "ingest": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), (["dynamodb:GetItem"], ["TENANTS"])],
     "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"])],
     "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS)],
     "workflow": [

@@ -28,6 +28,8 @@ class TenantRepo:
         return [TenantPolicy.from_item(i) for i in items]
 
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        if limit <= 0:  # the condition below would admit the first create of a window
+            return False
         try:
             self._table.add_below(
                 schema.creations_pk(tenant), f"HOUR#{window_start:012d}", "count", limit, {schema.TTL: expires_at}
