@@ -117,13 +117,13 @@ def cancel_batch(stores: Stores, tenant: str, batch_id: str, *, now: int) -> Bat
     unchanged."""
     record = _get(stores, tenant, batch_id)
     if record.status not in CANCELLABLE:
-        return record.to_wire()
+        return wire(stores, record)
     try:
         record = stores.batches.update(
             record.tenant, record.id, values={"status": "cancelling", "cancelling_at": now}, expect={"status": CANCELLABLE}
         )
     except ConditionFailed:
-        return _get(stores, tenant, batch_id).to_wire()  # it moved on meanwhile
+        return wire(stores, _get(stores, tenant, batch_id))  # it moved on meanwhile
     if record.task_token:
         accounting.signal(stores.workflows, record.task_token, Signal.CANCEL)
-    return record.to_wire()
+    return wire(stores, record)  # the live counts, as a GET shows them

@@ -234,3 +234,21 @@ def test_the_byte_cap_still_cuts_a_small_batch():
     chunks, _ = chunks_of(40, settings)
     assert all(c.byte_end - c.byte_start <= 300 for c in chunks) and sum(c.line_count for c in chunks) == 40
     assert len(chunks) > 4
+
+
+def test_cancel_answers_with_the_live_counts_a_get_showed():
+    from functions.api.batches import cancel_batch, get_batch
+
+    stores = fake_stores()
+    stores.batches.put(BatchRecord(
+        tenant="acme", id="batch_01m8ravz6dmgem5n60vf5eqb29", input_file_id="f", endpoint=CHAT, completion_window="24h",
+        created_at=1, expires_at=10**10, status="in_progress", accepting=True, total=12, chunk_count=2, input_key="k",
+    ))
+    stores.batches.save_chunk_run(ChunkRunRecord(
+        tenant="acme", batch_id="batch_01m8ravz6dmgem5n60vf5eqb29", chunk=0, version=1, segments=[[0, 3]],
+        outcomes={"0-3": "110"}, expires_at=10**10,
+    ))
+    shown = get_batch(stores, "acme", "batch_01m8ravz6dmgem5n60vf5eqb29").request_counts
+    cancelled = cancel_batch(stores, "acme", "batch_01m8ravz6dmgem5n60vf5eqb29", now=5)
+    assert cancelled.status == "cancelling"
+    assert (shown.completed, shown.failed) == (cancelled.request_counts.completed, cancelled.request_counts.failed) == (2, 1)
