@@ -3,6 +3,7 @@
     batchctl keys create --tenant NAME     prints a new key for NAME
     batchctl keys revoke KEY               revokes KEY
     batchctl webhooks create|list|rotate|delete|deliveries --tenant NAME ...   (docs/webhooks.md)
+    batchctl tenants create|get|set|list [--tenant NAME ...]   tenant policies (docs/governance.md)
     batchctl files upload PATH             uploads a file (large ones through the Uploads API)
     batchctl batches create|get|list|cancel|wait|retry|download ...   (see batchctl/batches.py)
     batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL
