@@ -70,9 +70,10 @@ DEFAULT_CHUNK_MAX_LINES: Final = 100
 DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
 #: A small batch is spread over up to this many chunks (so several GPUs share it), each of at
 #: least MIN_CHUNK_LINES lines: chunk lines = min(chunk_max_lines, max(MIN_CHUNK_LINES,
-#: ceil(total / TARGET_CHUNKS))). See docs/reliability.md, "Live progress".
+#: ceil(total / TARGET_CHUNKS))). MIN_CHUNK_LINES is the worker's checkpoint_lines default: a smaller
+#: chunk would only add per-chunk requests. See docs/reliability.md, "Live progress".
 TARGET_CHUNKS: Final = 8
-MIN_CHUNK_LINES: Final = 10
+MIN_CHUNK_LINES: Final = 25
 #: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
 #: failures in a row without progress, or this many in all, its unwritten lines fail with
 #: ``chunk_failed`` and it is counted. Benign releases (shutdown, an engine already down, store

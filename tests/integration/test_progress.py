@@ -1,4 +1,4 @@
-"""Live progress on moto through the SDK (docs/reliability.md, "Live progress"): a 30-line batch
+"""Live progress on moto through the SDK (docs/reliability.md, "Live progress"): a 60-line batch
 is spread over 3 chunks by ingest; while the worker's real chunk path runs them (checkpoints
 every 3 lines), ``client.batches.retrieve`` after every store call of the worker shows
 request_counts rising in many steps, never going down, never above the final counts."""
@@ -15,15 +15,15 @@ pytestmark = pytest.mark.settings(chunk_max_lines=100)
 
 
 def test_a_batch_polled_while_its_chunks_run_shows_counts_rising_in_steps(client, stores, deployed):
-    batch = submit(client, ("\n".join(line(i) for i in range(30)) + "\n").encode())
+    batch = submit(client, ("\n".join(line(i) for i in range(60)) + "\n").encode())
     run_ingest()
     messages = take_work(deployed)
-    assert [m.line_count for m in messages] == [10, 10, 10]  # a small batch over several chunks
+    assert [m.line_count for m in messages] == [25, 25, 10]  # a small batch over several chunks of >= 25
     polls: list[tuple[int, int]] = []
 
     def poll() -> None:
         counts = client.batches.retrieve(batch.id).request_counts
-        assert counts.total == 30
+        assert counts.total == 60
         polls.append((counts.completed, counts.failed))
 
     async def io(fn, *args, **kwargs):
@@ -37,10 +37,11 @@ def test_a_batch_polled_while_its_chunks_run_shows_counts_rising_in_steps(client
         asyncio.run(process_chunk(stores, message, engine, io=io, max_line_bytes=1 << 20,
                                   policy=RunPolicy(checkpoint_lines=3, checkpoint_seconds=0)))
     poll()
-    final = (29, 1)  # one line rejected by the engine
+    final = (59, 1)  # one line rejected by the engine
     assert polls[-1] == final
     for before, after in zip(polls, polls[1:]):
         assert after[0] >= before[0] and after[1] >= before[1], polls
     assert all(c <= final[0] and f <= final[1] for c, f in polls), polls
-    # per chunk of 10: checkpoints at 3, 6 and 9 lines, then its commit
-    assert sorted({c + f for c, f in polls}) == [0, 3, 6, 9, 10, 13, 16, 19, 20, 23, 26, 29, 30]
+    # checkpoints every 3 lines of a chunk (not its last lines), then its commit
+    steps = [0, *range(3, 25, 3), 25, *range(28, 50, 3), 50, 53, 56, 59, 60]
+    assert sorted({c + f for c, f in polls}) == steps and len(steps) == 23
