@@ -4,24 +4,15 @@ as hashes, ``functions.core.auth``)."""
 import argparse
 from typing import TextIO
 
-import boto3
-
 from functions.core import auth
-from functions.core.aws.dynamodb import Table
 from functions.core.aws.repos import KeyRepo
-from functions.core.records import check_tenant
-from infra.local import state as local_state
 
-from .targets import CONFIG, Target, local_session
+from . import targets
+from .targets import Target
 
 
 def key_repo(target: Target) -> KeyRepo:
-    if target.kind == "local":
-        session = local_session(target.region or local_state.REGION)
-    else:
-        session = boto3.Session(region_name=target.region)  # the standard chain (region: targets.aws_region)
-    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
-    return KeyRepo(Table(dynamodb.Table(target.table_name)))
+    return KeyRepo(targets.table(target))
 
 
 def create_key(keys: KeyRepo, tenant: str, now: int) -> str:
@@ -34,17 +25,10 @@ def revoke_key(keys: KeyRepo, key: str) -> str | None:
     return record.tenant if record else None
 
 
-def _tenant(value: str) -> str:
-    try:
-        return check_tenant(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     keys = commands.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
     create = keys.add_parser("create", help="create a key for a tenant and print it")
-    create.add_argument("--tenant", required=True, type=_tenant, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
+    create.add_argument("--tenant", required=True, type=targets.tenant_arg, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
     revoke = keys.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key")
 

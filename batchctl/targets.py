@@ -7,6 +7,7 @@ else ``BATCHAPI_STACK``, else the default name). ``--local``/``--aws`` force one
 else boto3's own chain (``AWS_DEFAULT_REGION``, the profile).
 """
 
+import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from functions.core.aws.dynamodb import Table
+from functions.core.records import check_tenant
 from infra import names
 from infra.local import state as local_state
 
@@ -51,6 +54,25 @@ def local_session(region: str) -> boto3.Session:
         aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
         region_name=region,
     )
+
+
+def table(target: Target) -> Table:
+    """The target's table: the local deployment's moto with its fixed credentials, or the standard
+    chain (region: ``aws_region``) for a deployed stack."""
+    if target.kind == "local":
+        session = local_session(target.region or local_state.REGION)
+    else:
+        session = boto3.Session(region_name=target.region)
+    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
+    return Table(dynamodb.Table(target.table_name))
+
+
+def tenant_arg(value: str) -> str:
+    """An argparse ``type`` for ``--tenant``: the tenant-name rule, as a usage error."""
+    try:
+        return check_tenant(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def local_answers(state: local_state.LocalState) -> bool:

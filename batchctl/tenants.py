@@ -10,32 +10,17 @@ import json
 import time
 from typing import Any, TextIO
 
-import boto3
 from pydantic import ValidationError
 
-from functions.core.aws.dynamodb import Table
 from functions.core.aws.tenants import TenantRepo
-from functions.core.records import check_tenant
 from functions.core.tenants import TenantPolicy, default_policy
-from infra.local import state as local_state
 
-from .targets import CONFIG, Target, local_session
+from . import targets
+from .targets import Target
 
 
 def tenant_repo(target: Target) -> TenantRepo:
-    if target.kind == "local":
-        session = local_session(target.region or local_state.REGION)
-    else:
-        session = boto3.Session(region_name=target.region)  # the standard chain (region: targets.aws_region)
-    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
-    return TenantRepo(Table(dynamodb.Table(target.table_name)))
-
-
-def _tenant(value: str) -> str:
-    try:
-        return check_tenant(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return TenantRepo(targets.table(target))
 
 
 def _count(value: str) -> int | None:
@@ -69,7 +54,7 @@ def _cap(value: str) -> tuple[str, int | None]:
 def _policy_options(parser: argparse.ArgumentParser) -> None:
     """The policy's options; an option not given is absent from the namespace (SUPPRESS), so
     ``none``/``all`` (None) can clear a value."""
-    parser.add_argument("--tenant", required=True, type=_tenant, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
+    parser.add_argument("--tenant", required=True, type=targets.tenant_arg, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
     option = parser.add_argument_group("policy").add_argument
     unset = argparse.SUPPRESS
     option("--allowed-models", type=_models, default=unset, help="comma-separated models this tenant may use, or 'all'")
@@ -88,7 +73,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     _policy_options(tenants.add_parser("create", help="store a tenant's policy (refused if it has one)"))
     _policy_options(tenants.add_parser("set", help="change the options given of a tenant's policy"))
     get = tenants.add_parser("get", help="print a tenant's policy (the default one if none is stored)")
-    get.add_argument("--tenant", required=True, type=_tenant)
+    get.add_argument("--tenant", required=True, type=targets.tenant_arg)
     tenants.add_parser("list", help="print every stored policy, one JSON object a line")
 
 

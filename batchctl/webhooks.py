@@ -6,31 +6,15 @@ import argparse
 import json
 from typing import TextIO
 
-import boto3
-
-from functions.core.aws.dynamodb import Table
-from functions.core.records import check_tenant
 from functions.webhooks import logic, signing
 from functions.webhooks.store import EndpointRecord, WebhookRepo, new_endpoint_id
-from infra.local import state as local_state
 
-from .targets import CONFIG, Target, local_session
+from . import targets
+from .targets import Target
 
 
 def webhook_repo(target: Target) -> WebhookRepo:
-    if target.kind == "local":
-        session = local_session(target.region or local_state.REGION)
-    else:
-        session = boto3.Session(region_name=target.region)
-    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
-    return WebhookRepo(Table(dynamodb.Table(target.table_name)))
-
-
-def _tenant(value: str) -> str:
-    try:
-        return check_tenant(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return WebhookRepo(targets.table(target))
 
 
 def _events(value: str) -> list[str]:
@@ -44,21 +28,21 @@ def _events(value: str) -> list[str]:
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     hooks = commands.add_parser("webhooks", help="webhook endpoints").add_subparsers(dest="action", required=True)
     create = hooks.add_parser("create", help="add an endpoint and print its signing secret (shown once)")
-    create.add_argument("--tenant", required=True, type=_tenant)
+    create.add_argument("--tenant", required=True, type=targets.tenant_arg)
     create.add_argument("--url", required=True, help="https:// (plain http to loopback in the local deployment only)")
     create.add_argument("--events", type=_events, default=list(logic.EVENT_TYPES),
                         help=f"comma-separated (default: all of {','.join(logic.EVENT_TYPES)})")
     listing = hooks.add_parser("list", help="a tenant's endpoints (secrets masked)")
-    listing.add_argument("--tenant", required=True, type=_tenant)
+    listing.add_argument("--tenant", required=True, type=targets.tenant_arg)
     rotate = hooks.add_parser("rotate", help="replace an endpoint's signing secret and print the new one")
-    rotate.add_argument("--tenant", required=True, type=_tenant)
+    rotate.add_argument("--tenant", required=True, type=targets.tenant_arg)
     rotate.add_argument("endpoint_id")
     rotate.add_argument("--keep-old-24h", action="store_true", help="also sign with the old secret for 24 hours")
     delete = hooks.add_parser("delete", help="delete an endpoint (pending deliveries to it are dropped)")
-    delete.add_argument("--tenant", required=True, type=_tenant)
+    delete.add_argument("--tenant", required=True, type=targets.tenant_arg)
     delete.add_argument("endpoint_id")
     deliveries = hooks.add_parser("deliveries", help="the latest delivery attempts, newest first")
-    deliveries.add_argument("--tenant", required=True, type=_tenant)
+    deliveries.add_argument("--tenant", required=True, type=targets.tenant_arg)
     deliveries.add_argument("--endpoint", dest="endpoint_id")
     deliveries.add_argument("--limit", type=int, default=20)
 
