@@ -25,57 +25,13 @@ from typing import Any
 
 from tests.bench.bench_lifecycle import peak_rss_mib
 from tests.bench.moto import moto_server
+from tests.wire_bytes import WireBytes
 
 MIB = 1024 * 1024
 PREFIX = "bench"
 
 
-class Meter:
-    """Bytes moved per API request (and by S3 calls outside any request)."""
-
-    def __init__(self) -> None:
-        self.current: dict[str, int] | None = None
-        self.requests: list[tuple[str, dict[str, int], float]] = []
-        self.outside = {"s3_in": 0, "s3_out": 0}
-
-    def _into(self) -> dict[str, int]:
-        return self.current if self.current is not None else self.outside
-
-    def sent(self, request: Any, **_: Any) -> None:
-        body, headers = request.body, request.headers
-        if "X-Amz-Decoded-Content-Length" in headers:
-            size = int(headers["X-Amz-Decoded-Content-Length"])
-        elif body is None:
-            size = 0
-        elif isinstance(body, bytes | bytearray | str):
-            size = len(body)
-        elif "Content-Length" in headers:
-            size = int(headers["Content-Length"])
-        else:  # a file-like body (UploadPart over HTTP)
-            here = body.tell()
-            size = body.seek(0, 2) - here
-            body.seek(here)
-        self._into()["s3_out"] += size
-
-    def received(self, http_response: Any, **_: Any) -> None:
-        self._into()["s3_in"] += int(http_response.headers.get("content-length", 0))
-
-    def wrap(self, handler: Any) -> Any:
-        def measured(event: dict[str, Any], context: Any) -> dict[str, Any]:
-            self.current = {"api_in": len(event.get("body") or ""), "s3_in": 0, "s3_out": 0}
-            started = time.perf_counter()
-            try:
-                answer = handler(event, context)
-            finally:
-                moved, self.current = self.current, None
-            moved["api_out"] = len(answer.get("body") or "")
-            self.requests.append((f"{event['httpMethod']} {event['path']}", moved, time.perf_counter() - started))
-            return answer
-
-        return measured
-
-
-def hook_s3(meter: Meter) -> None:
+def hook_s3(meter: WireBytes) -> None:
     import boto3
     import botocore.session
 
@@ -91,7 +47,7 @@ def assembler_child() -> None:
     from functions.core import clients, deps
     from infra.local.pollers import drain_queue
 
-    meter = Meter()
+    meter = WireBytes()
     hook_s3(meter)
     started = time.perf_counter()
     handled = drain_queue(clients.client("sqs"), deps.settings().assembly_queue_url, assembler_handler.handler, name="assembler")
@@ -129,7 +85,7 @@ def main() -> None:
 def bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     from openai import OpenAI
 
-    meter = Meter()
+    meter = WireBytes()
     hook_s3(meter)
     from functions.api import handler as api_handler
     from functions.authorizer import handler as authorizer_handler
@@ -172,11 +128,8 @@ def bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     assert record is not None and record.status == "processed", record  # the assembler checked the md5
     assert deps.stores().objects.size(record.s3_key) == size
 
-    def total(moved: dict[str, int]) -> int:
-        return sum(moved.values())
-
-    parts = [(m, t) for name, m, t in meter.requests if name.endswith("/parts")]
-    complete = [(m, t) for name, m, t in meter.requests if name.endswith("/complete")][-1]
+    parts = [r for r in meter.requests if r.name.endswith("/parts")]
+    complete = [r for r in meter.requests if r.name.endswith("/complete")][-1]
     return {
         "file_mib": args.mib,
         "part_mib": args.part_mib,
@@ -184,10 +137,10 @@ def bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
         "parts": len(parts),
         "sdk_upload_file_chunked_s": round(sdk_wall, 1),
         "sdk_throughput_mib_s": round(args.mib / sdk_wall, 1),
-        "max_bytes_one_request": max(total(m) for _, m, _ in meter.requests),
-        "max_part_request_s": round(max(t for _, t in parts), 3),
-        "complete_bytes": total(complete[0]),
-        "complete_s": round(complete[1], 3),
+        "max_bytes_one_request": max(r.total for r in meter.requests),
+        "max_part_request_s": round(max(r.seconds for r in parts), 3),
+        "complete_bytes": complete.total,
+        "complete_s": round(complete.seconds, 3),
         "api_process_peak_rss_mib": round(api_peak),
         "assembler_s": round(assembler["wall_s"], 1),
         "assembler_throughput_mib_s": round(args.mib / assembler["wall_s"], 1),

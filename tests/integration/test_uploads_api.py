@@ -12,6 +12,7 @@ from openai.types.uploads import UploadPart
 
 from functions.core import clients, schema
 from tests.helpers import assert_error, assert_openai_shape
+from tests.wire_bytes import WireBytes
 
 MIB = 1024 * 1024
 
@@ -295,54 +296,6 @@ def test_an_upload_named_with_quotes_and_any_script_keeps_its_name_and_downloads
 
 
 # --- uploads of any size: bounded bytes per request, assembly by the assembler (docs/uploads.md) ---
-class WireBytes:
-    """Counts what each API request moves through the Lambda: the request and response bodies of
-    the API event, plus every byte the handler sends to and receives from S3 meanwhile (measured
-    on the botocore wire: request bodies sent, Content-Length of answers received)."""
-
-    def __init__(self) -> None:
-        self.current: dict[str, int] | None = None
-        self.requests: list[tuple[str, dict[str, int]]] = []
-        self.outside = {"s3_in": 0, "s3_out": 0}  # S3 bytes moved outside any API request
-
-    def _bucket(self) -> dict[str, int]:
-        return self.current if self.current is not None else self.outside
-
-    def sent(self, request, **_) -> None:  # noqa: ANN001 - botocore's request-created event
-        body, headers = request.body, request.headers
-        if "X-Amz-Decoded-Content-Length" in headers:  # aws-chunked (flexible checksums)
-            size = int(headers["X-Amz-Decoded-Content-Length"])
-        elif body is None:
-            size = 0
-        elif isinstance(body, bytes | bytearray | str):
-            size = len(body)
-        elif "Content-Length" in headers:
-            size = int(headers["Content-Length"])
-        else:
-            here = body.tell()
-            size = body.seek(0, 2) - here
-            body.seek(here)
-        self._bucket()["s3_out"] = self._bucket().get("s3_out", 0) + size
-
-    def received(self, http_response, **_) -> None:  # noqa: ANN001 - botocore's after-call event
-        self._bucket()["s3_in"] = self._bucket().get("s3_in", 0) + int(http_response.headers.get("content-length", 0))
-
-    def wrap(self, handler):
-        def counted(event, context):
-            self.current = {"api_in": len(event.get("body") or ""), "s3_in": 0, "s3_out": 0}
-            try:
-                answer = handler(event, context)
-            finally:
-                counted_bytes, self.current = self.current, None
-            counted_bytes["api_out"] = len(answer.get("body") or "")
-            self.requests.append((f"{event['httpMethod']} {event['path']}", counted_bytes))
-            return answer
-
-        return counted
-
-    @staticmethod
-    def total(moved: dict[str, int]) -> int:
-        return sum(moved.values())
 
 
 @pytest.fixture
@@ -408,15 +361,15 @@ def test_no_api_request_moves_more_than_a_part_and_complete_moves_no_file_bytes(
     )
     # OpenAI's shape at once: completed, with its File; the File's bytes are still being assembled
     assert upload.status == "completed" and upload.file is not None and upload.file.bytes == len(payload)
-    names = [name for name, _ in counter.requests]
+    names = [r.name for r in counter.requests]
     assert names[0] == "POST /v1/uploads" and names[-1] == f"POST /v1/uploads/{upload.id}/complete"
     assert names.count(f"POST /v1/uploads/{upload.id}/parts") == 11
     # every request: at most one part in (base64 + envelope) and out to S3, whatever the file's size
     bound = 2 * (4 * MIB * 4 // 3) + 64 * 1024
-    assert max(WireBytes.total(moved) for _, moved in counter.requests) <= bound
-    complete = counter.requests[-1][1]
-    assert complete["s3_in"] + complete["s3_out"] < 64 * 1024, complete  # the manifest, no file bytes
-    assert WireBytes.total(complete) < 64 * 1024
+    assert max(r.total for r in counter.requests) <= bound
+    complete = counter.requests[-1]
+    assert complete.moved["s3_in"] + complete.moved["s3_out"] < 64 * 1024, complete  # the manifest, no file bytes
+    assert complete.total < 64 * 1024
     assert upload.file.status == "uploaded"
 
     # the assembler (not an API request) moves the file once in and once out
@@ -515,9 +468,9 @@ def test_a_200_mib_batch_input_and_a_512_mib_file_through_the_sdk(wire, assemble
         purpose="user_data", part_size=4 * MIB, md5=hashlib.md5(big).hexdigest(),
     )
     bound = 2 * (4 * MIB * 4 // 3) + 64 * 1024
-    assert max(WireBytes.total(moved) for _, moved in counter.requests) <= bound
-    completes = [moved for name, moved in counter.requests if name.endswith("/complete")]
-    assert len(completes) == 2 and all(WireBytes.total(moved) < 64 * 1024 for moved in completes)
+    assert max(r.total for r in counter.requests) <= bound
+    completes = [r for r in counter.requests if r.name.endswith("/complete")]
+    assert len(completes) == 2 and all(r.total < 64 * 1024 for r in completes)
     assert assembler_queue.drain() == 2
     assert sdk.files.retrieve(second.file.id).status == "processed"
     record = stores.files.get("acme", second.file.id, now=0)
