@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from functions.core import accounting, results, schema
+from functions.core import schema
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
@@ -15,6 +15,7 @@ from functions.sweeper import logic as sweeper
 from functions.core.errors import Throttled
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
+from tests.unit.chunk_steps import run_chunk
 from tests.agreement import assert_stores_agree
 from tests.fakes.aws import fake_stores, throttle
 
@@ -60,17 +61,6 @@ def current(stores, batch_id: str = "batch_1") -> BatchRecord:
 
 def sweep(stores, now: int):
     return sweeper.sweep(stores, SETTINGS, now=now)
-
-
-def run_chunk(stores, chunk: int, now: int):
-    """A worker's path for one chunk: start it, answer every line 200, write its parts, count it."""
-    batch = current(stores)
-    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
-    message = batch.work_message(manifest.chunks[chunk])
-    accounting.start_chunk(stores, message)
-    lines = [results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
-             for l in results.unrun_lines(stores.objects, message, "x", "x")]
-    accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=accounting.Usage(), now=now)
 
 
 def file_lines(stores, file_id) -> list[BatchOutputLine]:
@@ -162,8 +152,8 @@ def test_the_completion_grace_outlasts_a_live_workflows_wait_and_tasks():
 
 def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_after_the_grace():
     stores = setup(**RUNNING, enqueued=True)  # its workflow died after the chunks were sent
-    run_chunk(stores, 0, CREATED + 100)
-    run_chunk(stores, 1, CREATED + 200)
+    run_chunk(stores, 0, now=CREATED + 100)
+    run_chunk(stores, 1, now=CREATED + 200)
     last = CREATED + 200
     assert sweep(stores, last + COMPLETION_GRACE - 1).actions == {}  # a live workflow's time
     assert current(stores).status == "in_progress"
@@ -179,8 +169,8 @@ def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_after_t
 
 def test_the_grace_counts_from_the_last_count():
     stores = setup(**RUNNING, enqueued=True)
-    run_chunk(stores, 0, CREATED + 100)
-    run_chunk(stores, 1, CREATED + 5_000)  # a slow last chunk: its worker signalled a live workflow
+    run_chunk(stores, 0, now=CREATED + 100)
+    run_chunk(stores, 1, now=CREATED + 5_000)  # a slow last chunk: its worker signalled a live workflow
     assert sweep(stores, CREATED + 100 + COMPLETION_GRACE).actions == {}
     assert sweep(stores, CREATED + 5_000 + COMPLETION_GRACE - 1).actions == {}
     assert sweep(stores, CREATED + 5_000 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
@@ -188,15 +178,15 @@ def test_the_grace_counts_from_the_last_count():
 
 def test_a_batch_still_running_chunks_is_left_to_its_workflow():
     stores = setup(**RUNNING, enqueued=True)
-    run_chunk(stores, 0, CREATED + 100)  # chunk 1 not counted yet
+    run_chunk(stores, 0, now=CREATED + 100)  # chunk 1 not counted yet
     assert sweep(stores, CREATED + 100 + 10 * COMPLETION_GRACE).actions == {}
     assert current(stores).status == "in_progress"
 
 
 def test_an_all_counted_cancelling_batch_ends_cancelled_with_every_answer():
     stores = setup(**RUNNING, enqueued=True)
-    run_chunk(stores, 0, CREATED + 100)
-    run_chunk(stores, 1, CREATED + 200)
+    run_chunk(stores, 0, now=CREATED + 100)
+    run_chunk(stores, 1, now=CREATED + 200)
     stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": CREATED + 300})
     assert sweep(stores, CREATED + 300 + COMPLETION_GRACE - 1).actions == {}  # the cancel restarts the wait
     assert sweep(stores, CREATED + 300 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
@@ -209,8 +199,8 @@ def test_a_batch_whose_fail_ran_out_of_retries_ends_failed_with_its_files():
     # The Fail state closed the batch (closed_for "fail") and a transient error outlasted its
     # retries: the execution failed. The sweeper finalizes it as Fail would have.
     stores = setup(**RUNNING, enqueued=True)
-    run_chunk(stores, 0, CREATED + 100)
-    run_chunk(stores, 1, CREATED + 200)
+    run_chunk(stores, 0, now=CREATED + 100)
+    run_chunk(stores, 1, now=CREATED + 200)
     stores.faults.fail("batches.finish", throttle(), times=4)
     for attempt in range(4):  # the Fail task and its 3 retries
         with pytest.raises(Throttled):
@@ -226,7 +216,7 @@ def test_a_batch_whose_fail_ran_out_of_retries_ends_failed_with_its_files():
 # --- past expiry + grace, whatever happened to its workflow ----------------------------------------
 def test_an_open_batch_past_expiry_and_grace_is_finalized_expired_with_its_files():
     stores = setup(**RUNNING, enqueued=True)  # its workflow died: nothing will signal or check it
-    run_chunk(stores, 0, CREATED + 100)
+    run_chunk(stores, 0, now=CREATED + 100)
     assert sweep(stores, EXPIRES + 899).actions == {}
     assert sweep(stores, EXPIRES + 900).actions == {sweeper.EXPIRED: ["batch_1"]}
     batch = current(stores)

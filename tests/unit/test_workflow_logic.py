@@ -16,6 +16,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
+from tests.unit.chunk_steps import run_chunk as run_chunk_at
 from tests.agreement import assert_stores_agree, assert_usage_agrees
 from tests.fakes.aws import condition_failed, conflict, fake_stores, throttle
 
@@ -48,20 +49,12 @@ def setup(lines: int = 4, per_chunk: int = 2, **over):
     return stores
 
 
+def run_chunk(stores, chunk: int):
+    return run_chunk_at(stores, chunk, now=NOW)
+
+
 def current(stores) -> BatchRecord:
     return stores.batches.get("acme", "batch_1")
-
-
-def run_chunk(stores, chunk: int):
-    """A worker's path for one chunk: start it, answer every line 200, write parts, count it."""
-    batch = current(stores)
-    manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
-    message = batch.work_message(manifest.chunks[chunk])
-    accounting.start_chunk(stores, message)
-    lines = [results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
-             for l in results.unrun_lines(stores.objects, message, "x", "x")]
-    parts = results.write_parts(stores.objects, message, lines)
-    return accounting.record_chunk(stores, message, parts=parts, usage=accounting.Usage(), now=NOW)
 
 
 def file_lines(stores, file_id) -> list[BatchOutputLine]:
