@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import heapq
+import itertools
+import json
 import logging
+import math
 import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -113,6 +118,12 @@ class ChunkReport:
     careful: bool = False
     reused: int = 0
     crashed: int = 0
+    #: When the chunk's first line entered the engine and its last answer came, and when its
+    #: parts were counted (clock seconds; None if no line was sent): the fixed overhead around
+    #: the engine (docs/benchmarks.md, "Fixed overhead").
+    first_sent_at: float | None = None
+    last_answer_at: float | None = None
+    committed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,14 +187,152 @@ class EngineGate:
                 self._cond.notify_all()
 
 
+#: The worker's orders of admission into the engine (``WorkerConfig.order``).
+ORDER_FILE, ORDER_SMART = "file", "smart"
+#: How much of a prompt's text names its prefix group when it is one string (completions,
+#: responses, embeddings); chat uses its whole first message.
+PREFIX_CHARS = 512
+#: Expected output of a line that sets no output limit: it runs until the context ends.
+UNBOUNDED_OUTPUT = math.inf
+#: The body fields that cap a line's output tokens, by endpoint (the first present wins).
+OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def expected_output(body: dict[str, Any]) -> float:
+    """The most output tokens a line may produce (its own limit; unbounded without one)."""
+    for name in OUTPUT_LIMIT_FIELDS:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return UNBOUNDED_OUTPUT
+
+
+def length_class(tokens: float) -> float:
+    """Output limits within a factor of two are one class (so prefix groups are not split by
+    small differences); larger classes go first."""
+    return tokens if tokens == UNBOUNDED_OUTPUT else float(int(math.log2(max(1.0, tokens))))
+
+
+def prefix_of(body: dict[str, Any]) -> str | None:
+    """The text a line's prompt starts with, as far as lines sharing it share the engine's
+    prefix cache: chat's first message, else the first ``PREFIX_CHARS`` of the prompt/input."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages:
+        return json.dumps(messages[0], sort_keys=True, separators=(",", ":"))
+    for name in ("prompt", "input"):
+        value = body.get(name)
+        if isinstance(value, list) and value:
+            value = value[0]
+        if isinstance(value, str):
+            return value[:PREFIX_CHARS]
+        if value is not None:
+            return json.dumps(value, sort_keys=True, separators=(",", ":"))[:PREFIX_CHARS]
+    return None
+
+
+class Admission:
+    """Which waiting line enters the engine next, across every chunk the worker has open: at
+    most ``capacity`` lines in flight (the engine client's cap, so its own semaphore never
+    queues), the rest wait here.
+
+    ``file`` order: first come, first in (the chunks' input order, as they arrived).
+    ``smart`` order (docs/reliability.md, "Order of lines in the engine"): the longest expected
+    output first (``expected_output``, by ``length_class``), so the batch's tail is short; within
+    a class, a line whose prefix (``prefix_of``) an earlier line had enters right behind that
+    line's group, so lines sharing a system prompt are in the engine together and hit vLLM's
+    prefix cache; otherwise arrival order. Results are unaffected: each chunk still writes its
+    lines in input order (``run_ordered``). ``waiting_for(owner)``: lines of one chunk waiting."""
+
+    #: Prefix groups remembered (their first line's arrival number); forgotten all at once beyond.
+    MAX_GROUPS = 65_536
+
+    def __init__(self, capacity: int, order: str = ORDER_FILE):
+        if order not in (ORDER_FILE, ORDER_SMART):
+            raise ValueError(f"order must be {ORDER_FILE!r} or {ORDER_SMART!r}, not {order!r}")
+        self.capacity, self.order = max(1, capacity), order
+        self.in_flight = 0
+        self._heap: list[tuple[tuple[float, ...], asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+        self._groups: dict[bytes, int] = {}
+        self._waiting: Counter[object] = Counter()
+
+    @property
+    def waiting(self) -> int:
+        return sum(self._waiting.values())
+
+    def waiting_for(self, owner: object) -> int:
+        return self._waiting.get(owner, 0)
+
+    def key(self, body: dict[str, Any]) -> tuple[float, ...]:
+        """The line's place in the order (smaller enters first); unique (its arrival last)."""
+        arrival = next(self._arrivals)
+        if self.order == ORDER_FILE:
+            return (arrival,)
+        group = arrival
+        prefix = prefix_of(body)
+        if prefix is not None:
+            digest = hashlib.blake2b(prefix.encode(), digest_size=8).digest()
+            if len(self._groups) >= self.MAX_GROUPS:
+                self._groups.clear()
+            group = self._groups.setdefault(digest, arrival)
+        return (-length_class(expected_output(body)), group, arrival)
+
+    @asynccontextmanager
+    async def slot(self, body: dict[str, Any], owner: object = None) -> AsyncIterator[None]:
+        key = self.key(body)
+        if self.in_flight < self.capacity and not self._heap:
+            self.in_flight += 1
+        else:
+            ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._heap, (key, ticket))
+            self._waiting[owner] += 1
+            try:
+                await ticket  # set by _release: the slot it freed is ours
+            except asyncio.CancelledError:
+                if ticket.done() and not ticket.cancelled():
+                    self._release()  # handed a slot we will not use: hand it on
+                raise
+            finally:
+                self._waiting[owner] -= 1
+                if not self._waiting[owner]:
+                    del self._waiting[owner]
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._heap:
+            _, ticket = heapq.heappop(self._heap)
+            if not ticket.done():  # a cancelled waiter's ticket is done
+                ticket.set_result(None)
+                return
+        self.in_flight -= 1
+
+
 class _Gated:
     """An ``Engine`` whose posts pass the gate: shared, or (``held``) under the exclusive hold
     its caller took for a careful group. ``died_in_flight``: a line of this chunk was in the
-    engine, while it was up, when it died."""
+    engine, while it was up, when it died. Shared posts enter the engine through ``admission``
+    (the worker's order); a careful group's lines are alone in the engine and go straight in.
+    ``first_sent_at``/``last_answer_at``: when this chunk's first line entered the engine and
+    its last answer came (clock seconds; None before)."""
 
-    def __init__(self, engine: Engine, gate: EngineGate, *, held: bool):
+    def __init__(self, engine: Engine, gate: EngineGate, *, held: bool, admission: Admission | None = None,
+                 owner: object = None, now: Callable[[], float] = time.time):
         self._engine, self._gate, self._held = engine, gate, held
+        self._admission, self._owner, self._now = admission, owner, now
         self.died_in_flight = False
+        self.first_sent_at: float | None = None
+        self.last_answer_at: float | None = None
+
+    @asynccontextmanager
+    async def _admitted(self, body: dict[str, Any]) -> AsyncIterator[None]:
+        if self._held or self._admission is None:
+            yield
+        else:
+            async with self._admission.slot(body, self._owner):
+                yield
 
     async def healthy(self) -> bool:
         return await self._engine.healthy()
@@ -192,14 +341,18 @@ class _Gated:
         return await self._engine.wait_healthy(timeout, interval)
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        async with contextlib.nullcontext() if self._held else self._gate.shared():
+        async with contextlib.nullcontext() if self._held else self._gate.shared(), self._admitted(body):
             entered_down = self._gate.down
+            if self.first_sent_at is None:
+                self.first_sent_at = self._now()
             try:
-                return await self._engine.post(path, body)
+                reply = await self._engine.post(path, body)
             except EngineDown:
                 self._gate.down = True  # before the gate lets the next line in
                 self.died_in_flight |= not entered_down
                 raise
+            self.last_answer_at = self._now()
+            return reply
 
 
 def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> list[RawLine]:
@@ -273,6 +426,8 @@ async def process_chunk(
     gate: EngineGate | None = None,
     policy: RunPolicy = RunPolicy(),
     attempt: str | None = None,
+    admission: Admission | None = None,
+    owner: object = None,
 ) -> ChunkReport:
     """Skip the chunk if its batch stopped, or if it is already counted (then only re-signal the
     workflow if every chunk is counted); else open an attempt on its run record, run the lines
@@ -286,7 +441,9 @@ async def process_chunk(
     when it was cancelled (shutdown), hit a store error, or met ``EngineDown`` only with lines
     sent after the engine was known down (``EngineGate.down``). Anything else (the engine died
     with its lines in flight, the worker was killed) is a real failure, found by the next
-    attempt. ``gate`` is the worker's (shared by its chunks; default: this chunk's own)."""
+    attempt. ``gate`` is the worker's (shared by its chunks; default: this chunk's own), as is
+    ``admission`` (the order lines enter the engine in; default: as they come); ``owner`` names
+    this chunk's waiting lines there."""
     started = now()
     if await io(accounting.start_chunk, stores, message) is None:
         return ChunkReport(skipped=True)
@@ -301,7 +458,8 @@ async def process_chunk(
     run = _Run(stores, message, attempt, None, io=io, now=now, policy=policy)
     crashed = 0
     gate = gate or EngineGate()
-    alone, together = _Gated(engine, gate, held=True), _Gated(engine, gate, held=False)
+    alone = _Gated(engine, gate, held=True, now=now)
+    together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now)
     try:
         start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
                          max_failures=policy.max_failures)
@@ -379,7 +537,12 @@ async def process_chunk(
             log.exception("chunk %s/%d: could not checkpoint before releasing", message.batch_id, message.chunk)
         await _end_benignly(stores, message, run, io=io, why="store error while committing")
         raise
-    return ChunkReport(False, completed, failed, usage, outcome, now() - started, start.record.careful, reused, crashed)
+    sent = [t for t in (alone.first_sent_at, together.first_sent_at) if t is not None]
+    answered = [t for t in (alone.last_answer_at, together.last_answer_at) if t is not None]
+    return ChunkReport(
+        False, completed, failed, usage, outcome, now() - started, start.record.careful, reused, crashed,
+        first_sent_at=min(sent, default=None), last_answer_at=max(answered, default=None), committed_at=now(),
+    )
 
 
 def _group(record: ChunkRunRecord, index: int, count: int, size: int) -> int:

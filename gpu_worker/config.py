@@ -8,6 +8,7 @@ Logic receives a ``WorkerConfig``; nothing below ``__main__`` reads ``os.environ
 """
 
 import math
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -39,8 +40,13 @@ class WorkerConfig(EnvSettings):
     max_in_flight: int = Field(default=0, ge=0)
     #: The engine's ``--max-num-seqs`` (the entrypoint passes the value it gave vLLM); 0 = unknown.
     engine_max_num_seqs: int = Field(default=0, ge=0)
-    #: Chunks held at once; 0 = enough chunks to fill the cap, plus two.
+    #: Chunks filling the engine at once (a chunk whose every line is already in the engine, its
+    #: tail, does not count); 0 = enough chunks to fill the cap, plus two.
     max_open_chunks: int = Field(default=0, ge=0)
+    #: The order lines of the open chunks enter the engine (``chunk.Admission``): ``file`` (as
+    #: they come) or ``smart`` (longest expected output first, lines sharing a prefix together).
+    #: Results keep input order either way.
+    order: Literal["file", "smart"] = "smart"
     #: One engine request (any endpoint) may take this long before it is retried.
     request_timeout_seconds: float = Field(default=600.0, gt=0)
     connect_timeout_seconds: float = Field(default=10.0, gt=0)

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from functions.core.messages import WorkMessage
 from functions.core.ports import Received, Stores, WorkQueue
 
-from .chunk import EngineGate, RunPolicy, process_chunk
+from .chunk import Admission, EngineGate, RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .metrics import WorkerMetrics
@@ -75,6 +75,8 @@ class Worker:
         self._engine_down = False
         #: Careful chunks send each line alone (docs/reliability.md, "Poison isolation").
         self.gate = EngineGate()
+        #: The order lines of all open chunks enter the engine in (``config.order``).
+        self.admission = Admission(engine.max_in_flight, config.order)
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
@@ -99,7 +101,13 @@ class Worker:
 
     def backlog(self) -> int:
         """Lines not yet sent to the engine: waiting for a slot, or in chunks not yet dispatched."""
-        return self.engine.waiting + sum(o.lines for o in self._open.values() if not o.dispatched)
+        return self.admission.waiting + self.engine.waiting + sum(o.lines for o in self._open.values() if not o.dispatched)
+
+    def filling(self) -> int:
+        """Open chunks with lines not yet in the engine. A chunk's tail (its last lines running,
+        or its commit) does not count: slow last lines never keep new lines out."""
+        return sum(1 for o in self._open.values()
+                   if not o.dispatched or self.admission.waiting_for(o.received.message_id))
 
     async def _stores(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._store_pool, functools.partial(fn, *args, **kwargs))
@@ -147,12 +155,12 @@ class Worker:
                         return
                     self._engine_down = self.gate.down = False
                     continue
-                if len(self._open) >= self.max_open or self.backlog() >= self.engine.max_in_flight:
+                if self.filling() >= self.max_open or self.backlog() >= self.engine.max_in_flight:
                     await asyncio.wait({stop}, timeout=0.05)
                     continue
                 # Enough chunks to fill the cap (estimated at chunk_max_lines each), at most 10.
                 room = -(-(self.engine.max_in_flight - self.backlog()) // self.chunk_max_lines)
-                want = max(1, min(10, self.max_open - len(self._open), room))
+                want = max(1, min(10, self.max_open - self.filling(), room))
                 receive = asyncio.ensure_future(self._sqs(
                     self.queue.receive, want, self.config.poll_wait_seconds, self.config.visibility_seconds
                 ))
@@ -165,12 +173,19 @@ class Worker:
                         await self._sqs(self.queue.release, r.receipt, 0)
                         self.log.info("released a message received while stopping", extra={"message_id": r.message_id})
                         continue
-                    self._open[r.message_id] = state = _Open(r)
+                    self._open[r.message_id] = state = _Open(r, lines=self._lines_of(r))
                     task = asyncio.create_task(self._handle(state))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
         finally:
             stop.cancel()
+
+    def _lines_of(self, r: Received) -> int:
+        """A received chunk's lines, counted in the backlog from the moment it is received."""
+        try:
+            return WorkMessage.model_validate_json(r.body).line_count
+        except ValidationError:
+            return 0  # never run: released by _handle
 
     async def _drain(self) -> None:
         """Let in-flight chunks finish for up to drain_seconds, then release the rest."""
@@ -204,7 +219,7 @@ class Worker:
             report = await process_chunk(
                 self.stores, message, self.engine, io=self._stores, max_line_bytes=self.max_line_bytes,
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
-                gate=self.gate, policy=self.policy,
+                gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
             )
             await self._sqs(self.queue.delete, r.receipt)
             if report.skipped:
@@ -223,6 +238,9 @@ class Worker:
                 "output_tokens": usage.output_tokens if usage else 0,
                 "counted": bool(outcome and outcome.counted), "last": bool(outcome and outcome.last),
                 "careful": report.careful, "reused": report.reused, "crashed": report.crashed,
+                # The fixed overhead around the engine (docs/benchmarks.md, "Fixed overhead").
+                "first_sent_at": report.first_sent_at, "last_answer_at": report.last_answer_at,
+                "committed_at": report.committed_at,
             })
         except asyncio.CancelledError:
             # Drain deadline passed (SIGTERM): hand the chunk to another worker at once.
