@@ -37,7 +37,7 @@ from . import state
 from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
-from .processes import Engines, EngineSpec, Supervisor, Workers
+from .processes import Engines, EngineSpec, Supervisor, Workers, max_num_seqs
 from .lambda_context import LocalLambdaContext
 from .resources import create_resources, create_webhook_queue, ingest_dlq_url, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
@@ -463,7 +463,8 @@ def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) ->
     """The engines (one vLLM server per model) and a worker beside each, unless turned off."""
     if not config.engines:
         return []
-    specs = [EngineSpec(model, port or free_port(config.host)) for model, port in config.engine_ports]
+    seqs = max_num_seqs(environ)  # one --max-num-seqs for each engine and its worker's cap
+    specs = [EngineSpec(model, port or free_port(config.host), seqs) for model, port in config.engine_ports]
     log_dir = config.state_path.parent / "logs"
     engines, workers = Engines(specs, log_dir), Workers(specs, log_dir, environ)
     # Last, so it stops first: nothing is restarted while the workers drain and the engines stop.

@@ -101,10 +101,30 @@ class ChildProcess:
             return ""
 
 
+#: ``--max-num-seqs`` the local engines get (vLLM's own default for its OpenAI server on a CPU).
+#: The same value goes to the worker beside each (``WORKER_ENGINE_MAX_NUM_SEQS``), whose in-flight
+#: cap follows it (2 x, ``WorkerConfig.in_flight_cap``), as the ECS entrypoint does on AWS.
+#: ``ENGINE_MAX_NUM_SEQS`` in the environment of ``make up`` overrides it.
+LOCAL_MAX_NUM_SEQS = 128
+MAX_NUM_SEQS_ENV = "ENGINE_MAX_NUM_SEQS"
+
+
+def max_num_seqs(environ: Mapping[str, str]) -> int:
+    value = environ.get(MAX_NUM_SEQS_ENV, "")
+    try:
+        number = int(value) if value else LOCAL_MAX_NUM_SEQS
+    except ValueError:
+        raise ValueError(f"{MAX_NUM_SEQS_ENV} must be a positive integer, not {value!r}") from None
+    if number < 1:
+        raise ValueError(f"{MAX_NUM_SEQS_ENV} must be a positive integer, not {value!r}")
+    return number
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     model: str
     port: int
+    max_num_seqs: int = LOCAL_MAX_NUM_SEQS
 
     @property
     def url(self) -> str:
@@ -128,7 +148,10 @@ class Engines:
         self.specs = list(specs)
         self._ready_timeout = ready_timeout
         self._children = [
-            ChildProcess(f"engine-{s.model}", ["bash", str(SERVE), s.model, str(s.port)], lambda: os.environ, log_dir / f"engine-{s.model}.log")
+            ChildProcess(
+                f"engine-{s.model}", ["bash", str(SERVE), s.model, str(s.port), "--max-num-seqs", str(s.max_num_seqs)],
+                lambda: os.environ, log_dir / f"engine-{s.model}.log",
+            )
             for s in self.specs
         ]
 
@@ -172,8 +195,9 @@ class Workers:
                     "WORKER_MODEL": s.model,
                     "WORKER_ENGINE_URL": s.url,
                     "WORKER_POLL_WAIT_SECONDS": "1",
-                    # the CPU engine's sweet spot (docs/engine.md: 64 concurrent requests)
-                    "WORKER_MAX_IN_FLIGHT": "64",
+                    # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so
+                    # vLLM's waiting queue is never empty; WORKER_MAX_IN_FLIGHT (if set) still wins.
+                    "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),
                     "WORKER_DRAIN_SECONDS": "10",
                     # A chunk held by a worker that died (SIGKILL) is taken again once its
                     # visibility lapses: 30 s here (heartbeats every 10 s) instead of 120 s.
