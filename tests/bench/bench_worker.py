@@ -70,7 +70,7 @@ def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
     return [
         str(engines.ENGINE_VENV / "bin" / "vllm"), "run-batch", "-i", str(input_path), "-o", str(output_path),
         "--model", str(engines.MODELS_DIR / engines.CHAT_MODEL), "--served-model-name", engines.CHAT_MODEL,
-        "--runner", "generate", "--enforce-eager", "--gpu-memory-utilization", "0.5",
+        "--runner", "generate", "--enforce-eager", "--enable-prefix-caching", "--gpu-memory-utilization", "0.5",
         "--kv-cache-memory-bytes", KV_CACHE, "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
     ]
 

@@ -1,0 +1,240 @@
+"""Benchmark: the same file end to end through the local deployment (openai SDK: files.create ->
+batches.create -> poll until completed) and through `vllm run-batch`, same engine flags, one run,
+interleaved rounds, three datasets (`make bench-pipeline`, issue 14; docs/benchmarks.md "End to
+end vs vllm run-batch").
+
+    .venv/bin/python -m tests.bench.bench_pipeline [--lines 200] [--rounds 2] [--datasets uniform,shared-prefix,uneven]
+
+- pipeline: the local deployment as `make up` builds it (tests/bench/pipeline_local.py: moto, the
+  API front, ingest, the workflow, one chat engine and its worker), on free ports. Timed from the
+  `batches.create` call to the first `batches.retrieve` that shows `completed`, polled every
+  POLL_SECONDS (0.2 s, so the client is not what the time is spent on). The worker reaches its
+  engine through a timestamping proxy in this process (tests/bench/engine_proxy.py), which splits
+  that time into (a) create -> first request at the engine, (b) engine busy (first request -> last
+  answer), (c) last answer -> `completed` seen by the client.
+- run-batch: `vllm run-batch` as bench_worker drives it (its engine startup excluded: from its
+  "Reading batch" log line to its output file appearing).
+
+Same engine flags on both sides: serve.sh's (--enforce-eager, bf16, --enable-prefix-caching,
+--kv-cache-memory-bytes 1G, --max-model-len 2048) and --max-num-seqs bench_worker.MAX_NUM_SEQS
+(the local deployment's default, passed as ENGINE_MAX_NUM_SEQS). Output tok/s = the sum of
+`usage.completion_tokens` of the output file / the window. Datasets are generated from SEED:
+uniform (every line 64 output tokens), shared-prefix (4 long system prompts, lines shuffled, 64
+tokens each), uneven (90 % of lines 8-16 tokens, 10 % 256 tokens, random order); all `ignore_eos`,
+`temperature: 0`, so both systems do the same work. Worker settings come from the environment
+(e.g. WORKER_ORDER=file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from openai import OpenAI
+
+from infra import names
+from infra.local import state as local_state
+from tests.bench import bench_worker
+from tests.bench.engine_proxy import EngineProxy
+from tests.helpers import free_port
+from tests.integration.worker import engines
+
+SEED = 14
+POLL_SECONDS = 0.2
+DATASETS = ("uniform", "shared-prefix", "uneven")
+UNIFORM_TOKENS = 64
+SHARED_PROMPTS = 4
+SHARED_PROMPT_WORDS = 320  # 356 tokens per line with its system prompt (SmolLM2 chat template)
+UNEVEN_SHORT = (8, 16)
+UNEVEN_LONG = 256
+UNEVEN_LONG_SHARE = 0.10
+READY_TIMEOUT = 300.0
+BATCH_TIMEOUT = 1800.0
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+_WORDS = ("model batch river stone light engine garden window signal harbor paper letter winter summer "
+          "market station bridge mirror forest valley number answer request result table column circle "
+          "orange silver copper marble velvet thunder candle lantern compass anchor meadow canyon island "
+          "desert glacier harvest journey method pattern system network memory history science theory").split()
+
+
+def _line(i: int, messages: list[dict], max_tokens: int) -> str:
+    body = {"model": engines.CHAT_MODEL, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "messages": messages}
+    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
+
+
+def make_dataset(name: str, path: Path, lines: int, seed: int = SEED) -> None:
+    """Write the ``name`` dataset of ``lines`` chat lines to ``path``, the same bytes for a seed."""
+    rng = random.Random(f"{seed}-{name}")
+    if name == "uniform":
+        bench_worker.make_input(path, lines, UNIFORM_TOKENS)
+        return
+    if name == "shared-prefix":
+        prompts = [
+            f"You are assistant number {p}. Follow these house notes closely: "
+            + " ".join(rng.choice(_WORDS) for _ in range(SHARED_PROMPT_WORDS)) + "."
+            for p in range(SHARED_PROMPTS)
+        ]
+        rows = [
+            [{"role": "system", "content": prompts[i % SHARED_PROMPTS]},
+             {"role": "user", "content": f"Question {i}: what does the word {rng.choice(_WORDS)} mean here?"}]
+            for i in range(lines)
+        ]
+        rng.shuffle(rows)
+        path.write_text("".join(_line(i, m, UNIFORM_TOKENS) for i, m in enumerate(rows)))
+        return
+    if name == "uneven":
+        long = set(rng.sample(range(lines), max(1, round(lines * UNEVEN_LONG_SHARE))))
+        path.write_text("".join(
+            _line(i, [{"role": "user", "content": f"Tell a story about {rng.choice(_WORDS)}, number {i}."}],
+                  UNEVEN_LONG if i in long else rng.randint(*UNEVEN_SHORT))
+            for i in range(lines)
+        ))
+        return
+    raise ValueError(f"unknown dataset {name!r}; one of {', '.join(DATASETS)}")
+
+
+# --- the local deployment -------------------------------------------------------------------------
+@dataclass
+class Pipeline:
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+    proxy: EngineProxy
+
+    def client(self) -> OpenAI:
+        return OpenAI(base_url=self.base_url, api_key=names.LOCAL_KEY, max_retries=2, timeout=120)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: it stops its engine and worker
+            try:
+                self.process.wait(90)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_pipeline(workdir: Path, proxy: EngineProxy, engine_port: int) -> Pipeline:
+    log_path = workdir / "pipeline-local.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BATCHAPI_", "MOTO_"))}
+    env.update(PORT="0", MOTO_PORT="0", PYTHONUNBUFFERED="1", ENGINE_MAX_NUM_SEQS=str(bench_worker.MAX_NUM_SEQS),
+               **{local_state.STATE_DIR_ENV: str(workdir / "state")})
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.pipeline_local", "--engine-port", str(engine_port),
+             "--worker-engine-url", proxy.url],
+            cwd=engines.REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        ready = [l for l in log_path.read_text(errors="replace").splitlines() if l.startswith("READY ")]
+        if ready:
+            return Pipeline(process, ready[0].removeprefix("READY "), log_path, proxy)
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.terminate()
+            raise RuntimeError(f"the local deployment did not start:\n{log_path.read_text(errors='replace')[-4000:]}")
+        time.sleep(0.5)
+
+
+def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
+    client = pipeline.client()
+    with input_path.open("rb") as f:
+        file = client.files.create(file=f, purpose="batch")
+    created = time.monotonic()
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    while batch.status not in TERMINAL:
+        if time.monotonic() - created > BATCH_TIMEOUT:
+            raise RuntimeError(f"{batch.id} still {batch.status} after {BATCH_TIMEOUT} s")
+        time.sleep(POLL_SECONDS)
+        batch = client.batches.retrieve(batch.id)
+    done = time.monotonic()
+    if batch.status != "completed":
+        raise RuntimeError(f"{batch.id} ended {batch.status}: {batch.errors}")
+    results = [json.loads(l) for l in client.files.content(batch.output_file_id).text.splitlines()]
+    tokens = bench_worker.output_tokens(results)
+    seconds = done - created
+    window = pipeline.proxy.window(created)
+    assert window is not None, "no engine request went through the proxy"
+    return {"system": "pipeline", "seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
+            "failed": batch.request_counts.failed if batch.request_counts else None,
+            "to_first_request": window.first_request - created, "engine_busy": window.last_answer - window.first_request,
+            "after_last_answer": done - window.last_answer, "engine_requests": window.requests}
+
+
+# --- report ---------------------------------------------------------------------------------------
+def table(rows: list[dict]) -> str:
+    out = ["| dataset | round | output tokens | run-batch s | run-batch tok/s | pipeline s | pipeline tok/s "
+           "| pipeline ÷ run-batch | (a) create → first request | (b) engine busy | (c) last answer → completed |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (dataset, rnd), pair in _pairs(rows).items():
+        rb, pl = pair["vllm run-batch"], pair["pipeline"]
+        out.append(f"| {dataset} | {rnd} | {pl['output_tokens']:,} | {rb['seconds']:.1f} | {rb['tok_s']:.0f} | "
+                   f"{pl['seconds']:.1f} | {pl['tok_s']:.0f} | {pl['tok_s'] / rb['tok_s']:.2f} | "
+                   f"{pl['to_first_request']:.2f} s | {pl['engine_busy']:.1f} s | {pl['after_last_answer']:.2f} s |")
+    for dataset in dict.fromkeys(d for d, _ in _pairs(rows)):
+        ratios = [p["pipeline"]["tok_s"] / p["vllm run-batch"]["tok_s"] for (d, _), p in _pairs(rows).items() if d == dataset]
+        out.append(f"| **{dataset}** | **median** | | | | | | **{statistics.median(ratios):.2f}** | | | |")
+    return "\n".join(out)
+
+
+def _pairs(rows: list[dict]) -> dict[tuple[str, int], dict[str, dict]]:
+    pairs: dict[tuple[str, int], dict[str, dict]] = {}
+    for row in rows:
+        pairs.setdefault((row["dataset"], row["round"]), {})[row["system"]] = row
+    return pairs
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lines", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: " + ", ".join(DATASETS))
+    args = p.parse_args()
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if unknown := [d for d in datasets if d not in DATASETS]:
+        raise SystemExit(f"unknown dataset(s) {unknown}; one of {', '.join(DATASETS)}")
+    if reason := engines.missing():
+        raise SystemExit(reason)
+    began = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    inputs = {d: workdir / f"{d}.jsonl" for d in datasets}
+    for d, path in inputs.items():
+        make_dataset(d, path, args.lines)
+    engine_port = free_port()
+    rows: list[dict] = []
+    with EngineProxy(f"http://127.0.0.1:{engine_port}") as proxy:
+        pipeline = start_pipeline(workdir, proxy, engine_port)
+        try:
+            bench_worker.warm_up(f"http://127.0.0.1:{engine_port}")
+            for r in range(1, args.rounds + 1):
+                for d in datasets:
+                    # Interleaved: the first system alternates by round, so load from other work
+                    # on the machine hits each alike.
+                    runs = [lambda: bench_pipeline(pipeline, inputs[d]), lambda: bench_worker.bench_run_batch(inputs[d], workdir)]
+                    for run in runs if r % 2 else runs[::-1]:
+                        row = {"dataset": d, "round": r, **run()}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+        finally:
+            pipeline.stop()
+    print(f"\n{args.lines} chat lines per dataset, {args.rounds} rounds, max-num-seqs {bench_worker.MAX_NUM_SEQS}, "
+          f"SmolLM2-135M bf16 on this CPU; pipeline polled every {POLL_SECONDS} s; wall {time.monotonic() - began:.0f} s\n")
+    print(table(rows))
+    startup = [row["startup_seconds"] for row in rows if "startup_seconds" in row]
+    print(f"\nrun-batch engine startup (excluded above): {statistics.median(startup):.1f} s per run (median)")
+    print(f"failed lines across all runs: {sum(row['failed'] or 0 for row in rows)}")
+    print(f"logs: {workdir}")
+
+
+if __name__ == "__main__":
+    main()
