@@ -75,7 +75,13 @@ bench-worker: $(STAMP) engine
 ## complete's latency, the assembler's time and peak memory (docs/uploads.md).
 bench-uploads: $(STAMP)
 	$(PY) -m tests.bench.bench_uploads --mib 512
-bench: bench-lifecycle bench-worker bench-uploads
+## Issue 14: the same files end to end (SDK create -> completed under the local deployment) and
+## through `vllm run-batch`, same engine flags, interleaved rounds, three datasets (uniform,
+## shared-prefix, uneven): tok/s, the ratio, and where the pipeline's time goes (~12 min here).
+.PHONY: bench-pipeline
+bench-pipeline: $(STAMP) engine
+	$(PY) -m tests.bench.bench_pipeline --lines 200 --rounds 2 --datasets uniform,shared-prefix,uneven
+bench: bench-lifecycle bench-worker bench-uploads bench-pipeline
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
 ENGINE_VENV := .venv-engine
