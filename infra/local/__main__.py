@@ -29,11 +29,14 @@ def config_from_env(env: Mapping[str, str]) -> LocalConfig:
         moto_port=int(env.get("MOTO_PORT") or names.LOCAL_MOTO_PORT),
         state_path=state.state_path(env),
         engines=env.get(ENGINES_ENV, "1") != "0",
+        fair_queues=env.get(FAIR_QUEUES_ENV, "1") != "0",
     )
 
 
 #: ``BATCHAPI_LOCAL_ENGINES=0`` runs without the vLLM engines and workers (API, ingest, workflow).
 ENGINES_ENV = "BATCHAPI_LOCAL_ENGINES"
+#: ``BATCHAPI_LOCAL_FAIR_QUEUES=0``: moto's standard queues receive by arrival (no fair-queue emulation).
+FAIR_QUEUES_ENV = "BATCHAPI_LOCAL_FAIR_QUEUES"
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ from functions.core import auth, clients, deps, http, limits
 from functions.core.settings import Settings
 from infra import names
 
-from . import state
+from . import fair_queues, state
 from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
@@ -109,13 +109,14 @@ class MotoServer:
 
     name = "moto"
 
-    def __init__(self, host: str, port: int):
-        self._host, self._port = host, port
+    def __init__(self, host: str, port: int, fair: bool = True):
+        self._host, self._port, self._fair = host, port, fair
         self._server: ThreadedMotoServer | None = None
 
     def start(self) -> None:
         check_port_free(self._host, self._port, "MOTO_PORT")
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call
+        fair_queues.install(self._fair)  # standard queues receive as SQS fair queues (fair_queues.py)
         self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]
@@ -374,6 +375,8 @@ class LocalConfig:
     #: Ports of the engines by model (0 = a free port).
     engine_ports: tuple[tuple[str, int], ...] = ((names.LOCAL_CHAT_MODEL, 0), (names.LOCAL_EMBED_MODEL, 0))
     ttl_sweep_seconds: float = 10.0
+    #: moto's standard queues receive as SQS fair queues (infra/local/fair_queues.py); off: by arrival.
+    fair_queues: bool = True
     settings: Settings = Settings(
         table_name=names.LOCAL_TABLE,
         bucket_name=names.LOCAL_BUCKET,
@@ -410,7 +413,7 @@ class Local:
 
 
 def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
-    moto = MotoServer(config.host, config.moto_port)
+    moto = MotoServer(config.host, config.moto_port, config.fair_queues)
     lambdas = LambdaFront(
         config.host, config.lambda_port, lambda: moto.port,
         {f"{config.prefix}-workflow": workflow_handler.handler},

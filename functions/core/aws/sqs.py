@@ -1,7 +1,16 @@
 """SQS: the one queue adapter (port ``WorkQueue``), used by ingest to send work and by the GPU
 worker and the local pollers to receive it. Calls are blocking; the worker runs them in threads
-(the boto3 client is thread-safe)."""
+(the boto3 client is thread-safe).
 
+Fair share (issue 13, docs/governance.md "Fair share"): every message whose JSON body names a
+``tenant`` (work messages, upload assembly messages) is sent with ``MessageGroupId`` = that tenant.
+On a standard queue this turns on SQS fair queues: when one tenant's messages take a
+disproportionate share of the in-flight messages, SQS delivers the other tenants' messages first
+(https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/sqs-fair-queues.html).
+Setting it here, in the one send path, covers ingest's fan-out and the sweeper's re-enqueue (which
+re-runs ingest); SQS's own DLQ moves keep a message's group."""
+
+import json
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -20,14 +29,30 @@ _STALE_RECEIPT = frozenset({
 })
 
 
+def message_group(body: str) -> str | None:
+    """The fair-queue group of a message: the ``tenant`` its JSON body names, else None (SQS then
+    treats the message as its own tenant)."""
+    try:
+        tenant = json.loads(body).get("tenant")
+    except (ValueError, AttributeError):
+        return None
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def _entry(i: int, body: str) -> dict[str, str]:
+    group = message_group(body)
+    return {"Id": str(i), "MessageBody": body} | ({"MessageGroupId": group} if group else {})
+
+
 class SqsQueue:
     def __init__(self, sqs: Any, url: str):
         self._sqs, self.url = sqs, url
 
     def send(self, bodies: list[str]) -> None:
-        """Send in batches of ten; entries SQS refuses are retried, then Throttled."""
+        """Send in batches of ten, each with its tenant's ``MessageGroupId``; entries SQS refuses
+        are retried, then Throttled."""
         for start in range(0, len(bodies), SQS_BATCH_MAX):
-            entries = [{"Id": str(i), "MessageBody": b} for i, b in enumerate(bodies[start : start + SQS_BATCH_MAX])]
+            entries = [_entry(i, b) for i, b in enumerate(bodies[start : start + SQS_BATCH_MAX])]
             for _ in range(SEND_ATTEMPTS):
                 with translate():
                     resp = self._sqs.send_message_batch(QueueUrl=self.url, Entries=entries)
