@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .tenants import TenantPolicy
+from .tenants import Reservation, TenantPolicy
+
+if TYPE_CHECKING:
+    from .audit import AuditRecord
 from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
 
 
@@ -94,6 +97,20 @@ class TenantStore(Protocol):
         True if counted, False if the window is full. The counter item expires at ``expires_at``."""
 
 
+class AuditStore(Protocol):
+    """Tenants' audit chains (``functions.core.audit``): records keyed by (tenant, seq)."""
+
+    def head(self, tenant: str) -> "AuditRecord | None":
+        """The record with the highest seq (strongly consistent), None for an empty chain."""
+    def put(self, record: "AuditRecord", *, dedupe: str | None = None) -> None:
+        """Write ``record`` only if its seq is free (and, with ``dedupe``, together with a marker of
+        that key only if the key is new, in one transaction); ConditionFailed otherwise."""
+    def deduped(self, tenant: str, key: str) -> bool:
+        """Whether a record with the dedupe ``key`` was written."""
+    def records(self, tenant: str) -> list["AuditRecord"]:
+        """The whole chain as stored, in sort key (seq) order."""
+
+
 class BatchStore(Protocol):
     def create(self, record: BatchRecord) -> None: ...
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...
@@ -131,6 +148,15 @@ class BatchStore(Protocol):
         self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
     ) -> None:
         """Create the batch's output files and set its terminal state in one transaction."""
+    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
+                reservation: Reservation) -> BatchRecord:
+        """``update(values=..., expect=...)`` plus the enqueued-cap reservation (docs/governance.md)
+        in one transaction: ADD the reservation to the (tenant, model) counter only while it stays
+        within the caps, and record it on the batch (``holds_reservation``). ConditionFailed if
+        ``expect`` or a cap does not hold (nothing written). ``update`` and ``finish`` release it
+        (ADD the negatives, REMOVE ``holds_reservation``) with the write that makes the batch terminal."""
+    def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
+        """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
         never a table scan). Eventually consistent: a batch may show up moments after it ended."""
@@ -196,6 +222,8 @@ class Stores:
     workflows: Workflows
     events: Events
     tenants: TenantStore
+    #: The audit chains (None: this deployment keeps none; docs/audit.md).
+    audit: AuditStore | None = None
 
 
 # --- The inference engine (the worker's side) ---------------------------------------------------

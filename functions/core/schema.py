@@ -105,11 +105,35 @@ def tenant_policy_sk(tenant: str) -> str:
     return f"POLICY#{tenant}"
 
 
+def enqueued_pk(tenant: str) -> str:
+    """The partition of a tenant's enqueued-cap counters: ``T#<tenant>#ENQUEUED``, one item per
+    model (``enqueued_sk``) holding ``requests`` and ``tokens`` reserved by batches not yet terminal."""
+    return f"{tenant_pk(tenant)}#ENQUEUED"
+
+
+def enqueued_sk(model: str) -> str:
+    return f"MODEL#{model}"
+
+
 def creations_pk(tenant: str) -> str:
     """The partition of a tenant's batch-creation counters (one item per hour window, removed by
     TTL): ``T#<tenant>#CREATES``, apart from the tenant's files so the reaper's stream filter and
     the worker never see them."""
     return f"{tenant_pk(tenant)}#CREATES"
+
+
+def audit_pk(tenant: str) -> str:
+    """The partition of a tenant's audit chain (docs/audit.md): records at ``AUDIT_SEQ_PREFIX`` +
+    zero-padded seq, dedupe markers at ``AUDIT_DEDUPE_PREFIX`` + key."""
+    return f"AUDIT#{tenant}"
+
+
+AUDIT_SEQ_PREFIX: Final = "SEQ#"
+AUDIT_DEDUPE_PREFIX: Final = "DEDUPE#"
+
+
+def audit_seq_sk(seq: int) -> str:
+    return f"{AUDIT_SEQ_PREFIX}{seq:012d}"
 
 
 #: Partition key prefix of the GPU scaler's state items (functions/scaler): one per model.

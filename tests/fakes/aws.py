@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from functions.core.audit import AuditRecord
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
 from functions.core.tenants import TenantPolicy
@@ -348,6 +350,46 @@ class FakeTenants(_Port):
         return True
 
 
+class FakeAudit(_Port):
+    """Audit chains with the adapter's conditions: a seq is written once, a dedupe key once, the
+    two atomically (a lock: threads may race on it as Lambdas race on DynamoDB)."""
+
+    name = "audit"
+
+    def __init__(self, faults: Faults):
+        super().__init__(faults)
+        self.chains: dict[str, dict[int, AuditRecord]] = {}
+        self.dedupe: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def head(self, tenant: str) -> AuditRecord | None:
+        self._op("head")
+        with self._lock:
+            chain = self.chains.get(tenant) or {}
+            return chain[max(chain)] if chain else None
+
+    def put(self, record: AuditRecord, *, dedupe: str | None = None) -> None:
+        self._op("put")
+        with self._lock:
+            chain = self.chains.setdefault(record.tenant, {})
+            if record.seq in chain or (dedupe is not None and (record.tenant, dedupe) in self.dedupe):
+                raise condition_failed()
+            chain[record.seq] = record
+            if dedupe is not None:
+                self.dedupe[(record.tenant, dedupe)] = record.seq
+
+    def deduped(self, tenant: str, key: str) -> bool:
+        self._op("deduped")
+        with self._lock:
+            return (tenant, key) in self.dedupe
+
+    def records(self, tenant: str) -> list[AuditRecord]:
+        self._op("records")
+        with self._lock:
+            chain = self.chains.get(tenant) or {}
+            return [chain[seq] for seq in sorted(chain)]
+
+
 class FakeBatches(_Port):
     name = "batches"
 
@@ -616,5 +658,6 @@ def fake_stores() -> FakeStores:
         workflows=FakeWorkflows(faults),
         events=FakeEvents(faults),
         tenants=FakeTenants(faults),
+        audit=FakeAudit(faults),
         faults=faults,
     )

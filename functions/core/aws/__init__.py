@@ -5,6 +5,7 @@ wiring that builds them from the deployment's settings. The only code that touch
 from .. import clients
 from ..ports import Stores
 from ..settings import Settings
+from .audit import AuditRepo
 from .dynamodb import Table
 from .eventbridge import EventBridge
 from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
@@ -27,4 +28,5 @@ def stores_from_settings(settings: Settings) -> Stores:
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table),
+        audit=AuditRepo(table),
     )

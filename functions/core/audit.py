@@ -1,0 +1,195 @@
+"""A tamper-evident audit chain per tenant (docs/audit.md).
+
+Every record carries its tenant's sequence number (1, 2, 3...), the previous record's hash and its
+own hash: sha256 over the canonical JSON (sorted keys, no spaces, UTF-8) of every other field. A
+record is written only if its sequence number is still free (a conditional write), so two
+concurrent writers cannot fork the chain: the loser re-reads the head and tries again. ``verify``
+re-walks a chain and names the first broken link: an edited record (its hash no longer matches),
+a deleted one (a gap in the sequence, or a prev_hash that does not match), a reordered pair.
+
+Logic takes the ``AuditStore`` port; the DynamoDB adapter is ``functions.core.aws.audit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ConditionFailed, Throttled
+from .ports import AuditStore
+
+#: The prev_hash of a chain's first record.
+GENESIS: Final = "0" * 64
+#: Attempts of one append when other writers keep taking the next sequence number.
+APPEND_ATTEMPTS: Final = 20
+#: Full-jitter backoff between attempts: a random wait in [0, min(cap, base * 2**(n-1))).
+BACKOFF_BASE_SECONDS: Final = 0.01
+BACKOFF_CAP_SECONDS: Final = 0.5
+#: The action of a per-chunk receipt, and its dedupe key (one receipt per counted chunk).
+CHUNK_RECEIPT: Final = "chunk.receipt"
+#: The actor of records the operator's tools write (``batchctl``), and of the worker's receipts.
+OPERATOR: Final = "operator"
+WORKER: Final = "worker"
+
+
+def receipt_key(batch_id: str, chunk: int) -> str:
+    """The dedupe key of a chunk receipt: a chunk is counted once, so it gets one receipt."""
+    return f"{CHUNK_RECEIPT}:{batch_id}:{chunk:06d}"
+
+
+class AuditRecord(BaseModel):
+    """One link of a tenant's chain."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tenant: str
+    seq: int = Field(ge=1)
+    #: Unix seconds.
+    at: int
+    #: ``key:<first 12 hex of the key's sha256>``, ``operator`` or ``worker``.
+    actor: str
+    #: ``files.create``, ``batches.cancel``, ``keys.create``, ``tenants.set``, ``chunk.receipt``...
+    action: str
+    target: str | None = None
+    request_id: str | None = None
+    #: The HTTP status (``"200"``, ``"429"``) or ``ok``.
+    outcome: str
+    details: dict[str, Any] = Field(default_factory=dict)
+    prev_hash: str
+    hash: str
+
+    def body(self) -> dict[str, Any]:
+        """Every field but ``hash``."""
+        return self.model_dump(mode="json", exclude={"hash"})
+
+    def computed_hash(self) -> str:
+        return chain_hash(self.body())
+
+    def to_json(self) -> str:
+        """The record as one canonical JSON line (what is stored and exported)."""
+        return canonical(self.model_dump(mode="json"))
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def chain_hash(body: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical(body).encode()).hexdigest()
+
+
+def link(
+    tenant: str, seq: int, prev_hash: str, *, at: int, actor: str, action: str, outcome: str,
+    target: str | None = None, request_id: str | None = None, details: dict[str, Any] | None = None,
+) -> AuditRecord:
+    """The record ``seq`` after ``prev_hash``, with its hash."""
+    body = dict(tenant=tenant, seq=seq, at=at, actor=actor, action=action, target=target,
+                request_id=request_id, outcome=outcome, details=details or {}, prev_hash=prev_hash)
+    # Through the model once, so the hash covers exactly what the model serializes.
+    draft = AuditRecord(**body, hash=GENESIS)
+    return draft.model_copy(update={"hash": draft.computed_hash()})
+
+
+def append(
+    store: AuditStore,
+    tenant: str,
+    *,
+    at: int,
+    actor: str,
+    action: str,
+    outcome: str,
+    target: str | None = None,
+    request_id: str | None = None,
+    details: dict[str, Any] | None = None,
+    dedupe: str | None = None,
+    attempts: int = APPEND_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> AuditRecord | None:
+    """Append one record at the head of ``tenant``'s chain and return it.
+
+    With ``dedupe``, the record is written in one transaction with a marker of that key, so
+    appending it again (a retried caller) writes nothing and returns None. Raises ``Throttled``
+    when other writers took the next sequence number ``attempts`` times in a row."""
+    for attempt in range(1, attempts + 1):
+        if dedupe is not None and store.deduped(tenant, dedupe):
+            return None
+        head = store.head(tenant)
+        record = link(
+            tenant, head.seq + 1 if head else 1, head.hash if head else GENESIS, at=at, actor=actor,
+            action=action, outcome=outcome, target=target, request_id=request_id, details=details,
+        )
+        try:
+            store.put(record, dedupe=dedupe)
+            return record
+        except ConditionFailed:  # another writer took this seq (or this dedupe key): re-read
+            if attempt < attempts:
+                sleep(random.random() * min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1)))
+    raise Throttled(f"audit chain of tenant {tenant!r}: {attempts} appends lost to concurrent writers")
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    """The first record of a chain that does not hold: ``position`` (1-based) in the walk, the
+    ``seq`` it carries, and why."""
+
+    position: int
+    seq: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"record #{self.position} (seq {self.seq}): {self.reason}"
+
+
+def verify(records: Iterable[AuditRecord]) -> BrokenLink | None:
+    """Walk a chain in its stored order; the first broken link, or None if every link holds."""
+    prev = GENESIS
+    for position, record in enumerate(records, start=1):
+        if record.seq != position:
+            return BrokenLink(
+                position, record.seq, f"expected seq {position}, found {record.seq}: a record deleted or moved"
+            )
+        if record.prev_hash != prev:
+            return BrokenLink(position, record.seq, "prev_hash does not match the previous record's hash")
+        if record.computed_hash() != record.hash:
+            return BrokenLink(position, record.seq, "hash does not match its content (edited)")
+        prev = record.hash
+    return None
+
+
+# --- what the API appends --------------------------------------------------------------------
+#: (method, route) of every audited API action: the mutating ones. Reads are not audited (docs/audit.md).
+API_ACTIONS: Final = {
+    ("POST", "/v1/files"): "files.create",
+    ("DELETE", "/v1/files/<file_id>"): "files.delete",
+    ("POST", "/v1/uploads"): "uploads.create",
+    ("POST", "/v1/uploads/<upload_id>/parts"): "uploads.add_part",
+    ("POST", "/v1/uploads/<upload_id>/complete"): "uploads.complete",
+    ("POST", "/v1/uploads/<upload_id>/cancel"): "uploads.cancel",
+    ("POST", "/v1/batches"): "batches.create",
+    ("POST", "/v1/batches/<batch_id>/cancel"): "batches.cancel",
+}
+
+
+def api_action(method: str, path: str) -> tuple[str, str | None] | None:
+    """(action, target id in the path) of an API request, or None if it is not audited."""
+    segments = [s for s in path.split("/") if s]
+    for (verb, route), action in API_ACTIONS.items():
+        pattern = [s for s in route.split("/") if s]
+        if verb != method.upper() or len(pattern) != len(segments):
+            continue
+        target = None
+        for want, got in zip(pattern, segments):
+            if want.startswith("<"):
+                target = got
+            elif want != got:
+                break
+        else:
+            return action, target
+    return None

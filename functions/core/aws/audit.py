@@ -1,0 +1,39 @@
+"""The ``AuditStore`` port on the deployment's table: a tenant's chain in its ``schema.audit_pk``
+partition, one item per record (sort key = zero-padded seq, written with ``attribute_not_exists``
+so a seq is taken once), the record itself as its canonical JSON (no number conversions between
+what was hashed and what is read back)."""
+
+from __future__ import annotations
+
+from .. import schema
+from ..audit import AuditRecord
+from .dynamodb import Put, Table
+
+
+class AuditRepo:
+    def __init__(self, table: Table):
+        self._table = table
+
+    def head(self, tenant: str) -> AuditRecord | None:
+        items, _ = self._table.query_page(
+            pk=schema.audit_pk(tenant), prefix=schema.AUDIT_SEQ_PREFIX, after=None, ascending=False, limit=1
+        )
+        return AuditRecord.model_validate_json(items[0]["record"]) if items else None
+
+    def put(self, record: AuditRecord, *, dedupe: str | None = None) -> None:
+        pk = schema.audit_pk(record.tenant)
+        item = {schema.PK: pk, schema.SK: schema.audit_seq_sk(record.seq), "record": record.to_json()}
+        if dedupe is None:
+            self._table.put(item, if_absent=True)
+            return
+        marker = {schema.PK: pk, schema.SK: schema.AUDIT_DEDUPE_PREFIX + dedupe, "seq": record.seq}
+        self._table.transact([Put(item, if_absent=True), Put(marker, if_absent=True)])
+
+    def deduped(self, tenant: str, key: str) -> bool:
+        return self._table.get(schema.audit_pk(tenant), schema.AUDIT_DEDUPE_PREFIX + key) is not None
+
+    def records(self, tenant: str) -> list[AuditRecord]:
+        items, _ = self._table.query_page(
+            pk=schema.audit_pk(tenant), prefix=schema.AUDIT_SEQ_PREFIX, after=None, ascending=True, limit=10**9
+        )
+        return [AuditRecord.model_validate_json(i["record"]) for i in items]
