@@ -36,7 +36,7 @@ LOG_RETENTION_DAYS: Final = frozenset(
 #: Settings fields the stack wires from its own resources (or from other config fields); every
 #: other Settings field is a limit a config may override.
 _WIRED_SETTINGS: Final = frozenset(
-    {"table_name", "bucket_name", "models", "state_machine_arn", "event_bus_name", "completion_windows"}
+    {"table_name", "bucket_name", "models", "state_machine_arn", "event_bus_name", "completion_windows", "governance"}
 )
 
 #: WorkerConfig fields the stack wires (the model, its queue, the engine on loopback); every other
@@ -223,6 +223,9 @@ class DeployConfig(_Strict):
     domain: DomainConfig | None = None
     #: Where the GPU instances run (default: a new VPC, public subnets, no NAT: nothing idles).
     network: NetworkConfig | None = None
+    #: Governance (issue 13): tenant policies read and enforced, the TENANTS partition granted.
+    #: False switches the subsystem off (``Settings.governance``, docs/governance.md "The switch").
+    governance: bool = True
     #: Tags on every resource of the stack.
     tags: dict[str, str] = Field(default_factory=dict)
 
@@ -278,6 +281,7 @@ class DeployConfig(_Strict):
             "bucket_name": bucket_name,
             "models": {m.name: ModelRoute(endpoints=m.endpoints, queue_url=urls.get(m.name, "")) for m in self.models},
             "state_machine_arn": state_machine_arn,
+            "governance": self.governance,
             **self.limits,
         }
         if self.completion_windows is not None:

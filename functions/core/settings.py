@@ -119,6 +119,10 @@ class Settings(EnvSettings):
     #: host is allowed only where this is set (the local deployment), never on AWS.
     webhook_queue_url: str = ""
     webhook_allow_loopback_http: bool = False
+    #: Governance (issue 13, docs/governance.md "The switch"): off, the deployment reads no tenant
+    #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack
+    #: grants nothing on the TENANTS partition. CDK: the config's ``governance``; local: on.
+    governance: bool = True
 
     def served_endpoints(self) -> tuple[str, ...]:
         """The endpoints a batch of this deployment may target: those allowed that at least one

@@ -131,7 +131,8 @@ class Ingest(Construct):
         # The batch item only (read, conditional updates): never a file, upload or key item.
         grant_items(self.function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
         # The tenant's policy (its model allowlist, issue 13): read only, its one partition.
-        grant_items(self.function, storage, ("dynamodb:GetItem",), (TENANT_POLICIES,))
+        if self.settings.governance:  # off: no policy is read (Settings.governance)
+            grant_items(self.function, storage, ("dynamodb:GetItem",), (TENANT_POLICIES,))
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # the input, and the manifest on a retry
         storage.bucket.grant_put(self.function, MANIFEST_KEYS)
         for queue in self.work_queues.values():

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Mapping
 
+from functions.core.settings import Settings
 from infra import names
 
 from . import state
@@ -30,6 +31,8 @@ def config_from_env(env: Mapping[str, str]) -> LocalConfig:
         state_path=state.state_path(env),
         engines=env.get(ENGINES_ENV, "1") != "0",
         fair_queues=env.get(FAIR_QUEUES_ENV, "1") != "0",
+        # The governance switch (Settings.governance): BATCHAPI_GOVERNANCE=false turns it off locally.
+        settings=LocalConfig.settings.model_copy(update={"governance": env.get(Settings.env_name("governance"), "true").lower() != "false"}),
     )
 
 

@@ -4,6 +4,7 @@ wiring that builds them from the deployment's settings. The only code that touch
 
 from .. import clients
 from ..ports import Stores
+from ..tenants import TenantPolicy
 from ..settings import Settings
 from .audit import AuditRepo
 from .dynamodb import Table
@@ -13,6 +14,24 @@ from .s3 import ObjectStore
 from .sqs import SqsQueues
 from .stepfunctions import StepFunctions
 from .tenants import TenantRepo
+
+
+class NoPolicy:
+    """The ``TenantStore`` of a deployment with governance off (``Settings.governance``): every
+    tenant has no policy record (today's behaviour), creations are never counted, and nothing is
+    read or written."""
+
+    def get(self, tenant: str) -> TenantPolicy | None:
+        return None
+
+    def put(self, policy: TenantPolicy) -> None:
+        raise RuntimeError("governance is off in this deployment: tenant policies are not stored")
+
+    def list(self) -> list[TenantPolicy]:
+        return []
+
+    def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        return True
 
 
 def stores_from_settings(settings: Settings) -> Stores:
@@ -27,6 +46,6 @@ def stores_from_settings(settings: Settings) -> Stores:
         queues=SqsQueues(clients.client("sqs")),
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
-        tenants=TenantRepo(table),
+        tenants=TenantRepo(table) if settings.governance else NoPolicy(),
         audit=AuditRepo(table),
     )
