@@ -13,7 +13,7 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.logging import correlation_paths
 
-from functions.core import http
+from functions.core import audit, deps, http
 
 from . import errors
 from .routes import batches, files, models, uploads
@@ -37,7 +37,29 @@ def with_request_id(response: dict[str, Any], request_id: str | None) -> dict[st
     return response
 
 
+def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: str | None) -> None:
+    """The one audit hook of the API (docs/audit.md): after the route answered, append its
+    mutating action and outcome to the tenant's chain. The action already happened, so a failed
+    append is logged (``audit_append_failed``, alarmable) and the answer goes out unchanged."""
+    store = deps.stores().audit
+    tenant = ((event.get("requestContext") or {}).get("authorizer") or {}).get("tenant")
+    if store is None or not tenant:
+        return
+    headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
+    try:
+        audit.record_api_request(
+            store, tenant, method=event.get("httpMethod") or "", path=event.get("path") or "",
+            status=int(response.get("statusCode") or 0),
+            body=None if response.get("isBase64Encoded") else response.get("body"),
+            authorization=headers.get(http.AUTH_HEADER.lower()), request_id=request_id, at=deps.now(),
+        )
+    except Exception:  # noqa: BLE001 - never turn a done action into an error answer
+        logger.exception("audit_append_failed", extra={"tenant": tenant})
+
+
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     request_id = (event.get("requestContext") or {}).get("requestId")
-    return with_request_id(app.resolve(event, context), request_id)
+    response = app.resolve(event, context)
+    record_audit(event, response, request_id)
+    return with_request_id(response, request_id)

@@ -193,3 +193,41 @@ def api_action(method: str, path: str) -> tuple[str, str | None] | None:
         else:
             return action, target
     return None
+
+
+#: How many hex digits of a key's sha256 name it as an actor (the stored key hash starts with them).
+ACTOR_KEY_HEX: Final = 12
+
+
+def key_actor(authorization: str | None) -> str:
+    """The actor of an API request: ``key:`` + the first hex digits of its key's sha256 (the same
+    hash the key store keys on, so an operator can find the key; never the key itself)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else ""
+    return f"key:{hashlib.sha256(token.encode()).hexdigest()[:ACTOR_KEY_HEX]}" if token else "key:none"
+
+
+def record_api_request(
+    store: AuditStore, tenant: str, *, method: str, path: str, status: int, body: str | None,
+    authorization: str | None, request_id: str | None, at: int,
+) -> AuditRecord | None:
+    """Append the record of one API request if its action is audited (None otherwise): the
+    target is the id in the path, else the id the answer names (a create); a refusal carries its
+    error code. API Gateway does not retry a Lambda proxy integration, so no dedupe key."""
+    found = api_action(method, path)
+    if found is None:
+        return None
+    action, target = found
+    details: dict[str, Any] = {}
+    try:
+        answer = json.loads(body) if body else None
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict):
+        if status < 400 and target is None and isinstance(answer.get("id"), str):
+            target = answer["id"]
+        error = answer.get("error")
+        if status >= 400 and isinstance(error, dict):
+            details = {"error_code": error.get("code"), "error_type": error.get("type")}
+    return append(store, tenant, at=at, actor=key_actor(authorization), action=action, outcome=str(status),
+                  target=target, request_id=request_id, details=details)
