@@ -44,6 +44,7 @@ class _Open:
     received: Received
     lines: int = 0
     dispatched: bool = False
+    received_at: float = 0.0
 
 
 class Worker:
@@ -173,7 +174,7 @@ class Worker:
                         await self._sqs(self.queue.release, r.receipt, 0)
                         self.log.info("released a message received while stopping", extra={"message_id": r.message_id})
                         continue
-                    self._open[r.message_id] = state = _Open(r, lines=self._lines_of(r))
+                    self._open[r.message_id] = state = _Open(r, lines=self._lines_of(r), received_at=self.clock())
                     task = asyncio.create_task(self._handle(state))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -239,7 +240,7 @@ class Worker:
                 "counted": bool(outcome and outcome.counted), "last": bool(outcome and outcome.last),
                 "careful": report.careful, "reused": report.reused, "crashed": report.crashed,
                 # The fixed overhead around the engine (docs/benchmarks.md, "Fixed overhead").
-                "first_sent_at": report.first_sent_at, "last_answer_at": report.last_answer_at,
+                "received_at": state.received_at, "first_sent_at": report.first_sent_at, "last_answer_at": report.last_answer_at,
                 "committed_at": report.committed_at,
             })
         except asyncio.CancelledError:

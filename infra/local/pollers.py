@@ -33,14 +33,21 @@ def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
     }
 
 
-def poll_once(sqs: Any, queue_url: str, handler: Handler, *, name: str, wait_seconds: int = 0) -> int:
-    """One receive + invoke + delete round; returns how many messages were handled successfully."""
+def queue_arn_of(sqs: Any, queue_url: str) -> str:
+    return sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+
+
+def poll_once(sqs: Any, queue_url: str, handler: Handler, *, name: str, wait_seconds: int = 0, queue_arn: str | None = None) -> int:
+    """One receive + invoke + delete round; returns how many messages were handled successfully.
+    The receive is a long poll of ``wait_seconds``: it returns as soon as a message arrives (moto
+    wakes its waiting receives on send, as SQS does), so a poller adds no wait to a message's way;
+    ``queue_arn`` (else read per round) saves a request on that way."""
     received = sqs.receive_message(
         QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=wait_seconds, AttributeNames=["All"]
     ).get("Messages", [])
     if not received:
         return 0
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    queue_arn = queue_arn or queue_arn_of(sqs, queue_url)
     try:
         result = handler(sqs_event(received, queue_arn), LocalLambdaContext(name)) or {}
     except Exception:
@@ -75,11 +82,12 @@ class Poller:
     def start(self) -> None:
         self._stop.clear()
         sqs, url = self._sqs_factory(), self._queue_url()
+        arn = queue_arn_of(sqs, url)
 
         def run() -> None:
             while not self._stop.is_set():
                 try:
-                    poll_once(sqs, url, self._handler, name=self.name, wait_seconds=1)
+                    poll_once(sqs, url, self._handler, name=self.name, wait_seconds=1, queue_arn=arn)
                 except Exception:
                     log.exception("%s poller error", self.name)
                     self._stop.wait(1.0)
