@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -148,8 +149,9 @@ def bench_raw(url: str, input_path: Path) -> dict:
             "tok_s": tokens / seconds, "failed": 0}
 
 
-def bench_sqs(url: str, input_path: Path) -> dict:
-    """The real worker loop on moto: an in_progress batch of 2 chunks, its work messages queued."""
+def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambda: None) -> dict:
+    """The real worker loop on moto: an in_progress batch of 100-line chunks, its work messages
+    queued. ``before_run`` is called just before the worker starts (after the setup's AWS calls)."""
     from moto import mock_aws
 
     from functions.core import clients, deps, schema
@@ -204,6 +206,7 @@ def bench_sqs(url: str, input_path: Path) -> dict:
                 worker = Worker(config, stores=stores, queue=SqsQueue(clients.client("sqs"), queue_url), engine=engine,
                                 metrics=metrics, logger=logger, max_line_bytes=settings.max_line_bytes,
                                 chunk_max_lines=settings.chunk_max_lines)
+                before_run()
                 start = time.monotonic()
                 task = asyncio.create_task(worker.run())
                 while metrics.totals.chunks_done < len(chunks):
