@@ -243,6 +243,14 @@ class BatchRecord(Record):
     #: ``Signal`` value, or "fail"): it fixes what the never-ran lines say, so a retried or
     #: concurrent finalize or fail writes the same files (docs/reliability.md, "Nothing completed is lost").
     closed_for: str | None = None
+    #: The enqueued-cap reservation ingest made for this batch (docs/governance.md): its model,
+    #: requests and estimated prompt tokens, added to ``schema.enqueued_pk`` in the transaction that
+    #: moved it to in_progress. ``holds_reservation`` is True until the terminal write that releases
+    #: it (the same transaction REMOVEs it, so the release happens exactly once).
+    reserved_model: str | None = None
+    reserved_requests: int = 0
+    reserved_tokens: int = 0
+    holds_reservation: bool | None = None
 
     @staticmethod
     def sort_key(batch_id: str) -> str:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import schema
 from .errors import RateLimited
+from .guard import GuardPolicy
 from .records import check_tenant
 
 #: The length of one creation-rate window (a clock hour, aligned to the epoch).
@@ -56,6 +57,9 @@ class TenantPolicy(BaseModel):
     output_token_budget: int | None = Field(default=None, ge=0)
     budget_period: BudgetPeriod = "month"
     budget_action: BudgetAction = "reject"
+    #: Prompt secrets (refuse/redact) and output guardrails (functions/core/guard.py); None: none.
+    #: Ingest snapshots it into the batch's work messages; the worker applies it to every line.
+    guard: GuardPolicy | None = None
     updated_at: int = 0
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
@@ -114,3 +118,66 @@ def admit_creation(tenants: Any, tenant: str, *, now: int) -> TenantPolicy | Non
             retry_after=retry_after(now),
         )
     return policy
+
+
+# --- Enqueued caps (max_enqueued_requests / max_enqueued_tokens) --------------------------------
+#: Bytes of UTF-8 request body per estimated prompt token (docs/governance.md, "Enqueued caps").
+BYTES_PER_TOKEN = 4
+
+
+def estimate_tokens(body_bytes: int) -> int:
+    """The prompt-token estimate of one request line: ceil(UTF-8 bytes of the line / 4). No
+    tokenizer in the ingest Lambda (no model files, no heavy import on every cold start); the line's
+    JSON syntax makes it an overestimate, so a cap errs on the side of fewer tokens, never more."""
+    return -(-body_bytes // BYTES_PER_TOKEN)
+
+
+class Reservation(BaseModel):
+    """What a batch reserves on its (tenant, model) counter, and the caps it must stay within
+    (None: that dimension is not capped)."""
+
+    tenant: str
+    model: str
+    requests: int
+    tokens: int
+    max_requests: int | None = None
+    max_tokens: int | None = None
+
+    def fits_alone(self) -> bool:
+        return (self.max_requests is None or self.requests <= self.max_requests) and (
+            self.max_tokens is None or self.tokens <= self.max_tokens
+        )
+
+    def exceeded(self, enqueued_requests: int, enqueued_tokens: int) -> str:
+        """Which cap ``requests``/``tokens`` more would exceed: "requests" or "tokens" (tokens when
+        neither does any more: a concurrent release)."""
+        if self.max_requests is not None and enqueued_requests + self.requests > self.max_requests:
+            return "requests"
+        return "tokens"
+
+    def error(self, which: str) -> dict[str, Any]:
+        """The batch's ``errors.data`` line for a reservation refused by the ``which`` cap."""
+        if which == "requests":
+            what, limit = "Enqueued request limit", f"{self.max_requests} enqueued requests"
+        else:
+            what, limit = "Enqueued token limit", f"{self.max_tokens} enqueued tokens"
+        return {
+            "code": "token_limit_exceeded",
+            "message": f"{what} reached for {self.model} in organization {self.tenant}. Limit: {limit}. "
+            "Please try again once some in_progress batches have been completed.",
+            "param": None,
+            "line": None,
+        }
+
+
+def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: int) -> Reservation | None:
+    """The reservation a batch of ``model`` must make under ``policy``; None when the tenant has no
+    cap for that model (then nothing is counted: no extra write)."""
+    if policy is None:
+        return None
+    max_requests = policy.max_enqueued_requests.get(model)
+    max_tokens = policy.max_enqueued_tokens.get(model)
+    if max_requests is None and max_tokens is None:
+        return None
+    return Reservation(tenant=policy.tenant, model=model, requests=requests, tokens=tokens,
+                       max_requests=max_requests, max_tokens=max_tokens)

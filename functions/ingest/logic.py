@@ -9,12 +9,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, limits, schema
+from functions.core import accounting, guard, limits, schema
 from functions.core.errors import ConditionFailed
 from functions.core.lines import LineError, check_request, iter_lines, parse_request, shown
+from functions.core.guard import GuardPolicy
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
+from functions.core import tenants
 from functions.core.tenants import TenantPolicy
 from functions.core.ports import Objects, Stores
 
@@ -28,14 +30,18 @@ class Validation:
     errors: list[dict[str, Any]] = field(default_factory=list)
     model: str | None = None
     total: int = 0
+    #: The prompt-token estimate of the valid lines (``tenants.estimate_tokens`` per line).
+    tokens: int = 0
     chunks: list[Chunk] = field(default_factory=list)
+    #: The tenant's prompt and output policy, snapshotted into the manifest (``guard.active``).
+    guard: GuardPolicy | None = None
 
 
 def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None = None) -> Validation:
     """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
     custom_ids (bounded by the line limit). ``policy`` is the tenant's (None: no record, every
     served model allowed)."""
-    result = Validation()
+    result = Validation(guard=guard.active(policy.guard if policy is not None else None))
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
         result.errors.append({"code": code, "message": message, "param": param, "line": line})
@@ -91,6 +97,7 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
             continue
         if result.errors:
             continue  # keep validating, but no chunks will be sent
+        result.tokens += tenants.estimate_tokens(line.end - line.start)
         if current is not None and (
             current["line_count"] >= settings.chunk_max_lines or line.end - current["byte_start"] > settings.chunk_max_bytes
         ):
@@ -207,34 +214,47 @@ def resume(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> 
 
 
 def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> BatchRecord:
-    result = validate(stores.objects, settings, batch, stores.tenants.get(batch.tenant))  # its policy: one read
+    policy = stores.tenants.get(batch.tenant)  # its policy: one read
+    result = validate(stores.objects, settings, batch, policy)
     if result.errors:
-        try:
-            failed = stores.batches.update(
-                batch.tenant, batch.id, values={"status": "failed", "failed_at": now, "errors": result.errors}, expect={"status": "validating"}
-            )
-        except ConditionFailed:
-            return _reread(stores, batch)
-        accounting.publish_status(stores.events, failed)
-        return failed
+        return _fail_validation(stores, batch, result.errors, now)
     # The manifest is deterministic: a repeated ingest writes the same bytes.
-    manifest = ChunkManifest(chunks=result.chunks).model_dump_json().encode()
+    manifest = ChunkManifest(chunks=result.chunks, guard=result.guard).model_dump_json(exclude_none=True).encode()
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
+    values = {
+        "status": "in_progress",
+        "in_progress_at": now,
+        "model": result.model,
+        "total": result.total,
+        "chunk_count": len(result.chunks),
+        "accepting": True,
+    }
+    assert result.model is not None
+    held = tenants.reservation(policy, result.model, result.total, result.tokens)
     try:
-        return stores.batches.update(
-            batch.tenant, batch.id,
-            values={
-                "status": "in_progress",
-                "in_progress_at": now,
-                "model": result.model,
-                "total": result.total,
-                "chunk_count": len(result.chunks),
-                "accepting": True,
-            },
-            expect={"status": "validating"},
+        if held is None:  # no cap for this model: no counter write
+            return stores.batches.update(batch.tenant, batch.id, values=values, expect={"status": "validating"})
+        # The reservation and the move in one transaction: a duplicate ingest reserves nothing twice.
+        return stores.batches.reserve(batch.tenant, batch.id, values=values, expect={"status": "validating"},
+                                      reservation=held)
+    except ConditionFailed:
+        current = _reread(stores, batch)
+        if held is None or current.status != "validating":
+            return current  # another ingest moved it (or it was cancelled): as stored
+    # Still validating: a cap refused the reservation.
+    which = held.exceeded(*stores.batches.enqueued(batch.tenant, held.model))
+    return _fail_validation(stores, batch, [held.error(which)], now)
+
+
+def _fail_validation(stores: Stores, batch: BatchRecord, errors: list[dict[str, Any]], now: int) -> BatchRecord:
+    try:
+        failed = stores.batches.update(
+            batch.tenant, batch.id, values={"status": "failed", "failed_at": now, "errors": errors}, expect={"status": "validating"}
         )
     except ConditionFailed:
         return _reread(stores, batch)
+    accounting.publish_status(stores.events, failed)
+    return failed
 
 
 def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
@@ -251,7 +271,8 @@ def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
 def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
     if batch.status == "in_progress":
         manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
-        messages = [batch.work_message(c).model_dump_json() for c in manifest.chunks]
+        messages = [batch.work_message(c).model_copy(update={"guard": manifest.guard}).model_dump_json(exclude_none=True)
+                    for c in manifest.chunks]  # the policy rides along (None: left out)
         stores.queues.queue(settings.models[batch.model].queue_url).send(messages)
     stores.workflows.start(
         batch.id,

@@ -42,6 +42,10 @@ PART_KEYS = schema.chunk_part_key("*", "*", 0, "*", "out").rsplit("/", 1)[0] + "
 #: item). No Query, Scan, DeleteItem, batch or index access.
 BATCH_ITEM_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
 CHUNK_COUNT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
+#: Every tenant's enqueued-cap counters (``schema.enqueued_pk``): ``T#*#ENQUEUED`` matches no other
+#: partition (a tenant name has no ``#``).
+ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
+ENQUEUED_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
 
 #: The ingest Lambda validates and fans out one whole batch per invocation (up to 200 MB of input).
 INGEST_TIMEOUT = cdk.Duration.minutes(10)
@@ -133,6 +137,9 @@ class Ingest(Construct):
         # The tenant's policy (its model allowlist, issue 13): read only, its one partition.
         if self.settings.governance:  # off: no policy is read (Settings.governance)
             grant_items(self.function, storage, ("dynamodb:GetItem",), (TENANT_POLICIES,))
+            # The enqueued-cap counters (docs/governance.md): a conditional ADD inside the move to
+            # in_progress (a TransactWriteItems, authorized item by item), and a read on a refusal.
+            grant_items(self.function, storage, ENQUEUED_ACTIONS, (ENQUEUED_PARTITIONS,))
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # the input, and the manifest on a retry
         storage.bucket.grant_put(self.function, MANIFEST_KEYS)
         for queue in self.work_queues.values():

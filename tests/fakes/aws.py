@@ -399,6 +399,8 @@ class FakeBatches(_Port):
         self.markers: dict[tuple[str, str, int], ChunkRecord] = {}
         self.runs: dict[tuple[str, str, int], ChunkRunRecord] = {}
         self._files = files
+        #: The enqueued-cap counters: (tenant, model) -> {"requests": n, "tokens": n}.
+        self.counters: dict[tuple[str, str], dict[str, int]] = {}
 
     def put(self, record: BatchRecord) -> None:
         """Test setup: store a batch as it is (no fault, no condition)."""
@@ -427,10 +429,42 @@ class FakeBatches(_Port):
         if not _matches(item, expect):
             raise condition_failed()
         assert item is not None
+        from functions.core.models import TERMINAL_STATUSES
+
+        if values.get("status") in TERMINAL_STATUSES and item.get("holds_reservation"):
+            # As the adapter: the terminal write releases the reservation, once (it removes the flag).
+            counter = self.counters.setdefault((tenant, item["reserved_model"]), {"requests": 0, "tokens": 0})
+            counter["requests"] -= item["reserved_requests"]
+            counter["tokens"] -= item["reserved_tokens"]
+            remove = (*remove, "holds_reservation")
         new = _apply(item, values, defaults, add, remove)
         record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
         self.items[(tenant, batch_id)] = record.model_dump()
         return record
+
+    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
+                reservation: Any) -> BatchRecord:
+        self._op("reserve")
+        if not _matches(self.items.get((tenant, batch_id)), {**expect, "holds_reservation": None}):
+            raise condition_failed()
+        counter = self.counters.get((tenant, reservation.model), {"requests": 0, "tokens": 0})
+        for name, cap, n in (("requests", reservation.max_requests, reservation.requests),
+                             ("tokens", reservation.max_tokens, reservation.tokens)):
+            if cap is not None and counter[name] + n > cap:
+                raise condition_failed()
+        record = self._update(tenant, batch_id, {
+            **values, "reserved_model": reservation.model, "reserved_requests": reservation.requests,
+            "reserved_tokens": reservation.tokens, "holds_reservation": True,
+        }, {}, {}, (), expect)
+        self.counters[(tenant, reservation.model)] = {
+            "requests": counter["requests"] + reservation.requests, "tokens": counter["tokens"] + reservation.tokens,
+        }
+        return record
+
+    def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
+        self._op("enqueued")
+        counter = self.counters.get((tenant, model), {"requests": 0, "tokens": 0})
+        return counter["requests"], counter["tokens"]
 
     def update(
         self,

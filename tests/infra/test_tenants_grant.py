@@ -17,3 +17,16 @@ def test_ingest_may_read_a_tenant_policy_and_do_nothing_else_with_it(synth):
         assert not allows_any(statements, "dynamodb:GetItem", [pk]), pk
     for label in ("ingest_dlq", "dlq", "workflow"):  # only ingest validates lines
         assert not allows_any(_lambda_statements(synth, label), "dynamodb:GetItem", [policy_pk]), label
+
+
+def test_ingest_may_reserve_on_the_enqueued_counters_only(synth):
+    """The enqueued caps: ingest reads and conditionally updates ``T#<tenant>#ENQUEUED`` items
+    (inside the move's transaction), and that grant opens no other partition."""
+    statements = _lambda_statements(synth, "ingest")
+    counter_pk = schema.enqueued_pk("acme")
+    for action in ("dynamodb:GetItem", "dynamodb:UpdateItem"):
+        assert allows_any(statements, action, [counter_pk]), action
+    for action in ("dynamodb:PutItem", "dynamodb:Query", "dynamodb:DeleteItem"):
+        assert not allows_any(statements, action, [counter_pk]), action
+    for pk in (schema.tenant_pk("acme"), schema.creations_pk("acme"), "TENANTS", "KEY#x"):
+        assert not allows_any(statements, "dynamodb:UpdateItem", [pk]), pk

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from boto3.dynamodb.conditions import Attr
+
 from .. import schema
 from ..errors import ConditionFailed
 from ..records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
 )
 from ..models import TERMINAL_STATUSES
-from .dynamodb import Put, Table, Update
+from ..tenants import Reservation
+from .dynamodb import Put, Table, Update, _render
+
+#: The batch attribute that says its enqueued-cap reservation is still held (``BatchRecord``).
+HOLDS = "holds_reservation"
 
 class FileRepo:
     def __init__(self, table: Table):
@@ -143,14 +149,71 @@ class BatchRepo:
     ) -> BatchRecord:
         """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise).
         A write that makes the batch terminal also takes it out of the open-batch index."""
-        item = self._table.update(
+        op = Update(
+            schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
+            values=values or {}, defaults=defaults or {}, add=add or {}, remove=_closing(values, remove),
+            expect=expect or {},
+        )
+        if _terminal(values):
+            item = self._releasing(op) or self._table.get(op.pk, op.sk)
+            assert item is not None
+            return BatchRecord.from_item(item)
+        return BatchRecord.from_item(self._table.update(op))
+
+    def _releasing(self, op: Update, others: tuple[Put, ...] = ()) -> dict[str, Any] | None:
+        """Apply the terminal write ``op`` (with ``others`` in the same transaction) and release
+        the batch's enqueued-cap reservation if it holds one, exactly once: first as a write
+        conditioned on holding none (a batch without a reservation pays nothing more); if that
+        condition fails, read the reservation and write again with the counter's release in the
+        same transaction, conditioned on still holding it (and removing it). Returns the new item
+        when a lone update wrote it (None: read it if needed)."""
+        for _ in range(3):
+            plain = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add, remove=op.remove,
+                           expect={**op.expect, HOLDS: None})
+            try:
+                if others:
+                    self._table.transact([*others, plain])
+                    return None
+                return self._table.update(plain)
+            except ConditionFailed:
+                item = self._table.get(op.pk, op.sk)
+                if item is None or not item.get(HOLDS):
+                    continue  # the caller's own condition failed, or a concurrent release: again
+            held = BatchRecord.from_item(item)
+            assert held.reserved_model is not None
+            release = Update(
+                schema.enqueued_pk(held.tenant), schema.enqueued_sk(held.reserved_model),
+                add={"requests": -held.reserved_requests, "tokens": -held.reserved_tokens},
+            )
+            batch = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add,
+                           remove=(*op.remove, HOLDS), expect={**op.expect, HOLDS: True})
+            try:
+                self._table.transact([*others, release, batch])
+                return None
+            except ConditionFailed:
+                continue
+        raise ConditionFailed("the batch's condition does not hold")
+
+    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
+                reservation: Reservation) -> BatchRecord:
+        if not reservation.fits_alone():
+            raise ConditionFailed("the batch alone exceeds the enqueued cap")
+        self._table.transact([
+            _Reserve(reservation),
             Update(
                 schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
-                values=values or {}, defaults=defaults or {}, add=add or {}, remove=_closing(values, remove),
-                expect=expect or {},
-            )
-        )
+                values={**values, "reserved_model": reservation.model, "reserved_requests": reservation.requests,
+                        "reserved_tokens": reservation.tokens, HOLDS: True},
+                expect={**expect, HOLDS: None},
+            ),
+        ])
+        item = self._table.get(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id))
+        assert item is not None
         return BatchRecord.from_item(item)
+
+    def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
+        item = self._table.get(schema.enqueued_pk(tenant), schema.enqueued_sk(model)) or {}
+        return int(item.get("requests", 0)), int(item.get("tokens", 0))
 
     def count_chunk(self, marker: ChunkRecord) -> bool:
         """Count a finished chunk exactly once: its marker and the batch counters in one
@@ -217,12 +280,15 @@ class BatchRepo:
     def finish(
         self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
     ) -> None:
-        """Create the batch's output files and set its terminal state in one transaction."""
-        self._table.transact([
-            *(Put(f.to_item()) for f in files),
-            Update(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
-                   remove=_closing(values, ())),
-        ])
+        """Create the batch's output files and set its terminal state in one transaction (with the
+        release of its enqueued-cap reservation, if it holds one)."""
+        op = Update(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
+                    remove=_closing(values, ()))
+        files_ops = tuple(Put(f.to_item()) for f in files)
+        if _terminal(values):
+            self._releasing(op, files_ops)
+        else:
+            self._table.transact([*files_ops, op])
 
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every open (non-terminal) batch: one Query of the sparse
@@ -240,3 +306,36 @@ def _closing(values: dict[str, Any] | None, remove: tuple[str, ...]) -> tuple[st
     if (values or {}).get("status") in TERMINAL_STATUSES:
         return (*remove, *(a for a in BatchRecord.OPEN_ATTRIBUTES if a not in remove))
     return remove
+
+
+def _terminal(values: dict[str, Any] | None) -> bool:
+    return (values or {}).get("status") in TERMINAL_STATUSES
+
+
+class _Reserve:
+    """A transactional ADD of a reservation to its (tenant, model) counter, only while every capped
+    dimension stays within its cap after the addition (the item is created by the first one)."""
+
+    def __init__(self, reservation: Reservation):
+        self.r = reservation
+
+    def render(self, table: str) -> dict[str, Any]:
+        r = self.r
+        parts = []
+        for attribute, cap, n in (("requests", r.max_requests, r.requests), ("tokens", r.max_tokens, r.tokens)):
+            if cap is not None:
+                parts.append(Attr(attribute).not_exists() | Attr(attribute).lte(cap - n))
+        condition = parts[0]
+        for part in parts[1:]:
+            condition &= part
+        names: dict[str, str] = {"#q": "requests", "#t": "tokens"}
+        values: dict[str, Any] = {":q": r.requests, ":t": r.tokens}
+        expression = _render(condition, names, values)
+        return {"Update": {
+            "TableName": table,
+            "Key": {schema.PK: schema.enqueued_pk(r.tenant), schema.SK: schema.enqueued_sk(r.model)},
+            "UpdateExpression": "ADD #q :q, #t :t",
+            "ConditionExpression": expression,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }}

@@ -1,0 +1,100 @@
+"""The enqueued-cap transactions (docs/governance.md) on the DynamoDB adapter (moto) and the fake,
+held to one contract: ``reserve`` moves the batch and ADDs to its (tenant, model) counter in one
+transaction, never past a cap and never twice; the write that makes the batch terminal (``update``
+or ``finish``) releases the reservation in the same transaction, exactly once; a batch without a
+reservation ends as before."""
+
+import pytest
+
+from functions.core import schema
+from functions.core.errors import ConditionFailed
+from functions.core.ports import Stores
+from functions.core.records import BatchRecord, FileRecord
+from functions.core.tenants import Reservation
+from tests.fakes.aws import fake_stores
+
+
+@pytest.fixture(params=["moto", "fake"])
+def ports(request: pytest.FixtureRequest) -> Stores:
+    if request.param == "fake":
+        return fake_stores()
+    return request.getfixturevalue("stores")
+
+
+def new_batch(batch_id: str, **over) -> BatchRecord:
+    fields = dict(
+        tenant="acme", id=batch_id, input_file_id="file-1", endpoint="/v1/chat/completions",
+        completion_window="24h", created_at=100, expires_at=200, status="validating",
+        input_key=f"batches/acme/{batch_id}/input.jsonl",
+    )
+    return BatchRecord(**{**fields, **over})
+
+
+def held(requests: int, tokens: int) -> Reservation:
+    return Reservation(tenant="acme", model="m", requests=requests, tokens=tokens, max_requests=10, max_tokens=1000)
+
+
+MOVE = {"status": "in_progress", "in_progress_at": 150, "model": "m", "accepting": True}
+
+
+def test_reserve_moves_and_counts_in_one_transaction_and_never_twice(ports: Stores):
+    ports.batches.create(new_batch("b1"))
+    moved = ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    assert (moved.status, moved.reserved_model, moved.reserved_requests, moved.reserved_tokens, moved.holds_reservation) == (
+        "in_progress", "m", 4, 600, True)
+    assert ports.batches.enqueued("acme", "m") == (4, 600)
+    with pytest.raises(ConditionFailed):  # a duplicate ingest: the batch is no longer validating
+        ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    assert ports.batches.enqueued("acme", "m") == (4, 600)
+
+
+def test_reserve_never_passes_a_cap_and_a_refusal_writes_nothing(ports: Stores):
+    ports.batches.create(new_batch("b1"))
+    ports.batches.create(new_batch("b2"))
+    ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    with pytest.raises(ConditionFailed):  # 600 + 401 > 1000
+        ports.batches.reserve("acme", "b2", values=MOVE, expect={"status": "validating"}, reservation=held(1, 401))
+    with pytest.raises(ConditionFailed):  # 4 + 7 > 10
+        ports.batches.reserve("acme", "b2", values=MOVE, expect={"status": "validating"}, reservation=held(7, 1))
+    assert ports.batches.get("acme", "b2").status == "validating"
+    assert ports.batches.enqueued("acme", "m") == (4, 600)
+    ports.batches.reserve("acme", "b2", values=MOVE, expect={"status": "validating"}, reservation=held(6, 400))  # exactly at both caps
+    assert ports.batches.enqueued("acme", "m") == (10, 1000)
+
+
+def test_a_terminal_update_releases_once(ports: Stores):
+    ports.batches.create(new_batch("b1"))
+    ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    done = ports.batches.update("acme", "b1", values={"status": "failed", "failed_at": 160, "accepting": False},
+                                expect={"status": ("in_progress", "cancelling", "finalizing")})
+    assert (done.status, done.holds_reservation, done.reserved_tokens) == ("failed", None, 600)
+    assert ports.batches.enqueued("acme", "m") == (0, 0)
+    with pytest.raises(ConditionFailed):  # its own condition still decides
+        ports.batches.update("acme", "b1", values={"status": "failed", "failed_at": 170},
+                             expect={"status": ("in_progress", "cancelling", "finalizing")})
+    # a terminal write without a status condition: written, nothing released again
+    ports.batches.update("acme", "b1", values={"status": "failed", "failed_at": 180})
+    assert ports.batches.enqueued("acme", "m") == (0, 0)
+
+
+def test_finish_creates_the_files_and_releases_once(ports: Stores):
+    ports.batches.create(new_batch("b1"))
+    ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    ports.batches.update("acme", "b1", values={"status": "finalizing", "accepting": False}, expect={"status": "in_progress"})
+    out = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3, created_at=1,
+                     s3_key=schema.file_key("acme", "file-out"))
+    final = {"status": "completed", "completed_at": 170, "output_file_id": "file-out"}
+    ports.batches.finish("acme", "b1", [out], final, expect={"status": "finalizing", "accepting": False})
+    assert ports.batches.enqueued("acme", "m") == (0, 0)
+    assert ports.files.get("acme", "file-out", now=2) is not None
+    ports.batches.finish("acme", "b1", [out], final, expect={"status": ("finalizing", "completed")})  # a retried finish
+    assert ports.batches.enqueued("acme", "m") == (0, 0)
+    assert ports.batches.get("acme", "b1").status == "completed"
+
+
+def test_a_batch_without_a_reservation_ends_as_before(ports: Stores):
+    ports.batches.create(new_batch("b1", status="in_progress"))
+    done = ports.batches.update("acme", "b1", values={"status": "cancelled", "cancelled_at": 9}, expect={"status": "in_progress"})
+    assert done.status == "cancelled" and ports.batches.enqueued("acme", "m") == (0, 0)
+    with pytest.raises(ConditionFailed):
+        ports.batches.update("acme", "b1", values={"status": "cancelled"}, expect={"status": "in_progress"})
