@@ -25,6 +25,10 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 256
 #: slot from its waiting queue, so the worker keeps that queue non-empty (vLLM's own offline
 #: pooling path keeps 2 x max_num_seqs requests in the engine for the same reason).
 IN_FLIGHT_PER_SEQ = 2
+#: In smart order the worker, not vLLM's first-come queue, decides which line runs next: only
+#: about a quarter of max_num_seqs more than the engine runs is sent ahead (enough to fill the
+#: slots that free up during one turnaround), the rest waits in the worker's order.
+SMART_AHEAD_FRACTION = 0.25
 
 
 class WorkerConfig(EnvSettings):
@@ -88,6 +92,23 @@ class WorkerConfig(EnvSettings):
         if self.max_in_flight:
             return self.max_in_flight
         return IN_FLIGHT_PER_SEQ * (self.engine_max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS)
+
+    def engine_seqs(self) -> int:
+        """The engine's max_num_seqs, as known (else derived from an explicit cap, else vLLM's default)."""
+        if self.engine_max_num_seqs:
+            return self.engine_max_num_seqs
+        if self.max_in_flight:
+            return max(1, self.max_in_flight // IN_FLIGHT_PER_SEQ)
+        return VLLM_DEFAULT_MAX_NUM_SEQS
+
+    def admission_cap(self) -> int:
+        """Lines in the engine at once (``chunk.Admission``): the in-flight cap in file order; in
+        smart order max_num_seqs plus SMART_AHEAD_FRACTION of it (never above the cap), so that
+        the order, not vLLM's queue, picks what starts next."""
+        if self.order == "file":
+            return self.in_flight_cap()
+        seqs = self.engine_seqs()
+        return min(self.in_flight_cap(), seqs + max(1, math.ceil(seqs * SMART_AHEAD_FRACTION)))
 
     def open_chunk_cap(self, chunk_max_lines: int) -> int:
         if self.max_open_chunks:

@@ -77,7 +77,7 @@ class Worker:
         #: Careful chunks send each line alone (docs/reliability.md, "Poison isolation").
         self.gate = EngineGate()
         #: The order lines of all open chunks enter the engine in (``config.order``).
-        self.admission = Admission(engine.max_in_flight, config.order)
+        self.admission = Admission(min(engine.max_in_flight, config.admission_cap()), config.order)
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
@@ -210,6 +210,12 @@ class Worker:
             except ValidationError as exc:
                 # Never succeeds: let it reach the DLQ after its receives, quickly.
                 self.log.error("malformed work message", extra={"message_id": r.message_id, "error": str(exc)[:500]})
+                self.metrics.chunk_failed()
+                await self._sqs(self.queue.release, r.receipt, self.config.failure_retry_seconds)
+                return
+            if not message.bound():
+                # Another tenant's input (forged or misrouted): read nothing; like a malformed message.
+                self.log.error("work message not bound to its tenant", extra={"message_id": r.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
                 self.metrics.chunk_failed()
                 await self._sqs(self.queue.release, r.receipt, self.config.failure_retry_seconds)
                 return

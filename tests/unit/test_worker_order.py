@@ -244,3 +244,20 @@ def test_the_order_is_configured_and_checked():
         WorkerConfig(order="random")
     with pytest.raises(ValueError):
         Admission(4, "random")
+
+
+def test_smart_order_keeps_about_max_num_seqs_in_the_engine_so_the_worker_picks_what_starts_next():
+    """vLLM runs max_num_seqs and queues the rest first come, first served: in smart order only a
+    quarter more than it runs is sent ahead (the rest waits in the worker's order); file order
+    keeps the full cap (2 x) in flight."""
+    assert WorkerConfig(engine_max_num_seqs=128, order="smart").admission_cap() == 160
+    assert WorkerConfig(engine_max_num_seqs=128, order="file").admission_cap() == 256
+    assert WorkerConfig(max_in_flight=8, order="smart").admission_cap() == 5  # 4 seqs implied by the cap
+    assert WorkerConfig(engine_max_num_seqs=128, max_in_flight=100).admission_cap() == 100  # never above the cap
+    assert WorkerConfig().admission_cap() == 320  # vLLM's default 256 seqs
+
+
+def test_the_worker_admits_by_its_configured_order():
+    for order, cap in (("smart", 5), ("file", 8)):
+        rig = Rig(order=order)
+        assert (rig.worker.admission.order, rig.worker.admission.capacity) == (order, cap)
