@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
+from . import audit
 from .errors import ConditionFailed
 from .messages import WorkMessage
 from .ports import Events, Stores, Workflows
@@ -122,6 +123,8 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
     # signalling, and signalling twice is harmless.
     last = all_counted(batch)
     _complete_if_all_counted(stores, batch)
+    if counted:  # after the count and the signal: a failed append loses neither (docs/audit.md)
+        audit.append_receipt(stores, message, marker, at=now)
     return ChunkOutcome(counted=counted, last=last, batch=batch)
 
 
@@ -129,7 +132,12 @@ def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:
     """A counted chunk delivered again: its first delivery may have died between counting and
     signalling; if every chunk is counted, resume the workflow (signalling twice is harmless)."""
     batch = stores.batches.get(message.tenant, message.batch_id)
-    return batch is not None and _complete_if_all_counted(stores, batch)
+    done = batch is not None and _complete_if_all_counted(stores, batch)
+    # Its first delivery may also have died before appending the chunk's audit receipt.
+    marker = stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) if stores.audit else None
+    if marker is not None:
+        audit.append_receipt(stores, message, marker, at=marker.recorded_at)
+    return done
 
 
 def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:

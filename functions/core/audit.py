@@ -22,8 +22,11 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import schema
 from .errors import ConditionFailed, Throttled
-from .ports import AuditStore
+from .messages import WorkMessage
+from .ports import AuditStore, Stores
+from .records import ChunkRecord
 
 #: The prev_hash of a chain's first record.
 GENESIS: Final = "0" * 64
@@ -231,3 +234,34 @@ def record_api_request(
             details = {"error_code": error.get("code"), "error_type": error.get("type")}
     return append(store, tenant, at=at, actor=key_actor(authorization), action=action, outcome=str(status),
                   target=target, request_id=request_id, details=details)
+
+
+def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int) -> AuditRecord | None:
+    """The receipt of a counted chunk (``marker``): its batch, chunk, input lines, the sha256 of
+    each result part of the counted attempt (the bytes the batch's output and error files are
+    made of), its counts and usage. Keyed on (batch, chunk): a chunk is counted once, so however
+    often this runs (a redelivered message, a retried worker) the chain holds one receipt. None
+    if already there, or if the deployment keeps no audit chain."""
+    if stores.audit is None:
+        return None
+    key = receipt_key(marker.batch_id, marker.chunk)
+    if stores.audit.deduped(marker.tenant, key):
+        return None
+    parts = {
+        kind: schema.chunk_part_key(marker.tenant, marker.batch_id, marker.chunk, marker.attempt, kind)
+        for kind in ("out", "err")
+    }
+    # One LIST of the attempt's parts, then a GET of each (a part that is not there: null).
+    stored = set(stores.objects.list_keys(parts["out"].rsplit(".", 2)[0] + "."))
+    digests = {
+        f"{kind}_sha256": hashlib.sha256(stores.objects.get(key)).hexdigest() if key in stored else None
+        for kind, key in parts.items()
+    }
+    details = {
+        "batch": marker.batch_id, "chunk": marker.chunk, "attempt": marker.attempt,
+        "first_line": message.first_line, "line_count": message.line_count,
+        "completed": marker.completed, "failed": marker.failed, **digests,
+        "usage": {k: getattr(marker, k) for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")},
+    }
+    return append(stores.audit, marker.tenant, at=at, actor=WORKER, action=CHUNK_RECEIPT, outcome="ok",
+                  target=marker.batch_id, details=details, dedupe=key)

@@ -1,0 +1,70 @@
+"""Chunk receipts (functions.core.audit.append_receipt via accounting): one per counted chunk,
+however often the chunk is recorded or redelivered; an append that fails after the count keeps
+the count, and the redelivered message appends the receipt."""
+
+import hashlib
+
+import pytest
+
+from functions.core import accounting, audit, schema
+from functions.core.errors import Throttled
+from functions.core.results import Parts
+from tests.fakes.aws import fake_stores, throttle
+from tests.unit.test_accounting import batch, message
+
+OUT = b'{"id":"r1"}\n{"id":"r2"}\n'
+
+
+def write_parts(stores, chunk: int, attempt: str) -> Parts:
+    stores.objects.put(schema.chunk_part_key("acme", "batch_1", chunk, attempt, "out"), OUT)
+    stores.objects.put(schema.chunk_part_key("acme", "batch_1", chunk, attempt, "err"), b"")
+    return Parts(attempt, 2, 0)
+
+
+def receipts(stores) -> list[audit.AuditRecord]:
+    return [r for r in stores.audit.records("acme") if r.action == audit.CHUNK_RECEIPT]
+
+
+def test_a_counted_chunk_gets_one_receipt_with_its_digest_and_usage():
+    stores = fake_stores()
+    stores.batches.put(batch())
+    usage = accounting.Usage(input_tokens=7, output_tokens=3)
+    parts = write_parts(stores, 0, "a0")
+    assert accounting.record_chunk(stores, message(0), parts=parts, usage=usage, now=5).counted
+    # A duplicate count (another attempt's parts, a redelivery): no second receipt.
+    again = accounting.record_chunk(stores, message(0), parts=write_parts(stores, 0, "b0"), usage=usage, now=6)
+    assert not again.counted
+    assert not accounting.signal_if_all_counted(stores, message(0))
+
+    [receipt] = receipts(stores)
+    details = receipt.details
+    assert (details["batch"], details["chunk"], details["attempt"]) == ("batch_1", 0, "a0")
+    assert (details["first_line"], details["line_count"], details["completed"], details["failed"]) == (1, 2, 2, 0)
+    assert details["out_sha256"] == hashlib.sha256(OUT).hexdigest()
+    assert details["err_sha256"] == hashlib.sha256(b"").hexdigest()
+    assert details["usage"]["input_tokens"] == 7 and details["usage"]["output_tokens"] == 3
+    assert audit.verify(stores.audit.records("acme")) is None
+
+
+def test_a_chunk_not_counted_gets_no_receipt():
+    stores = fake_stores()
+    stores.batches.put(batch(accepting=False))
+    accounting.record_chunk(stores, message(0), parts=write_parts(stores, 0, "a0"), usage=accounting.Usage(), now=5)
+    assert receipts(stores) == []
+
+
+def test_a_failed_append_keeps_the_count_and_the_redelivery_appends_the_receipt():
+    stores = fake_stores()
+    stores.batches.put(batch(chunk_count=1))
+    stores.faults.fail("audit.put", throttle())  # DynamoDB throttled past the SDK retries
+    with pytest.raises(Throttled):
+        accounting.record_chunk(stores, message(0), parts=write_parts(stores, 0, "a0"), usage=accounting.Usage(),
+                                now=5)
+    assert stores.batches.counted_chunk("acme", "batch_1", 0) is not None  # the count stands
+    assert stores.workflows.signals == [("token-1", {"outcome": "complete"})]  # signalled first
+    assert receipts(stores) == []
+    # The message comes back; the worker sees the chunk counted and only re-signals.
+    accounting.signal_if_all_counted(stores, message(0))
+    accounting.signal_if_all_counted(stores, message(0))
+    [receipt] = receipts(stores)
+    assert receipt.details["attempt"] == "a0" and receipt.at == 5
