@@ -293,6 +293,6 @@ class Worker:
 
     def report(self) -> dict[str, Any]:
         return self.metrics.flush(
-            self.engine.stats, in_flight=self.engine.in_flight, waiting=self.engine.waiting,
+            self.engine.stats, in_flight=self.engine.in_flight, waiting=self.admission.waiting + self.engine.waiting,
             open_chunks=len(self._open), cap=self.engine.max_in_flight,
         )
