@@ -81,6 +81,12 @@ bench-uploads: $(STAMP)
 .PHONY: bench-pipeline
 bench-pipeline: $(STAMP) engine
 	$(PY) -m tests.bench.bench_pipeline --lines 200 --rounds 2 --datasets uniform,shared-prefix,uneven
+## Issue 13: tenant A's 500-line batch, tenant B's 10-line batch 3 s later under the local
+## deployment: B's time to its first line and to completed, alone, behind A with the fair-queue
+## emulation, behind A without it (docs/governance.md "Fair share"; ~5-10 min, both cores).
+.PHONY: bench-fairness
+bench-fairness: $(STAMP) engine
+	$(PY) -m tests.bench.bench_fairness --a-lines 500 --b-lines 10 --max-tokens 32 --b-after 3
 bench: bench-lifecycle bench-worker bench-uploads bench-pipeline
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
