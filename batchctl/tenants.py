@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
+from functions.core import guard
 from functions.core.aws.tenants import TenantRepo
 from functions.core.tenants import TenantPolicy, default_policy
 
@@ -66,6 +67,7 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
     option("--output-token-budget", type=_count, default=unset, help="output tokens per period, or 'none' (not enforced yet)")
     option("--budget-period", choices=("day", "month"), default=unset)
     option("--budget-action", choices=("reject", "stop"), default=unset)
+    guard.add_arguments(parser.add_argument_group("prompt and output policy"), default=unset)
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -90,6 +92,8 @@ def apply(policy: TenantPolicy, args: argparse.Namespace, *, now: int) -> Tenant
                 data[name].pop(model, None)
             else:
                 data[name][model] = number
+    if any(name in given for name in ("prompt_secrets", "output_deny", "output_check")):
+        data["guard"] = guard.from_arguments(args, policy.guard).model_dump()  # type: ignore[union-attr]
     data["updated_at"] = now
     return TenantPolicy.model_validate(data)
 

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from functions.core import accounting, limits, results
 from functions.core.accounting import ChunkOutcome
+from functions.core.guard import GuardPolicy
 from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
@@ -57,9 +58,12 @@ class LineResult:
         return cls(line, results.usage_of(line))
 
 
-async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = ()) -> LineResult:
+async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = (),
+                   guard: GuardPolicy | None = None) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
-    None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``."""
+    None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``. ``guard``: the
+    tenant's prompt and output policy (the work message's snapshot; None: none): a refused prompt
+    never reaches the engine, a redacted one is what is sent, a blocked result is not written."""
     custom_id = results.custom_id_of(None, raw)
     try:
         obj = parse_request(raw)
@@ -72,11 +76,16 @@ async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoi
         check_request(obj, endpoint=endpoint)
     except LineError as exc:
         return LineResult(results.error_line(custom_id, exc.code, exc.message))
-    reply = await engine.post(endpoint, obj["body"])
+    body, violation = guard.check_prompt(obj["body"]) if guard is not None else (obj["body"], None)
+    if violation is not None:
+        return LineResult(results.error_line(custom_id, violation.code, violation.message))
+    reply = await engine.post(endpoint, body)
     if reply.status is None:
         return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message))
     line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
     usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
+    if guard is not None and results.succeeded(line) and (violation := guard.check_output(reply.body)) is not None:
+        return LineResult(results.error_line(custom_id, violation.code, violation.message))  # no usage: an error line
     return LineResult(line, usage)
 
 
@@ -489,7 +498,7 @@ async def process_chunk(
                     group = requests[index:end]
                     async with gate.exclusive():  # no other chunk's line is in the engine with these
                         async for result in run_ordered(
-                            group, lambda raw: run_line(alone, raw, endpoint=message.endpoint), window=len(group)
+                            group, lambda raw: run_line(alone, raw, endpoint=message.endpoint, guard=message.guard), window=len(group)
                         ):
                             run.done.append(result)
                 await run.flush()  # every group, the last too: a written line is never blamed
@@ -498,7 +507,7 @@ async def process_chunk(
             todo = requests[reused:]
             position = 0
             async for result in run_ordered(
-                todo, lambda raw: run_line(together, raw, endpoint=message.endpoint), window=max(1, len(todo))
+                todo, lambda raw: run_line(together, raw, endpoint=message.endpoint, guard=message.guard), window=max(1, len(todo))
             ):
                 position += 1
                 await run.add(result, remaining=len(todo) - position)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TextIO
 
+from functions.core import guard as guards
 from functions.core import limits
 from functions.core.accounting import Usage
 from functions.core.lines import RawLine, iter_lines
@@ -61,14 +62,16 @@ async def run_file(
     endpoints: tuple[str, ...] = limits.DEFAULT_ENDPOINTS,
     max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
     window: int | None = None,
+    guard: guards.GuardPolicy | None = None,
 ) -> Summary:
-    """Run every line of ``source``; write results in input order. Returns counts and usage."""
+    """Run every line of ``source``; write results in input order. Returns counts and usage.
+    ``guard``: the prompt and output policy every line passes (as in the worker)."""
     summary = Summary()
     started = time.monotonic()
     window = window or 2 * engine.max_in_flight
 
     async def run(raw: RawLine) -> LineResult:
-        return await run_line(engine, raw, endpoint=None, endpoints=endpoints)
+        return await run_line(engine, raw, endpoint=None, endpoints=endpoints, guard=guard)
 
     async for result in run_ordered(file_lines(source, max_line_bytes=max_line_bytes), run, window=window):
         data = result.line.model_dump_json().encode() + b"\n"
@@ -84,14 +87,15 @@ async def run_file(
 
 
 async def run_paths(
-    input_path: Path, output_path: Path, errors_path: Path | None, engine: EngineClient, *, health_timeout: float
+    input_path: Path, output_path: Path, errors_path: Path | None, engine: EngineClient, *, health_timeout: float,
+    guard: guards.GuardPolicy | None = None,
 ) -> Summary:
     await engine.wait_healthy(health_timeout)
     with open(input_path, "rb") as source, open(output_path, "wb") as output:
         if errors_path is None:
-            return await run_file(engine, source, output)
+            return await run_file(engine, source, output, guard=guard)
         with open(errors_path, "wb") as errors:
-            return await run_file(engine, source, output, errors)
+            return await run_file(engine, source, output, errors, guard=guard)
 
 
 # --- the `batchctl run-batch` subcommand --------------------------------------------------------
@@ -107,6 +111,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="requests in flight (default: 2 x --engine-max-num-seqs, or 512)")
     p.add_argument("--engine-max-num-seqs", type=int, default=0, help="the engine's --max-num-seqs, if known")
     p.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for the engine's /health")
+    # The same prompt and output policy a tenant's batches pass (docs/governance.md).
+    guards.add_arguments(p.add_argument_group("prompt and output policy (as `batchctl tenants set`)"))
 
 
 def command(args: argparse.Namespace, *, err: TextIO) -> int:
@@ -115,7 +121,8 @@ def command(args: argparse.Namespace, *, err: TextIO) -> int:
     )
     async def go() -> Summary:
         async with EngineClient.from_config(config) as engine:
-            return await run_paths(args.input, args.output, args.errors, engine, health_timeout=args.health_timeout)
+            return await run_paths(args.input, args.output, args.errors, engine, health_timeout=args.health_timeout,
+                                   guard=guards.from_arguments(args))
 
     try:
         summary = asyncio.run(go())

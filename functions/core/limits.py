@@ -145,6 +145,13 @@ MAX_ENGINE_RESPONSE_BYTES: Final = 8 * 1024 * 1024
 #: docs/reliability.md, "Hostile content and filenames".
 MAX_FILENAME_CHARS: Final = 255
 
+# --- Prompt and output policies (functions/core/guard.py; each travels in every work message) ---
+#: At most this many output deny patterns per tenant, each at most this many characters.
+MAX_OUTPUT_DENY_PATTERNS: Final = 32
+MAX_OUTPUT_DENY_PATTERN_CHARS: Final = 512
+#: At most this many pluggable output checks per tenant.
+MAX_OUTPUT_CHECKS: Final = 8
+
 
 def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:
     """How long the workflow waits for a signal from ``now``: until the batch expires, but never

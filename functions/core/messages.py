@@ -2,6 +2,8 @@
 
 from pydantic import BaseModel, ConfigDict
 
+from .guard import GuardPolicy
+
 
 class WorkMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -19,6 +21,9 @@ class WorkMessage(BaseModel):
     endpoint: str
     model: str
     expires_at: int
+    #: The tenant's prompt and output policy as ingest snapshotted it (None: none; absent from
+    #: the JSON then, so a message is what it was before policies existed).
+    guard: GuardPolicy | None = None
 
 
 class Chunk(BaseModel):
@@ -35,3 +40,6 @@ class Chunk(BaseModel):
 
 class ChunkManifest(BaseModel):
     chunks: list[Chunk]
+    #: The tenant's policy at validation (``guard.active``): every fan-out copies it into the work
+    #: messages, so a retried fan-out (ingest DLQ, sweeper) carries the same policy.
+    guard: GuardPolicy | None = None
