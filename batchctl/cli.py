@@ -11,7 +11,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.local import state as local_state
 
-from . import batches, keys, targets, tenants, webhooks
+from . import audit, batches, keys, targets, tenants, webhooks
 from .settings import STACK_ENV, CliSettings
 
 
@@ -27,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
     keys.add_parsers(commands)
     tenants.add_parsers(commands)
     webhooks.add_parsers(commands)
+    audit.add_parsers(commands)
     batches.add_parsers(commands)
     from gpu_worker import offline  # run-batch: the worker's offline mode (no AWS)
 
@@ -75,9 +76,14 @@ def main(
         if args.command == "webhooks":
             return webhooks.run(args, webhooks.webhook_repo(target), local=target.kind == "local",
                                 now=int(time.time()), out=out, err=err)
+        if args.command == "audit":
+            s3 = audit.s3_client(target) if getattr(args, "s3", None) else None
+            return audit.run(args, audit.audit_repo(target), out=out, err=err, s3=s3)
         if args.command == "tenants":
-            return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err)
-        return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err)
+            return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err,
+                               audit_store=audit.audit_repo(target))
+        return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err,
+                        audit_store=audit.audit_repo(target))
     except targets.TargetError as exc:
         print(f"batchctl: {exc}", file=err)
         return 1

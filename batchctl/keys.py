@@ -4,10 +4,12 @@ as hashes, ``functions.core.auth``)."""
 import argparse
 from typing import TextIO
 
+from functions.core import audit as core_audit
 from functions.core import auth
 from functions.core.aws.repos import KeyRepo
+from functions.core.ports import AuditStore
 
-from . import targets
+from . import audit, targets
 from .targets import Target
 
 
@@ -33,13 +35,19 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     revoke.add_argument("key")
 
 
-def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO) -> int:
+def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO,
+        audit_store: AuditStore | None = None) -> int:
+    """``audit_store``: where each change is appended to the tenant's audit chain (docs/audit.md),
+    naming the key by its actor id (``key:<hash prefix>``), never the key."""
     if args.action == "create":
-        print(create_key(keys, args.tenant, now), file=out)
+        key = create_key(keys, args.tenant, now)
+        audit.note(audit_store, args.tenant, "keys.create", target=core_audit.key_actor(f"Bearer {key}"), now=now)
+        print(key, file=out)
         return 0
     tenant = revoke_key(keys, args.key)
     if tenant is None:
         print("batchctl: no such key", file=err)
         return 1
+    audit.note(audit_store, tenant, "keys.revoke", target=core_audit.key_actor(f"Bearer {args.key}"), now=now)
     print(f"revoked the key of tenant {tenant!r}", file=out)
     return 0

@@ -14,9 +14,10 @@ from pydantic import ValidationError
 
 from functions.core import guard
 from functions.core.aws.tenants import TenantRepo
+from functions.core.ports import AuditStore
 from functions.core.tenants import TenantPolicy, default_policy
 
-from . import targets
+from . import audit, targets
 from .targets import Target
 
 
@@ -102,7 +103,8 @@ def show(policy: TenantPolicy) -> str:
     return json.dumps(policy.model_dump(), sort_keys=True)
 
 
-def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None, out: TextIO, err: TextIO) -> int:
+def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None, out: TextIO, err: TextIO,
+        audit_store: AuditStore | None = None) -> int:
     now = int(time.time()) if now is None else now
     if args.action == "list":
         for policy in tenants.list():
@@ -123,5 +125,8 @@ def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None
         print(f"batchctl: invalid policy: {exc.errors()[0]['msg']}", file=err)
         return 2
     tenants.put(policy)
+    # The tenant's audit chain records the change and the policy as now stored (docs/audit.md).
+    audit.note(audit_store, args.tenant, f"tenants.{args.action}", target=args.tenant,
+               details={"policy": policy.model_dump(mode="json")}, now=now)
     print(show(policy), file=out)
     return 0
