@@ -41,7 +41,7 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
         )
     ready(file, param="input_file_id")  # an Upload still being assembled is a clear 400 (docs/uploads.md)
     # Last: only a create that would otherwise succeed counts against the hourly limit (429).
-    tenants.admit_creation(stores.tenants, tenant, now=now)
+    tenants.admit_creation(stores.tenants, tenant, now=now, budget_used=stores.batches.budget_used)
     batch_id = ids.new_id(ids.BATCH)
     record = BatchRecord(
         tenant=tenant,

@@ -113,6 +113,7 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
         failed=parts.failed,
         recorded_at=now,
         expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
+        budget_period=message.budget_period,
         **usage.model_dump(),
     )
     counted = stores.batches.count_chunk(marker)

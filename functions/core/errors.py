@@ -55,6 +55,16 @@ class RateLimited(ApiError):
         self.retry_after = retry_after
 
 
+class QuotaExceeded(ApiError):
+    """A tenant's output-token budget is used up (``budget_action="reject"``): 429 with OpenAI's
+    quota shape, ``type`` and ``code`` ``insufficient_quota``; no ``Retry-After`` (it lasts until
+    the period ends or an operator raises the budget)."""
+
+    status = 429
+    type = "insufficient_quota"
+    default_code = "insufficient_quota"
+
+
 class ServerError(ApiError):
     status = 500
     type = "server_error"

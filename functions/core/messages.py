@@ -2,6 +2,7 @@
 
 from pydantic import BaseModel, ConfigDict
 
+from . import schema
 from .guard import GuardPolicy
 
 
@@ -24,6 +25,16 @@ class WorkMessage(BaseModel):
     #: The tenant's prompt and output policy as ingest snapshotted it (None: none; absent from
     #: the JSON then, so a message is what it was before policies existed).
     guard: GuardPolicy | None = None
+    #: The tenant's output-token budget period ("day"/"month") as ingest saw its policy: counting
+    #: the chunk charges its output tokens to that period's budget item (None: no budget; absent).
+    budget_period: str | None = None
+
+    def bound(self) -> bool:
+        """Tenant binding (issue 13): the input this message names is its own tenant's batch
+        input (``schema.batch_input_key(tenant, batch_id)``). Every other read and write of a
+        chunk is keyed by ``tenant`` and ``batch_id``; a message failing this (forged, misrouted)
+        must read nothing: the worker and the DLQ Lambda refuse it."""
+        return schema.parse_batch_input_key(self.input_key) == (self.tenant, self.batch_id)
 
 
 class Chunk(BaseModel):

@@ -157,6 +157,9 @@ class BatchStore(Protocol):
         (ADD the negatives, REMOVE ``holds_reservation``) with the write that makes the batch terminal."""
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""
+    def budget_used(self, tenant: str, period_sk: str) -> int:
+        """Output tokens charged to the tenant's budget item ``period_sk`` (``tenants.budget_sk``)
+        by counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
         never a table scan). Eventually consistent: a batch may show up moments after it ended."""

@@ -251,6 +251,9 @@ class BatchRecord(Record):
     reserved_requests: int = 0
     reserved_tokens: int = 0
     holds_reservation: bool | None = None
+    #: The tenant's output-token budget period when ingest moved the batch (None: no budget): its
+    #: work messages carry it, so counting a chunk charges the budget with no policy read.
+    budget_period: str | None = None
 
     @staticmethod
     def sort_key(batch_id: str) -> str:
@@ -275,7 +278,7 @@ class BatchRecord(Record):
         assert self.model is not None, "a batch has a model once it is in progress"
         return WorkMessage(
             **chunk.model_dump(), batch_id=self.id, tenant=self.tenant, input_key=self.input_key,
-            endpoint=self.endpoint, model=self.model, expires_at=self.expires_at,
+            endpoint=self.endpoint, model=self.model, expires_at=self.expires_at, budget_period=self.budget_period,
         )
 
     def event_detail(self) -> dict[str, Any]:
@@ -329,6 +332,9 @@ class ChunkRecord(Record):
     reasoning_tokens: int = 0
     recorded_at: int
     expires_at: int
+    #: Charge ``output_tokens`` to the tenant's budget of this period kind, in the count's
+    #: transaction (``WorkMessage.budget_period``; None: no budget).
+    budget_period: str | None = None
 
     PREFIX: ClassVar[str] = "CHUNK#"
 

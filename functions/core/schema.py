@@ -115,6 +115,12 @@ def enqueued_sk(model: str) -> str:
     return f"MODEL#{model}"
 
 
+def budget_pk(tenant: str) -> str:
+    """The partition of a tenant's output-token budget items: ``T#<tenant>#BUDGET``, one item per
+    period (``tenants.budget_sk``: ``MONTH#2026-12`` or ``DAY#2026-12-02``) holding ``output_tokens``."""
+    return f"{tenant_pk(tenant)}#BUDGET"
+
+
 def creations_pk(tenant: str) -> str:
     """The partition of a tenant's batch-creation counters (one item per hour window, removed by
     TTL): ``T#<tenant>#CREATES``, apart from the tenant's files so the reaper's stream filter and

@@ -17,12 +17,13 @@ what happens at it).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import schema
-from .errors import RateLimited
+from .errors import QuotaExceeded, RateLimited
 from .guard import GuardPolicy
 from .records import check_tenant
 
@@ -99,12 +100,18 @@ def retry_after(now: int) -> int:
     return max(1, window_start(now) + HOUR_SECONDS - now)
 
 
-def admit_creation(tenants: Any, tenant: str, *, now: int) -> TenantPolicy | None:
+def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = None) -> TenantPolicy | None:
     """Admit one batch creation for ``tenant`` at ``now``, or raise ``RateLimited``. One GetItem for
     the policy; with a ``batches_per_hour``, one conditional ADD on the window's counter (the
     counter never exceeds the limit: a refused create counts nothing). ``tenants`` is a
-    ``ports.TenantStore``. Returns the policy (None: no record)."""
+    ``ports.TenantStore``. Returns the policy (None: no record). With an output-token budget and
+    ``budget_action="reject"``, a used-up budget refuses first (``QuotaExceeded``, 429
+    ``insufficient_quota``): one GetItem of the period's budget item (``budget_used(tenant, sk)``,
+    ``BatchStore.budget_used``), only for such a tenant."""
     policy = tenants.get(tenant)
+    if (policy is not None and policy.budget_action == "reject" and budget_used is not None
+            and over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now)))):
+        raise quota_exceeded(policy)
     if policy is None or policy.batches_per_hour is None:
         return policy
     start = window_start(now)
@@ -181,3 +188,36 @@ def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: 
         return None
     return Reservation(tenant=policy.tenant, model=model, requests=requests, tokens=tokens,
                        max_requests=max_requests, max_tokens=max_tokens)
+
+
+# --- Output-token budget (output_token_budget / budget_period / budget_action) -------------------
+def budget_sk(period: str, now: int) -> str:
+    """The budget item of the ``period`` ("day"/"month") holding ``now`` (UTC calendar periods)."""
+    stamp = datetime.fromtimestamp(now, tz=UTC)
+    return stamp.strftime("DAY#%Y-%m-%d") if period == "day" else stamp.strftime("MONTH#%Y-%m")
+
+
+def over_budget(policy: TenantPolicy | None, used: Any) -> bool:
+    """True when ``policy`` has a budget and ``used(period_sk)`` (output tokens charged so far in
+    the current period) has reached it."""
+    if policy is None or policy.output_token_budget is None:
+        return False
+    return used() >= policy.output_token_budget
+
+
+def quota_exceeded(policy: TenantPolicy) -> QuotaExceeded:
+    return QuotaExceeded(
+        "You exceeded your current quota, please check your plan and billing details: this organization's "
+        f"output-token budget of {policy.output_token_budget} tokens per {policy.budget_period} is used up."
+    )
+
+
+#: The batch error of a batch refused at ingest under ``budget_action="stop"``.
+def budget_error(policy: TenantPolicy) -> dict[str, Any]:
+    return {
+        "code": "budget_exceeded",
+        "message": f"The output-token budget of this organization ({policy.output_token_budget} tokens per "
+        f"{policy.budget_period}) is used up; no more requests run until the next {policy.budget_period}.",
+        "param": None,
+        "line": None,
+    }

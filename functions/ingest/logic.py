@@ -218,6 +218,9 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
     result = validate(stores.objects, settings, batch, policy)
     if result.errors:
         return _fail_validation(stores, batch, result.errors, now)
+    if (policy is not None and policy.budget_action == "stop" and tenants.over_budget(
+            policy, lambda: stores.batches.budget_used(batch.tenant, tenants.budget_sk(policy.budget_period, now)))):
+        return _fail_validation(stores, batch, [tenants.budget_error(policy)], now)  # nothing of it runs
     # The manifest is deterministic: a repeated ingest writes the same bytes.
     manifest = ChunkManifest(chunks=result.chunks, guard=result.guard).model_dump_json(exclude_none=True).encode()
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
@@ -229,6 +232,8 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
         "chunk_count": len(result.chunks),
         "accepting": True,
     }
+    if policy is not None and policy.output_token_budget is not None:  # its chunks charge the budget
+        values["budget_period"] = policy.budget_period
     assert result.model is not None
     held = tenants.reservation(policy, result.model, result.total, result.tokens)
     try:

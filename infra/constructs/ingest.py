@@ -46,6 +46,8 @@ CHUNK_COUNT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateI
 #: partition (a tenant name has no ``#``).
 ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
 ENQUEUED_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
+#: Every tenant's output-token budget items (``schema.budget_pk``): a counted chunk ADDs to them.
+BUDGET_PARTITIONS = schema.budget_pk("*")
 
 #: The ingest Lambda validates and fans out one whole batch per invocation (up to 200 MB of input).
 INGEST_TIMEOUT = cdk.Duration.minutes(10)
@@ -140,6 +142,8 @@ class Ingest(Construct):
             # The enqueued-cap counters (docs/governance.md): a conditional ADD inside the move to
             # in_progress (a TransactWriteItems, authorized item by item), and a read on a refusal.
             grant_items(self.function, storage, ENQUEUED_ACTIONS, (ENQUEUED_PARTITIONS,))
+            # The output-token budget item of the period (``budget_action="stop"``): read only.
+            grant_items(self.function, storage, ("dynamodb:GetItem",), (BUDGET_PARTITIONS,))
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # the input, and the manifest on a retry
         storage.bucket.grant_put(self.function, MANIFEST_KEYS)
         for queue in self.work_queues.values():
@@ -165,6 +169,8 @@ class Ingest(Construct):
         # What the worker has: the batch item and the chunk's marker and run record (the count is a
         # TransactWriteItems, authorized item by item).
         grant_items(self.dlq_function, storage, CHUNK_COUNT_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
+        # Its count charges the tenant's output-token budget in the same transaction (UpdateItem).
+        grant_items(self.dlq_function, storage, ("dynamodb:UpdateItem",), (BUDGET_PARTITIONS,))
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
         storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept

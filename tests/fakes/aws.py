@@ -401,6 +401,8 @@ class FakeBatches(_Port):
         self._files = files
         #: The enqueued-cap counters: (tenant, model) -> {"requests": n, "tokens": n}.
         self.counters: dict[tuple[str, str], dict[str, int]] = {}
+        #: The output-token budget items: (tenant, period sk) -> output tokens charged.
+        self.budgets: dict[tuple[str, str], int] = {}
 
     def put(self, record: BatchRecord) -> None:
         """Test setup: store a batch as it is (no fault, no condition)."""
@@ -461,6 +463,10 @@ class FakeBatches(_Port):
         }
         return record
 
+    def budget_used(self, tenant: str, period_sk: str) -> int:
+        self._op("budget_used")
+        return self.budgets.get((tenant, period_sk), 0)
+
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         self._op("enqueued")
         counter = self.counters.get((tenant, model), {"requests": 0, "tokens": 0})
@@ -488,6 +494,11 @@ class FakeBatches(_Port):
             return False
         self._update(marker.tenant, marker.batch_id, {}, {}, marker.batch_counters(), (), {"accepting": True})
         self.markers[key] = marker
+        if marker.budget_period is not None:  # as the adapter: in the count's transaction
+            from functions.core.tenants import budget_sk
+
+            sk = budget_sk(marker.budget_period, marker.recorded_at)
+            self.budgets[(marker.tenant, sk)] = self.budgets.get((marker.tenant, sk), 0) + marker.output_tokens
         return True
 
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:

@@ -30,3 +30,13 @@ def test_ingest_may_reserve_on_the_enqueued_counters_only(synth):
         assert not allows_any(statements, action, [counter_pk]), action
     for pk in (schema.tenant_pk("acme"), schema.creations_pk("acme"), "TENANTS", "KEY#x"):
         assert not allows_any(statements, "dynamodb:UpdateItem", [pk]), pk
+
+
+def test_the_budget_items_ingest_reads_and_the_chunk_dlq_consumer_charges(synth):
+    budget_pk = schema.budget_pk("acme")
+    ingest, dlq = _lambda_statements(synth, "ingest"), _lambda_statements(synth, "dlq")
+    assert allows_any(ingest, "dynamodb:GetItem", [budget_pk])
+    assert not allows_any(ingest, "dynamodb:UpdateItem", [budget_pk])  # ingest never charges
+    assert allows_any(dlq, "dynamodb:UpdateItem", [budget_pk])
+    for pk in (schema.tenant_pk("acme"), schema.enqueued_pk("acme"), "TENANTS"):
+        assert not allows_any(dlq, "dynamodb:UpdateItem", [pk]), pk

@@ -98,3 +98,22 @@ def test_a_batch_without_a_reservation_ends_as_before(ports: Stores):
     assert done.status == "cancelled" and ports.batches.enqueued("acme", "m") == (0, 0)
     with pytest.raises(ConditionFailed):
         ports.batches.update("acme", "b1", values={"status": "cancelled"}, expect={"status": "in_progress"})
+
+
+def test_count_chunk_charges_the_budget_in_the_same_transaction_once(ports: Stores):
+    from functions.core.records import ChunkRecord
+
+    ports.batches.create(new_batch("b1", status="in_progress", accepting=True, chunk_count=3))
+
+    def marker(chunk: int, budget: str | None = "month") -> ChunkRecord:
+        return ChunkRecord(tenant="acme", batch_id="b1", chunk=chunk, attempt="a", completed=1, failed=0,
+                           output_tokens=30, recorded_at=1_796_083_200, expires_at=10**10, budget_period=budget)
+
+    assert ports.batches.count_chunk(marker(0))
+    assert not ports.batches.count_chunk(marker(0))  # a duplicate: neither counted nor charged
+    assert ports.batches.count_chunk(marker(1, budget=None))  # no budget: not charged
+    assert ports.batches.budget_used("acme", "MONTH#2026-12") == 30
+    ports.batches.update("acme", "b1", values={"accepting": False})
+    assert not ports.batches.count_chunk(marker(2))  # a late chunk: not charged either
+    assert ports.batches.budget_used("acme", "MONTH#2026-12") == 30
+    assert ports.batches.get("acme", "b1").output_tokens == 60

@@ -13,7 +13,7 @@ from ..records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
 )
 from ..models import TERMINAL_STATUSES
-from ..tenants import Reservation
+from ..tenants import Reservation, budget_sk
 from .dynamodb import Put, Table, Update, _render
 
 #: The batch attribute that says its enqueued-cap reservation is still held (``BatchRecord``).
@@ -167,6 +167,7 @@ class BatchRepo:
         condition fails, read the reservation and write again with the counter's release in the
         same transaction, conditioned on still holding it (and removing it). Returns the new item
         when a lone update wrote it (None: read it if needed)."""
+        again = True  # one more plain attempt after a concurrent release (then the condition decides)
         for _ in range(3):
             plain = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add, remove=op.remove,
                            expect={**op.expect, HOLDS: None})
@@ -178,13 +179,14 @@ class BatchRepo:
             except ConditionFailed:
                 item = self._table.get(op.pk, op.sk)
                 if item is None or not item.get(HOLDS):
-                    continue  # the caller's own condition failed, or a concurrent release: again
+                    if not again:
+                        raise
+                    again = False
+                    continue  # the caller's own condition failed, or a concurrent release: once more
             held = BatchRecord.from_item(item)
             assert held.reserved_model is not None
-            release = Update(
-                schema.enqueued_pk(held.tenant), schema.enqueued_sk(held.reserved_model),
-                add={"requests": -held.reserved_requests, "tokens": -held.reserved_tokens},
-            )
+            release = _Add(schema.enqueued_pk(held.tenant), schema.enqueued_sk(held.reserved_model),
+                           {"requests": -held.reserved_requests, "tokens": -held.reserved_tokens})
             batch = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add,
                            remove=(*op.remove, HOLDS), expect={**op.expect, HOLDS: True})
             try:
@@ -211,6 +213,10 @@ class BatchRepo:
         assert item is not None
         return BatchRecord.from_item(item)
 
+    def budget_used(self, tenant: str, period_sk: str) -> int:
+        item = self._table.get(schema.budget_pk(tenant), period_sk) or {}
+        return int(item.get("output_tokens", 0))
+
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         item = self._table.get(schema.enqueued_pk(tenant), schema.enqueued_sk(model)) or {}
         return int(item.get("requests", 0)), int(item.get("tokens", 0))
@@ -220,14 +226,18 @@ class BatchRepo:
         transaction, only while the batch accepts chunks. False for a duplicate or late chunk.
         Every worker counts on the batch's item: a transaction conflict there is retried by the
         ``Table`` (docs/reliability.md), so the chunk is not run again for it."""
+        ops: list[Any] = [
+            Put(marker.to_item(), if_absent=True),
+            Update(
+                schema.batches_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
+                add=marker.batch_counters(), expect={"accepting": True},
+            ),
+        ]
+        if marker.budget_period is not None:  # the tenant's output-token budget, charged once with the count
+            ops.append(_Add(schema.budget_pk(marker.tenant), budget_sk(marker.budget_period, marker.recorded_at),
+                            {"output_tokens": marker.output_tokens}))
         try:
-            self._table.transact([
-                Put(marker.to_item(), if_absent=True),
-                Update(
-                    schema.batches_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
-                    add=marker.batch_counters(), expect={"accepting": True},
-                ),
-            ])
+            self._table.transact(ops)
         except ConditionFailed:
             return False
         return True
@@ -310,6 +320,23 @@ def _closing(values: dict[str, Any] | None, remove: tuple[str, ...]) -> tuple[st
 
 def _terminal(values: dict[str, Any] | None) -> bool:
     return (values or {}).get("status") in TERMINAL_STATUSES
+
+
+class _Add:
+    """A transactional ADD of numbers to an item that may not exist yet (no condition: ``Update``
+    requires the item to exist)."""
+
+    def __init__(self, pk: str, sk: str, add: dict[str, int]):
+        self.pk, self.sk, self.add = pk, sk, add
+
+    def render(self, table: str) -> dict[str, Any]:
+        names = {f"#a{i}": k for i, k in enumerate(self.add)}
+        values = {f":a{i}": v for i, v in enumerate(self.add.values())}
+        return {"Update": {
+            "TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk},
+            "UpdateExpression": "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(self.add))),
+            "ExpressionAttributeNames": names, "ExpressionAttributeValues": values,
+        }}
 
 
 class _Reserve:
