@@ -87,6 +87,11 @@ bench-pipeline: $(STAMP) engine
 .PHONY: bench-fairness
 bench-fairness: $(STAMP) engine
 	$(PY) -m tests.bench.bench_fairness --a-lines 500 --b-lines 10 --max-tokens 32 --b-after 3
+## Issue 13: what the prompt secret scan and the output guardrails cost per line (2,000 chat lines, CPU
+## only, no deployment; docs/governance.md "Prompt and output policies"; ~30 s).
+.PHONY: bench-guard
+bench-guard: $(STAMP)
+	$(PY) -m tests.bench.bench_guard --lines 2000 --rounds 3
 bench: bench-lifecycle bench-worker bench-uploads bench-pipeline
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------
