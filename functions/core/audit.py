@@ -241,11 +241,11 @@ def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *,
     each result part of the counted attempt (the bytes the batch's output and error files are
     made of), its counts and usage. Keyed on (batch, chunk): a chunk is counted once, so however
     often this runs (a redelivered message, a retried worker) the chain holds one receipt. None
-    if already there, or if the deployment keeps no audit chain."""
-    if stores.audit is None:
+    if already there, or if these stores append no receipts (``Stores.receipts`` None)."""
+    if stores.receipts is None:
         return None
     key = receipt_key(marker.batch_id, marker.chunk)
-    if stores.audit.deduped(marker.tenant, key):
+    if stores.receipts.deduped(marker.tenant, key):
         return None
     parts = {
         kind: schema.chunk_part_key(marker.tenant, marker.batch_id, marker.chunk, marker.attempt, kind)
@@ -263,5 +263,5 @@ def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *,
         "completed": marker.completed, "failed": marker.failed, **digests,
         "usage": {k: getattr(marker, k) for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")},
     }
-    return append(stores.audit, marker.tenant, at=at, actor=WORKER, action=CHUNK_RECEIPT, outcome="ok",
+    return append(stores.receipts, marker.tenant, at=at, actor=WORKER, action=CHUNK_RECEIPT, outcome="ok",
                   target=marker.batch_id, details=details, dedupe=key)

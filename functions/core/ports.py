@@ -227,6 +227,9 @@ class Stores:
     tenants: TenantStore
     #: The audit chains (None: this deployment keeps none; docs/audit.md).
     audit: AuditStore | None = None
+    #: The same chains as the chunk counters (GPU worker, chunk DLQ consumer) reach them for chunk
+    #: receipts; None until their roles are granted the AUDIT partitions (docs/audit.md).
+    receipts: AuditStore | None = None
 
 
 # --- The inference engine (the worker's side) ---------------------------------------------------

@@ -693,6 +693,7 @@ class FakeStores(Stores):
 def fake_stores() -> FakeStores:
     faults = Faults()
     files = FakeFiles(faults)
+    audit = FakeAudit(faults)
     return FakeStores(
         objects=FakeObjects(faults),
         files=files,
@@ -703,6 +704,7 @@ def fake_stores() -> FakeStores:
         workflows=FakeWorkflows(faults),
         events=FakeEvents(faults),
         tenants=FakeTenants(faults),
-        audit=FakeAudit(faults),
+        audit=audit,
+        receipts=audit,
         faults=faults,
     )
