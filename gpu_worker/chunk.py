@@ -264,6 +264,8 @@ class Admission:
         self._arrivals = itertools.count()
         self._groups: dict[bytes, int] = {}
         self._waiting: Counter[object] = Counter()
+        #: Lines each group (tenant) holds here, waiting or in the engine (``fair_slot``).
+        self._held: dict[object, int] = {}
 
     @property
     def waiting(self) -> int:
@@ -287,8 +289,8 @@ class Admission:
         return (-length_class(expected_output(body)), group, arrival)
 
     @asynccontextmanager
-    async def slot(self, body: dict[str, Any], owner: object = None) -> AsyncIterator[None]:
-        key = self.key(body)
+    async def slot(self, body: dict[str, Any], owner: object = None, rank: int = 0) -> AsyncIterator[None]:
+        key = (rank, *self.key(body))
         if self.in_flight < self.capacity and not self._heap:
             self.in_flight += 1
         else:
@@ -310,6 +312,25 @@ class Admission:
         finally:
             self._release()
 
+    @asynccontextmanager
+    async def fair_slot(self, body: dict[str, Any], owner: object = None, group: object = None) -> AsyncIterator[None]:
+        """``slot`` with fair share across groups (tenants; docs/governance.md "Fair share"): a
+        line of a group that holds (waiting or in the engine) fewer lines than another group
+        enters before the waiting lines of groups that held the most when they came; within each
+        of the two ranks the order is ``slot``'s. So a small tenant's lines never wait behind the
+        lines a giant batch already has waiting in this worker; one tenant alone keeps its order."""
+        held = self._held.setdefault(group, 0)
+        others = max((n for g, n in self._held.items() if g != group), default=0)
+        rank = 0 if held < others else 1
+        self._held[group] = held + 1
+        try:
+            async with self.slot(body, owner, rank=rank):
+                yield
+        finally:
+            self._held[group] -= 1
+            if not self._held[group]:
+                del self._held[group]
+
     def _release(self) -> None:
         while self._heap:
             _, ticket = heapq.heappop(self._heap)
@@ -328,9 +349,10 @@ class _Gated:
     its last answer came (clock seconds; None before)."""
 
     def __init__(self, engine: Engine, gate: EngineGate, *, held: bool, admission: Admission | None = None,
-                 owner: object = None, now: Callable[[], float] = time.time):
+                 owner: object = None, now: Callable[[], float] = time.time, group: object = None):
         self._engine, self._gate, self._held = engine, gate, held
         self._admission, self._owner, self._now = admission, owner, now
+        self._group = group  # the tenant (Admission's fair share)
         self.died_in_flight = False
         self.first_sent_at: float | None = None
         self.last_answer_at: float | None = None
@@ -340,7 +362,7 @@ class _Gated:
         if self._held or self._admission is None:
             yield
         else:
-            async with self._admission.slot(body, self._owner):
+            async with self._admission.fair_slot(body, self._owner, self._group):
                 yield
 
     async def healthy(self) -> bool:
@@ -468,7 +490,7 @@ async def process_chunk(
     crashed = 0
     gate = gate or EngineGate()
     alone = _Gated(engine, gate, held=True, now=now)
-    together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now)
+    together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now, group=message.tenant)
     try:
         start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
                          max_failures=policy.max_failures)

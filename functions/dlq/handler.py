@@ -23,6 +23,10 @@ def handle_record(record: SQSRecord) -> None:
         # Not a work message: nothing can be recorded for it. Log and drop (retrying cannot help).
         logger.error("dead-lettered message is not a work message", extra={"message_id": record.message_id, "error": str(exc)[:500]})
         return
+    if not message.bound():
+        # Its input is not its tenant's batch input (WorkMessage.bound): read and record nothing.
+        logger.error("dead-lettered message not bound to its tenant", extra={"message_id": record.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
+        return
     receives = int(record.attributes.approximate_receive_count or 0)
     outcome = fail_chunk(deps.stores(), message, now=deps.now())
     logger.warning(
