@@ -47,5 +47,5 @@ def stores_from_settings(settings: Settings) -> Stores:
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
-        audit=AuditRepo(table),
+        audit=AuditRepo(table) if settings.governance else None,  # off: no audit chain
     )
