@@ -62,10 +62,10 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
     option("--allowed-models", type=_models, default=unset, help="comma-separated models this tenant may use, or 'all'")
     option("--batches-per-hour", type=_count, default=unset, help="batch creations per clock hour, or 'none'")
     option("--max-enqueued-requests", type=_cap, action="append", default=unset, metavar="MODEL=N",
-           help="per model: requests enqueued at once, or MODEL=none (defined, not enforced yet); repeatable")
+           help="per model: requests enqueued at once, or MODEL=none (over it a batch fails: token_limit_exceeded); repeatable")
     option("--max-enqueued-tokens", type=_cap, action="append", default=unset, metavar="MODEL=N",
-           help="per model: prompt tokens enqueued at once, or MODEL=none (defined, not enforced yet); repeatable")
-    option("--output-token-budget", type=_count, default=unset, help="output tokens per period, or 'none' (not enforced yet)")
+           help="per model: prompt tokens enqueued at once (estimated: bytes / 4), or MODEL=none; repeatable")
+    option("--output-token-budget", type=_count, default=unset, help="output tokens per period (charged as chunks are counted), or 'none'")
     option("--budget-period", choices=("day", "month"), default=unset)
     option("--budget-action", choices=("reject", "stop"), default=unset)
     guard.add_arguments(parser.add_argument_group("prompt and output policy"), default=unset)
@@ -114,7 +114,9 @@ def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None
     if args.action == "get":
         if stored is None:
             print(f"batchctl: tenant {args.tenant!r} has no policy: the defaults apply", file=err)
-        print(show(stored or default_policy(args.tenant)), file=out)
+        policy = stored or default_policy(args.tenant)
+        # With the current usage of its caps and budget (docs/governance.md), when it has any.
+        print(json.dumps({**policy.model_dump(), "usage": tenants.usage(policy, now=now)}, sort_keys=True), file=out)
         return 0
     if args.action == "create" and stored is not None:
         print(f"batchctl: tenant {args.tenant!r} already has a policy (change it with `tenants set`)", file=err)

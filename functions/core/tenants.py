@@ -10,9 +10,12 @@ Enforced now (docs/governance.md):
   atomic counter item per (tenant, hour window); over the limit the create is answered 429
   ``rate_limit_error`` with ``Retry-After`` (seconds to the window's end).
 
-Defined (stored, validated, shown by ``batchctl tenants get``) but NOT enforced yet: the per-model
-caps on enqueued requests and enqueued prompt tokens, and the output-token budget (its period and
-what happens at it).
+- ``max_enqueued_requests`` / ``max_enqueued_tokens``: per (tenant, model), reserved at ingest in
+  the move to in_progress (over a cap: the batch fails ``token_limit_exceeded``), released by the
+  write that makes the batch terminal, exactly once (``aws.repos.BatchRepo``).
+- ``output_token_budget``: output tokens charged in each chunk's count transaction; at the budget
+  ``reject`` answers creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest
+  (``budget_exceeded``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ COUNTER_GRACE_SECONDS = 3600
 
 BudgetPeriod = Literal["day", "month"]
 #: At the budget: refuse new batches (``reject``), or stop running lines with an error code
-#: (``stop``). Defined, not enforced yet.
+#: (``stop``): ``reject`` answers creates 429 ``insufficient_quota``; ``stop`` fails a batch at ingest.
 BudgetAction = Literal["reject", "stop"]
 
 
@@ -49,12 +52,12 @@ class TenantPolicy(BaseModel):
     allowed_models: list[str] | None = None
     #: Batch creations per clock hour; None: unlimited. Enforced at create (429).
     batches_per_hour: int | None = Field(default=None, ge=0)
-    #: Per model: at most this many requests enqueued (not yet finished). Defined, not enforced yet.
+    #: Per model: at most this many requests enqueued (not yet finished): reserved at ingest.
     max_enqueued_requests: dict[str, int] = Field(default_factory=dict)
     #: Per model: at most this many prompt tokens enqueued (OpenAI's "enqueued token limit").
-    #: Defined, not enforced yet.
+    #: Reserved at ingest (``estimate_tokens``), released at the batch's terminal status.
     max_enqueued_tokens: dict[str, int] = Field(default_factory=dict)
-    #: Output tokens per ``budget_period``; None: no budget. Defined, not enforced yet.
+    #: Output tokens per ``budget_period``; None: no budget. Charged as chunks are counted.
     output_token_budget: int | None = Field(default=None, ge=0)
     budget_period: BudgetPeriod = "month"
     budget_action: BudgetAction = "reject"

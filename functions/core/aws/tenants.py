@@ -27,6 +27,23 @@ class TenantRepo:
         )
         return [TenantPolicy.from_item(i) for i in items]
 
+    def usage(self, policy: TenantPolicy, *, now: int) -> dict:
+        """What the policy's limits have used now (``batchctl tenants get``): per capped model the
+        enqueued requests and tokens, and the current period's charged output tokens (one GetItem
+        each; nothing for a policy without caps or budget)."""
+        from .. import tenants as rules
+
+        enqueued = {}
+        for model in sorted({*policy.max_enqueued_requests, *policy.max_enqueued_tokens}):
+            item = self._table.get(schema.enqueued_pk(policy.tenant), schema.enqueued_sk(model)) or {}
+            enqueued[model] = {"requests": int(item.get("requests", 0)), "tokens": int(item.get("tokens", 0))}
+        used: dict = {"enqueued": enqueued}
+        if policy.output_token_budget is not None:
+            period = rules.budget_sk(policy.budget_period, now)
+            item = self._table.get(schema.budget_pk(policy.tenant), period) or {}
+            used["budget"] = {"period": period, "output_tokens": int(item.get("output_tokens", 0))}
+        return used
+
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         if limit <= 0:  # the condition below would admit the first create of a window
             return False

@@ -1,0 +1,34 @@
+"""``batchctl tenants get`` shows what a tenant's caps and budget have used (docs/governance.md):
+per capped model the enqueued requests and tokens, and the current period's charged output tokens,
+read from the counter items the API, ingest and the count write (moto)."""
+
+import time
+
+from functions.core.records import BatchRecord, ChunkRecord
+from functions.core.tenants import Reservation, TenantPolicy, budget_sk
+from tests.integration.test_tenants_cli import env, run_cli, stack  # noqa: F401 (fixtures)
+
+import json
+
+
+def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], stores) -> None:  # noqa: F811
+    stores.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"test-chat": 5000}, output_token_budget=900))
+    stores.batches.create(BatchRecord(tenant="acme", id="b1", input_file_id="f", endpoint="/v1/chat/completions",
+                                      completion_window="24h", created_at=1, expires_at=10**10, input_key="k"))
+    stores.batches.reserve("acme", "b1", values={"status": "in_progress", "accepting": True, "chunk_count": 1},
+                           expect={"status": "validating"},
+                           reservation=Reservation(tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000))
+    now = int(time.time())
+    stores.batches.count_chunk(ChunkRecord(tenant="acme", batch_id="b1", chunk=0, attempt="a", completed=3, failed=0,
+                                           output_tokens=42, recorded_at=now, expires_at=10**10, budget_period="month"))
+    code, out, err = run_cli("tenants", "get", "--tenant", "acme", env=env)
+    assert code == 0, err
+    usage = json.loads(out)["usage"]
+    assert usage["enqueued"] == {"test-chat": {"requests": 3, "tokens": 120}}
+    assert usage["budget"] == {"period": budget_sk("month", now), "output_tokens": 42}
+
+
+def test_get_of_a_tenant_without_limits_reads_no_counter(stack: None, env: dict[str, str]) -> None:  # noqa: F811
+    code, out, err = run_cli("tenants", "get", "--tenant", "nobody", env=env)
+    assert code == 0, err
+    assert json.loads(out)["usage"] == {"enqueued": {}}
