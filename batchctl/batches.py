@@ -51,7 +51,7 @@ from typing import Any, TextIO
 
 from openai import OpenAI
 
-from functions.core import limits
+from functions.core import guard, limits
 from functions.core.models import TERMINAL_STATUSES
 from infra import names
 
@@ -210,8 +210,9 @@ INVALID_LINE_CODES = frozenset({
     "invalid_json_line", "invalid_method", "invalid_url", "invalid_value", "line_too_large",
     "missing_required_parameter", "duplicate_custom_id", "model_not_found", "mismatched_model",
 })
-#: No engine answer, but the same request would most likely fail again.
-REJECTED_CODES = frozenset({"response_too_large"})
+#: No engine answer, but the same request would most likely fail again (under the same tenant
+#: policy, a refused prompt or a blocked result: functions/core/guard.py).
+REJECTED_CODES = frozenset({"response_too_large", guard.PROMPT_SECRET_DETECTED, guard.OUTPUT_BLOCKED})
 #: Engine answers worth another try: request timeout, rate limited, server errors.
 TRANSIENT_STATUSES = frozenset({408, 429})
 RETRY_SELECTIONS: dict[str, frozenset[str]] = {

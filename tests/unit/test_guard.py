@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from batchctl import batches as batchctl_batches
 from batchctl import cli
 from batchctl import tenants as tenants_cli
 from functions.core import guard, schema
@@ -394,6 +395,14 @@ def test_batchctl_refuses_a_bad_policy_with_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.parser().parse_args(["tenants", "set", "--tenant", "acme", *argv])
     assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize("code", [PROMPT_SECRET_DETECTED, OUTPUT_BLOCKED])
+def test_batchctl_retry_does_not_retry_a_policy_refusal_by_default(code):
+    """The same request fails the same way under the same policy: ``rejected``, which ``batches
+    retry`` takes only with ``--only all`` (the retry is a new batch: the policy applies again)."""
+    line = {"custom_id": "a", "response": None, "error": {"code": code, "message": "m"}}
+    assert batchctl_batches.retry_class(line) == "rejected"
 
 
 def test_run_batch_applies_the_same_policy():
