@@ -185,6 +185,16 @@ class DomainConfig(_Strict):
     certificate_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:acm:")]
 
 
+class AuditObjectLockConfig(_Strict):
+    """The WORM bucket for audit chain exports (docs/audit.md, infra/constructs/audit.py): S3 Object
+    Lock with a default retention on every object written there."""
+
+    #: ``governance``: a principal with ``s3:BypassGovernanceRetention`` can still delete early;
+    #: ``compliance``: nobody can, the root user included, until the retention ends.
+    mode: Literal["governance", "compliance"] = "governance"
+    retention_days: Annotated[int, Field(ge=1, le=36_500)] = 365
+
+
 def _default_models() -> tuple[ModelConfig, ...]:
     return (ModelConfig(name="Qwen/Qwen2.5-7B-Instruct", engine_args=("--max-model-len", "8192")),)
 
@@ -226,6 +236,8 @@ class DeployConfig(_Strict):
     #: Governance (issue 13): tenant policies read and enforced, the TENANTS partition granted.
     #: False switches the subsystem off (``Settings.governance``, docs/governance.md "The switch").
     governance: bool = True
+    #: An S3 bucket with Object Lock for ``batchctl audit export --s3`` (docs/audit.md); None: no bucket.
+    audit_object_lock: AuditObjectLockConfig | None = None
     #: Tags on every resource of the stack.
     tags: dict[str, str] = Field(default_factory=dict)
 

@@ -15,6 +15,7 @@ from constructs import Construct
 from infra import names
 from infra.config import DeployConfig
 from infra.constructs.api import Api
+from infra.constructs.audit import AuditExport
 from infra.constructs.ingest import Ingest
 from infra.constructs.lambdas import Lambdas
 from infra.constructs.monitoring import Monitoring
@@ -33,6 +34,8 @@ class BatchApiStack(cdk.Stack):
         self.config = config
 
         self.storage = Storage(self, "Storage", config=config)
+        # The optional WORM bucket for audit exports (docs/audit.md).
+        self.audit = AuditExport(self, "Audit", config=config, access_logs=self.storage.access_logs)
         self.lambdas = Lambdas(self, "Lambdas", config=config)
         self.ingest = Ingest(self, "Ingest", config=config, storage=self.storage, lambdas=self.lambdas)
         # The upload assembler's queue goes into the one Settings (docs/uploads.md).
