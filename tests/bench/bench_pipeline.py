@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -205,6 +206,8 @@ def main() -> None:
         raise SystemExit(f"unknown dataset(s) {unknown}; one of {', '.join(DATASETS)}")
     if reason := engines.missing():
         raise SystemExit(reason)
+    # SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the finally below stops the deployment.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     inputs = {d: workdir / f"{d}.jsonl" for d in datasets}
