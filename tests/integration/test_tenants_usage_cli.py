@@ -2,13 +2,12 @@
 per capped model the enqueued requests and tokens, and the current period's charged output tokens,
 read from the counter items the API, ingest and the count write (moto)."""
 
+import json
 import time
 
 from functions.core.records import BatchRecord, ChunkRecord
 from functions.core.tenants import Reservation, TenantPolicy, budget_sk
 from tests.integration.test_tenants_cli import env, run_cli, stack  # noqa: F401 (fixtures)
-
-import json
 
 
 def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], stores) -> None:  # noqa: F811
