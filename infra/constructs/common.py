@@ -104,17 +104,53 @@ CHUNK_PARTITIONS = schema.chunks_pk("*", "*")
 #: The one partition of the tenant policies (``schema.TENANTS_PK``, no wildcard): ingest reads the
 #: batch's tenant's policy (its model allowlist) with one GetItem.
 TENANT_POLICIES = schema.TENANTS_PK
+#: Every tenant's enqueued-cap counters (``T#*#ENQUEUED``, docs/governance.md): ingest reserves on
+#: them, and every terminal batch write releases the batch's reservation in its own transaction.
+ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
+#: Every tenant's output-token budget items (``T#*#BUDGET``): a counted chunk ADDs to them.
+BUDGET_PARTITIONS = schema.budget_pk("*")
+#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): where chunk receipts are appended.
+AUDIT_PARTITIONS = schema.audit_pk("*")
+#: What appending a receipt takes (``functions.core.aws.audit.AuditRepo``): GetItem (its dedupe
+#: marker), Query (the chain's head) and PutItem (the record and its marker, in one
+#: TransactWriteItems, authorized item by item). No update, delete or index: a chain is append-only.
+RECEIPT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
 
 
-def grant_items(role: iam.IGrantable, storage: Any, actions: tuple[str, ...], leading_keys: tuple[str, ...]) -> iam.PolicyStatement:
+def grant_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """A role that makes a batch terminal (``BatchRepo.update``/``finish``) releases its
+    enqueued-cap reservation in the same transaction: UpdateItem (an ADD) on ``T#*#ENQUEUED``.
+    Granted whether or not governance is on: the release depends on what the batch holds, which
+    may predate a switch of the deployment's config."""
+    return grant_items(role, storage, ("dynamodb:UpdateItem",), (ENQUEUED_PARTITIONS,))
+
+
+def grant_charge(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """A role that counts chunks (``BatchRepo.count_chunk``) charges the tenant's output-token
+    budget in the count's transaction when the chunk's message carries a ``budget_period``:
+    UpdateItem (an ADD) on ``T#*#BUDGET``. Unconditional for the same reason as ``grant_release``."""
+    return grant_items(role, storage, ("dynamodb:UpdateItem",), (BUDGET_PARTITIONS,))
+
+
+def grant_receipts(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """A chunk counter (GPU worker, chunk DLQ consumer) appends chunk receipts to the tenant's
+    audit chain (``Stores.receipts``, on when governance is). The receipt's S3 reads (one LIST of
+    the attempt's parts, a GET of each) are covered by the role's ``grant_read`` on the parts."""
+    return grant_items(role, storage, RECEIPT_ACTIONS, (AUDIT_PARTITIONS,))
+
+
+def grant_items(
+    role: iam.IGrantable, storage: Any, actions: tuple[str, ...], leading_keys: tuple[str, ...],
+    *, excluding: tuple[str, ...] = (),
+) -> iam.PolicyStatement:
     """Allow ``actions`` on the table's items whose partition key matches one of ``leading_keys``
-    (IAM ``StringLike`` patterns) and nothing else. ``ForAllValues`` with only item actions: every
-    key a request names must match (an empty set could only come from a Scan, which is not granted).
-    The table's ARN only: no index. ``storage`` is the Storage construct."""
-    statement = iam.PolicyStatement(
-        actions=list(actions),
-        resources=[storage.table.table_arn],
-        conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}},
-    )
+    (IAM ``StringLike`` patterns) and none of ``excluding`` (``StringNotLike``), and nothing else.
+    ``ForAllValues`` with only item actions: every key a request names must match (an empty set
+    could only come from a Scan, which is not granted). The table's ARN only: no index.
+    ``storage`` is the Storage construct."""
+    conditions: dict[str, Any] = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}}
+    if excluding:
+        conditions["ForAllValues:StringNotLike"] = {"dynamodb:LeadingKeys": list(excluding)}
+    statement = iam.PolicyStatement(actions=list(actions), resources=[storage.table.table_arn], conditions=conditions)
     role.grant_principal.add_to_principal_policy(statement)
     return statement

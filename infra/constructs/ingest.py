@@ -22,8 +22,8 @@ from infra import names
 from infra.config import DeployConfig
 
 from .common import (
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, TENANT_POLICIES, acknowledge, acknowledge_data_grants, grant_items, resource_prefix,
-    state_machine_arn,
+    BATCH_PARTITIONS, BUDGET_PARTITIONS, CHUNK_PARTITIONS, ENQUEUED_PARTITIONS, TENANT_POLICIES, acknowledge,
+    acknowledge_data_grants, grant_charge, grant_items, grant_receipts, grant_release, resource_prefix, state_machine_arn,
 )
 from .lambdas import Lambdas
 from .storage import Storage
@@ -42,12 +42,9 @@ PART_KEYS = schema.chunk_part_key("*", "*", 0, "*", "out").rsplit("/", 1)[0] + "
 #: item). No Query, Scan, DeleteItem, batch or index access.
 BATCH_ITEM_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
 CHUNK_COUNT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
-#: Every tenant's enqueued-cap counters (``schema.enqueued_pk``): ``T#*#ENQUEUED`` matches no other
-#: partition (a tenant name has no ``#``).
-ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
+#: Ingest's rights on the enqueued-cap counters (``common.ENQUEUED_PARTITIONS``; ``T#*#ENQUEUED``
+#: matches no other partition, a tenant name has no ``#``): reserve, and read on a refusal.
 ENQUEUED_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
-#: Every tenant's output-token budget items (``schema.budget_pk``): a counted chunk ADDs to them.
-BUDGET_PARTITIONS = schema.budget_pk("*")
 
 #: The ingest Lambda validates and fans out one whole batch per invocation (up to 200 MB of input).
 INGEST_TIMEOUT = cdk.Duration.minutes(10)
@@ -170,7 +167,9 @@ class Ingest(Construct):
         # TransactWriteItems, authorized item by item).
         grant_items(self.dlq_function, storage, CHUNK_COUNT_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
         # Its count charges the tenant's output-token budget in the same transaction (UpdateItem).
-        grant_items(self.dlq_function, storage, ("dynamodb:UpdateItem",), (BUDGET_PARTITIONS,))
+        grant_charge(self.dlq_function, storage)
+        if self.settings.governance:  # its counted chunks get receipts (Stores.receipts)
+            grant_receipts(self.dlq_function, storage)
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
         storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept
@@ -197,6 +196,9 @@ class Ingest(Construct):
             sources.SqsEventSource(self.ingest_dead_letters, batch_size=1, report_batch_item_failures=True)
         )
         grant_items(self.ingest_dlq_function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
+        # Failing or cancelling a batch releases its enqueued-cap reservation in that write's
+        # transaction (one held by a batch another ingest moved on, in a race: BatchRepo._releasing).
+        grant_release(self.ingest_dlq_function, storage)
         storage.bucket.grant_read(self.ingest_dlq_function, MANIFEST_KEYS)  # a retried fan-out reads the manifest
         for queue in self.work_queues.values():
             queue.grant_send_messages(self.ingest_dlq_function)

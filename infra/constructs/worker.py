@@ -26,7 +26,9 @@ two partition shapes (``dynamodb:LeadingKeys``): a tenant's batch partition ``T#
 and a batch's chunk partition ``T#<tenant>#B#<batch>`` (``WORKER_LEADING_KEYS``). Never a tenant's
 own partition ``T#<tenant>`` (file and upload records), its webhook records, an API key's item (``KEY#...``),
 the scaler's state (``SCALER#...``) or an idempotency record; never a scan, a query, a delete or
-an index.
+an index. Besides: UpdateItem on the output-token budget items (``T#*#BUDGET``: a count charges the
+budget in its transaction) and, with governance on, GetItem/PutItem/Query on the audit chains
+(``AUDIT#*``: a counted chunk's receipt), both through ``common``'s grants.
 """
 
 from collections.abc import Mapping
@@ -51,7 +53,8 @@ from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
 from .common import (
     dead_letter_queue,
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_items, log_group,
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_charge, grant_items,
+    grant_receipts, log_group,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
 from .lambdas import Lambdas
@@ -245,7 +248,7 @@ class ModelWorker(Construct):
         self.container.add_mount_points(
             ecs.MountPoint(container_path=CACHE_CONTAINER_PATH, source_volume="cache", read_only=False)
         )
-        self._grant(storage, workflow)
+        self._grant(storage, workflow, settings)
 
         strategies = [ecs.CapacityProviderStrategy(
             capacity_provider=self.capacity_providers["OnDemand"].capacity_provider_name,
@@ -334,13 +337,16 @@ class ModelWorker(Construct):
         self.auto_scaling_groups[kind] = group
 
     # --- least privilege for the task ----------------------------------------------------------
-    def _grant(self, storage: Storage, workflow: Workflow) -> None:
+    def _grant(self, storage: Storage, workflow: Workflow, settings: Settings) -> None:
         role = self.task_definition.task_role
         self.work_queue.grant_consume_messages(role)  # receive, change visibility, delete
         storage.bucket.grant_read(role, INPUT_KEYS)  # ranged GET of a chunk's lines
         storage.bucket.grant_put(role, PART_KEYS)  # the chunk's output and error parts
         storage.bucket.grant_read(role, PART_KEYS)  # a redelivered chunk reads its checkpoints
         grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
+        grant_charge(role, storage)  # the count charges the tenant's output-token budget (T#*#BUDGET)
+        if settings.governance:  # a counted chunk's receipt on the tenant's audit chain (AUDIT#*)
+            grant_receipts(role, storage)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow
         # Metrics are CloudWatch EMF lines on stdout (the awslogs driver ships them): no
         # cloudwatch:PutMetricData needed.

@@ -21,7 +21,7 @@ from infra.config import DeployConfig
 
 from .common import (
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge_data_grants, acknowledge_wildcards, arn_in_findings, grant_items,
-    log_group, resource_prefix,
+    grant_release, log_group, resource_prefix,
 )
 from .ingest import BATCH_KEYS
 from .lambdas import Lambdas
@@ -40,6 +40,10 @@ SIGNAL = "states:SendTaskSuccess"
 WORKFLOW_BATCH_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query")
 WORKFLOW_FILE_ACTIONS = ("dynamodb:PutItem",)
 FILE_PARTITIONS = schema.tenant_pk("*")
+#: IAM's ``*`` also matches ``#``: ``T#*`` alone would open every ``T#<tenant>#...`` partition
+#: (batches, enqueued counters, budget, creation counters, webhooks) to PutItem. A tenant name has
+#: no ``#``, so excluding ``T#*#*`` leaves exactly the tenants' own partitions.
+NOT_FILE_PARTITIONS = schema.tenant_pk("*#*")
 
 
 class Workflow(Construct):
@@ -70,7 +74,9 @@ class Workflow(Construct):
             timeout=WORKFLOW_TIMEOUT,
         )
         grant_items(self.function, storage, WORKFLOW_BATCH_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
-        grant_items(self.function, storage, WORKFLOW_FILE_ACTIONS, (FILE_PARTITIONS,))  # output and error File records
+        grant_items(self.function, storage, WORKFLOW_FILE_ACTIONS, (FILE_PARTITIONS,),  # output and error File records
+                    excluding=(NOT_FILE_PARTITIONS,))
+        grant_release(self.function, storage)  # finalize/fail release the batch's enqueued-cap reservation
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # input (never-ran lines), manifest, parts
         storage.bucket.grant_put(self.function, FILE_KEYS)  # output and error files (multipart)
         self.grant_publish(self.function)

@@ -46,16 +46,10 @@ def _table_statements(synth, role: str) -> list[dict]:
     return found
 
 
-def _table_statement(synth, role: str) -> dict:
-    """The one DynamoDB statement of the role with logical id ``role``."""
-    (statement,) = _table_statements(synth, role)
-    return statement
-
-
-def _worker_statements(synth) -> dict[str, dict]:
-    """The one DynamoDB statement of each model's task role, by model name."""
+def _worker_statements(synth) -> dict[str, list[dict]]:
+    """The DynamoDB statements of each model's task role, by task definition."""
     out = {
-        name: _table_statement(synth, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
+        name: _table_statements(synth, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
         for name, task in synth.resources("AWS::ECS::TaskDefinition").items()
     }
     assert len(out) == len(synth.config.models)
@@ -74,23 +68,28 @@ def _lambda_statements(synth, label: str) -> list[dict]:
     return _table_statements(synth, synth.logical_id(function.role))
 
 
-def leading_keys(statement: dict) -> list[str]:
-    (operator_,) = statement["Condition"]
-    assert operator_ == "ForAllValues:StringLike"
-    patterns = statement["Condition"][operator_]["dynamodb:LeadingKeys"]
+def leading_keys(statement: dict, operator_: str = "ForAllValues:StringLike") -> list[str]:
+    """The ``dynamodb:LeadingKeys`` patterns of one condition operator (the statement has only
+    ``ForAllValues:StringLike`` and, optionally, ``ForAllValues:StringNotLike``)."""
+    assert set(statement["Condition"]) <= {"ForAllValues:StringLike", "ForAllValues:StringNotLike"}
+    assert "ForAllValues:StringLike" in statement["Condition"]
+    patterns = statement["Condition"].get(operator_, {}).get("dynamodb:LeadingKeys", [])
     return patterns if isinstance(patterns, list) else [patterns]
 
 
 def allows(statement: dict, action: str, partition_keys: list[str]) -> bool:
     """IAM's answer for ``action`` on items of ``partition_keys``: the action is granted and every
-    key matches a pattern (ForAllValues). An empty key set is a Scan, never granted here."""
+    key matches a pattern and no excluded pattern (ForAllValues; the operators are ANDed). An empty
+    key set is a Scan, never granted here."""
     actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
     patterns = leading_keys(statement)
+    excluded = leading_keys(statement, "ForAllValues:StringNotLike")
     return (
         statement["Effect"] == "Allow"
         and action in actions
         and bool(partition_keys)
         and all(any(fnmatch.fnmatchcase(k, p) for p in patterns) for k in partition_keys)
+        and not any(fnmatch.fnmatchcase(k, p) for p in excluded for k in partition_keys)
     )
 
 
@@ -99,26 +98,56 @@ def allows_any(statements: list[dict], action: str, partition_keys: list[str]) -
     return any(allows(s, action, partition_keys) for s in statements)
 
 
+#: Beside its chunk path, a chunk counter (the worker, the chunk DLQ consumer) charges the tenant's
+#: output-token budget in the count's transaction (UpdateItem on ``T#*#BUDGET``) and, governance
+#: on (the session synth), appends the chunk's receipt to the tenant's audit chain (GetItem the
+#: dedupe marker, Query the head, PutItem the record and its marker: ``AUDIT#*``).
+CHARGE = (["dynamodb:UpdateItem"], ["T#*#BUDGET"])
+RECEIPTS = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"])
+#: A role that makes a batch terminal releases its enqueued-cap reservation in that transaction.
+RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
+WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE, RECEIPTS]
+
+
+def _rights(statements: list[dict]) -> list[tuple]:
+    """(actions, patterns[, excluded patterns]) of each statement, sorted."""
+    return sorted(
+        (_actions(s), sorted(leading_keys(s)), *([ex] if (ex := sorted(leading_keys(s, "ForAllValues:StringNotLike"))) else []))
+        for s in statements
+    )
+
+
+def _expected(rights: list[tuple]) -> list[tuple]:
+    return sorted((sorted(r[0]), *(sorted(p) for p in r[1:])) for r in rights)
+
+
 def test_worker_policy_names_only_its_actions_and_partitions(synth):
-    for name, statement in _worker_statements(synth).items():
-        assert statement["Effect"] == "Allow"
-        assert sorted(statement["Action"]) == WORKER_ACTIONS, name
-        assert sorted(leading_keys(statement)) == sorted(WORKER_PATTERNS), name
-        # The table itself: no index ARN (no Query of any index).
-        assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
+    for name, statements in _worker_statements(synth).items():
+        assert _rights(statements) == _expected(WORKER_RIGHTS), name
+        for statement in statements:
+            assert statement["Effect"] == "Allow"
+            # The table itself: no index ARN (no Query of any index).
+            assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
 
 
 #: The narrow Lambdas, from the issue ("grant only what each needs"), as (actions, partition
 #: patterns) per statement: ingest and the ingest DLQ consumer read a batch and update it; the
 #: chunk DLQ consumer counts a chunk as the worker does; the workflow reads and updates the batch,
 #: queries its chunk markers, and puts the output File records in the tenant's partition.
+#: Issue 13 adds: ingest reads a tenant's policy, reserves on its enqueued counters and reads its
+#: budget item; the ingest DLQ consumer and the workflow release a reservation (their terminal
+#: writes); the chunk DLQ consumer charges the budget and appends receipts, as the worker does.
 LAMBDA_RIGHTS = {
-    "ingest": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), (["dynamodb:GetItem"], ["TENANTS"])],
-    "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"])],
-    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS)],
+    "ingest": [
+        (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), (["dynamodb:GetItem"], ["TENANTS"]),
+        (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]), (["dynamodb:GetItem"], ["T#*#BUDGET"]),
+    ],
+    "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), RELEASE],
+    "dlq": WORKER_RIGHTS,
     "workflow": [
         (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
-        (["dynamodb:PutItem"], ["T#*"]),
+        (["dynamodb:PutItem"], ["T#*"], ["T#*#*"]),  # a tenant's own partition only (its File records)
+        RELEASE,
     ],
 }
 
@@ -130,8 +159,7 @@ def _actions(statement: dict) -> list[str]:
 @pytest.mark.parametrize("label", LAMBDA_RIGHTS)
 def test_narrow_lambdas_name_only_their_actions_and_partitions(synth, label):
     statements = _lambda_statements(synth, label)
-    expected = sorted((sorted(actions), sorted(patterns)) for actions, patterns in LAMBDA_RIGHTS[label])
-    assert sorted((_actions(s), sorted(leading_keys(s))) for s in statements) == expected
+    assert _rights(statements) == _expected(LAMBDA_RIGHTS[label])
     table = f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
     for statement in statements:
         assert statement["Effect"] == "Allow" and synth.render(statement["Resource"]) == table
@@ -181,12 +209,24 @@ ALLOWED_KINDS = {"batch", "terminal batch", "chunk marker", "chunk run"}
 @pytest.mark.parametrize("tenant", TENANTS)
 def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth, tenant):
     records = _records(tenant)
-    for name, statement in _worker_statements(synth).items():
+    for name, statements in _worker_statements(synth).items():
         for kind, keys in records.items():
             for action in WORKER_ACTIONS:
-                assert allows(statement, action, [keys[schema.PK]]) == (kind in ALLOWED_KINDS), (name, kind, keys)
+                assert allows_any(statements, action, [keys[schema.PK]]) == (kind in ALLOWED_KINDS), (name, kind, keys)
         # A transaction naming a file and the batch is denied as a whole (ForAllValues).
-        assert not allows(statement, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
+        assert not allows_any(statements, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
+        # The budget item: charged (an ADD), never read, put or deleted; the audit chain: read and
+        # appended to, never updated or deleted (append-only); the enqueued counters: never.
+        budget, chain = schema.budget_pk(tenant), schema.audit_pk(tenant)
+        assert allows_any(statements, "dynamodb:UpdateItem", [budget])
+        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query"):
+            assert not allows_any(statements, action, [budget]), (name, action)
+        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
+            assert allows_any(statements, action, [chain]), (name, action)
+        for action in ("dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+            assert not allows_any(statements, action, [chain]), (name, action)
+        for action in WORKER_ACTIONS:
+            assert not allows_any(statements, action, [schema.enqueued_pk(tenant)]), (name, action)
 
 
 def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
@@ -208,12 +248,13 @@ def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
         endpoint.to_item()[schema.PK],
         attempt.to_item()[schema.PK],
     ]
-    for name, statement in _worker_statements(synth).items():
+    others += ["TENANTS", schema.creations_pk("acme"), schema.tenant_pk("acme")]
+    for name, statements in _worker_statements(synth).items():
         for pk in others:
-            for action in WORKER_ACTIONS:
-                assert not allows(statement, action, [pk]), (name, pk)
+            for action in (*WORKER_ACTIONS, "dynamodb:Query"):
+                assert not allows_any(statements, action, [pk]), (name, pk)
         for action in ("dynamodb:Query", "dynamodb:Scan", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"):
-            assert not allows(statement, action, [schema.batches_pk("acme")]), (name, action)
+            assert not allows_any(statements, action, [schema.batches_pk("acme")]), (name, action)
 
 
 # --- every request the worker's chunk path makes, checked against the policy ------------------
@@ -310,11 +351,15 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
 
     requests = [pair for operation, params in calls for pair in _operation_keys(operation, params)]
     operations = {operation for operation, _ in calls}
-    # The worker's path made every kind of call it has: item reads, writes, updates, the count transaction.
-    assert operations == {"GetItem", "PutItem", "UpdateItem", "TransactWriteItems"}, operations
-    assert {k for _, keys in requests for k in keys} == {schema.batches_pk(tenant), schema.chunks_pk(tenant, batch_id)}
-    for name, statement in _worker_statements(synth).items():
-        denied = [(a, k) for a, k in requests if not allows(statement, a, k)]
+    # The worker's path made every kind of call it has: item reads, writes, updates, the count
+    # transaction, and the receipts' Query of the chain's head (governance on: the local wiring).
+    assert operations == {"GetItem", "PutItem", "UpdateItem", "TransactWriteItems", "Query"}, operations
+    assert {k for _, keys in requests for k in keys} == {
+        schema.batches_pk(tenant), schema.chunks_pk(tenant, batch_id), schema.audit_pk(tenant)
+    }
+    assert len(stores.receipts.records(tenant)) == 2  # one receipt per counted chunk
+    for name, statements in _worker_statements(synth).items():
+        denied = [(a, k) for a, k in requests if not allows_any(statements, a, k)]
         assert denied == [], (name, denied)
 
 
@@ -391,7 +436,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     assert stores.batches.get("acme", other.id).status != "validating"
 
     policies = {label: _lambda_statements(synth, label) for label in LAMBDA_RIGHTS}
-    policies.update({f"worker {name}": [s] for name, s in _worker_statements(synth).items()})
+    policies.update({f"worker {name}": s for name, s in _worker_statements(synth).items()})
     for role, statements in policies.items():
         requests = recorder.requests(role.split()[0])
         assert requests, f"{role} made no table request"

@@ -1,9 +1,15 @@
-"""Ingest's table rights after issue 13: it may read a tenant policy (GetItem on the ``TENANTS``
+"""The table rights issue 13 adds. Ingest may read a tenant policy (GetItem on the ``TENANTS``
 partition) and nothing more there: no write, no Query (no listing of every tenant's policy), and
-the pattern has no wildcard, so it opens no other partition."""
+the pattern has no wildcard, so it opens no other partition. Every role that makes a batch terminal
+may release its enqueued-cap reservation (UpdateItem on ``T#*#ENQUEUED``); the chunk counters (GPU
+worker, chunk DLQ consumer) charge the output-token budget (``T#*#BUDGET``) and, governance on,
+append chunk receipts to the audit chains (``AUDIT#*``)."""
+
+import fnmatch
 
 from functions.core import schema
 from functions.core.tenants import TenantPolicy
+from tests.infra.test_governance_switch import ungoverned  # noqa: F401 - fixture (governance off)
 from tests.infra.test_table_access import _lambda_statements, allows_any
 
 
@@ -40,3 +46,81 @@ def test_the_budget_items_ingest_reads_and_the_chunk_dlq_consumer_charges(synth)
     assert allows_any(dlq, "dynamodb:UpdateItem", [budget_pk])
     for pk in (schema.tenant_pk("acme"), schema.enqueued_pk("acme"), "TENANTS"):
         assert not allows_any(dlq, "dynamodb:UpdateItem", [pk]), pk
+
+
+#: Every role that makes a batch terminal (``BatchRepo.update``/``finish`` with a terminal status),
+#: hence may release its enqueued-cap reservation in that write's transaction. The API and the
+#: sweeper have the whole table (``grant_read_write_data``); ingest reserves there already.
+TERMINAL_WRITERS = ("workflow", "ingest_dlq", "ingest")
+
+
+def test_every_terminal_writer_may_release_a_reservation_and_nothing_more_there(synth):
+    counter_pk = schema.enqueued_pk("acme")
+    for label in TERMINAL_WRITERS:
+        statements = _lambda_statements(synth, label)
+        assert allows_any(statements, "dynamodb:UpdateItem", [counter_pk]), label
+        for action in ("dynamodb:PutItem", "dynamodb:Query", "dynamodb:DeleteItem"):
+            assert not allows_any(statements, action, [counter_pk]), (label, action)
+        # The release grant is of the counters only: a budget item or a tenant's files stay closed.
+        for pk in (schema.budget_pk("acme"), schema.creations_pk("acme"), "TENANTS"):
+            assert not allows_any(statements, "dynamodb:UpdateItem", [pk]), (label, pk)
+    # The chunk DLQ consumer counts chunks but never makes a batch terminal: no release right.
+    assert not allows_any(_lambda_statements(synth, "dlq"), "dynamodb:UpdateItem", [counter_pk])
+
+
+def test_the_chunk_counters_may_charge_the_budget_and_append_receipts(synth):
+    """The worker's task roles and the chunk DLQ consumer (both count chunks): UpdateItem on the
+    budget items; GetItem/PutItem/Query on the audit chains, which no other narrow role reaches."""
+    from tests.infra.test_table_access import _worker_statements
+
+    budget_pk, chain_pk = schema.budget_pk("acme"), schema.audit_pk("acme")
+    counters = {"dlq": _lambda_statements(synth, "dlq"), **{f"worker {n}": s for n, s in _worker_statements(synth).items()}}
+    for label, statements in counters.items():
+        assert allows_any(statements, "dynamodb:UpdateItem", [budget_pk]), label
+        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
+            assert allows_any(statements, action, [chain_pk]), (label, action)
+        # A chain is append-only: no update or delete of a record; a receipt's transaction naming
+        # the chain and anything else (a file record) is denied as a whole.
+        for action in ("dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+            assert not allows_any(statements, action, [chain_pk]), (label, action)
+        assert not allows_any(statements, "dynamodb:PutItem", [chain_pk, schema.tenant_pk("acme")]), label
+    for label in ("ingest", "ingest_dlq", "workflow"):
+        assert not allows_any(_lambda_statements(synth, label), "dynamodb:Query", [chain_pk]), label
+
+
+def test_a_receipt_s_part_reads_are_granted_to_the_chunk_counters(synth):
+    """A receipt LISTs the counted attempt's parts (ListBucket with its prefix) and GETs each: the
+    worker and the chunk DLQ consumer have ``grant_read`` on the parts (ListBucket on the bucket,
+    GetObject on ``batches/*/*/parts/*``)."""
+    from infra.constructs.ingest import PART_KEYS
+
+    bucket = f"<{synth.logical_id(synth.stack.storage.bucket)}.Arn>"
+    roles = [synth.stack.ingest.dlq_function.role, *(w.task_definition.task_role for w in synth.stack.workers.workers.values())]
+    for role in roles:
+        statements = [
+            st for policy in synth.resources("AWS::IAM::Policy").values()
+            if {"Ref": synth.logical_id(role)} in policy["Properties"]["Roles"]
+            for st in policy["Properties"]["PolicyDocument"]["Statement"]
+        ]
+
+        def granted(action: str, resource: str) -> bool:
+            for st in statements:
+                actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+                resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+                if any(fnmatch.fnmatchcase(action, a) for a in actions) and resource in [synth.render(r) for r in resources]:
+                    return True
+            return False
+
+        assert granted("s3:ListBucket", bucket), role
+        assert granted("s3:GetObject", f"{bucket}/{PART_KEYS}"), role
+
+
+def test_governance_off_grants_no_receipts(ungoverned):
+    """Off, the stores append no receipts (``stores_from_settings``) and no role is granted the chains."""
+    from tests.infra.test_table_access import _worker_statements
+
+    chain_pk = schema.audit_pk("acme")
+    counters = [_lambda_statements(ungoverned, "dlq"), *_worker_statements(ungoverned).values()]
+    for statements in counters:
+        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
+            assert not allows_any(statements, action, [chain_pk]), action

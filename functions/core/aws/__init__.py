@@ -37,6 +37,7 @@ class NoPolicy:
 def stores_from_settings(settings: Settings) -> Stores:
     """Every port on AWS, for the deployment ``settings`` describe."""
     table = Table(clients.dynamodb_table(settings.table_name))
+    chains = AuditRepo(table) if settings.governance else None  # off: no audit chain, no receipts
     return Stores(
         objects=ObjectStore(clients.client("s3"), settings.bucket_name),
         files=FileRepo(table),
@@ -47,5 +48,6 @@ def stores_from_settings(settings: Settings) -> Stores:
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
-        audit=AuditRepo(table) if settings.governance else None,  # off: no audit chain
+        audit=chains,
+        receipts=chains,  # chunk receipts (worker, chunk DLQ consumer: granted AUDIT#*, infra/constructs/common.py)
     )

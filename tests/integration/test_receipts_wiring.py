@@ -1,0 +1,84 @@
+"""Chunk receipts under the AWS wiring (``stores_from_settings`` on moto, the local deployment's
+stores): governance on, a counted chunk appends one ``chunk.receipt`` to its tenant's audit chain,
+and a redelivery of it appends none; governance off, the stores keep no chain and nothing is
+appended (docs/audit.md)."""
+
+import hashlib
+import json
+
+import pytest
+from moto import mock_aws
+
+from functions.core import audit, clients, schema
+from functions.core.aws import stores_from_settings
+from functions.core.messages import WorkMessage
+from functions.core.records import BatchRecord
+from functions.core.settings import Settings
+from tests.conftest import PREFIX, TEST_SETTINGS
+from tests.integration.worker.harness import run_one_chunk
+
+CHAT = "/v1/chat/completions"
+TENANT, BATCH, NOW = "acme", "batch_abc", 1_000
+
+
+def _lines(n: int) -> bytes:
+    return "".join(
+        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
+                    "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
+        for i in range(n)
+    ).encode()
+
+
+@pytest.fixture
+def deployed_settings():
+    from infra.local.resources import create_resources
+
+    with mock_aws():
+        clients.reset()
+        yield create_resources(
+            TEST_SETTINGS, clients.client, prefix=PREFIX,
+            workflow_function_arn="arn:aws:lambda:us-east-1:123456789012:function:batch-api-test-workflow",
+        )
+        clients.reset()
+
+
+def _one_chunk_batch(settings: Settings) -> tuple[WorkMessage, "object"]:
+    stores = stores_from_settings(settings)
+    data = _lines(2)
+    key = schema.batch_input_key(TENANT, BATCH)
+    stores.objects.put(key, data)
+    stores.batches.create(BatchRecord(
+        tenant=TENANT, id=BATCH, input_file_id="file-in", endpoint=CHAT, completion_window="24h",
+        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", model="test-chat", total=2,
+        chunk_count=1, accepting=True, enqueued=True, input_key=key,
+    ))
+    message = WorkMessage(batch_id=BATCH, tenant=TENANT, chunk=0, input_key=key, byte_start=0, byte_end=len(data),
+                          first_line=1, line_count=2, endpoint=CHAT, model="test-chat", expires_at=NOW + 86_400)
+    return message, stores
+
+
+def test_governance_on_a_counted_chunk_appends_one_receipt(deployed_settings):
+    assert deployed_settings.governance  # the local deployment's default
+    message, stores = _one_chunk_batch(deployed_settings)
+    assert stores.receipts is not None
+    assert run_one_chunk(stores, message).outcome.counted
+    assert run_one_chunk(stores, message).skipped  # a redelivery: no second receipt
+
+    (receipt,) = stores.receipts.records(TENANT)
+    assert audit.verify([receipt]) is None
+    assert (receipt.action, receipt.actor, receipt.target) == (audit.CHUNK_RECEIPT, audit.WORKER, BATCH)
+    marker = stores.batches.counted_chunk(TENANT, BATCH, 0)
+    assert receipt.details["attempt"] == marker.attempt and receipt.details["completed"] == 2
+    out = stores.objects.get(schema.chunk_part_key(TENANT, BATCH, 0, marker.attempt, "out"))
+    assert receipt.details["out_sha256"] == hashlib.sha256(out).hexdigest()
+    # The API's chain is the same one (one chain per tenant).
+    assert stores.audit.records(TENANT) == [receipt]
+
+
+def test_governance_off_appends_no_receipt(deployed_settings):
+    settings = deployed_settings.model_copy(update={"governance": False})
+    message, stores = _one_chunk_batch(settings)
+    assert stores.receipts is None and stores.audit is None
+    assert run_one_chunk(stores, message).outcome.counted
+    # Nothing in the audit partition (read with the governed wiring's repo, on the same table).
+    assert stores_from_settings(deployed_settings).audit.records(TENANT) == []
