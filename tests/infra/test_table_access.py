@@ -1,7 +1,9 @@
 """Who may touch which table items: the GPU worker's task role reaches exactly the partitions it
 uses (a tenant's batch partition and a batch's chunk partitions) through GetItem/PutItem/UpdateItem,
 and never a tenant's file, upload or webhook records, an API key, the scaler's state or an
-idempotency record (issue 11).
+idempotency record (issue 11). Issue 13 adds, per role, exactly: the budget charge and (governance
+on) the audit chain's receipts for the chunk counters, the reservation's release for the roles that
+make a batch terminal, ingest's policy, counter and budget reads (``LAMBDA_RIGHTS``, ``WORKER_RIGHTS``).
 
 The synthesized policy is evaluated the way IAM evaluates it: ``ForAllValues:StringLike`` on
 ``dynamodb:LeadingKeys`` (every partition key a request names must match one pattern; IAM's ``*``
