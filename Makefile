@@ -81,12 +81,12 @@ bench-uploads: $(STAMP)
 .PHONY: bench-pipeline
 bench-pipeline: $(STAMP) engine
 	$(PY) -m tests.bench.bench_pipeline --lines 200 --rounds 2 --datasets uniform,shared-prefix,uneven
-## Issue 13: tenant A's 500-line batch, tenant B's 10-line batch 3 s later under the local
+## Issue 13: tenant A's 700-line batch (more than one worker holds), tenant B's 10-line batch 3 s later under the local
 ## deployment: B's time to its first line and to completed, alone, behind A with the fair-queue
 ## emulation, behind A without it (docs/governance.md "Fair share"; ~5-10 min, both cores).
 .PHONY: bench-fairness
 bench-fairness: $(STAMP) engine
-	$(PY) -m tests.bench.bench_fairness --a-lines 500 --b-lines 10 --max-tokens 32 --b-after 3
+	$(PY) -m tests.bench.bench_fairness --a-lines 700 --b-lines 10 --max-tokens 32 --b-after 3
 ## Issue 13: what the prompt secret scan and the output guardrails cost per line (2,000 chat lines, CPU
 ## only, no deployment; docs/governance.md "Prompt and output policies"; ~30 s).
 .PHONY: bench-guard

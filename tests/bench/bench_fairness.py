@@ -1,6 +1,6 @@
 """Fair share across tenants (issue 13 item 4) under the local deployment with its engine.
 
-    .venv/bin/python -m tests.bench.bench_fairness [--a-lines 500] [--b-lines 10] [--max-tokens 32] [--b-after 3]
+    .venv/bin/python -m tests.bench.bench_fairness [--a-lines 700] [--b-lines 10] [--max-tokens 32] [--b-after 3]
 
 Tenant A submits a large batch; ``--b-after`` seconds later tenant B submits a small one. B's time
 from create to completed (and to its first line in the engine, from the worker's ``chunk done``
@@ -93,7 +93,7 @@ def deployment(directory: Path, *, fair: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a-lines", type=int, default=500)
+    parser.add_argument("--a-lines", type=int, default=700)
     parser.add_argument("--b-lines", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--b-after", type=float, default=3.0)
