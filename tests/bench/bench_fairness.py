@@ -14,31 +14,13 @@ share (issue 13)". Nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from infra import names
+from tests.bench.local_batches import ENDED, chunk_logs, submit_chat
 from tests.e2e import conftest as e2e
-
-CHAT = "/v1/chat/completions"
-ENDED = ("completed", "failed", "expired", "cancelled")
-
-
-def submit(sdk, *, lines: int, max_tokens: int, tag: str):
-    rows = [
-        {"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": {
-            "model": names.LOCAL_CHAT_MODEL, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Say something about the number {i} ({tag})."}],
-        }}
-        for i in range(lines)
-    ]
-    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    file_id = sdk.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
-    return sdk.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h"), time.time()
-
 
 def wait(sdk, batch_id: str, poll: float = 0.1):
     while (batch := sdk.batches.retrieve(batch_id)).status not in ENDED:
@@ -47,19 +29,8 @@ def wait(sdk, batch_id: str, poll: float = 0.1):
 
 
 def first_sent(worker_log: Path, batch_id: str) -> float | None:
-    deadline = time.time() + 10
-    while time.time() < deadline:  # the worker logs "chunk done" after it deletes the message
-        found = []
-        for line in worker_log.read_text(errors="replace").splitlines():
-            if batch_id in line and '"chunk done"' in line:
-                try:
-                    found.append(json.loads(line)["first_sent_at"])
-                except (ValueError, KeyError):
-                    continue
-        if found:
-            return min(f for f in found if f is not None)
-        time.sleep(0.1)
-    return None
+    sent = [log["first_sent_at"] for log in chunk_logs(worker_log, batch_id) if log.get("first_sent_at") is not None]
+    return min(sent) if sent else None
 
 
 def scenario(local, *, with_a: bool, args) -> dict[str, float]:
@@ -67,9 +38,9 @@ def scenario(local, *, with_a: bool, args) -> dict[str, float]:
     worker_log = local.state_dir / "logs" / f"worker-{names.LOCAL_CHAT_MODEL}.log"
     a = None
     if with_a:
-        a, _ = submit(sdk_a, lines=args.a_lines, max_tokens=args.max_tokens, tag="a")
+        a, _ = submit_chat(sdk_a, lines=args.a_lines, max_tokens=args.max_tokens, tag="a")
         time.sleep(args.b_after)
-    b, created = submit(sdk_b, lines=args.b_lines, max_tokens=args.max_tokens, tag="b")
+    b, created = submit_chat(sdk_b, lines=args.b_lines, max_tokens=args.max_tokens, tag="b")
     done, ended = wait(sdk_b, b.id)
     row = {"b_total": ended - created, "b_first_line": (first_sent(worker_log, b.id) or float("nan")) - created}
     if a is not None:

@@ -22,51 +22,24 @@ Numbers go to docs/benchmarks.md, "Fixed overhead (issue 14)". Nothing is assert
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from infra import names
+from tests.bench.local_batches import ENDED, chunk_logs, submit_chat
 from tests.e2e.conftest import start_local_deployment
 
-CHAT = "/v1/chat/completions"
-
-
-def chunk_logs(log: Path, batch_id: str) -> list[dict]:
-    found = []
-    for line in log.read_text(errors="replace").splitlines():
-        if batch_id in line and '"chunk done"' in line:
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return found
-
-
 def one_batch(sdk, worker_log: Path, *, lines: int, max_tokens: int, poll: float, tag: str) -> dict[str, float]:
-    rows = [
-        {"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": {
-            "model": names.LOCAL_CHAT_MODEL, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Say something about the number {i} ({tag})."}],
-        }}
-        for i in range(lines)
-    ]
-    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    file_id = sdk.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
-    created = time.time()
-    batch = sdk.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
-    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+    batch, created = submit_chat(sdk, lines=lines, max_tokens=max_tokens, tag=tag)
+    while batch.status not in ENDED:
         time.sleep(poll)
         batch = sdk.batches.retrieve(batch.id)
     completed = time.time()
     if batch.status != "completed":
         raise RuntimeError(f"batch {batch.id} ended {batch.status}: {batch.errors}")
-    deadline = time.time() + 10
-    while not (logs := chunk_logs(worker_log, batch.id)) and time.time() < deadline:
-        time.sleep(0.1)  # the worker logs "chunk done" after it deletes the message
+    logs = chunk_logs(worker_log, batch.id)
     received = min(l["received_at"] for l in logs)
     first = min(l["first_sent_at"] for l in logs)
     last = max(l["last_answer_at"] for l in logs)
