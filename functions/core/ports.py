@@ -228,7 +228,7 @@ class Stores:
     #: The audit chains (None: this deployment keeps none; docs/audit.md).
     audit: AuditStore | None = None
     #: The same chains as the chunk counters (GPU worker, chunk DLQ consumer) reach them for chunk
-    #: receipts; None until their roles are granted the AUDIT partitions (docs/audit.md).
+    #: receipts; None when governance is off (docs/audit.md).
     receipts: AuditStore | None = None
 
 
