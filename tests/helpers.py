@@ -1,5 +1,7 @@
-"""Shared by the tests: OpenAI shapes, the OpenAI error envelope, a free loopback port."""
+"""Shared by the tests: OpenAI shapes, the OpenAI error envelope, a free loopback port, a small
+chat input file."""
 
+import json
 import socket
 from typing import Any
 
@@ -57,3 +59,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def chat_jsonl(n: int, model: str = "test-chat") -> bytes:
+    """``n`` chat request lines (custom_id ``req-<i>``), the bytes of a batch input file."""
+    return "".join(
+        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
+        for i in range(n)
+    ).encode()

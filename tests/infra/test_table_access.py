@@ -12,7 +12,6 @@ against every DynamoDB request the worker's real chunk path makes on moto.
 """
 
 import fnmatch
-import json
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from functions.core.records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
 )
 from functions.core.settings import Settings
+from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
 from tests.integration.worker.harness import run_one_chunk
 
@@ -299,14 +299,6 @@ def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, l
 CHAT = "/v1/chat/completions"
 
 
-def _lines(n: int) -> bytes:
-    return "".join(
-        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-                    "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
-        for i in range(n)
-    ).encode()
-
-
 @pytest.fixture
 def moto_stores(monkeypatch):
     from infra.local.resources import create_resources
@@ -330,7 +322,7 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
     events.register("provide-client-params.dynamodb.*", lambda params, model, **_: calls.append((model.name, params)))
 
     tenant, batch_id, now = "acme", "batch_abc", 1_000
-    data = _lines(4)
+    data = chat_jsonl(4)
     key = schema.batch_input_key(tenant, batch_id)
     stores.objects.put(key, data)
     stores.batches.create(BatchRecord(
@@ -338,7 +330,7 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
         created_at=now, expires_at=now + 86_400, status="in_progress", model="test-chat", total=4,
         chunk_count=2, accepting=True, enqueued=True, input_key=key,
     ))
-    half = len(_lines(2))
+    half = len(chat_jsonl(2))
     messages = [
         WorkMessage(batch_id=batch_id, tenant=tenant, chunk=0, input_key=key, byte_start=0, byte_end=half,
                     first_line=1, line_count=2, endpoint=CHAT, model="test-chat", expires_at=now + 86_400),

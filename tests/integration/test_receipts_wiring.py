@@ -4,7 +4,6 @@ and a redelivery of it appends none; governance off, the stores keep no chain an
 appended (docs/audit.md)."""
 
 import hashlib
-import json
 
 import pytest
 from moto import mock_aws
@@ -14,19 +13,12 @@ from functions.core.aws import stores_from_settings
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
+from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
 from tests.integration.worker.harness import run_one_chunk
 
 CHAT = "/v1/chat/completions"
 TENANT, BATCH, NOW = "acme", "batch_abc", 1_000
-
-
-def _lines(n: int) -> bytes:
-    return "".join(
-        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-                    "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
-        for i in range(n)
-    ).encode()
 
 
 @pytest.fixture
@@ -44,7 +36,7 @@ def deployed_settings():
 
 def _one_chunk_batch(settings: Settings) -> tuple[WorkMessage, "object"]:
     stores = stores_from_settings(settings)
-    data = _lines(2)
+    data = chat_jsonl(2)
     key = schema.batch_input_key(TENANT, BATCH)
     stores.objects.put(key, data)
     stores.batches.create(BatchRecord(
