@@ -91,8 +91,10 @@ def test_sigterm_mid_chunk_past_the_drain_time_releases_the_message(batch, moto_
     fake = FakeEngine(lambda path, body, seen: "hang").start()
     try:
         process = start_worker(settings, moto_server, fake.url, drain_seconds=0.5)
-        wait_until(lambda: len(fake.requests) == 2, timeout=30, what="the chunk's requests")
-        assert queue_depth(url) == (1, 1)
+        # Chunk 0's 2 lines fill the engine (cap 2); as they are all in it, the worker also takes
+        # chunk 1, whose lines wait for slots (a chunk's tail never keeps new lines out).
+        wait_until(lambda: len(fake.requests) == 2 and queue_depth(url) == (0, 2), timeout=30,
+                   what="chunk 0 in the engine, chunk 1 held")
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
     finally:
@@ -103,7 +105,7 @@ def test_sigterm_mid_chunk_past_the_drain_time_releases_the_message(batch, moto_
     assert stores.batches.get("acme", "batch_proc").chunks_done == 0
 
 
-def test_sigterm_mid_chunk_finishes_it_and_exits_cleanly(batch, moto_server):
+def test_sigterm_mid_chunk_finishes_what_it_holds_and_exits_cleanly(batch, moto_server):
     settings, stores, url = batch
     stopping = threading.Event()
 
@@ -115,7 +117,8 @@ def test_sigterm_mid_chunk_finishes_it_and_exits_cleanly(batch, moto_server):
     fake = FakeEngine(respond).start()
     try:
         process = start_worker(settings, moto_server, fake.url, drain_seconds=30)
-        wait_until(lambda: len(fake.requests) == 2, timeout=30, what="the chunk's requests")
+        wait_until(lambda: len(fake.requests) == 2 and queue_depth(url) == (0, 2), timeout=30,
+                   what="chunk 0 in the engine, chunk 1 held")
         process.send_signal(signal.SIGTERM)
         before = []
         for log_line in process.stdout:  # its log says when the stop is taken
@@ -129,8 +132,8 @@ def test_sigterm_mid_chunk_finishes_it_and_exits_cleanly(batch, moto_server):
         stopping.set()
         fake.stop()
     assert process.returncode == 0, output
-    assert len(fake.requests) == 2  # no work taken after SIGTERM
+    assert len(fake.requests) == 4  # the two chunks it held, each line once
     batch_record = stores.batches.get("acme", "batch_proc")
-    assert batch_record.chunks_done == 1 and batch_record.completed == 2
-    assert queue_depth(url) == (1, 0)  # the finished chunk's message deleted, the other untouched
+    assert batch_record.chunks_done == 2 and batch_record.completed == 4  # finished what it held
+    assert queue_depth(url) == (0, 0)  # both messages deleted
     assert '"chunk done"' in output and '"worker stats"' in output and '"_aws"' in output  # logs + EMF
