@@ -12,6 +12,7 @@
 #   ENGINE_MODELS_DIR     folders made by prepare_models   (default: <repo>/.models)
 #   ENGINE_KV_CACHE_BYTES KV cache size, vLLM syntax (1G, 512M)  (default: 1G chat, 64M embeddings)
 #   ENGINE_MAX_MODEL_LEN  context length                   (default: 2048 chat, 256 embeddings)
+#   ENGINE_DTYPE          vLLM --dtype                     (default: cpu_dtype.sh's choice)
 #
 # The server is exec'd: SIGTERM/SIGINT sent to this script's PID reach vLLM directly.
 # Ready when `GET http://127.0.0.1:PORT/health` answers 200 (about 35 s chat, 18 s embeddings).
@@ -68,6 +69,16 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1   # never reach for the Hugging F
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1      # no usage reporting
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 
+# --dtype: float32 on a CPU without native bf16, else the folder's own (cpu_dtype.sh says why).
+# float32 KV entries take twice the bytes of bf16 ones: the default KV cache doubles with it, so
+# the engine holds as many tokens (46,592 for SmolLM2) whatever the CPU.
+DTYPE=$("$REPO_ROOT/gpu_worker/engine/cpu_dtype.sh")
+DTYPE_ARGS=()
+if [[ -n $DTYPE ]]; then
+  DTYPE_ARGS=(--dtype "$DTYPE")
+  [[ $DTYPE == float32 && $DEFAULT_KV == 1G ]] && DEFAULT_KV=2G
+fi
+
 # --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (responses:
 # input_tokens_details) in every answer; without it vLLM leaves the details out (always 0 here).
 # --kv-cache-memory-bytes: a fixed KV cache. Without it vLLM CPU reserves
@@ -82,4 +93,5 @@ exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
   --kv-cache-memory-bytes "${ENGINE_KV_CACHE_BYTES:-$DEFAULT_KV}" \
   --max-model-len "${ENGINE_MAX_MODEL_LEN:-$DEFAULT_MAX_LEN}" \
   --enable-prompt-tokens-details \
+  "${DTYPE_ARGS[@]}" \
   "$@"

@@ -4,7 +4,8 @@ model and engine flags, in one run (`make bench-worker`).
     .venv/bin/python -m tests.bench.bench_worker [--lines 200] [--max-tokens 64] [--rounds 2]
 
 Engine flags (both sides): the SmolLM2 folder from `make engine`, --enforce-eager, bf16,
---kv-cache-memory-bytes 1G, --max-model-len 2048, --max-num-seqs 128, and serve.sh's environment.
+serve.sh's --dtype and KV cache (bf16 and 1G, or float32 and 2G on a CPU without
+native bf16: gpu_worker/engine/cpu_dtype.sh), --max-model-len 2048, --max-num-seqs 128, and serve.sh's environment.
 Every request asks for exactly --max-tokens output tokens (`ignore_eos`), so both sides do the same
 work. Output tokens/s is the sum of `usage.completion_tokens` over the generation window:
 
@@ -38,7 +39,6 @@ import aiohttp
 from tests.integration.worker import engines
 
 MAX_NUM_SEQS = 128
-KV_CACHE = "1G"
 MAX_MODEL_LEN = 2048
 #: serve.sh's environment, for run-batch (serve.sh sets it for the server).
 ENGINE_ENV = {
@@ -72,7 +72,8 @@ def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
         str(engines.ENGINE_VENV / "bin" / "vllm"), "run-batch", "-i", str(input_path), "-o", str(output_path),
         "--model", str(engines.MODELS_DIR / engines.CHAT_MODEL), "--served-model-name", engines.CHAT_MODEL,
         "--runner", "generate", "--enforce-eager", "--enable-prefix-caching", "--gpu-memory-utilization", "0.5",
-        "--kv-cache-memory-bytes", KV_CACHE, "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+        *engines.chat_engine_args(),
     ]
 
 

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[3]
 #: environment it was first built in, e.g. a test's dead proxy).
 DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 SERVE = REPO / "gpu_worker" / "engine" / "serve.sh"
+CPU_DTYPE = REPO / "gpu_worker" / "engine" / "cpu_dtype.sh"
 ENGINE_VENV = Path(os.environ.get("ENGINE_VENV", REPO / ".venv-engine"))
 MODELS_DIR = Path(os.environ.get("ENGINE_MODELS_DIR", REPO / ".models"))
 CHAT_MODEL = "smollm2-135m-instruct"
@@ -32,6 +33,14 @@ def missing() -> str | None:
             return f"no model folder {MODELS_DIR / model}: run `make engine` first"
     return None
 
+
+def chat_engine_args() -> list[str]:
+    """serve.sh's ``--dtype`` choice for this CPU (cpu_dtype.sh) and the chat KV cache that goes
+    with it (1G, doubled for float32: the same rule as serve.sh's), for a `vllm run-batch` that
+    must run the same engine flags."""
+    dtype = subprocess.run([str(CPU_DTYPE)], check=True, capture_output=True, text=True).stdout.strip()
+    kv = "2G" if dtype == "float32" else "1G"
+    return [*(["--dtype", dtype] if dtype else []), "--kv-cache-memory-bytes", kv]
 
 
 @dataclass
