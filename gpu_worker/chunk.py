@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from functions.core import accounting, limits, results
+from functions.core import accounting, limits, results, tenants
 from functions.core.accounting import ChunkOutcome
 from functions.core.guard import GuardPolicy
 from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request
@@ -33,7 +33,8 @@ from functions.core.models import BatchOutputLine
 from functions.core.ports import Engine, Stores
 from functions.core.records import ChunkRunRecord
 
-from .engine import EngineDown
+from .budget import BudgetWatch
+from .engine import EngineDown, Reply
 
 log = logging.getLogger("gpu_worker.chunk")
 T = TypeVar("T")
@@ -346,13 +347,17 @@ class _Gated:
     engine, while it was up, when it died. Shared posts enter the engine through ``admission``
     (the worker's order); a careful group's lines are alone in the engine and go straight in.
     ``first_sent_at``/``last_answer_at``: when this chunk's first line entered the engine and
-    its last answer came (clock seconds; None before)."""
+    its last answer came (clock seconds; None before). ``stop``: why a line must not enter the
+    engine now (None: it may), asked once the line has its slot (``BudgetWatch``); such a line is
+    answered with that reason as a ``budget_exceeded`` error, never sent."""
 
     def __init__(self, engine: Engine, gate: EngineGate, *, held: bool, admission: Admission | None = None,
-                 owner: object = None, now: Callable[[], float] = time.time, group: object = None):
+                 owner: object = None, now: Callable[[], float] = time.time, group: object = None,
+                 stop: Callable[[], Awaitable[str | None]] | None = None):
         self._engine, self._gate, self._held = engine, gate, held
         self._admission, self._owner, self._now = admission, owner, now
         self._group = group  # the tenant (Admission's fair share)
+        self._stop = stop
         self.died_in_flight = False
         self.first_sent_at: float | None = None
         self.last_answer_at: float | None = None
@@ -373,6 +378,8 @@ class _Gated:
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
         async with contextlib.nullcontext() if self._held else self._gate.shared(), self._admitted(body):
+            if self._stop is not None and (why := await self._stop()) is not None:
+                return Reply(None, None, "", 0, tenants.BUDGET_EXCEEDED, why)
             entered_down = self._gate.down
             if self.first_sent_at is None:
                 self.first_sent_at = self._now()
@@ -459,6 +466,7 @@ async def process_chunk(
     attempt: str | None = None,
     admission: Admission | None = None,
     owner: object = None,
+    budget: BudgetWatch | None = None,
 ) -> ChunkReport:
     """Skip the chunk if its batch stopped, or if it is already counted (then only re-signal the
     workflow if every chunk is counted); else open an attempt on its run record, run the lines
@@ -474,7 +482,9 @@ async def process_chunk(
     with its lines in flight, the worker was killed) is a real failure, found by the next
     attempt. ``gate`` is the worker's (shared by its chunks; default: this chunk's own), as is
     ``admission`` (the order lines enter the engine in; default: as they come); ``owner`` names
-    this chunk's waiting lines there."""
+    this chunk's waiting lines there. ``budget`` (the worker's ``BudgetWatch``): under a tenant's
+    ``stop`` budget, a line that would enter the engine once the budget is used up is written as
+    ``budget_exceeded`` instead (gpu_worker/budget.py)."""
     started = now()
     if await io(accounting.start_chunk, stores, message) is None:
         return ChunkReport(skipped=True)
@@ -489,8 +499,9 @@ async def process_chunk(
     run = _Run(stores, message, attempt, None, io=io, now=now, policy=policy)
     crashed = 0
     gate = gate or EngineGate()
-    alone = _Gated(engine, gate, held=True, now=now)
-    together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now, group=message.tenant)
+    stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
+    alone = _Gated(engine, gate, held=True, now=now, stop=stop)
+    together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now, group=message.tenant, stop=stop)
     try:
         start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
                          max_failures=policy.max_failures)

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from functions.core.messages import WorkMessage
 from functions.core.ports import Received, Stores, WorkQueue
 
+from .budget import BudgetWatch
 from .chunk import Admission, EngineGate, RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
@@ -83,6 +84,8 @@ class Worker:
             careful_group_lines=config.careful_group_lines,
         )
         self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-stores")
+        #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
+        self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
 
     # --- control -----------------------------------------------------------------------------
@@ -227,6 +230,7 @@ class Worker:
                 self.stores, message, self.engine, io=self._stores, max_line_bytes=self.max_line_bytes,
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
                 gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
+                budget=self.budget,
             )
             await self._sqs(self.queue.delete, r.receipt)
             if report.skipped:

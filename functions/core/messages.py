@@ -28,6 +28,10 @@ class WorkMessage(BaseModel):
     #: The tenant's output-token budget period ("day"/"month") as ingest saw its policy: counting
     #: the chunk charges its output tokens to that period's budget item (None: no budget; absent).
     budget_period: str | None = None
+    #: The budget (output tokens per ``budget_period``) when the tenant's ``budget_action`` is
+    #: ``stop`` (None otherwise; absent): once the period's charged tokens reach it, the worker
+    #: sends no more of the batch's lines (each becomes a ``budget_exceeded`` error line).
+    budget_stop: int | None = None
 
     def bound(self) -> bool:
         """Tenant binding (issue 13): the input this message names is its own tenant's batch

@@ -254,6 +254,9 @@ class BatchRecord(Record):
     #: The tenant's output-token budget period when ingest moved the batch (None: no budget): its
     #: work messages carry it, so counting a chunk charges the budget with no policy read.
     budget_period: str | None = None
+    #: The budget when the tenant's ``budget_action`` was ``stop`` at ingest (None otherwise): its
+    #: work messages carry it, so workers stop sending its lines once the period's budget is used.
+    budget_stop: int | None = None
 
     @staticmethod
     def sort_key(batch_id: str) -> str:
@@ -279,6 +282,7 @@ class BatchRecord(Record):
         return WorkMessage(
             **chunk.model_dump(), batch_id=self.id, tenant=self.tenant, input_key=self.input_key,
             endpoint=self.endpoint, model=self.model, expires_at=self.expires_at, budget_period=self.budget_period,
+            budget_stop=self.budget_stop,
         )
 
     def event_detail(self) -> dict[str, Any]:

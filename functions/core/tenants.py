@@ -15,7 +15,8 @@ Enforced now (docs/governance.md):
   write that makes the batch terminal, exactly once (``aws.repos.BatchRepo``).
 - ``output_token_budget``: output tokens charged in each chunk's count transaction; at the budget
   ``reject`` answers creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest
-  (``budget_exceeded``).
+  (``budget_exceeded``) and workers stop sending the lines of running ones (each a
+  ``budget_exceeded`` error line; ``gpu_worker/budget.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ COUNTER_GRACE_SECONDS = 3600
 
 BudgetPeriod = Literal["day", "month"]
 #: At the budget: refuse new batches (``reject``), or stop running lines with an error code
-#: (``stop``): ``reject`` answers creates 429 ``insufficient_quota``; ``stop`` fails a batch at ingest.
+#: (``stop``): ``reject`` answers creates 429 ``insufficient_quota``; ``stop`` fails a batch at ingest
+#: and stops the lines of batches already running.
 BudgetAction = Literal["reject", "stop"]
 
 
@@ -215,10 +217,20 @@ def quota_exceeded(policy: TenantPolicy) -> QuotaExceeded:
     )
 
 
+#: The error code of a batch refused at ingest, and of a line not run, under ``budget_action="stop"``.
+BUDGET_EXCEEDED = "budget_exceeded"
+
+
+def budget_line_message(budget: int, period: str) -> str:
+    """The error message of a line a worker did not run because the budget was used up."""
+    return (f"The output-token budget of this organization ({budget} tokens per {period}) was used up "
+            f"while this batch ran; this request was not run. Retry it in the next {period}.")
+
+
 #: The batch error of a batch refused at ingest under ``budget_action="stop"``.
 def budget_error(policy: TenantPolicy) -> dict[str, Any]:
     return {
-        "code": "budget_exceeded",
+        "code": BUDGET_EXCEEDED,
         "message": f"The output-token budget of this organization ({policy.output_token_budget} tokens per "
         f"{policy.budget_period}) is used up; no more requests run until the next {policy.budget_period}.",
         "param": None,

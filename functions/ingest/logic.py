@@ -234,6 +234,8 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
     }
     if policy is not None and policy.output_token_budget is not None:  # its chunks charge the budget
         values["budget_period"] = policy.budget_period
+        if policy.budget_action == "stop":  # and its workers stop its lines at the budget
+            values["budget_stop"] = policy.output_token_budget
     assert result.model is not None
     held = tenants.reservation(policy, result.model, result.total, result.tokens)
     try:

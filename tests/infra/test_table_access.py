@@ -108,7 +108,9 @@ CHARGE = (["dynamodb:UpdateItem"], ["T#*#BUDGET"])
 RECEIPTS = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"])
 #: A role that makes a batch terminal releases its enqueued-cap reservation in that transaction.
 RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
-WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE, RECEIPTS]
+#: The worker alone also reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
+BUDGET_WATCH = (["dynamodb:GetItem"], ["T#*#BUDGET"])
+WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE, BUDGET_WATCH, RECEIPTS]
 
 
 def _rights(statements: list[dict]) -> list[tuple]:
@@ -217,11 +219,13 @@ def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth
                 assert allows_any(statements, action, [keys[schema.PK]]) == (kind in ALLOWED_KINDS), (name, kind, keys)
         # A transaction naming a file and the batch is denied as a whole (ForAllValues).
         assert not allows_any(statements, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
-        # The budget item: charged (an ADD), never read, put or deleted; the audit chain: read and
+        # The budget item: charged (an ADD) and read (a stop budget), never put, deleted or
+        # queried; the audit chain: read and
         # appended to, never updated or deleted (append-only); the enqueued counters: never.
         budget, chain = schema.budget_pk(tenant), schema.audit_pk(tenant)
         assert allows_any(statements, "dynamodb:UpdateItem", [budget])
-        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query"):
+        assert allows_any(statements, "dynamodb:GetItem", [budget])
+        for action in ("dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query"):
             assert not allows_any(statements, action, [budget]), (name, action)
         for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
             assert allows_any(statements, action, [chain]), (name, action)
