@@ -78,7 +78,8 @@ def main(
                                 now=int(time.time()), out=out, err=err)
         if args.command == "audit":
             s3 = audit.s3_client(target) if getattr(args, "s3", None) else None
-            return audit.run(args, audit.audit_repo(target), out=out, err=err, s3=s3)
+            worm = audit.worm_store(target, args.worm) if getattr(args, "worm", None) else None
+            return audit.run(args, audit.audit_repo(target), out=out, err=err, s3=s3, worm=worm)
         if args.command == "tenants":
             return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err,
                                audit_store=audit.audit_repo(target))

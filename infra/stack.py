@@ -51,6 +51,7 @@ class BatchApiStack(cdk.Stack):
         self.api = Api(self, "Api", **common)
         self.uploads.grant_dispatch(self.api.api_function)
         self.reaper = Reaper(self, "Reaper", **common)
+        self.audit.add_exporter(storage=self.storage, lambdas=self.lambdas, settings=self.settings)
         self.workers = Workers(
             self, "Workers", config=config, settings=self.settings, storage=self.storage,
             work_queues=self.ingest.work_queues, workflow=self.workflow, lambdas=self.lambdas,
@@ -78,6 +79,7 @@ class BatchApiStack(cdk.Stack):
             **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
             "sweeper": self.sweeper.function, "assembler": self.uploads.function, "scaler": self.workers.scaler.function,
             "webhooks": self.webhooks.function,
+            **({"audit-export": self.audit.exporter} if self.audit.exporter is not None else {}),
         })
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
@@ -86,6 +88,8 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_dead_letter_queue("assembler", self.uploads.dead_letters)
         self.monitoring.watch_dead_letter_queue("webhooks", self.webhooks.dead_letters)
         self.monitoring.watch_dead_letter_queue("scaler", self.workers.scaler.dead_letters)
+        if self.audit.exporter is not None:  # the WORM copy (docs/audit.md)
+            self.monitoring.watch_dead_letter_queue("audit-export", self.audit.dead_letters)
         for model in config.models:
             worker_config = model.worker_config()
             self.monitoring.watch_model(

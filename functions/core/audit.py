@@ -166,6 +166,46 @@ def verify(records: Iterable[AuditRecord]) -> BrokenLink | None:
     return None
 
 
+# --- the WORM copy (docs/audit.md, "WORM copy") ----------------------------------------------
+#: Where the stream-driven export (functions/audit_export) writes each record in the Object Lock
+#: bucket: ``chain/<tenant>/<seq, 12 digits>.json``, the record's canonical JSON (``to_json``).
+WORM_PREFIX: Final = "chain/"
+
+
+def worm_key(tenant: str, seq: int) -> str:
+    return f"{WORM_PREFIX}{tenant}/{seq:012d}.json"
+
+
+def worm_prefix(tenant: str) -> str:
+    return f"{WORM_PREFIX}{tenant}/"
+
+
+@dataclass(frozen=True)
+class CopyCheck:
+    """The table's chain against its WORM copies: the first record that differs from its copy, or
+    whose copy exists but which the table no longer has (deleted, or the tail truncated), and how
+    many of the table's records have no copy yet (export lag, not a break)."""
+
+    broken: BrokenLink | None
+    copies: int
+    not_copied: int
+
+
+def compare_with_copies(records: list[AuditRecord], copies: dict[int, str]) -> CopyCheck:
+    """``copies``: seq -> the stored copy's JSON. A table that was rewritten from some record on
+    (every hash recomputed, so ``verify`` passes) still differs from the copies written when the
+    records were first appended, which nobody can change."""
+    table = {r.seq: r for r in records}
+    for position, seq in enumerate(sorted(copies), start=1):
+        record = table.get(seq)
+        if record is None:
+            return CopyCheck(BrokenLink(position, seq, "in the WORM copy but not in the table: deleted"),
+                             len(copies), 0)
+        if record.to_json() != copies[seq]:
+            return CopyCheck(BrokenLink(position, seq, "differs from its WORM copy: rewritten"), len(copies), 0)
+    return CopyCheck(None, len(copies), sum(1 for seq in table if seq not in copies))
+
+
 # --- what the API appends --------------------------------------------------------------------
 #: (method, route) of every audited API action: the mutating ones. Reads are not audited (docs/audit.md).
 API_ACTIONS: Final = {

@@ -111,6 +111,15 @@ class AuditStore(Protocol):
         """The whole chain as stored, in sort key (seq) order."""
 
 
+class WormStore(Protocol):
+    """Write-once objects (an S3 bucket with Object Lock): the audit chains' WORM copy."""
+
+    def put_once(self, key: str, body: bytes) -> bool:
+        """Write ``key`` only if no object has it; False (nothing written) if one does."""
+    def get(self, key: str) -> bytes: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
+
+
 class BatchStore(Protocol):
     def create(self, record: BatchRecord) -> None: ...
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...

@@ -54,8 +54,9 @@ TABLE_SCHEMA: Final = {
         },
     ],
     "BillingMode": "PAY_PER_REQUEST",
-    # The stream carries TTL deletions to the reaper, which removes the objects' bytes.
-    "StreamSpecification": {"StreamEnabled": True, "StreamViewType": "OLD_IMAGE"},
+    # The stream carries TTL deletions to the reaper, which removes the objects' bytes (old
+    # images), and new audit records to the WORM copy (functions/audit_export: new images).
+    "StreamSpecification": {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
 }
 
 

@@ -123,6 +123,9 @@ class Settings(EnvSettings):
     #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack
     #: grants nothing on the TENANTS partition. CDK: the config's ``governance``; local: on.
     governance: bool = True
+    #: The Object Lock bucket every audit record is copied to as it is appended (docs/audit.md,
+    #: "WORM copy"; functions/audit_export, on the table's stream); empty: no such bucket.
+    audit_bucket_name: str = ""
 
     def served_endpoints(self) -> tuple[str, ...]:
         """The endpoints a batch of this deployment may target: those allowed that at least one

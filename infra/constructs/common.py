@@ -132,11 +132,12 @@ def grant_charge(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
     return grant_items(role, storage, ("dynamodb:UpdateItem",), (BUDGET_PARTITIONS,))
 
 
-def grant_budget_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
-    """The GPU worker reads a tenant's budget item (GetItem on ``T#*#BUDGET``) to stop the lines of
-    a batch whose ``stop`` budget is used up (``gpu_worker/budget.py``). Unconditional for the
-    same reason as ``grant_release``: a message may carry a ``budget_stop`` from before the switch."""
-    return grant_items(role, storage, ("dynamodb:GetItem",), (BUDGET_PARTITIONS,))
+def grant_charge_and_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """``grant_charge``, and the GPU worker also reads a tenant's budget item (GetItem on
+    ``T#*#BUDGET``) to stop the lines of a batch whose ``stop`` budget is used up
+    (``gpu_worker/budget.py``). Unconditional for the same reason as ``grant_release``: a message
+    may carry a ``budget_stop`` from before the switch."""
+    return grant_items(role, storage, ("dynamodb:GetItem", "dynamodb:UpdateItem"), (BUDGET_PARTITIONS,))
 
 
 def grant_receipts(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:

@@ -53,7 +53,7 @@ from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
 from .common import (
     dead_letter_queue,
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_budget_watch, grant_charge, grant_items,
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_charge_and_watch, grant_items,
     grant_receipts, log_group,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
@@ -344,8 +344,8 @@ class ModelWorker(Construct):
         storage.bucket.grant_put(role, PART_KEYS)  # the chunk's output and error parts
         storage.bucket.grant_read(role, PART_KEYS)  # a redelivered chunk reads its checkpoints
         grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
-        grant_charge(role, storage)  # the count charges the tenant's output-token budget (T#*#BUDGET)
-        grant_budget_watch(role, storage)  # and a `stop` budget is read (T#*#BUDGET, GetItem)
+        # The count charges the tenant's output-token budget, and a `stop` budget is read (T#*#BUDGET).
+        grant_charge_and_watch(role, storage)
         if settings.governance:  # a counted chunk's receipt on the tenant's audit chain (AUDIT#*)
             grant_receipts(role, storage)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow

@@ -708,3 +708,30 @@ def fake_stores() -> FakeStores:
         receipts=audit,
         faults=faults,
     )
+
+
+class FakeWorm(_Port):
+    """``WormStore``: write-once keys, as S3 conditional PUTs (If-None-Match: *) on an Object Lock
+    bucket; ``overwrite`` is for tests that play a tamperer who cannot exist (it must not be able
+    to: the contract test shows S3 refuses)."""
+
+    name = "worm"
+
+    def __init__(self, faults: Faults | None = None):
+        super().__init__(faults or Faults())
+        self.objects: dict[str, bytes] = {}
+
+    def put_once(self, key: str, body: bytes) -> bool:
+        self._op("put_once")
+        if key in self.objects:
+            return False
+        self.objects[key] = bytes(body)
+        return True
+
+    def get(self, key: str) -> bytes:
+        self._op("get")
+        return self.objects[key]
+
+    def list_keys(self, prefix: str) -> list[str]:
+        self._op("list_keys")
+        return sorted(k for k in self.objects if k.startswith(prefix))

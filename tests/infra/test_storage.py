@@ -71,6 +71,6 @@ def test_table_matches_schema(synth):
     assert props["GlobalSecondaryIndexes"] == ts["GlobalSecondaryIndexes"]
     assert props["BillingMode"] == ts["BillingMode"] == "PAY_PER_REQUEST"
     assert props["StreamSpecification"] == {"StreamViewType": ts["StreamSpecification"]["StreamViewType"]}
-    assert props["StreamSpecification"]["StreamViewType"] == "OLD_IMAGE"
+    assert props["StreamSpecification"]["StreamViewType"] == "NEW_AND_OLD_IMAGES"
     assert props["TimeToLiveSpecification"] == {"AttributeName": schema.TTL, "Enabled": True}
     assert props["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}

@@ -108,9 +108,9 @@ CHARGE = (["dynamodb:UpdateItem"], ["T#*#BUDGET"])
 RECEIPTS = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"])
 #: A role that makes a batch terminal releases its enqueued-cap reservation in that transaction.
 RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
-#: The worker alone also reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
-BUDGET_WATCH = (["dynamodb:GetItem"], ["T#*#BUDGET"])
-WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE, BUDGET_WATCH, RECEIPTS]
+#: The worker also reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
+CHARGE_AND_WATCH = (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BUDGET"])
+WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE_AND_WATCH, RECEIPTS]
 
 
 def _rights(statements: list[dict]) -> list[tuple]:
@@ -147,7 +147,7 @@ LAMBDA_RIGHTS = {
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]), (["dynamodb:GetItem"], ["T#*#BUDGET"]),
     ],
     "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), RELEASE],
-    "dlq": WORKER_RIGHTS,
+    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE, RECEIPTS],  # the worker's, without the budget read
     "workflow": [
         (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
         (["dynamodb:PutItem"], ["T#*"], ["T#*#*"]),  # a tenant's own partition only (its File records)

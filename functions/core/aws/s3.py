@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from .. import http, limits
 from .errors import translate
 
@@ -157,3 +159,35 @@ class MultipartWriter:
             self._s3.complete_multipart_upload(
                 Bucket=self._bucket, Key=self.key, UploadId=self._upload_id, MultipartUpload={"Parts": self._parts}
             )
+
+
+#: The error S3 answers a conditional PUT (``If-None-Match: *``) whose key exists.
+PRECONDITION_FAILED = "PreconditionFailed"
+
+
+class WormObjects:
+    """The ``WormStore`` port on an S3 bucket with Object Lock (infra/constructs/audit.py). A key
+    is written once: ``If-None-Match: *`` (S3 conditional writes) refuses a second PUT of it, so a
+    redelivered record never adds a locked version. Every PUT carries a SHA-256 checksum, which
+    Object Lock requires of PUTs (a Content-MD5 or an x-amz-checksum)."""
+
+    def __init__(self, s3: Any, bucket: str):
+        self._s3, self.bucket = s3, bucket
+        self._store = ObjectStore(s3, bucket)
+
+    def put_once(self, key: str, body: bytes) -> bool:
+        try:
+            with translate():
+                self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json",
+                                    ChecksumAlgorithm="SHA256", IfNoneMatch="*")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == PRECONDITION_FAILED:
+                return False
+            raise
+        return True
+
+    def get(self, key: str) -> bytes:
+        return self._store.get(key)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return self._store.list_keys(prefix)
