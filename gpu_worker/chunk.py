@@ -467,6 +467,7 @@ async def process_chunk(
     admission: Admission | None = None,
     owner: object = None,
     budget: BudgetWatch | None = None,
+    background: Io | None = None,
 ) -> ChunkReport:
     """Skip the chunk if its batch stopped, or if it is already counted (then only re-signal the
     workflow if every chunk is counted); else open an attempt on its run record, run the lines
@@ -484,7 +485,8 @@ async def process_chunk(
     ``admission`` (the order lines enter the engine in; default: as they come); ``owner`` names
     this chunk's waiting lines there. ``budget`` (the worker's ``BudgetWatch``): under a tenant's
     ``stop`` budget, a line that would enter the engine once the budget is used up is written as
-    ``budget_exceeded`` instead (gpu_worker/budget.py)."""
+    ``budget_exceeded`` instead (gpu_worker/budget.py). ``background`` runs the store calls that
+    may wait behind other chunks' urgent ones (checkpoints, the audit receipt; default: ``io``)."""
     started = now()
     if await io(accounting.start_chunk, stores, message) is None:
         return ChunkReport(skipped=True)
@@ -496,7 +498,8 @@ async def process_chunk(
     if len(requests) != message.line_count:
         log.warning("chunk %s/%d has %d lines, the message says %d", message.batch_id, message.chunk, len(requests), message.line_count)
     attempt = attempt or secrets.token_hex(6)
-    run = _Run(stores, message, attempt, None, io=io, now=now, policy=policy)
+    background = background or io
+    run = _Run(stores, message, attempt, None, io=background, now=now, policy=policy)
     crashed = 0
     gate = gate or EngineGate()
     stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
@@ -562,7 +565,8 @@ async def process_chunk(
         usage.add_response(r.usage)
     # Once the parts are being written the chunk is committed: a SIGTERM (task cancellation) must
     # not interrupt between the parts and the count, or a redelivery would rewrite counted parts.
-    commit = asyncio.ensure_future(_commit(stores, message, [r.line for r in outputs], usage, io=io, now=now))
+    commit = asyncio.ensure_future(_commit(stores, message, [r.line for r in outputs], usage, io=io, now=now,
+                                           background=background))
     if commits is not None:
         commits.add(commit)
         commit.add_done_callback(commits.discard)
@@ -606,8 +610,11 @@ async def _end_benignly(stores: Stores, message: WorkMessage, run: _Run, *, io: 
 
 
 async def _commit(
-    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, *, io: Io, now: Callable[[], float]
+    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, *, io: Io,
+    now: Callable[[], float], background: Io,
 ) -> tuple[int, int, ChunkOutcome]:
     parts = await io(results.write_parts, stores.objects, message, lines)
-    outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()))
+    outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False)
+    # The count and the signal are done: the receipt may wait behind other chunks' commits.
+    await background(accounting.record_receipt, stores, message, outcome)
     return parts.completed, parts.failed, outcome

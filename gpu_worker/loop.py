@@ -9,7 +9,8 @@ that cap, and while fewer than ``max_open_chunks`` are open: the engine stays fu
 boundaries without holding more messages than it needs.
 
 Blocking AWS calls run in threads: one thread for the stores (S3/DynamoDB; boto3 resources are
-not thread-safe, and a chunk makes only a handful of calls), a few for SQS (long polls and
+not thread-safe, and a chunk makes only a handful of calls; ``store_thread.StoreThread`` runs a
+chunk's start and commit before checkpoints and receipts), a few for SQS (long polls and
 visibility extensions must not wait behind a part upload).
 """
 
@@ -34,6 +35,7 @@ from .chunk import Admission, EngineGate, RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .metrics import WorkerMetrics
+from .store_thread import BACKGROUND, URGENT, StoreThread
 
 
 #: With short polls (poll_wait_seconds 0), an empty receive waits this long before the next.
@@ -83,7 +85,7 @@ class Worker:
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
         )
-        self._store_pool = ThreadPoolExecutor(1, thread_name_prefix="worker-stores")
+        self._store_thread = StoreThread()
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
         self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
@@ -114,7 +116,11 @@ class Worker:
                    if not o.dispatched or self.admission.waiting_for(o.received.message_id))
 
     async def _stores(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._store_pool, functools.partial(fn, *args, **kwargs))
+        return await self._store_thread.call(URGENT, fn, *args, **kwargs)
+
+    async def _stores_later(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A store call that may wait behind every urgent one (checkpoints, receipts)."""
+        return await self._store_thread.call(BACKGROUND, fn, *args, **kwargs)
 
     async def _sqs(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._queue_pool, functools.partial(fn, *args))
@@ -134,7 +140,7 @@ class Worker:
             await self._drain()
             reporter.cancel()
             self.report()
-            self._store_pool.shutdown(wait=True)
+            self._store_thread.shutdown(wait=True)
             self._queue_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _until_healthy(self) -> bool:
@@ -227,7 +233,8 @@ class Worker:
             if r.receive_count > 1:
                 self.metrics.chunk_redelivered()
             report = await process_chunk(
-                self.stores, message, self.engine, io=self._stores, max_line_bytes=self.max_line_bytes,
+                self.stores, message, self.engine, io=self._stores, background=self._stores_later,
+                max_line_bytes=self.max_line_bytes,
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
                 gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
                 budget=self.budget,

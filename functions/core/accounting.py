@@ -61,6 +61,8 @@ class ChunkOutcome:
     counted: bool
     last: bool
     batch: BatchRecord
+    #: The chunk's count marker (this call's; the receipt is appended from it).
+    marker: ChunkRecord | None = None
 
 
 def all_counted(batch: BatchRecord) -> bool:
@@ -101,9 +103,12 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
         return None
 
 
-def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int) -> ChunkOutcome:
+def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int,
+                 receipt: bool = True) -> ChunkOutcome:
     """Count a finished chunk (the attempt that wrote ``parts``) once; if every chunk is now
-    counted, resume the workflow."""
+    counted, resume the workflow; then append the chunk's audit receipt. ``receipt=False`` leaves
+    the receipt to the caller (``record_receipt``, e.g. after more urgent store calls: the GPU
+    worker runs it behind other chunks' commits)."""
     marker = ChunkRecord(
         tenant=message.tenant,
         batch_id=message.batch_id,
@@ -124,9 +129,17 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
     # signalling, and signalling twice is harmless.
     last = all_counted(batch)
     _complete_if_all_counted(stores, batch)
-    if counted:  # after the count and the signal: a failed append loses neither (docs/audit.md)
-        audit.append_receipt(stores, message, marker, at=now)
-    return ChunkOutcome(counted=counted, last=last, batch=batch)
+    outcome = ChunkOutcome(counted=counted, last=last, batch=batch, marker=marker)
+    if receipt:
+        record_receipt(stores, message, outcome)
+    return outcome
+
+
+def record_receipt(stores: Stores, message: WorkMessage, outcome: ChunkOutcome) -> None:
+    """The chunk's audit receipt, if this attempt counted it: after the count and the signal, so
+    a failed append loses neither (docs/audit.md)."""
+    if outcome.counted and outcome.marker is not None:
+        audit.append_receipt(stores, message, outcome.marker, at=outcome.marker.recorded_at)
 
 
 def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:

@@ -1,0 +1,36 @@
+"""The worker's store thread (gpu_worker/store_thread.py): urgent calls (a chunk's start, its commit's
+parts, count and signal) run before background ones (checkpoints, audit receipts) that were
+submitted earlier, in submission order within a priority; errors reach the caller."""
+
+import asyncio
+import threading
+
+import pytest
+
+from gpu_worker.store_thread import BACKGROUND, URGENT, StoreThread
+
+
+def test_urgent_calls_overtake_waiting_background_calls_in_order():
+    thread = StoreThread()
+    gate, ran = threading.Event(), []
+    blocker = thread.submit(URGENT, gate.wait)  # holds the thread while the rest queue up
+    futures = [thread.submit(priority, ran.append, name) for priority, name in (
+        (BACKGROUND, "checkpoint-1"), (URGENT, "count-1"), (BACKGROUND, "receipt-1"), (URGENT, "count-2"))]
+    gate.set()
+    for f in (blocker, *futures):
+        f.result(timeout=5)
+    assert ran == ["count-1", "count-2", "checkpoint-1", "receipt-1"]
+    assert thread.calls == {URGENT: 3, BACKGROUND: 2}
+    thread.shutdown()
+
+
+def test_a_call_s_error_is_raised_to_its_awaiting_caller_and_the_thread_goes_on():
+    thread = StoreThread()
+
+    async def go():
+        with pytest.raises(ZeroDivisionError):
+            await thread.call(URGENT, lambda: 1 / 0)
+        return await thread.call(BACKGROUND, lambda x: x + 1, 41)
+
+    assert asyncio.run(go()) == 42
+    thread.shutdown()
