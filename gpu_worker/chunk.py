@@ -332,13 +332,26 @@ class Admission:
             if not self._held[group]:
                 del self._held[group]
 
-    def _release(self) -> None:
+    def resize(self, capacity: int) -> None:
+        """A new capacity (``capacity.CapacityWatch``: what the engine runs, plus a headroom). Raised:
+        waiting lines enter at once; lowered: lines in flight finish, and their slots are handed on
+        only once in flight is under the new capacity."""
+        self.capacity = max(1, capacity)
+        while self.in_flight < self.capacity and self._hand_on():
+            self.in_flight += 1
+
+    def _hand_on(self) -> bool:
+        """Give a slot to the first waiting line; False if none waits."""
         while self._heap:
             _, ticket = heapq.heappop(self._heap)
             if not ticket.done():  # a cancelled waiter's ticket is done
                 ticket.set_result(None)
-                return
-        self.in_flight -= 1
+                return True
+        return False
+
+    def _release(self) -> None:
+        if self.in_flight > self.capacity or not self._hand_on():
+            self.in_flight -= 1
 
 
 class _Gated:

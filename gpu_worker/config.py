@@ -51,6 +51,11 @@ class WorkerConfig(EnvSettings):
     #: they come) or ``smart`` (longest expected output first, lines sharing a prefix together).
     #: Results keep input order either way.
     order: Literal["file", "smart"] = "smart"
+    #: Follow the engine's measured capacity (``capacity.CapacityWatch``: vLLM's running and
+    #: waiting gauges from /metrics, read every ``capacity_read_seconds``): lines in the engine =
+    #: what it runs + a headroom, at most ``admission_cap()``. Off: always ``admission_cap()``.
+    measure_capacity: bool = True
+    capacity_read_seconds: float = Field(default=1.0, gt=0)
     #: One engine request (any endpoint) may take this long before it is retried.
     request_timeout_seconds: float = Field(default=600.0, gt=0)
     connect_timeout_seconds: float = Field(default=10.0, gt=0)

@@ -190,6 +190,16 @@ class EngineClient:
             await self._sleep(interval)
         return self._clock() - start
 
+    async def metrics_text(self) -> str | None:
+        """The engine's Prometheus text (vLLM's ``GET /metrics``; ``capacity.CapacityWatch``), None
+        if it does not answer 200."""
+        timeout = aiohttp.ClientTimeout(total=max(5.0, self._connect_timeout))
+        try:
+            async with self.session.get(f"{self.base_url}/metrics", timeout=timeout) as resp:
+                return await resp.text() if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
     async def models(self) -> list[dict[str, Any]]:
         async with self.session.get(f"{self.base_url}/v1/models") as resp:
             resp.raise_for_status()

@@ -31,6 +31,7 @@ from functions.core.messages import WorkMessage
 from functions.core.ports import Received, Stores, WorkQueue
 
 from .budget import BudgetWatch
+from .capacity import CapacityWatch, headroom
 from .chunk import Admission, EngineGate, RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
@@ -80,7 +81,14 @@ class Worker:
         #: Careful chunks send each line alone (docs/reliability.md, "Poison isolation").
         self.gate = EngineGate()
         #: The order lines of all open chunks enter the engine in (``config.order``).
-        self.admission = Admission(min(engine.max_in_flight, config.admission_cap()), config.order)
+        cap = min(engine.max_in_flight, config.admission_cap())
+        self.admission = Admission(cap, config.order)
+        #: The admission follows what the engine runs (capacity.py); None: the configured cap.
+        read = getattr(engine, "metrics_text", None)
+        self.capacity = CapacityWatch(
+            read, self.admission.resize, headroom=headroom(cap, config.engine_seqs()), cap=cap,
+            every=config.capacity_read_seconds,
+        ) if config.measure_capacity and read is not None else None
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
@@ -130,15 +138,20 @@ class Worker:
         """Wait for the engine, take work until stopped, drain. EngineDown if the engine never
         becomes (or stays) healthy."""
         reporter = asyncio.create_task(self._report_periodically())
+        watch: asyncio.Task[None] | None = None
         try:
             if not await self._until_healthy():
                 return
+            if self.capacity is not None:
+                watch = asyncio.create_task(self.capacity.run())
             self.log.info("taking work", extra={"queue_url": self.queue.url, "in_flight_cap": self.engine.max_in_flight,
                                                "max_open_chunks": self.max_open})
             await self._take_work()
         finally:
             await self._drain()
             reporter.cancel()
+            if watch is not None:
+                watch.cancel()
             self.report()
             self._store_thread.shutdown(wait=True)
             self._queue_pool.shutdown(wait=False, cancel_futures=True)
@@ -305,5 +318,5 @@ class Worker:
     def report(self) -> dict[str, Any]:
         return self.metrics.flush(
             self.engine.stats, in_flight=self.engine.in_flight, waiting=self.admission.waiting + self.engine.waiting,
-            open_chunks=len(self._open), cap=self.engine.max_in_flight,
+            open_chunks=len(self._open), cap=self.admission.capacity,  # what the engine may hold now (capacity.py)
         )

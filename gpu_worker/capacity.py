@@ -1,0 +1,101 @@
+"""The engine's measured capacity (issue 14, docs/worker.md "In-flight cap"): how many lines the
+worker lets into the engine follows what the engine actually runs, not only its ``--max-num-seqs``.
+
+vLLM runs at most ``max_num_seqs`` sequences, and fewer when its KV cache cannot hold them (long
+prompts, long outputs: it then keeps the rest waiting, and preempts running ones when it runs
+out). Lines waiting *inside* vLLM start in its first-come order; lines waiting in the worker start
+in the worker's order (``chunk.Admission``: longest first, shared prefixes together, fair across
+tenants). So the worker keeps vLLM's waiting queue short but never empty: it reads vLLM's own
+gauges from ``GET /metrics`` (Prometheus text: ``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:num_preemptions``) about once a second and sets the
+admission capacity to what runs plus a headroom (``WorkerConfig.admission_cap() - max_num_seqs``:
+a quarter of ``max_num_seqs`` in smart order, enough to fill the slots that free up between two
+reads; ``max_num_seqs`` in file order), within ``[headroom, cap]``. When the engine preempts, the
+capacity follows what still runs. An engine without ``/metrics`` (or an answer that cannot be
+read) keeps the configured cap: the fallback is today's behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("gpu_worker.capacity")
+
+#: How often the engine's gauges are read.
+READ_SECONDS = 1.0
+_SAMPLE = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
+WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions")
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    running: int
+    waiting: int
+    preemptions: int
+
+
+def parse_metrics(text: str) -> EngineLoad | None:
+    """The gauges (summed over label sets, e.g. several served model names) from vLLM's
+    Prometheus text; None if the text has neither gauge (not vLLM, or a version that renamed them)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line.strip())
+        if match and match.group(1) in WANTED and match.group(2) != "NaN":
+            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(2))
+    if "vllm:num_requests_running" not in values or "vllm:num_requests_waiting" not in values:
+        return None
+    return EngineLoad(int(values["vllm:num_requests_running"]), int(values["vllm:num_requests_waiting"]),
+                      int(values.get("vllm:num_preemptions", 0)))
+
+
+def capacity_for(load: EngineLoad, *, headroom: int, cap: int) -> int:
+    """Lines the worker lets into the engine: what the engine runs, plus ``headroom`` waiting,
+    within ``[headroom, cap]``."""
+    return max(max(1, headroom), min(cap, load.running + headroom))
+
+
+class CapacityWatch:
+    """Reads the engine's load every ``every`` seconds and applies ``capacity_for`` through
+    ``apply`` (the admission's ``resize``). ``read`` returns the /metrics text (None: no answer)."""
+
+    def __init__(self, read: Callable[[], Awaitable[str | None]], apply: Callable[[int], None], *, headroom: int,
+                 cap: int, every: float = READ_SECONDS, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+        self.read, self.apply, self.every, self._sleep = read, apply, every, sleep
+        self.headroom, self.cap = max(1, headroom), max(1, cap)
+        self.last: EngineLoad | None = None
+        self.capacity = cap
+        self.unreadable = 0
+
+    async def step(self) -> int:
+        """One read; the capacity now in force."""
+        try:
+            text = await self.read()
+        except Exception:  # noqa: BLE001 - an unreadable engine keeps the configured cap
+            text = None
+        load = parse_metrics(text) if text else None
+        if load is None:
+            self.unreadable += 1
+            self.capacity = self.cap
+        else:
+            self.last = load
+            self.capacity = capacity_for(load, headroom=self.headroom, cap=self.cap)
+        self.apply(self.capacity)
+        return self.capacity
+
+    async def run(self) -> None:
+        while True:
+            await self.step()
+            await self._sleep(self.every)
+
+
+def headroom(admission_cap: int, max_num_seqs: int) -> int:
+    """Lines kept waiting in vLLM beyond what it runs: the part of the configured admission cap
+    above ``max_num_seqs`` (at least one eighth of it)."""
+    return max(admission_cap - max_num_seqs, math.ceil(max_num_seqs / 8), 1)

@@ -1,0 +1,85 @@
+"""The engine's measured capacity (gpu_worker/capacity.py, issue 14 Deliver 3): the worker reads
+vLLM's running/waiting gauges and lets in what runs plus a headroom, so lines wait in the worker's
+order rather than in vLLM's first-come queue; an engine without /metrics keeps the configured cap."""
+
+import asyncio
+
+from gpu_worker.capacity import CapacityWatch, EngineLoad, capacity_for, headroom, parse_metrics
+from gpu_worker.chunk import Admission
+from gpu_worker.config import WorkerConfig
+
+#: As vLLM 0.32 renders them (two served names, to show label sets are summed).
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="chat"} 30.0
+vllm:num_requests_running{engine="0",model_name="chat-alias"} 10.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="chat"} 55.0
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="chat"} 7.0
+vllm:kv_cache_usage_perc{engine="0",model_name="chat"} 0.98
+"""
+
+
+def test_the_gauges_are_read_from_vllms_prometheus_text():
+    assert parse_metrics(METRICS) == EngineLoad(running=40, waiting=55, preemptions=7)
+    assert parse_metrics("# nothing of vLLM here\nprocess_cpu_seconds_total 3.0\n") is None
+
+
+def test_capacity_is_what_runs_plus_the_headroom_within_bounds():
+    assert capacity_for(EngineLoad(40, 55, 0), headroom=32, cap=160) == 72  # KV-bound: 40 run
+    assert capacity_for(EngineLoad(128, 32, 0), headroom=32, cap=160) == 160  # full: the cap
+    assert capacity_for(EngineLoad(0, 0, 0), headroom=32, cap=160) == 32  # idle: never below the headroom
+    config = WorkerConfig(engine_max_num_seqs=128)
+    assert headroom(config.admission_cap(), 128) == 32  # smart order: a quarter of max_num_seqs
+    file_order = WorkerConfig(engine_max_num_seqs=128, order="file")
+    assert headroom(file_order.admission_cap(), 128) == 128
+
+
+def test_a_lower_capacity_holds_lines_back_in_the_workers_order_and_a_higher_one_lets_them_in():
+    async def go():
+        admission = Admission(4, "smart")
+        entered: list[int] = []
+        done = {t: asyncio.Event() for t in (1, 2, 3, 4, 16, 256, 32)}
+
+        async def line(tokens: int):
+            async with admission.slot({"max_tokens": tokens}):
+                entered.append(tokens)
+                await done[tokens].wait()
+
+        tasks = [asyncio.create_task(line(t)) for t in done]
+        await asyncio.sleep(0)
+        assert entered == [1, 2, 3, 4] and admission.waiting == 3
+        admission.resize(2)  # the engine runs fewer: nothing new enters until under 2 are in
+        for t in (1, 2):
+            done[t].set()
+        await asyncio.sleep(0.01)
+        assert entered == [1, 2, 3, 4] and admission.in_flight == 2
+        done[3].set()
+        await asyncio.sleep(0.01)
+        assert entered == [1, 2, 3, 4, 256] and admission.in_flight == 2  # the longest waiting first
+        admission.resize(8)  # room again: the rest enter at once, in order
+        await asyncio.sleep(0.01)
+        assert entered == [1, 2, 3, 4, 256, 32, 16] and admission.in_flight == 4
+        for event in done.values():
+            event.set()
+        await asyncio.gather(*tasks)
+        assert admission.in_flight == 0 and admission.waiting == 0
+
+    asyncio.run(go())
+
+
+def test_the_watch_applies_the_measured_capacity_and_keeps_the_cap_without_metrics():
+    applied = []
+
+    async def go(texts):
+        it = iter(texts)
+
+        async def read():
+            return next(it)
+
+        watch = CapacityWatch(read, applied.append, headroom=32, cap=160)
+        return [await watch.step() for _ in texts]
+
+    assert asyncio.run(go([METRICS, None, "garbage"])) == [72, 160, 160]
+    assert applied == [72, 160, 160]
