@@ -129,7 +129,8 @@ class ChunkReport:
     reused: int = 0
     crashed: int = 0
     #: When the chunk's first line entered the engine and its last answer came, and when its
-    #: parts were counted (clock seconds; None if no line was sent): the fixed overhead around
+    #: parts were written and it was counted and signalled (clock seconds; its audit receipt may
+    #: come later; None if no line was sent): the fixed overhead around
     #: the engine (docs/benchmarks.md, "Fixed overhead").
     first_sent_at: float | None = None
     last_answer_at: float | None = None
@@ -584,7 +585,7 @@ async def process_chunk(
         commits.add(commit)
         commit.add_done_callback(commits.discard)
     try:
-        completed, failed, outcome = await asyncio.shield(commit)
+        completed, failed, outcome, counted_at = await asyncio.shield(commit)
     except asyncio.CancelledError:
         raise  # the commit goes on (shielded; the worker's drain awaits it)
     except Exception:
@@ -600,7 +601,7 @@ async def process_chunk(
     answered = [t for t in (alone.last_answer_at, together.last_answer_at) if t is not None]
     return ChunkReport(
         False, completed, failed, usage, outcome, now() - started, start.record.careful, reused, crashed,
-        first_sent_at=min(sent, default=None), last_answer_at=max(answered, default=None), committed_at=now(),
+        first_sent_at=min(sent, default=None), last_answer_at=max(answered, default=None), committed_at=counted_at,
     )
 
 
@@ -625,9 +626,10 @@ async def _end_benignly(stores: Stores, message: WorkMessage, run: _Run, *, io: 
 async def _commit(
     stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, *, io: Io,
     now: Callable[[], float], background: Io,
-) -> tuple[int, int, ChunkOutcome]:
+) -> tuple[int, int, ChunkOutcome, float]:
     parts = await io(results.write_parts, stores.objects, message, lines)
     outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False)
+    counted_at = now()
     # The count and the signal are done: the receipt may wait behind other chunks' commits.
     await background(accounting.record_receipt, stores, message, outcome)
-    return parts.completed, parts.failed, outcome
+    return parts.completed, parts.failed, outcome, counted_at

@@ -179,6 +179,9 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
         MOTO_PORT=str(moto_port),
         PYTHONUNBUFFERED="1",
         BATCHAPI_LOCAL_ENGINES="1" if engines else "0",
+        # Live progress every second (5 s by default): the progress test sees running chunks'
+        # lines within its small batch on a fast CPU too (tests/e2e/test_progress_e2e.py).
+        WORKER_CHECKPOINT_SECONDS="1",
         **{local_state.STATE_DIR_ENV: str(state_dir)},
     )
     started = time.monotonic()

@@ -2,8 +2,8 @@
 engine's (vLLM), in the middle of a batch; the supervisor of ``make up`` starts it again and the
 batch completes with every line exactly once (driven only with the official openai SDK).
 
-The batch's first chunk is short work and the other three are long (``ignore_eos``), so once the
-first chunk is counted the long ones are still being generated: the kill lands mid-batch. A
+The batch's first chunk is short work and the other is long (``ignore_eos``), so once the first
+chunk is counted the long one is still being generated: the kill lands mid-batch. A
 killed worker's chunks come back when their visibility lapses (30 s in the local deployment); a
 killed engine's chunks are released by the worker (EngineDown), which waits for /health."""
 
@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 CHAT = names.LOCAL_CHAT_MODEL
-LINES = 4 * CHUNK_LINES
+LINES = 2 * CHUNK_LINES
 LONG_TOKENS = 48
 #: An engine loads its model in 20-40 s on this CPU; a worker starts in a second or two.
 RESTART_TIMEOUT = 120.0
