@@ -7,12 +7,14 @@ out). Lines waiting *inside* vLLM start in its first-come order; lines waiting i
 in the worker's order (``chunk.Admission``: longest first, shared prefixes together, fair across
 tenants). So the worker keeps vLLM's waiting queue short but never empty: it reads vLLM's own
 gauges from ``GET /metrics`` (Prometheus text: ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:num_preemptions``) about once a second and sets the
-admission capacity to what runs plus a headroom (``WorkerConfig.admission_cap() - max_num_seqs``:
-a quarter of ``max_num_seqs`` in smart order, enough to fill the slots that free up between two
-reads; ``max_num_seqs`` in file order), within ``[headroom, cap]``. When the engine preempts, the
-capacity follows what still runs. An engine without ``/metrics`` (or an answer that cannot be
-read) keeps the configured cap: the fallback is today's behaviour.
+``vllm:num_requests_waiting``, ``vllm:num_preemptions``) about once a second. While vLLM keeps
+lines waiting although it runs fewer than ``max_num_seqs`` (it cannot fit more: the KV cache is
+the limit, or it preempted), the admission capacity is what runs plus a headroom
+(``WorkerConfig.admission_cap() - max_num_seqs``: a quarter of ``max_num_seqs`` in smart order,
+enough to fill the slots that free up between two reads; ``max_num_seqs`` in file order), within
+``[headroom, cap]``; otherwise (nothing waits, or every sequence slot is taken) it is the
+configured cap, so a worker starts at full speed and an engine with room is never held back. An
+engine without ``/metrics`` (or an answer that cannot be read) keeps the configured cap.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ def parse_metrics(text: str) -> EngineLoad | None:
                       int(values.get("vllm:num_preemptions", 0)))
 
 
-def capacity_for(load: EngineLoad, *, headroom: int, cap: int) -> int:
-    """Lines the worker lets into the engine: what the engine runs, plus ``headroom`` waiting,
+def capacity_for(load: EngineLoad, *, headroom: int, cap: int, max_num_seqs: int) -> int:
+    """Lines the worker lets into the engine: the cap, unless the engine holds lines waiting while
+    it runs fewer than ``max_num_seqs`` (it cannot fit more); then what it runs plus ``headroom``,
     within ``[headroom, cap]``."""
-    return max(max(1, headroom), min(cap, load.running + headroom))
+    if load.waiting > 0 and load.running < max_num_seqs:
+        return max(max(1, headroom), min(cap, load.running + headroom))
+    return cap
 
 
 class CapacityWatch:
@@ -66,9 +71,10 @@ class CapacityWatch:
     ``apply`` (the admission's ``resize``). ``read`` returns the /metrics text (None: no answer)."""
 
     def __init__(self, read: Callable[[], Awaitable[str | None]], apply: Callable[[int], None], *, headroom: int,
-                 cap: int, every: float = READ_SECONDS, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+                 cap: int, max_num_seqs: int, every: float = READ_SECONDS,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self.read, self.apply, self.every, self._sleep = read, apply, every, sleep
-        self.headroom, self.cap = max(1, headroom), max(1, cap)
+        self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
         self.capacity = cap
         self.unreadable = 0
@@ -85,7 +91,7 @@ class CapacityWatch:
             self.capacity = self.cap
         else:
             self.last = load
-            self.capacity = capacity_for(load, headroom=self.headroom, cap=self.cap)
+            self.capacity = capacity_for(load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs)
         self.apply(self.capacity)
         return self.capacity
 

@@ -474,6 +474,7 @@ async def process_chunk(
     max_line_bytes: int,
     now: Callable[[], float] = time.time,
     on_dispatch: Callable[[], None] = lambda: None,
+    on_commit: Callable[[], None] = lambda: None,
     commits: set[asyncio.Future[Any]] | None = None,
     gate: EngineGate | None = None,
     policy: RunPolicy = RunPolicy(),
@@ -488,7 +489,8 @@ async def process_chunk(
     no earlier attempt checkpointed (all together; or, if the chunk failed for real before, in
     small groups alone on the engine, see ``_group``), checkpoint results as they come, write its
     parts, count it (the last chunk signals the workflow). ``io`` runs blocking store calls off the loop;
-    ``on_dispatch`` is called once the lines are handed to the engine client; a commit that
+    ``on_dispatch`` is called once the lines are handed to the engine client, ``on_commit`` as its
+    parts start being written (from then on the chunk is never abandoned); a commit that
     outlives a cancelled caller stays in ``commits`` until it is done (the loop awaits them).
 
     An attempt that ends without commit records a benign end (not spending the poison budget)
@@ -579,6 +581,7 @@ async def process_chunk(
         usage.add_response(r.usage)
     # Once the parts are being written the chunk is committed: a SIGTERM (task cancellation) must
     # not interrupt between the parts and the count, or a redelivery would rewrite counted parts.
+    on_commit()
     commit = asyncio.ensure_future(_commit(stores, message, [r.line for r in outputs], usage, io=io, now=now,
                                            background=background))
     if commits is not None:

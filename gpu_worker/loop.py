@@ -28,6 +28,7 @@ from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
 from functions.core.messages import WorkMessage
+from functions.core.models import TERMINAL_STATUSES
 from functions.core.ports import Received, Stores, WorkQueue
 
 from .budget import BudgetWatch
@@ -49,6 +50,13 @@ class _Open:
     lines: int = 0
     dispatched: bool = False
     received_at: float = 0.0
+    #: The chunk's batch, once its message parsed (the heartbeat checks it is still open).
+    message: WorkMessage | None = None
+    #: The task running the chunk, and the terminal status that made the heartbeat abandon it.
+    task: asyncio.Task[None] | None = None
+    closed: str | None = None
+    #: Its parts are being written and counted: never abandoned from then on.
+    committing: bool = False
 
 
 class Worker:
@@ -87,7 +95,7 @@ class Worker:
         read = getattr(engine, "metrics_text", None)
         self.capacity = CapacityWatch(
             read, self.admission.resize, headroom=headroom(cap, config.engine_seqs()), cap=cap,
-            every=config.capacity_read_seconds,
+            max_num_seqs=config.engine_seqs(), every=config.capacity_read_seconds,
         ) if config.measure_capacity and read is not None else None
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
@@ -225,7 +233,8 @@ class Worker:
     # --- one message -------------------------------------------------------------------------
     async def _handle(self, state: _Open) -> None:
         r = state.received
-        heartbeat = asyncio.create_task(self._heartbeat(r))
+        state.task = asyncio.current_task()
+        heartbeat = asyncio.create_task(self._heartbeat(state))
         try:
             try:
                 message = WorkMessage.model_validate_json(r.body)
@@ -241,7 +250,7 @@ class Worker:
                 self.metrics.chunk_failed()
                 await self._sqs(self.queue.release, r.receipt, self.config.failure_retry_seconds)
                 return
-            state.lines = message.line_count
+            state.lines, state.message = message.line_count, message
             keys = {"batch_id": message.batch_id, "chunk": message.chunk, "message_id": r.message_id, "receive_count": r.receive_count}
             if r.receive_count > 1:
                 self.metrics.chunk_redelivered()
@@ -249,6 +258,7 @@ class Worker:
                 self.stores, message, self.engine, io=self._stores, background=self._stores_later,
                 max_line_bytes=self.max_line_bytes,
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
+                on_commit=lambda: setattr(state, "committing", True),
                 gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
                 budget=self.budget,
             )
@@ -274,6 +284,16 @@ class Worker:
                 "committed_at": report.committed_at,
             })
         except asyncio.CancelledError:
+            if state.closed is not None and not self.stopping:
+                # Its batch ended (cancelled or expired past the drain, finalized): nothing of this
+                # chunk can count any more. Its lines left the engine (the requests were cancelled:
+                # vLLM aborts a request whose client goes away); the message goes.
+                await asyncio.shield(self._sqs(self.queue.delete, r.receipt))
+                self.metrics.chunk_skipped()
+                self.log.info("chunk abandoned: its batch ended", extra={
+                    "batch_id": state.message.batch_id if state.message else None, "status": state.closed,
+                    "message_id": r.message_id})
+                return
             # Drain deadline passed (SIGTERM): hand the chunk to another worker at once.
             await asyncio.shield(self._release(r, 0, "released on shutdown"))
             raise
@@ -296,7 +316,11 @@ class Worker:
         self.metrics.chunk_released()
         self.log.info(why, extra={"message_id": r.message_id, "visible_after_seconds": after})
 
-    async def _heartbeat(self, r: Received) -> None:
+    async def _heartbeat(self, state: _Open) -> None:
+        """Every beat: extend the message's visibility, and check that the chunk's batch is still
+        open; once it is terminal (a cancel or an expiry finalized it) the chunk is abandoned at
+        once instead of running its lines to their end for nothing (one GetItem a beat)."""
+        r = state.received
         interval = self.config.heartbeat_interval()
         while True:
             await self._sleep(interval)
@@ -307,6 +331,19 @@ class Worker:
                 continue
             if not ok:
                 self.log.warning("lost the message (receipt no longer valid)", extra={"message_id": r.message_id})
+                return
+            message = state.message
+            if message is None or state.task is None or state.committing:
+                continue
+            try:
+                batch = await self._stores(self.stores.batches.get, message.tenant, message.batch_id)
+            except Exception:  # noqa: BLE001 - the chunk runs on; try again next beat
+                self.log.exception("batch check failed", extra={"message_id": r.message_id})
+                continue
+            status = "gone" if batch is None else batch.status
+            if (status == "gone" or status in TERMINAL_STATUSES) and not state.committing:
+                state.closed = status
+                state.task.cancel()
                 return
 
     # --- metrics -----------------------------------------------------------------------------

@@ -26,10 +26,13 @@ def test_the_gauges_are_read_from_vllms_prometheus_text():
     assert parse_metrics("# nothing of vLLM here\nprocess_cpu_seconds_total 3.0\n") is None
 
 
-def test_capacity_is_what_runs_plus_the_headroom_within_bounds():
-    assert capacity_for(EngineLoad(40, 55, 0), headroom=32, cap=160) == 72  # KV-bound: 40 run
-    assert capacity_for(EngineLoad(128, 32, 0), headroom=32, cap=160) == 160  # full: the cap
-    assert capacity_for(EngineLoad(0, 0, 0), headroom=32, cap=160) == 32  # idle: never below the headroom
+def test_capacity_is_what_runs_plus_the_headroom_only_when_the_engine_cannot_fit_more():
+    limits = {"headroom": 32, "cap": 160, "max_num_seqs": 128}
+    assert capacity_for(EngineLoad(40, 55, 0), **limits) == 72  # KV-bound: 40 run, 55 wait
+    assert capacity_for(EngineLoad(0, 3, 9), **limits) == 32  # preempted all: never below the headroom
+    assert capacity_for(EngineLoad(128, 32, 0), **limits) == 160  # every slot taken: the cap
+    assert capacity_for(EngineLoad(0, 0, 0), **limits) == 160  # idle (a worker starting): the cap
+    assert capacity_for(EngineLoad(90, 0, 0), **limits) == 160  # room and nothing waits: the cap
     config = WorkerConfig(engine_max_num_seqs=128)
     assert headroom(config.admission_cap(), 128) == 32  # smart order: a quarter of max_num_seqs
     file_order = WorkerConfig(engine_max_num_seqs=128, order="file")
@@ -78,7 +81,7 @@ def test_the_watch_applies_the_measured_capacity_and_keeps_the_cap_without_metri
         async def read():
             return next(it)
 
-        watch = CapacityWatch(read, applied.append, headroom=32, cap=160)
+        watch = CapacityWatch(read, applied.append, headroom=32, cap=160, max_num_seqs=128)
         return [await watch.step() for _ in texts]
 
     assert asyncio.run(go([METRICS, None, "garbage"])) == [72, 160, 160]

@@ -318,3 +318,25 @@ def test_a_cancelled_batch_chunk_is_skipped(client, stores, deployed, fake):
     worker.stop()
     assert fake.requests == [] and done.status == "cancelled"
     assert queue_depth(deployed.models["test-chat"].queue_url) == (0, 0)
+
+
+@pytest.mark.settings(chunk_max_lines=3, drain_poll_seconds=0, drain_grace_seconds=0)
+def test_a_running_chunk_of_a_batch_that_ended_is_abandoned_not_run_to_its_end(client, stores, deployed, fake):
+    """Its lines hang in the engine; the batch is cancelled and finalized (no drain grace). The
+    worker's next heartbeat finds the batch terminal: it cancels the chunk's requests (vLLM aborts
+    a request whose client goes away), deletes the message (nothing of it can count) and takes the
+    next work, instead of keeping the engine busy for a batch that is over."""
+    fake.respond = lambda path, body, seen: HANG
+    batch = start(client, stores, [line(i) for i in range(3)])  # one chunk
+    worker = WorkerThread(worker_config(deployed, fake.url, heartbeat_seconds=0.3), deployed, stores).start()
+    wait_until(lambda: len(fake.requests) == 3, what="the chunk's lines in the engine")
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    done = finish(client, deployed, batch.id)
+    assert done.status == "cancelled"
+    queue = deployed.models["test-chat"].queue_url
+    wait_until(lambda: worker.worker.engine.in_flight == 0 and queue_depth(queue) == (0, 0), what="the chunk abandoned")
+    assert worker.worker.metrics.totals.chunks_skipped == 1 and worker.worker.open_chunks == 0
+    assert len(fake.requests) == 3  # nothing was sent again
+    worker.stop()
+    _, err = assert_invariants(client, done, ids(3))
+    assert {l.error.code for l in err} == {"batch_cancelled"}
