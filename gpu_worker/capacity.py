@@ -7,9 +7,12 @@ out). Lines waiting *inside* vLLM start in its first-come order; lines waiting i
 in the worker's order (``chunk.Admission``: longest first, shared prefixes together, fair across
 tenants). So the worker keeps vLLM's waiting queue short but never empty: it reads vLLM's own
 gauges from ``GET /metrics`` (Prometheus text: ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:num_preemptions``) about once a second. While vLLM keeps
-lines waiting although it runs fewer than ``max_num_seqs`` (it cannot fit more: the KV cache is
-the limit, or it preempted), the admission capacity is what runs plus a headroom
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions``) about once
+a second, while lines wait in the worker (otherwise the capacity decides nothing). While vLLM keeps
+lines waiting although it runs fewer than ``max_num_seqs`` *because it cannot fit more* (its KV
+cache is at least ``KV_FULL`` used, or it preempted since the last read; lines merely waiting
+for their prefill, as every line does when a batch starts, are not that), the admission
+capacity is what runs plus a headroom
 (``WorkerConfig.admission_cap() - max_num_seqs``: a quarter of ``max_num_seqs`` in smart order,
 enough to fill the slots that free up between two reads; ``max_num_seqs`` in file order), within
 ``[headroom, cap]``; otherwise (nothing waits, or every sequence slot is taken) it is the
@@ -30,8 +33,10 @@ log = logging.getLogger("gpu_worker.capacity")
 
 #: How often the engine's gauges are read.
 READ_SECONDS = 1.0
+#: The KV cache use (0-1) at which lines waiting in vLLM are lines it cannot fit.
+KV_FULL = 0.9
 _SAMPLE = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
-WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions")
+WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions", "vllm:kv_cache_usage_perc")
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,11 @@ class EngineLoad:
     running: int
     waiting: int
     preemptions: int
+    kv_usage: float = 0.0
 
 
 def parse_metrics(text: str) -> EngineLoad | None:
-    """The gauges (summed over label sets, e.g. several served model names) from vLLM's
+    """The gauges (counts summed over label sets, e.g. several served model names) from vLLM's
     Prometheus text; None if the text has neither gauge (not vLLM, or a version that renamed them)."""
     values: dict[str, float] = {}
     for line in text.splitlines():
@@ -50,18 +56,21 @@ def parse_metrics(text: str) -> EngineLoad | None:
             continue
         match = _SAMPLE.match(line.strip())
         if match and match.group(1) in WANTED and match.group(2) != "NaN":
-            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(2))
+            name, value = match.group(1), float(match.group(2))
+            # Counts add up over label sets; the KV cache's use is one engine's: the highest.
+            values[name] = max(values.get(name, 0.0), value) if name == "vllm:kv_cache_usage_perc" else values.get(name, 0.0) + value
     if "vllm:num_requests_running" not in values or "vllm:num_requests_waiting" not in values:
         return None
     return EngineLoad(int(values["vllm:num_requests_running"]), int(values["vllm:num_requests_waiting"]),
-                      int(values.get("vllm:num_preemptions", 0)))
+                      int(values.get("vllm:num_preemptions", 0)), float(values.get("vllm:kv_cache_usage_perc", 0.0)))
 
 
-def capacity_for(load: EngineLoad, *, headroom: int, cap: int, max_num_seqs: int) -> int:
+def capacity_for(load: EngineLoad, *, headroom: int, cap: int, max_num_seqs: int, preempted: bool = False) -> int:
     """Lines the worker lets into the engine: the cap, unless the engine holds lines waiting while
-    it runs fewer than ``max_num_seqs`` (it cannot fit more); then what it runs plus ``headroom``,
-    within ``[headroom, cap]``."""
-    if load.waiting > 0 and load.running < max_num_seqs:
+    it runs fewer than ``max_num_seqs`` because it cannot fit more (KV cache ``KV_FULL`` used, or
+    ``preempted`` since the last read); then what it runs plus ``headroom``, within ``[headroom, cap]``."""
+    full = load.kv_usage >= KV_FULL or preempted
+    if load.waiting > 0 and load.running < max_num_seqs and full:
         return max(max(1, headroom), min(cap, load.running + headroom))
     return cap
 
@@ -72,12 +81,13 @@ class CapacityWatch:
 
     def __init__(self, read: Callable[[], Awaitable[str | None]], apply: Callable[[int], None], *, headroom: int,
                  cap: int, max_num_seqs: int, every: float = READ_SECONDS,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
-        self.read, self.apply, self.every, self._sleep = read, apply, every, sleep
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, needed: Callable[[], bool] = lambda: True):
+        self.read, self.apply, self.every, self._sleep, self.needed = read, apply, every, sleep, needed
         self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
         self.capacity = cap
         self.unreadable = 0
+        self.reads = 0
 
     async def step(self) -> int:
         """One read; the capacity now in force."""
@@ -90,14 +100,20 @@ class CapacityWatch:
             self.unreadable += 1
             self.capacity = self.cap
         else:
+            preempted = self.last is not None and load.preemptions > self.last.preemptions
             self.last = load
-            self.capacity = capacity_for(load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs)
+            self.capacity = capacity_for(load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs,
+                                         preempted=preempted)
         self.apply(self.capacity)
+        self.reads += 1
         return self.capacity
 
     async def run(self) -> None:
+        """Read while lines wait in the worker (``needed``): otherwise the capacity decides nothing
+        and the engine's API server is spared rendering its metrics."""
         while True:
-            await self.step()
+            if self.needed():
+                await self.step()
             await self._sleep(self.every)
 
 

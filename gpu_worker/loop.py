@@ -86,6 +86,8 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._commits: set[asyncio.Future[Any]] = set()
         self._engine_down = False
+        #: Batch statuses the heartbeats read, by (tenant, batch id): (status, read at).
+        self._statuses: dict[tuple[str, str], tuple[str, float]] = {}
         #: Careful chunks send each line alone (docs/reliability.md, "Poison isolation").
         self.gate = EngineGate()
         #: The order lines of all open chunks enter the engine in (``config.order``).
@@ -96,6 +98,7 @@ class Worker:
         self.capacity = CapacityWatch(
             read, self.admission.resize, headroom=headroom(cap, config.engine_seqs()), cap=cap,
             max_num_seqs=config.engine_seqs(), every=config.capacity_read_seconds,
+            needed=lambda: self.admission.waiting > 0,
         ) if config.measure_capacity and read is not None else None
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
@@ -336,15 +339,28 @@ class Worker:
             if message is None or state.task is None or state.committing:
                 continue
             try:
-                batch = await self._stores(self.stores.batches.get, message.tenant, message.batch_id)
+                status = await self._batch_status(message, fresh_for=interval / 2)
             except Exception:  # noqa: BLE001 - the chunk runs on; try again next beat
                 self.log.exception("batch check failed", extra={"message_id": r.message_id})
                 continue
-            status = "gone" if batch is None else batch.status
             if (status == "gone" or status in TERMINAL_STATUSES) and not state.committing:
                 state.closed = status
                 state.task.cancel()
                 return
+
+    async def _batch_status(self, message: WorkMessage, *, fresh_for: float) -> str:
+        """The chunk's batch status ("gone" without a record), read at most once per ``fresh_for``
+        seconds per batch however many of its chunks beat (one GetItem for all of them)."""
+        key = (message.tenant, message.batch_id)
+        known = self._statuses.get(key)
+        if known is not None and self.clock() - known[1] < fresh_for:
+            return known[0]
+        batch = await self._stores(self.stores.batches.get, message.tenant, message.batch_id)
+        status = "gone" if batch is None else batch.status
+        if len(self._statuses) > 1024:
+            self._statuses.clear()
+        self._statuses[key] = (status, self.clock())
+        return status
 
     # --- metrics -----------------------------------------------------------------------------
     async def _report_periodically(self) -> None:

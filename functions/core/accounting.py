@@ -61,8 +61,10 @@ class ChunkOutcome:
     counted: bool
     last: bool
     batch: BatchRecord
-    #: The chunk's count marker (this call's; the receipt is appended from it).
+    #: The chunk's count marker (this call's; the receipt is appended from it) and the digests of
+    #: the parts it counted, as written (``Parts.digests``).
     marker: ChunkRecord | None = None
+    digests: dict[str, str] | None = None
 
 
 def all_counted(batch: BatchRecord) -> bool:
@@ -129,7 +131,7 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
     # signalling, and signalling twice is harmless.
     last = all_counted(batch)
     _complete_if_all_counted(stores, batch)
-    outcome = ChunkOutcome(counted=counted, last=last, batch=batch, marker=marker)
+    outcome = ChunkOutcome(counted=counted, last=last, batch=batch, marker=marker, digests=parts.digests or None)
     if receipt:
         record_receipt(stores, message, outcome)
     return outcome
@@ -139,7 +141,7 @@ def record_receipt(stores: Stores, message: WorkMessage, outcome: ChunkOutcome) 
     """The chunk's audit receipt, if this attempt counted it: after the count and the signal, so
     a failed append loses neither (docs/audit.md)."""
     if outcome.counted and outcome.marker is not None:
-        audit.append_receipt(stores, message, outcome.marker, at=outcome.marker.recorded_at)
+        audit.append_receipt(stores, message, outcome.marker, at=outcome.marker.recorded_at, digests=outcome.digests)
 
 
 def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:

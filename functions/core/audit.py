@@ -276,27 +276,31 @@ def record_api_request(
                   target=target, request_id=request_id, details=details)
 
 
-def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int) -> AuditRecord | None:
+def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int,
+                   digests: dict[str, str] | None = None) -> AuditRecord | None:
     """The receipt of a counted chunk (``marker``): its batch, chunk, input lines, the sha256 of
     each result part of the counted attempt (the bytes the batch's output and error files are
     made of), its counts and usage. Keyed on (batch, chunk): a chunk is counted once, so however
     often this runs (a redelivered message, a retried worker) the chain holds one receipt. None
-    if already there, or if these stores append no receipts (``Stores.receipts`` None)."""
+    if already there, or if these stores append no receipts (``Stores.receipts`` None).
+    ``digests``: the parts' sha256 as the counting worker wrote them (``Parts.digests``); without
+    them (a redelivery re-signalling, the DLQ consumer) the parts are read back and hashed."""
     if stores.receipts is None:
         return None
     key = receipt_key(marker.batch_id, marker.chunk)
     if stores.receipts.deduped(marker.tenant, key):
         return None
-    parts = {
-        kind: schema.chunk_part_key(marker.tenant, marker.batch_id, marker.chunk, marker.attempt, kind)
-        for kind in ("out", "err")
-    }
-    # One LIST of the attempt's parts, then a GET of each (a part that is not there: null).
-    stored = set(stores.objects.list_keys(parts["out"].rsplit(".", 2)[0] + "."))
-    digests = {
-        f"{kind}_sha256": hashlib.sha256(stores.objects.get(key)).hexdigest() if key in stored else None
-        for kind, key in parts.items()
-    }
+    if not digests:
+        parts = {
+            kind: schema.chunk_part_key(marker.tenant, marker.batch_id, marker.chunk, marker.attempt, kind)
+            for kind in ("out", "err")
+        }
+        # One LIST of the attempt's parts, then a GET of each (a part that is not there: null).
+        stored = set(stores.objects.list_keys(parts["out"].rsplit(".", 2)[0] + "."))
+        digests = {
+            f"{kind}_sha256": hashlib.sha256(stores.objects.get(key)).hexdigest() if key in stored else None
+            for kind, key in parts.items()
+        }
     details = {
         "batch": marker.batch_id, "chunk": marker.chunk, "attempt": marker.attempt,
         "first_line": message.first_line, "line_count": message.line_count,

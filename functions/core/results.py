@@ -3,9 +3,10 @@ finalize. A line whose request got a 2xx goes to the output part; anything else 
 status, or no response at all) to the error part. Each attempt at a chunk writes its own parts;
 the count marker records which attempt was counted, and finalize reads only that one."""
 
+import hashlib
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import ids, schema
@@ -66,6 +67,9 @@ class Parts:
     attempt: str
     completed: int
     failed: int
+    #: The sha256 of each part as written ({"out_sha256": ..., "err_sha256": ...}; empty when not
+    #: known): a chunk's audit receipt names them without reading the parts back.
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 def write_parts(objects: Objects, message: WorkMessage, lines: list[BatchOutputLine]) -> Parts:
@@ -73,11 +77,13 @@ def write_parts(objects: Objects, message: WorkMessage, lines: list[BatchOutputL
     attempt = secrets.token_hex(6)
     out = [line for line in lines if succeeded(line)]
     err = [line for line in lines if not succeeded(line)]
+    digests = {}
     for kind, part in (("out", out), ("err", err)):
         body = b"".join(line.model_dump_json().encode() + b"\n" for line in part)
         key = schema.chunk_part_key(message.tenant, message.batch_id, message.chunk, attempt, kind)
         objects.put(key, body, "application/jsonl")
-    return Parts(attempt=attempt, completed=len(out), failed=len(err))
+        digests[f"{kind}_sha256"] = hashlib.sha256(body).hexdigest()
+    return Parts(attempt=attempt, completed=len(out), failed=len(err), digests=digests)
 
 
 # --- checkpoints of a running chunk (docs/reliability.md, "Poison isolation") -------------------

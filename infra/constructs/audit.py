@@ -14,7 +14,6 @@ Without the flag: nothing. The chain itself lives in the table (``schema.audit_p
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -22,7 +21,7 @@ from functions.core import audit, schema
 from functions.core.settings import Settings
 from infra.config import DeployConfig
 
-from .common import acknowledge_wildcards, arn_in_findings, dead_letter_queue
+from .common import acknowledge_wildcards, arn_in_findings, consume_table_stream
 
 #: The stack output naming the bucket (absent without the flag).
 OUTPUT_AUDIT_BUCKET = "AuditBucketName"
@@ -90,18 +89,7 @@ class AuditExport(Construct):
             f"Resource::{arn_in_findings(self.bucket)}/{audit.WORM_PREFIX}*": "One object per audit record of any "
             "tenant (chain/<tenant>/<seq>.json); put (once: If-None-Match and Object Lock) and get only.",
         })
-        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="the on-failure destination of the audit exporter's stream mapping")
-        function.add_event_source(
-            sources.DynamoEventSource(
-                storage.table,
-                starting_position=lambda_.StartingPosition.TRIM_HORIZON,
-                batch_size=100,
-                max_batching_window=cdk.Duration.seconds(1),
-                bisect_batch_on_error=True,
-                retry_attempts=10,
-                on_failure=sources.SqsDlq(self.dead_letters),
-                filters=[lambda_.FilterCriteria.filter(stream_filter())],
-            )
-        )
+        self.dead_letters = consume_table_stream(self, function, storage.table, of="the audit exporter's stream mapping",
+                                                 pattern=stream_filter(), batching_seconds=1, retry_attempts=10)
         self.exporter = function
         return function

@@ -5,6 +5,8 @@ from typing import Any, cast
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -25,6 +27,27 @@ def log_group(scope: Construct, id: str, config: DeployConfig) -> logs.LogGroup:
     # config has already validated against the values CloudWatch accepts.
     cast(logs.CfnLogGroup, group.node.default_child).retention_in_days = config.log_retention_days
     return group
+
+
+def consume_table_stream(scope: Construct, function: Any, table: Any, *, of: str, pattern: dict, batching_seconds: int,
+                         retry_attempts: int) -> sqs.Queue:
+    """``function`` reads the table's stream, invoked only for the records ``pattern`` (an event
+    filter) passes; batches of up to 100, bisected on error, retried, then sent to a new
+    dead-letter queue (returned; ``of`` says whose). The reaper and the audit exporter."""
+    dead_letters = dead_letter_queue(scope, "DeadLetters", of=f"the on-failure destination of {of}")
+    function.add_event_source(
+        sources.DynamoEventSource(
+            table,
+            starting_position=lambda_.StartingPosition.TRIM_HORIZON,
+            batch_size=100,
+            max_batching_window=cdk.Duration.seconds(batching_seconds),
+            bisect_batch_on_error=True,
+            retry_attempts=retry_attempts,
+            on_failure=sources.SqsDlq(dead_letters),
+            filters=[lambda_.FilterCriteria.filter(pattern)],
+        )
+    )
+    return dead_letters
 
 
 def dead_letter_queue(scope: Construct, id: str, *, of: str) -> sqs.Queue:

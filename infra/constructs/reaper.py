@@ -7,7 +7,6 @@ sent to a dead-letter queue (watched by monitoring) instead of being dropped wit
 
 import aws_cdk as cdk
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_lambda_event_sources as sources
 from constructs import Construct
 
 from functions.core import schema
@@ -15,7 +14,7 @@ from functions.core.records import FileRecord
 from functions.core.settings import Settings
 from infra.config import DeployConfig
 
-from .common import acknowledge_wildcards, arn_in_findings, dead_letter_queue
+from .common import acknowledge_wildcards, arn_in_findings, consume_table_stream
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -58,16 +57,5 @@ class Reaper(Construct):
             "DeleteObjectTagging...), on this bucket's objects only.",
         })
 
-        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="the on-failure destination of the reaper's stream mapping")
-        self.function.add_event_source(
-            sources.DynamoEventSource(
-                storage.table,
-                starting_position=lambda_.StartingPosition.TRIM_HORIZON,
-                batch_size=100,
-                max_batching_window=cdk.Duration.seconds(5),
-                bisect_batch_on_error=True,
-                retry_attempts=5,
-                on_failure=sources.SqsDlq(self.dead_letters),
-                filters=[lambda_.FilterCriteria.filter(stream_filter())],
-            )
-        )
+        self.dead_letters = consume_table_stream(self, self.function, storage.table, of="the reaper's stream mapping",
+                                                 pattern=stream_filter(), batching_seconds=5, retry_attempts=5)

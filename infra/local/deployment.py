@@ -392,11 +392,11 @@ class LocalConfig:
         # on moto's interpreter, on the CPU the engine uses: at 2 s the ticks of one open batch took
         # about 10 % of a core here (docs/benchmarks.md, "The local deployment's own CPU").
         reconcile_seconds=10,
-        # The sweeper (docs/reliability.md, "Liveness: every batch ends") every 2 s: a batch never
+        # The sweeper (docs/reliability.md, "Liveness: every batch ends") every 5 s: a batch never
         # enqueued is restarted after 5 s, an open one 30 s past its expiry is finalized (the
         # drain grace is 10 s), one validating past the ingest event's local retry life (5
         # receives x 60 s visibility) is failed.
-        sweep_seconds=2,
+        sweep_seconds=5,
         enqueue_grace_seconds=5,
         expiry_grace_seconds=30,
         validating_timeout_seconds=6 * 60,

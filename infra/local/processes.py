@@ -194,7 +194,9 @@ class Workers:
                     **environ,
                     "WORKER_MODEL": s.model,
                     "WORKER_ENGINE_URL": s.url,
-                    "WORKER_POLL_WAIT_SECONDS": "1",
+                    # A long poll returns as soon as a message is sent (moto wakes it); 5 s keeps
+                    # an idle worker's empty receives few, and a stop waits at most that long.
+                    "WORKER_POLL_WAIT_SECONDS": "5",
                     # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so
                     # vLLM's waiting queue is never empty; WORKER_MAX_IN_FLIGHT (if set) still wins.
                     "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),

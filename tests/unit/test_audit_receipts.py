@@ -68,3 +68,22 @@ def test_a_failed_append_keeps_the_count_and_the_redelivery_appends_the_receipt(
     accounting.signal_if_all_counted(stores, message(0))
     [receipt] = receipts(stores)
     assert receipt.details["attempt"] == "a0" and receipt.at == 5
+
+
+def test_the_counting_worker_s_receipt_names_the_digests_it_wrote_without_reading_the_parts_back():
+    from functions.core.models import BatchOutputLine
+    from functions.core.results import write_parts as write_real_parts
+
+    stores = fake_stores()
+    stores.batches.put(batch())
+    lines = [BatchOutputLine.model_validate({"id": f"r{i}", "custom_id": f"c{i}", "response": {
+        "status_code": 200, "request_id": "q", "body": {}}, "error": None}) for i in range(2)]
+    parts = write_real_parts(stores.objects, message(0), lines)
+    reads = stores.faults.calls["objects.get"], stores.faults.calls["objects.list_keys"]
+    assert accounting.record_chunk(stores, message(0), parts=parts, usage=accounting.Usage(), now=5).counted
+    assert (stores.faults.calls["objects.get"], stores.faults.calls["objects.list_keys"]) == reads  # none
+    [receipt] = receipts(stores)
+    out_key = schema.chunk_part_key("acme", "batch_1", 0, parts.attempt, "out")
+    err_key = schema.chunk_part_key("acme", "batch_1", 0, parts.attempt, "err")
+    assert receipt.details["out_sha256"] == hashlib.sha256(stores.objects.get(out_key)).hexdigest()
+    assert receipt.details["err_sha256"] == hashlib.sha256(stores.objects.get(err_key)).hexdigest()

@@ -22,17 +22,18 @@ vllm:kv_cache_usage_perc{engine="0",model_name="chat"} 0.98
 
 
 def test_the_gauges_are_read_from_vllms_prometheus_text():
-    assert parse_metrics(METRICS) == EngineLoad(running=40, waiting=55, preemptions=7)
+    assert parse_metrics(METRICS) == EngineLoad(running=40, waiting=55, preemptions=7, kv_usage=0.98)
     assert parse_metrics("# nothing of vLLM here\nprocess_cpu_seconds_total 3.0\n") is None
 
 
 def test_capacity_is_what_runs_plus_the_headroom_only_when_the_engine_cannot_fit_more():
     limits = {"headroom": 32, "cap": 160, "max_num_seqs": 128}
-    assert capacity_for(EngineLoad(40, 55, 0), **limits) == 72  # KV-bound: 40 run, 55 wait
-    assert capacity_for(EngineLoad(0, 3, 9), **limits) == 32  # preempted all: never below the headroom
-    assert capacity_for(EngineLoad(128, 32, 0), **limits) == 160  # every slot taken: the cap
+    assert capacity_for(EngineLoad(40, 55, 0, kv_usage=0.97), **limits) == 72  # KV-bound: 40 run, 55 wait
+    assert capacity_for(EngineLoad(0, 3, 9, kv_usage=0.2), **limits, preempted=True) == 32  # never below the headroom
+    assert capacity_for(EngineLoad(14, 146, 0, kv_usage=0.06), **limits) == 160  # waiting for their prefill: the cap
+    assert capacity_for(EngineLoad(128, 32, 0, kv_usage=0.99), **limits) == 160  # every slot taken: the cap
     assert capacity_for(EngineLoad(0, 0, 0), **limits) == 160  # idle (a worker starting): the cap
-    assert capacity_for(EngineLoad(90, 0, 0), **limits) == 160  # room and nothing waits: the cap
+    assert capacity_for(EngineLoad(90, 0, 0, kv_usage=0.95), **limits) == 160  # nothing waits: the cap
     config = WorkerConfig(engine_max_num_seqs=128)
     assert headroom(config.admission_cap(), 128) == 32  # smart order: a quarter of max_num_seqs
     file_order = WorkerConfig(engine_max_num_seqs=128, order="file")
@@ -86,3 +87,25 @@ def test_the_watch_applies_the_measured_capacity_and_keeps_the_cap_without_metri
 
     assert asyncio.run(go([METRICS, None, "garbage"])) == [72, 160, 160]
     assert applied == [72, 160, 160]
+
+
+def test_the_engine_is_read_only_while_lines_wait_in_the_worker():
+    waiting = [False, False, True, False]
+    reads = []
+
+    async def read():
+        reads.append(1)
+        return METRICS
+
+    async def sleep(_):
+        if not waiting:
+            raise asyncio.CancelledError
+        waiting.pop(0)
+
+    watch = CapacityWatch(read, lambda c: None, headroom=32, cap=160, max_num_seqs=128, sleep=sleep,
+                          needed=lambda: bool(waiting) and waiting[0])
+    try:
+        asyncio.run(watch.run())
+    except asyncio.CancelledError:
+        pass
+    assert len(reads) == 1 and watch.reads == 1
