@@ -74,7 +74,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-fairness-") as tmp:
             local = deployment(Path(tmp), fair=fair)
             try:
-                submit_warm, _ = submit(local.client(), lines=2, max_tokens=4, tag="warm")
+                submit_warm, _ = submit_chat(local.client(), lines=2, max_tokens=4, tag="warm")
                 wait(local.client(), submit_warm.id)
                 for with_a in runs:
                     label = ("B behind A, fair queues " + ("on" if fair else "off")) if with_a else "B alone"
