@@ -202,8 +202,9 @@ class Workers:
                     "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),
                     "WORKER_DRAIN_SECONDS": "10",
                     # A chunk held by a worker that died (SIGKILL) is taken again once its
-                    # visibility lapses: 30 s here (heartbeats every 10 s) instead of 120 s.
-                    "WORKER_VISIBILITY_SECONDS": "30",
+                    # visibility lapses: 30 s here (heartbeats every 10 s) instead of 120 s,
+                    # unless the environment says otherwise (the e2e deployment: 15 s).
+                    "WORKER_VISIBILITY_SECONDS": environ.get("WORKER_VISIBILITY_SECONDS", "30"),
                     "WORKER_METRICS_INTERVAL_SECONDS": "30",
                 },
                 log_dir / f"worker-{s.model}.log",

@@ -182,6 +182,9 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
         # Live progress every second (5 s by default): the progress test sees running chunks'
         # lines within its small batch on a fast CPU too (tests/e2e/test_progress_e2e.py).
         WORKER_CHECKPOINT_SECONDS="1",
+        # A killed worker's chunk comes back after 15 s, not 30 (tests/e2e/test_recovery_e2e.py);
+        # heartbeats every 5 s.
+        WORKER_VISIBILITY_SECONDS="15",
         **{local_state.STATE_DIR_ENV: str(state_dir)},
     )
     started = time.monotonic()
