@@ -288,9 +288,11 @@ def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *,
     if stores.receipts is None:
         return None
     key = receipt_key(marker.batch_id, marker.chunk)
-    if stores.receipts.deduped(marker.tenant, key):
-        return None
     if not digests:
+        # Reading the parts back costs a LIST and two GETs: not for a receipt already there.
+        # (With the digests at hand, ``append``'s own dedupe check is the only read.)
+        if stores.receipts.deduped(marker.tenant, key):
+            return None
         parts = {
             kind: schema.chunk_part_key(marker.tenant, marker.batch_id, marker.chunk, marker.attempt, kind)
             for kind in ("out", "err")
