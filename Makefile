@@ -25,10 +25,14 @@ up: $(STAMP) engine
 demo: $(STAMP)
 	$(PY) -m infra.local.demo
 
+#: Both cores: the engine-backed tests in one pytest-xdist process, in order, everything else
+#: spread beside them (tests/conftest.py, "xdist groups", picks the scheduler).
+#: `make test TEST_PARALLEL=` runs serially.
+TEST_PARALLEL ?= -n 2
 ## The whole test suite, end-to-end tests included (what CI runs); installs the engine first (a no-op
 ## once installed), because the engine tests and the e2e batch suite run the real vLLM.
 test: $(STAMP) engine
-	$(PY) -m pytest
+	$(PY) -m pytest $(TEST_PARALLEL)
 
 ## The unit level only: logic against in-memory fakes, no AWS, no engine (seconds).
 test-unit: $(STAMP)

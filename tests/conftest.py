@@ -41,3 +41,32 @@ def settings(request: pytest.FixtureRequest) -> Settings:
     return TEST_SETTINGS.model_copy(update=marker.kwargs) if marker else TEST_SETTINGS
 
 
+
+
+# --- xdist groups ------------------------------------------------------------------------------
+#: `make test` runs ``pytest -n 2`` (both cores). The tests that start the local deployment or a
+#: real vLLM engine share session-, package- and module-scoped deployments and engines, so they all
+#: run in one process, in collection order ("engine"); the CDK tests share one synth ("infra");
+#: every other test is a unit of its own, spread over both processes as they come free. Grouped by
+#: path, in our own scheduler: xdist's ``--dist loadgroup`` reads ``xdist_group`` marks into node
+#: ids, which pytest 9.2 no longer lets it rewrite (nothing was grouped).
+GROUPS = (
+    ("tests/e2e/", "engine"),
+    ("tests/integration/worker/test_worker_real_engine.py", "engine"),
+    ("tests/infra/", "infra"),
+)
+
+
+def xdist_group(nodeid: str) -> str | None:
+    return next((group for prefix, group in GROUPS if nodeid.startswith(prefix)), None)
+
+
+@pytest.hookimpl(optionalhook=True)  # only with pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return Groups(config, log)
