@@ -179,6 +179,20 @@ class Engines:
             child.stop()
 
 
+#: The local workers' settings where the environment of `make up` sets none (a `WORKER_*` variable
+#: there wins, as every other one does: e.g. the e2e deployment's WORKER_VISIBILITY_SECONDS=15).
+LOCAL_WORKER_DEFAULTS = {
+    # A long poll returns as soon as a message is sent (moto wakes it); 5 s keeps an idle worker's
+    # empty receives few, and a stop waits at most that long.
+    "WORKER_POLL_WAIT_SECONDS": "5",
+    "WORKER_DRAIN_SECONDS": "10",
+    # A chunk held by a worker that died (SIGKILL) is taken again once its visibility lapses: 30 s
+    # here (heartbeats every 10 s) instead of 120 s.
+    "WORKER_VISIBILITY_SECONDS": "30",
+    "WORKER_METRICS_INTERVAL_SECONDS": "30",
+}
+
+
 class Workers:
     """One ``python -m gpu_worker`` per model, pointed at its engine and its work queue; the
     environment (moto endpoint, ``BATCHAPI_*`` settings) is the deployment's, read at start."""
@@ -191,21 +205,13 @@ class Workers:
                 f"worker-{s.model}",
                 [sys.executable, "-m", "gpu_worker"],
                 lambda s=s: {
+                    **LOCAL_WORKER_DEFAULTS,
                     **environ,
                     "WORKER_MODEL": s.model,
                     "WORKER_ENGINE_URL": s.url,
-                    # A long poll returns as soon as a message is sent (moto wakes it); 5 s keeps
-                    # an idle worker's empty receives few, and a stop waits at most that long.
-                    "WORKER_POLL_WAIT_SECONDS": "5",
                     # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so
                     # vLLM's waiting queue is never empty; WORKER_MAX_IN_FLIGHT (if set) still wins.
                     "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),
-                    "WORKER_DRAIN_SECONDS": "10",
-                    # A chunk held by a worker that died (SIGKILL) is taken again once its
-                    # visibility lapses: 30 s here (heartbeats every 10 s) instead of 120 s,
-                    # unless the environment says otherwise (the e2e deployment: 15 s).
-                    "WORKER_VISIBILITY_SECONDS": environ.get("WORKER_VISIBILITY_SECONDS", "30"),
-                    "WORKER_METRICS_INTERVAL_SECONDS": "30",
                 },
                 log_dir / f"worker-{s.model}.log",
             )
