@@ -41,8 +41,6 @@ def settings(request: pytest.FixtureRequest) -> Settings:
     return TEST_SETTINGS.model_copy(update=marker.kwargs) if marker else TEST_SETTINGS
 
 
-
-
 # --- xdist groups ------------------------------------------------------------------------------
 #: `make test` runs ``pytest -n 2`` (both cores). The tests that start the local deployment or a
 #: real vLLM engine share session-, package- and module-scoped deployments and engines, so they all
@@ -59,6 +57,16 @@ GROUPS = (
 
 def xdist_group(nodeid: str) -> str | None:
     return next((group for prefix, group in GROUPS if nodeid.startswith(prefix)), None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``e2e`` or ``engine`` outside GROUPS would start its own deployment or engine
+    in the other process, beside the group's: refused at collection, so GROUPS follows the marks."""
+    stray = [item.nodeid for item in items
+             if (item.get_closest_marker("e2e") or item.get_closest_marker("engine"))
+             and xdist_group(item.nodeid) != "engine"]
+    if stray:
+        raise pytest.UsageError(f"tests marked e2e/engine outside tests/conftest.py GROUPS: {stray}")
 
 
 @pytest.hookimpl(optionalhook=True)  # only with pytest-xdist

@@ -89,11 +89,9 @@ class Poller:
         self._handling = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _handling_then(self, handler: Handler) -> Handler:
-        def handle(event: dict, context: Any) -> Any:
-            self._handling.set()
-            return handler(event, context)
-        return handle
+    def _handle(self, event: dict[str, Any], context: Any) -> Any:
+        self._handling.set()
+        return self._handler(event, context)
 
     def start(self) -> None:
         self._stop.clear()
@@ -104,8 +102,7 @@ class Poller:
             while not self._stop.is_set():
                 try:
                     self._handling.clear()
-                    poll_once(sqs, url, self._handling_then(self._handler), name=self.name,
-                              wait_seconds=POLL_WAIT_SECONDS, queue_arn=arn)
+                    poll_once(sqs, url, self._handle, name=self.name, wait_seconds=POLL_WAIT_SECONDS, queue_arn=arn)
                 except Exception:
                     if self._stop.is_set():
                         return  # moto stopped under a receive in progress: the deployment is stopping

@@ -4,8 +4,9 @@ batch completes with every line exactly once (driven only with the official open
 
 The batch's first chunk is short work and the other is long (``ignore_eos``), so once the first
 chunk is counted the long one is still being generated: the kill lands mid-batch. A
-killed worker's chunks come back when their visibility lapses (30 s in the local deployment, 15 s in the e2e one); a
-killed engine's chunks are released by the worker (EngineDown), which waits for /health."""
+killed worker's chunks come back when their visibility lapses (30 s in the local deployment, 15 s
+in the e2e one); a killed engine's chunks are released by the worker (EngineDown), which waits
+for /health."""
 
 import os
 import re
