@@ -69,7 +69,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gpu_worker: configuration error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, settings, stores_from_settings(settings), SqsQueue(clients.client("sqs"), url)))
+    return asyncio.run(serve(config, settings, stores_from_settings(settings, concurrent=True), SqsQueue(clients.client("sqs"), url)))
 
 
 if __name__ == "__main__":

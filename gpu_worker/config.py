@@ -87,6 +87,10 @@ class WorkerConfig(EnvSettings):
     #: A chunk that failed for real (careful mode) sends this many lines at a time, alone on the
     #: engine (docs/reliability.md, "Poison isolation").
     careful_group_lines: int = Field(default=8, ge=1)
+    #: Store calls (S3, DynamoDB) that run at once (``store_thread.StoreThread``), when the stores
+    #: allow it (``Stores.concurrent``): chunks that end together commit side by side. Each call
+    #: is one or a few round trips, so a few threads cover a worker's open chunks.
+    store_threads: int = Field(default=4, ge=1, le=32)
     #: Metrics (EMF) and a summary log line are flushed this often.
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"

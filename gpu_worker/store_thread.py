@@ -1,10 +1,15 @@
-"""The worker's one thread for blocking store calls (S3, DynamoDB: boto3 resources are not
-thread-safe, and a chunk makes only a handful of calls), with two priorities: a chunk's path to
-the engine and its commit (start, ranged GET, run record, parts, the count and the signal) go
-before background calls (checkpoints, which are live progress; audit receipts, which follow a
+"""The worker's threads for blocking store calls (S3, DynamoDB), with two priorities: a chunk's
+path to the engine and its commit (start, ranged GET, run record, parts, the count and the signal)
+go before background calls (checkpoints, which are live progress; audit receipts, which follow a
 count already made). When several chunks end together, the last one's count and signal no longer
-wait behind the others' receipts and checkpoints (docs/benchmarks.md, "Fixed overhead"). Within
-a priority, calls run in the order they came."""
+wait behind the others' receipts and checkpoints (docs/benchmarks.md, "Fixed overhead"). Calls are
+taken in priority order, then in the order they came.
+
+``threads`` calls run at once (``WorkerConfig.store_threads``), so chunks that end together commit
+side by side instead of one after another (docs/worker.md, "Concurrency"). Only stores that say
+they may be called from several threads at once (``Stores.concurrent``: the worker's AWS set,
+whose DynamoDB table is a boto3 resource per thread, boto3 clients being thread-safe) get more
+than one; the worker gives any other store set (the in-memory fakes) one thread, as before."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import asyncio
 import itertools
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -20,12 +26,20 @@ URGENT, BACKGROUND = 0, 1
 
 
 class StoreThread:
-    def __init__(self, name: str = "worker-stores"):
+    def __init__(self, name: str = "worker-stores", threads: int = 1):
+        if threads < 1:
+            raise ValueError("threads must be at least 1")
         self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
         self._order = itertools.count()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-        self.calls = {URGENT: 0, BACKGROUND: 0}
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
+        self.calls: Counter[int] = Counter({URGENT: 0, BACKGROUND: 0})
+
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
 
     def submit(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -43,7 +57,8 @@ class StoreThread:
             future, fn, args, kwargs = item
             if not future.set_running_or_notify_cancel():
                 continue
-            self.calls[priority] += 1
+            with self._lock:
+                self.calls[priority] += 1
             try:
                 future.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
@@ -51,6 +66,8 @@ class StoreThread:
 
     def shutdown(self, wait: bool = True) -> None:
         """Run what was submitted, then stop."""
-        self._queue.put((BACKGROUND + 1, next(self._order), None))
+        for _ in self._threads:  # one end mark per thread, after every call
+            self._queue.put((BACKGROUND + 1, next(self._order), None))
         if wait:
-            self._thread.join()
+            for thread in self._threads:
+                thread.join()

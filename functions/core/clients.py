@@ -5,10 +5,12 @@ local moto server in the local deployment), so nothing here differs between AWS 
 """
 
 import os
+import threading
 from functools import cache
 from typing import Any
 
 import boto3
+import boto3.session
 from botocore.config import Config
 
 _CONFIG = Config(retries={"mode": "standard", "max_attempts": 5})
@@ -30,7 +32,28 @@ def dynamodb_table(name: str) -> Any:
     return boto3.resource("dynamodb", config=_CONFIG, region_name=_region()).Table(name)
 
 
+_per_thread = threading.local()
+#: Bumped by ``reset``: every thread's resources are made again on its next call.
+_generation = 0
+
+
+def thread_dynamodb_table(name: str) -> Any:
+    """This thread's own ``Table`` resource for ``name``: boto3 resources (and sessions) are not
+    thread-safe, clients are (boto3 docs, "Multithreading or multiprocessing with resources"), so
+    a store called from several threads at once gives each thread its resource, from its own
+    session."""
+    tables = getattr(_per_thread, "tables", None)
+    if tables is None or _per_thread.generation != _generation:
+        tables, _per_thread.generation = {}, _generation
+        _per_thread.tables = tables
+    if name not in tables:
+        tables[name] = boto3.session.Session().resource("dynamodb", config=_CONFIG, region_name=_region()).Table(name)
+    return tables[name]
+
+
 def reset() -> None:
     """Forget cached clients (tests that start a new moto mock call this)."""
+    global _generation
     client.cache_clear()
     dynamodb_table.cache_clear()
+    _generation += 1

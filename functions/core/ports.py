@@ -239,6 +239,11 @@ class Stores:
     #: The same chains as the chunk counters (GPU worker, chunk DLQ consumer) reach them for chunk
     #: receipts; None when governance is off (docs/audit.md).
     receipts: AuditStore | None = None
+    #: Its adapters may be called from several threads at once (the GPU worker's AWS set,
+    #: ``stores_from_settings(concurrent=True)``: boto3 clients are thread-safe, and its DynamoDB
+    #: table is a boto3 resource per thread). The worker then makes several store calls at once
+    #: (``WorkerConfig.store_threads``); otherwise one at a time.
+    concurrent: bool = False
 
 
 # --- The inference engine (the worker's side) ---------------------------------------------------

@@ -33,7 +33,7 @@ from functions.core import auth, clients, deps, http, limits
 from functions.core.settings import Settings
 from infra import names
 
-from . import fair_queues, state
+from . import atomic_dynamodb, fair_queues, state
 from .front import LocalApi, make_server
 from .lambda_front import LambdaFront
 from .pollers import Poller
@@ -117,6 +117,7 @@ class MotoServer:
         check_port_free(self._host, self._port, "MOTO_PORT")
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call
         fair_queues.install(self._fair)  # standard queues receive as SQS fair queues (fair_queues.py)
+        atomic_dynamodb.install()  # each DynamoDB request atomic, as AWS's (atomic_dynamodb.py)
         self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]

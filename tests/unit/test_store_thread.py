@@ -1,6 +1,7 @@
 """The worker's store thread (gpu_worker/store_thread.py): urgent calls (a chunk's start, its commit's
 parts, count and signal) run before background ones (checkpoints, audit receipts) that were
-submitted earlier, in submission order within a priority; errors reach the caller."""
+submitted earlier, in submission order within a priority; errors reach the caller; with several
+threads, calls run side by side."""
 
 import asyncio
 import threading
@@ -34,3 +35,20 @@ def test_a_call_s_error_is_raised_to_its_awaiting_caller_and_the_thread_goes_on(
 
     assert asyncio.run(go()) == 42
     thread.shutdown()
+
+
+def test_several_threads_run_calls_side_by_side():
+    thread = StoreThread(threads=3)
+    assert thread.threads == 3
+    # Three calls that each wait for the other two: they finish only if all three run at once.
+    barrier = threading.Barrier(3, timeout=5)
+    together = [thread.submit(URGENT, barrier.wait) for _ in range(3)]
+    assert sorted(f.result(timeout=10) for f in together) == [0, 1, 2]
+    assert thread.calls == {URGENT: 3, BACKGROUND: 0}
+    thread.shutdown()
+    assert all(not t.is_alive() for t in thread._threads)
+
+
+def test_one_thread_is_the_least():
+    with pytest.raises(ValueError):
+        StoreThread(threads=0)

@@ -4,8 +4,10 @@ fails, a running chunk's visibility (the heartbeat, on an injected sleep), a los
 the process's exit codes. Nothing here waits on wall-clock time for its verdict."""
 
 import asyncio
+import dataclasses
 import json
 import socket
+import threading
 
 import pytest
 
@@ -114,8 +116,10 @@ class Rig:
     """One Worker on fakes. ``beat`` is the heartbeat's injected sleep: by default it never
     returns (no extension happens); a test replaces it to drive the heartbeat."""
 
-    def __init__(self, respond=None, **config):
-        self.stores = fake_stores()
+    def __init__(self, respond=None, concurrent=False, **config):
+        # concurrent: the fakes declared safe to call from several threads (as the AWS set is),
+        # for a test that shows the worker's store calls side by side.
+        self.stores = dataclasses.replace(fake_stores(), concurrent=True) if concurrent else fake_stores()
         self.queue = RecordingQueue(self.stores.faults)
         self.engine = InProcessEngine(respond) if respond else InProcessEngine()
         self.log = RecordingLogger()
@@ -316,3 +320,29 @@ def test_a_line_that_keeps_crashing_the_engine_fails_alone_through_the_loop():
     t = rig.metrics.totals
     assert (t.chunks_careful, t.lines_crashed, t.chunks_done) == (1, 1, 1)
     assert engine.contents().count("hi 1") == 3 and engine.with_crash[-1] == ["hi 1"]
+
+
+def test_chunks_that_end_together_write_their_parts_side_by_side():
+    """With stores that allow it (``Stores.concurrent``), two chunks' commits run at once on the
+    worker's store threads: each chunk's part write waits until the other's has started too, so
+    both are counted only if they ran side by side (one thread: the first waits for ever, its
+    barrier breaks and the chunk fails)."""
+    rig = Rig(concurrent=True, max_open_chunks=2, store_threads=4)
+    assert rig.worker._store_thread.threads == 4
+    first, second = seed(rig.stores, 4, per_chunk=2)
+    both = threading.Barrier(2, timeout=PATIENCE)
+    put = rig.stores.objects.put
+
+    def meet_then_put(key, *args, **kwargs):
+        if "/parts/" in key and key.endswith(".out.jsonl"):
+            both.wait()  # the other chunk's part write has started too
+        return put(key, *args, **kwargs)
+
+    rig.stores.objects.put = meet_then_put
+    rig.queue.send([first.model_dump_json(), second.model_dump_json()])
+    rig.run_until(lambda: rig.counted(0) and rig.counted(1), "both chunks counted")
+    assert not both.broken and rig.metrics.totals.chunks_done == 2
+
+
+def test_stores_that_do_not_allow_it_get_one_store_thread():
+    assert Rig(store_threads=4).worker._store_thread.threads == 1

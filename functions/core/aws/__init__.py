@@ -2,6 +2,8 @@
 wiring that builds them from the deployment's settings. The only code that touches boto3 (with
 ``functions.core.clients``, which makes the clients)."""
 
+import functools
+
 from .. import clients
 from ..ports import Stores
 from ..tenants import TenantPolicy
@@ -34,9 +36,16 @@ class NoPolicy:
         return True
 
 
-def stores_from_settings(settings: Settings) -> Stores:
-    """Every port on AWS, for the deployment ``settings`` describe."""
-    table = Table(clients.dynamodb_table(settings.table_name))
+def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Stores:
+    """Every port on AWS, for the deployment ``settings`` describe. ``concurrent``: a set that may
+    be called from several threads at once (the GPU worker's store threads): its DynamoDB table
+    is a boto3 resource per calling thread (resources are not thread-safe; the clients are).
+    Otherwise the process's one resource (a Lambda calls from one thread, and a session per
+    thread would cost the local front a session per request)."""
+    if concurrent:
+        table = Table(per_thread=functools.partial(clients.thread_dynamodb_table, settings.table_name))
+    else:
+        table = Table(clients.dynamodb_table(settings.table_name))
     chains = AuditRepo(table) if settings.governance else None  # off: no audit chain, no receipts
     return Stores(
         objects=ObjectStore(clients.client("s3"), settings.bucket_name),
@@ -50,4 +59,5 @@ def stores_from_settings(settings: Settings) -> Stores:
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
         audit=chains,
         receipts=chains,  # chunk receipts (worker, chunk DLQ consumer: granted AUDIT#*, infra/constructs/common.py)
+        concurrent=concurrent,
     )

@@ -39,8 +39,9 @@ class Table:
 
     def __init__(
         self,
-        table: Any,
+        table: Any = None,
         *,
+        per_thread: Callable[[], Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         attempts: int = ATTEMPTS,
         backoff_base: float = BACKOFF_BASE_SECONDS,
@@ -49,9 +50,16 @@ class Table:
     ):
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
-        self._table = table
+        if (table is None) == (per_thread is None):
+            raise ValueError("give the table resource, or per_thread: a function returning this thread's")
+        self._resource, self._per_thread = table, per_thread
         self._sleep, self._attempts, self._jitter = sleep, attempts, jitter
         self._backoff_base, self._backoff_cap = backoff_base, backoff_cap
+
+    @property
+    def _table(self) -> Any:
+        """The boto3 ``Table`` resource: the one given, or this thread's (``per_thread``)."""
+        return self._resource if self._per_thread is None else self._per_thread()
 
     def _call(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
         """``fn(**kwargs)`` with AWS errors translated, retried while DynamoDB is busy."""

@@ -19,6 +19,7 @@ from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.aws import stores_from_settings
 from functions.core.ports import Stores
+from infra.local import atomic_dynamodb
 from infra.local.resources import create_resources
 from tests.conftest import TEST_SETTINGS
 from tests.fakes.engine import FakeEngine, chat_answer
@@ -30,6 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture
 def moto_server(monkeypatch):
+    atomic_dynamodb.install()  # the worker commits from several threads (infra/local/atomic_dynamodb.py)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
