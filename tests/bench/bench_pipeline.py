@@ -25,6 +25,11 @@ uniform (every line 64 output tokens), shared-prefix (4 long system prompts, lin
 tokens each), uneven (90 % of lines 8-16 tokens, 10 % 256 tokens, random order); all `ignore_eos`,
 `temperature: 0`, so both systems do the same work. Worker settings come from the environment
 (e.g. WORKER_ORDER=file).
+
+Beside each row, the CPU seconds every process on the machine used during the engine's window
+(tests/bench/cpu_sampler.py, from /proc): the engine itself, and what shares its 2 cores with it
+(the pipeline: vLLM's API server, our worker, the local AWS, this bench's proxy; run-batch: its
+in-process front end).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from batchctl import cli
 from infra import names
 from infra.local import state as local_state
 from tests.bench import bench_worker
+from tests.bench.cpu_sampler import ENGINE, CpuSampler
 from tests.bench.engine_proxy import EngineProxy
 from tests.helpers import free_port
 from tests.integration.worker import engines
@@ -238,7 +244,8 @@ def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
     return {"system": "pipeline", "seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
             "failed": batch.request_counts.failed if batch.request_counts else None,
             "to_first_request": window.first_request - created, "engine_busy": window.last_answer - window.first_request,
-            "after_last_answer": done - window.last_answer, "engine_requests": window.requests}
+            "after_last_answer": done - window.last_answer, "engine_requests": window.requests,
+            "window": (window.first_request, window.last_answer)}
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -254,6 +261,27 @@ def table(rows: list[dict]) -> str:
     for dataset in dict.fromkeys(d for d, _ in _pairs(rows)):
         ratios = [p["pipeline"]["tok_s"] / p["vllm run-batch"]["tok_s"] for (d, _), p in _pairs(rows).items() if d == dataset]
         out.append(f"| **{dataset}** | **median** | | | | | | **{statistics.median(ratios):.2f}** | | | |")
+    return "\n".join(out)
+
+
+def cpu_table(rows: list[dict]) -> str:
+    """CPU seconds each process used during the engine's window (pipeline: first request -> last
+    answer; run-batch: its timed run), beside the engine's own, median over rounds."""
+    names = sorted({n for row in rows for n in row.get("cpu", {}) if n != ENGINE})
+    out = ["| dataset | system | window s | engine CPU s | " + " | ".join(names) + " | beside the engine, % of one core |",
+           "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in names) + " | ---: |"]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        if row.get("cpu"):
+            groups.setdefault((row["dataset"], row["system"]), []).append(row)
+    for (dataset, system), group in groups.items():
+        med = lambda values: statistics.median(values)  # noqa: E731
+        window = med([r["window"][1] - r["window"][0] for r in group])
+        beside = med([sum(v for n, v in r["cpu"].items() if n != ENGINE) / (r["window"][1] - r["window"][0])
+                      for r in group])
+        cells = " | ".join(f"{med([r['cpu'].get(n, 0.0) for r in group]):.2f}" for n in names)
+        out.append(f"| {dataset} | {system} | {window:.1f} | {med([r['cpu'].get(ENGINE, 0.0) for r in group]):.1f} | "
+                   f"{cells} | {100 * beside:.0f} % |")
     return "\n".join(out)
 
 
@@ -287,7 +315,7 @@ def main() -> None:
         make_dataset(d, path, args.lines)
     engine_port = free_port()
     rows: list[dict] = []
-    with EngineProxy(f"http://127.0.0.1:{engine_port}") as proxy:
+    with CpuSampler() as cpu, EngineProxy(f"http://127.0.0.1:{engine_port}") as proxy:
         pipeline = start_pipeline(workdir, proxy, engine_port)
         try:
             if args.completion == "webhook":
@@ -300,6 +328,7 @@ def main() -> None:
                     runs = [lambda: bench_pipeline(pipeline, inputs[d]), lambda: bench_worker.bench_run_batch(inputs[d], workdir)]
                     for run in runs if r % 2 else runs[::-1]:
                         row = {"dataset": d, "round": r, **run()}
+                        row["cpu"] = cpu.between(*row["window"])
                         rows.append(row)
                         print(json.dumps(row), flush=True)
         finally:
@@ -309,6 +338,8 @@ def main() -> None:
           f"{'its batch.completed webhook' if args.completion == 'webhook' else f'polled every {POLL_SECONDS} s'}; "
           f"wall {time.monotonic() - began:.0f} s\n")
     print(table(rows))
+    print("\nCPU seconds by process during the engine's window (median over rounds; other = the rest of the machine):\n")
+    print(cpu_table(rows))
     startup = [row["startup_seconds"] for row in rows if "startup_seconds" in row]
     print(f"\nrun-batch engine startup (excluded above): {statistics.median(startup):.1f} s per run (median)")
     print(f"failed lines across all runs: {sum(row['failed'] or 0 for row in rows)}")

@@ -110,7 +110,7 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
     seconds = done_at - reading_at[0]
     return {"system": "vllm run-batch", "seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
             "failed": sum(1 for r in results if not r.get("response") or r["response"]["status_code"] != 200),
-            "startup_seconds": reading_at[0] - started}
+            "startup_seconds": reading_at[0] - started, "window": (reading_at[0], done_at)}
 
 
 # --- our worker, on a warm vllm serve -----------------------------------------------------------
