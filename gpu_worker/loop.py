@@ -104,7 +104,8 @@ class Worker:
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
         )
-        self._store_thread = StoreThread(threads=config.store_threads if stores.concurrent else 1)
+        self._store_thread = StoreThread(threads=config.store_threads if stores.concurrent else 1,
+                                         on_start=stores.prepare)
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
         self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")

@@ -26,9 +26,12 @@ URGENT, BACKGROUND = 0, 1
 
 
 class StoreThread:
-    def __init__(self, name: str = "worker-stores", threads: int = 1):
+    def __init__(self, name: str = "worker-stores", threads: int = 1, on_start: Callable[[], Any] | None = None):
+        """``on_start``: run by each thread before its first call (its own clients made there, not
+        on a chunk's way to the engine); an error there is left to the first call to meet."""
         if threads < 1:
             raise ValueError("threads must be at least 1")
+        self._on_start = on_start
         self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
         self._order = itertools.count()
         self._lock = threading.Lock()
@@ -50,6 +53,11 @@ class StoreThread:
         return await asyncio.wrap_future(self.submit(priority, fn, *args, **kwargs))
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception:  # noqa: BLE001 - the first real call meets it again, with its caller
+                pass
         while True:
             priority, _, item = self._queue.get()
             if item is None:

@@ -11,7 +11,7 @@ retries. Anything else is a bug or an outage and propagates.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -244,6 +244,9 @@ class Stores:
     #: table is a boto3 resource per thread). The worker then makes several store calls at once
     #: (``WorkerConfig.store_threads``); otherwise one at a time.
     concurrent: bool = False
+    #: Makes the calling thread's own clients ready (no network), for a thread that calls the
+    #: stores later (the worker's store threads run it first); None: nothing to make.
+    prepare: Callable[[], None] | None = None
 
 
 # --- The inference engine (the worker's side) ---------------------------------------------------

@@ -63,7 +63,7 @@ class CpuSampler:
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                if pid not in self._names:
+                if self._names.get(pid, OTHER) == OTHER:  # vLLM renames its processes after they start
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         self._names[pid] = label(f.read().replace(b"\0", b" ").decode(errors="replace"))
             except OSError:

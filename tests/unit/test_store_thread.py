@@ -52,3 +52,24 @@ def test_several_threads_run_calls_side_by_side():
 def test_one_thread_is_the_least():
     with pytest.raises(ValueError):
         StoreThread(threads=0)
+
+
+def test_each_thread_runs_on_start_before_its_first_call():
+    started, lock = [], threading.Lock()
+
+    def on_start():
+        with lock:
+            started.append(threading.get_ident())
+
+    thread = StoreThread(threads=2, on_start=on_start)
+    barrier = threading.Barrier(2, timeout=5)
+    ran_on = [thread.submit(URGENT, lambda: (barrier.wait(), threading.get_ident())[1]) for _ in range(2)]
+    idents = {f.result(timeout=5) for f in ran_on}
+    assert len(idents) == 2 and set(started) == idents
+    thread.shutdown()
+
+
+def test_an_error_in_on_start_leaves_the_thread_serving():
+    thread = StoreThread(on_start=lambda: 1 / 0)
+    assert thread.submit(URGENT, lambda: 7).result(timeout=5) == 7
+    thread.shutdown()

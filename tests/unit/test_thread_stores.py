@@ -62,7 +62,16 @@ def test_the_worker_s_aws_stores_are_concurrent_a_lambda_s_and_the_fakes_are_not
     assert lambda_.concurrent is False
     assert lambda_.batches._table._table is clients.dynamodb_table(TEST_SETTINGS.table_name)
     assert _in_thread(lambda: lambda_.batches._table._table) is clients.dynamodb_table(TEST_SETTINGS.table_name)
-    assert fake_stores().concurrent is False
+    assert fake_stores().concurrent is False and fake_stores().prepare is None
+    assert lambda_.prepare is None
+
+    def prepared_here():
+        before = dict(getattr(clients._per_thread, "tables", {}))
+        worker.prepare()
+        return before, dict(clients._per_thread.tables)
+
+    before, after = _in_thread(prepared_here)
+    assert TEST_SETTINGS.table_name not in before and after[TEST_SETTINGS.table_name] is not mine
 
 
 @mock_aws

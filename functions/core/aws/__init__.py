@@ -60,4 +60,5 @@ def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Sto
         audit=chains,
         receipts=chains,  # chunk receipts (worker, chunk DLQ consumer: granted AUDIT#*, infra/constructs/common.py)
         concurrent=concurrent,
+        prepare=table.prepare if concurrent else None,
     )

@@ -56,6 +56,10 @@ class Table:
         self._sleep, self._attempts, self._jitter = sleep, attempts, jitter
         self._backoff_base, self._backoff_cap = backoff_base, backoff_cap
 
+    def prepare(self) -> None:
+        """Make this thread's resource now (``per_thread``; no network): not on a first call."""
+        self._table  # noqa: B018 - the property makes it
+
     @property
     def _table(self) -> Any:
         """The boto3 ``Table`` resource: the one given, or this thread's (``per_thread``)."""
