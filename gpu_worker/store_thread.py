@@ -3,7 +3,7 @@ path to the engine and its commit (start, ranged GET, run record, parts, the cou
 go before background calls (checkpoints, which are live progress; audit receipts, which follow a
 count already made). When several chunks end together, the last one's count and signal no longer
 wait behind the others' receipts and checkpoints (docs/benchmarks.md, "Fixed overhead"). Calls are
-taken in priority order, then in the order they came.
+taken in priority order, then in the order they came; at most one background call runs at a time.
 
 ``threads`` calls run at once (``WorkerConfig.store_threads``), so chunks that end together commit
 side by side instead of one after another (docs/worker.md, "Concurrency"). Only stores that say
@@ -14,10 +14,8 @@ than one; the worker gives any other store set (the in-memory fakes) one thread,
 from __future__ import annotations
 
 import asyncio
-import itertools
-import queue
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -26,19 +24,28 @@ URGENT, BACKGROUND = 0, 1
 
 
 class StoreThread:
+    """``threads`` threads taking calls urgent first, then in the order they came; at most one
+    background call runs at a time, so the other threads stay free for urgent ones (a chunk's
+    commit never waits behind several receipts at once)."""
+
+    #: Background calls that may run at once.
+    BACKGROUND_AT_ONCE = 1
+
     def __init__(self, name: str = "worker-stores", threads: int = 1, on_start: Callable[[], Any] | None = None):
         """``on_start``: run by each thread before its first call (its own clients made there, not
         on a chunk's way to the engine); an error there is left to the first call to meet."""
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self._on_start = on_start
-        self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
-        self._order = itertools.count()
-        self._lock = threading.Lock()
+        self._waiting: dict[int, deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]]] = {
+            URGENT: deque(), BACKGROUND: deque()}
+        self._cond = threading.Condition()
+        self._background_running = 0
+        self._stopping = False
+        self.calls: Counter[int] = Counter({URGENT: 0, BACKGROUND: 0})
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)]
         for thread in self._threads:
             thread.start()
-        self.calls: Counter[int] = Counter({URGENT: 0, BACKGROUND: 0})
 
     @property
     def threads(self) -> int:
@@ -46,11 +53,29 @@ class StoreThread:
 
     def submit(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        self._queue.put((priority, next(self._order), (future, fn, args, kwargs)))
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the store threads are stopping")
+            self._waiting[priority].append((future, fn, args, kwargs))
+            self._cond.notify()
         return future
 
     async def call(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.wrap_future(self.submit(priority, fn, *args, **kwargs))
+
+    def _next(self) -> tuple[int, Any] | None:
+        """The next call to run (urgent first; background while fewer than BACKGROUND_AT_ONCE run),
+        waiting for one; None once stopping and nothing is left."""
+        with self._cond:
+            while True:
+                if self._waiting[URGENT]:
+                    return URGENT, self._waiting[URGENT].popleft()
+                if self._waiting[BACKGROUND] and self._background_running < self.BACKGROUND_AT_ONCE:
+                    self._background_running += 1
+                    return BACKGROUND, self._waiting[BACKGROUND].popleft()
+                if self._stopping and not self._waiting[URGENT] and not self._waiting[BACKGROUND]:
+                    return None
+                self._cond.wait()
 
     def _run(self) -> None:
         if self._on_start is not None:
@@ -58,24 +83,27 @@ class StoreThread:
                 self._on_start()
             except Exception:  # noqa: BLE001 - the first real call meets it again, with its caller
                 pass
-        while True:
-            priority, _, item = self._queue.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            with self._lock:
-                self.calls[priority] += 1
+        while (taken := self._next()) is not None:
+            priority, (future, fn, args, kwargs) = taken
             try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
-                future.set_exception(exc)
+                if future.set_running_or_notify_cancel():
+                    with self._cond:
+                        self.calls[priority] += 1
+                    try:
+                        future.set_result(fn(*args, **kwargs))
+                    except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                        future.set_exception(exc)
+            finally:
+                if priority == BACKGROUND:
+                    with self._cond:
+                        self._background_running -= 1
+                        self._cond.notify_all()
 
     def shutdown(self, wait: bool = True) -> None:
         """Run what was submitted, then stop."""
-        for _ in self._threads:  # one end mark per thread, after every call
-            self._queue.put((BACKGROUND + 1, next(self._order), None))
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         if wait:
             for thread in self._threads:
                 thread.join()

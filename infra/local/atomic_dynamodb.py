@@ -13,6 +13,14 @@ Holding one lock over each backend call gives that (serializable, more than AWS'
 isolation, never less), at the cost of DynamoDB calls not overlapping each other in moto, whose
 calls are short and in-memory. The GPU worker commits chunks from several threads at once
 (``WorkerConfig.store_threads``), so without this its count transactions could undo each other.
+
+And a cheaper rollback: moto backs up a ``TransactWriteItems`` by deep-copying every table it names
+before it runs, so each transaction costs time in proportion to the whole table (measured here:
+9 ms at 100 items, 88 ms at 2,000, against 1.6 ms for an ``UpdateItem``), and a local deployment
+that has run a few batches spends most of its commits copying. Under the lock nothing else writes
+while a transaction runs, so a copy of just the items it names is the same backup: moto's
+table-wide copy is skipped (``_NoTableCopy``) and, when the transaction fails, those items are put
+back as they were (``_restore``), a new one removed.
 """
 
 from __future__ import annotations
@@ -22,7 +30,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import copy
+
+from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import DynamoDBBackend
+from moto.dynamodb.models.dynamo_type import DynamoType
+from moto.dynamodb.models.table import Table
 
 _LOCK = threading.RLock()
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
@@ -37,14 +50,74 @@ def _atomic(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+class _NoTableCopy:
+    """``copy`` as moto's DynamoDB backend module sees it: a ``Table`` "copied" is the table itself
+    (its transaction backup; ``_transact_write_items`` keeps the items instead), anything else is
+    copied as before."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(copy, name)
+
+    @staticmethod
+    def deepcopy(value: Any, memo: Any = None) -> Any:
+        return value if isinstance(value, Table) else copy.deepcopy(value, memo)
+
+
+def _touched(backend: Any, transact_items: list[dict[str, Any]]) -> list[tuple[Any, Any, Any, Any]]:
+    """(table, hash key, range key, a copy of the item as it is now or None) for each item named."""
+    out = []
+    for entry in transact_items:
+        for op_type, op in entry.items():
+            table = backend.tables.get(op.get("TableName")) if isinstance(op, dict) else None
+            attrs = (op.get("Item") if op_type == "Put" else op.get("Key")) if table is not None else None
+            if not isinstance(attrs, dict):
+                continue
+            try:
+                hash_key = DynamoType(attrs[table.hash_key_attr])
+                range_key = DynamoType(attrs[table.range_key_attr]) if table.range_key_attr else None
+                current = table.get_item(hash_key, range_key)
+            except Exception:  # noqa: BLE001 - a malformed key: moto's own validation answers it
+                continue
+            out.append((table, hash_key, range_key, copy.deepcopy(current)))
+    return out
+
+
+def _restore(touched: list[tuple[Any, Any, Any, Any]]) -> None:
+    for table, hash_key, range_key, item in reversed(touched):
+        if range_key is None:
+            if item is None:
+                table.items.pop(hash_key, None)
+            else:
+                table.items[hash_key] = item
+        elif item is None:
+            table.items.get(hash_key, {}).pop(range_key, None)
+        else:
+            table.items[hash_key][range_key] = item
+
+
+def _transact_write_items(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def transact_write_items(self: Any, transact_items: list[dict[str, Any]]) -> Any:
+        touched = _touched(self, transact_items)
+        try:
+            return original(self, transact_items)
+        except BaseException:
+            _restore(touched)
+            raise
+    return transact_write_items
+
+
 def install() -> None:
-    """Every public method of moto's DynamoDB backend (in this process) under one lock; idempotent."""
+    """Every public method of moto's DynamoDB backend (in this process) under one lock, and its
+    transactions backed up item by item; idempotent."""
     if _ORIGINALS:
         return
-    for name, value in vars(DynamoDBBackend).items():
+    for name, value in list(vars(DynamoDBBackend).items()):
         if not name.startswith("_") and callable(value) and not isinstance(value, (staticmethod, classmethod, type)):
             _ORIGINALS[name] = value
-            setattr(DynamoDBBackend, name, _atomic(value))
+            wrapped = _transact_write_items(value) if name == "transact_write_items" else value
+            setattr(DynamoDBBackend, name, _atomic(wrapped))
+    dynamodb_models.copy = _NoTableCopy()  # type: ignore[assignment]  # the backup is _touched's
 
 
 def installed() -> bool:

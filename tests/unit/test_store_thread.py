@@ -73,3 +73,21 @@ def test_an_error_in_on_start_leaves_the_thread_serving():
     thread = StoreThread(on_start=lambda: 1 / 0)
     assert thread.submit(URGENT, lambda: 7).result(timeout=5) == 7
     thread.shutdown()
+
+
+def test_one_background_call_at_a_time_leaves_the_other_threads_to_urgent_ones():
+    thread = StoreThread(threads=3)
+    gate, ran = threading.Event(), []
+    slow_receipt = thread.submit(BACKGROUND, gate.wait)  # a background call holding one thread
+    second = thread.submit(BACKGROUND, ran.append, "checkpoint")  # waits: one background at a time
+    counts = [thread.submit(URGENT, ran.append, f"count-{i}") for i in range(4)]  # on the free threads
+    for f in counts:
+        f.result(timeout=5)
+    assert sorted(ran) == ["count-0", "count-1", "count-2", "count-3"] and not second.done()
+    gate.set()
+    slow_receipt.result(timeout=5)
+    second.result(timeout=5)
+    assert ran[-1] == "checkpoint"
+    thread.shutdown()
+    with pytest.raises(RuntimeError):
+        thread.submit(URGENT, ran.append, "late")

@@ -98,3 +98,40 @@ def test_a_dynamodb_call_waits_while_another_holds_moto_s_table():
     assert done.wait(10)
     writer.join(10)
     assert client.get_item(TableName="atomic", Key={"pk": {"S": "a"}})["Item"] == {"pk": {"S": "a"}}
+
+
+def _table(client, name):
+    client.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
+                                                   {"AttributeName": "sk", "KeyType": "RANGE"}],
+                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                                              {"AttributeName": "sk", "AttributeType": "S"}],
+                        BillingMode="PAY_PER_REQUEST")
+
+
+@mock_aws
+def test_a_cancelled_transaction_leaves_every_item_as_it_was_and_a_passing_one_applies_all():
+    atomic_dynamodb.install()  # moto's whole-table backup replaced by one of the items named
+    client = clients.client("dynamodb")
+    _table(client, "tx")
+    key = lambda pk, sk: {"pk": {"S": pk}, "sk": {"S": sk}}  # noqa: E731
+    client.put_item(TableName="tx", Item={**key("a", "1"), "n": {"N": "1"}, "tag": {"S": "old"}})
+    client.put_item(TableName="tx", Item={**key("c", "1"), "state": {"S": "open"}})
+    for i in range(50):  # the rest of the table, untouched either way
+        client.put_item(TableName="tx", Item={**key("other", str(i)), "n": {"N": str(i)}})
+    ops = [
+        {"Update": {"TableName": "tx", "Key": key("a", "1"), "UpdateExpression": "ADD n :one SET tag = :new",
+                    "ExpressionAttributeValues": {":one": {"N": "1"}, ":new": {"S": "new"}}}},
+        {"Put": {"TableName": "tx", "Item": {**key("b", "1"), "n": {"N": "9"}}}},
+        {"ConditionCheck": {"TableName": "tx", "Key": key("c", "1"), "ConditionExpression": "#s = :closed",
+                            "ExpressionAttributeNames": {"#s": "state"}, "ExpressionAttributeValues": {":closed": {"S": "closed"}}}},
+    ]
+    with pytest.raises(client.exceptions.TransactionCanceledException) as cancelled:
+        client.transact_write_items(TransactItems=ops)
+    assert [r["Code"] for r in cancelled.value.response["CancellationReasons"]] == ["None", "None", "ConditionalCheckFailed"]
+    assert client.get_item(TableName="tx", Key=key("a", "1"))["Item"] == {**key("a", "1"), "n": {"N": "1"}, "tag": {"S": "old"}}
+    assert "Item" not in client.get_item(TableName="tx", Key=key("b", "1"))
+    assert client.scan(TableName="tx")["Count"] == 52
+    client.put_item(TableName="tx", Item={**key("c", "1"), "state": {"S": "closed"}})
+    client.transact_write_items(TransactItems=ops)
+    assert client.get_item(TableName="tx", Key=key("a", "1"))["Item"] == {**key("a", "1"), "n": {"N": "2"}, "tag": {"S": "new"}}
+    assert client.get_item(TableName="tx", Key=key("b", "1"))["Item"] == {**key("b", "1"), "n": {"N": "9"}}
