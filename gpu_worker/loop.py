@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -104,6 +105,8 @@ class Worker:
             checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
         )
+        #: Ranks of chunks' urgent store calls, by arrival (0: the worker's own calls, first).
+        self._ranks = itertools.count(1)
         self._store_thread = StoreThread(threads=config.store_threads if stores.concurrent else 1,
                                          on_start=stores.prepare)
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
@@ -258,8 +261,10 @@ class Worker:
             keys = {"batch_id": message.batch_id, "chunk": message.chunk, "message_id": r.message_id, "receive_count": r.receive_count}
             if r.receive_count > 1:
                 self.metrics.chunk_redelivered()
+            # This chunk's urgent store calls rank by its arrival: an earlier chunk's go first.
+            io = functools.partial(self._store_thread.call_ranked, URGENT, next(self._ranks))
             report = await process_chunk(
-                self.stores, message, self.engine, io=self._stores, background=self._stores_later,
+                self.stores, message, self.engine, io=io, background=self._stores_later,
                 max_line_bytes=self.max_line_bytes,
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
                 on_commit=lambda: setattr(state, "committing", True),

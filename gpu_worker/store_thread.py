@@ -14,6 +14,8 @@ than one; the worker gives any other store set (the in-memory fakes) one thread,
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -24,9 +26,11 @@ URGENT, BACKGROUND = 0, 1
 
 
 class StoreThread:
-    """``threads`` threads taking calls urgent first, then in the order they came; at most one
-    background call runs at a time, so the other threads stay free for urgent ones (a chunk's
-    commit never waits behind several receipts at once)."""
+    """``threads`` threads taking calls urgent first (by rank: the worker ranks a chunk's calls by
+    the order its message came, so the first chunk of a batch reaches the engine after its own
+    few calls, not after every chunk's), then in the order they came; at most one background call
+    runs at a time, so the other threads stay free for urgent ones (a chunk's commit never waits
+    behind several receipts at once)."""
 
     #: Background calls that may run at once.
     BACKGROUND_AT_ONCE = 1
@@ -37,8 +41,9 @@ class StoreThread:
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self._on_start = on_start
-        self._waiting: dict[int, deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]]] = {
-            URGENT: deque(), BACKGROUND: deque()}
+        self._urgent: list[tuple[int, int, Any]] = []  # a heap: (rank, order, call)
+        self._background: deque[Any] = deque()
+        self._order = itertools.count()
         self._cond = threading.Condition()
         self._background_running = 0
         self._stopping = False
@@ -52,28 +57,39 @@ class StoreThread:
         return len(self._threads)
 
     def submit(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        return self.submit_ranked(priority, 0, fn, *args, **kwargs)
+
+    def submit_ranked(self, priority: int, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        """``submit``; an urgent call of a lower ``rank`` is taken before any of a higher one."""
         future: Future[Any] = Future()
+        call = (future, fn, args, kwargs)
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the store threads are stopping")
-            self._waiting[priority].append((future, fn, args, kwargs))
+            if priority == URGENT:
+                heapq.heappush(self._urgent, (rank, next(self._order), call))
+            else:
+                self._background.append(call)
             self._cond.notify()
         return future
 
     async def call(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.wrap_future(self.submit(priority, fn, *args, **kwargs))
 
+    async def call_ranked(self, priority: int, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.wrap_future(self.submit_ranked(priority, rank, fn, *args, **kwargs))
+
     def _next(self) -> tuple[int, Any] | None:
         """The next call to run (urgent first; background while fewer than BACKGROUND_AT_ONCE run),
         waiting for one; None once stopping and nothing is left."""
         with self._cond:
             while True:
-                if self._waiting[URGENT]:
-                    return URGENT, self._waiting[URGENT].popleft()
-                if self._waiting[BACKGROUND] and self._background_running < self.BACKGROUND_AT_ONCE:
+                if self._urgent:
+                    return URGENT, heapq.heappop(self._urgent)[2]
+                if self._background and self._background_running < self.BACKGROUND_AT_ONCE:
                     self._background_running += 1
-                    return BACKGROUND, self._waiting[BACKGROUND].popleft()
-                if self._stopping and not self._waiting[URGENT] and not self._waiting[BACKGROUND]:
+                    return BACKGROUND, self._background.popleft()
+                if self._stopping and not self._background:
                     return None
                 self._cond.wait()
 

@@ -91,3 +91,18 @@ def test_one_background_call_at_a_time_leaves_the_other_threads_to_urgent_ones()
     thread.shutdown()
     with pytest.raises(RuntimeError):
         thread.submit(URGENT, ran.append, "late")
+
+
+def test_urgent_calls_of_an_earlier_chunk_go_before_a_later_chunk_s_whenever_they_came():
+    thread = StoreThread()
+    gate, ran = threading.Event(), []
+    blocker = thread.submit(URGENT, gate.wait)
+    queued = [thread.submit_ranked(URGENT, rank, ran.append, name) for rank, name in (
+        (2, "chunk-2 start"), (1, "chunk-1 start"), (2, "chunk-2 read"), (1, "chunk-1 read"))]
+    queued.append(thread.submit(BACKGROUND, ran.append, "checkpoint"))
+    queued.append(thread.submit(URGENT, ran.append, "worker's own"))  # rank 0
+    gate.set()
+    for f in (blocker, *queued):
+        f.result(timeout=5)
+    assert ran == ["worker's own", "chunk-1 start", "chunk-1 read", "chunk-2 start", "chunk-2 read", "checkpoint"]
+    thread.shutdown()
