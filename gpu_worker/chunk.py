@@ -504,12 +504,23 @@ async def process_chunk(
     ``budget_exceeded`` instead (gpu_worker/budget.py). ``background`` runs the store calls that
     may wait behind other chunks' urgent ones (checkpoints, the audit receipt; default: ``io``)."""
     started = now()
-    if await io(accounting.start_chunk, stores, message) is None:
-        return ChunkReport(skipped=True)
-    if await io(already_counted, stores, message):
+    # Side by side (each on a store thread): none depends on another's answer. The read is wasted
+    # only for a chunk that is skipped; the run record is opened (begin_run) only after both
+    # checks said go.
+    opened, counted, raws = await asyncio.gather(
+        io(accounting.start_chunk, stores, message), io(already_counted, stores, message),
+        io(read_chunk, stores, message, max_line_bytes=max_line_bytes), return_exceptions=True,
+    )
+    for answer in (opened, counted):  # the checks' errors first, as when they ran first
+        if isinstance(answer, BaseException):
+            raise answer
+    if opened is None:
+        return ChunkReport(skipped=True)  # a read error of a skipped chunk does not matter
+    if counted:
         await io(accounting.signal_if_all_counted, stores, message)
         return ChunkReport(skipped=True)
-    raws = await io(read_chunk, stores, message, max_line_bytes=max_line_bytes)
+    if isinstance(raws, BaseException):
+        raise raws
     requests = [r for r in raws if not r.blank]
     if len(requests) != message.line_count:
         log.warning("chunk %s/%d has %d lines, the message says %d", message.batch_id, message.chunk, len(requests), message.line_count)

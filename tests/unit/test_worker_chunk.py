@@ -5,6 +5,8 @@ count) is not interrupted by a cancelled caller."""
 
 import asyncio
 
+import pytest
+
 from functions.core.accounting import Usage
 from gpu_worker.chunk import process_chunk
 from tests.fakes.engine import InProcessEngine, chat_answer, content
@@ -59,6 +61,27 @@ def test_a_chunk_of_a_batch_that_stopped_taking_work_is_skipped():
     report = run(stores, message, engine)
     assert report.skipped and engine.requests == [] and stores.batches.counted_chunk("acme", "batch_1", 0) is None
     assert stores.objects.list_keys("batches/acme/batch_1/parts/") == []
+
+
+def test_a_stopped_batch_s_chunk_is_skipped_even_if_its_input_can_no_longer_be_read():
+    """The checks and the input read run side by side; a read error of a chunk that is skipped
+    anyway (its batch stopped, its input perhaps already gone) is not the chunk's failure."""
+    stores = fake_stores()
+    (message,) = seed(stores, 2, per_chunk=2)
+    stores.batches.update("acme", "batch_1", values={"status": "cancelling"})
+    stores.faults.fail("objects.get", KeyError("the input is gone"))
+    engine = InProcessEngine()
+    assert run(stores, message, engine).skipped and engine.requests == []
+
+
+def test_a_running_batch_s_chunk_whose_input_cannot_be_read_fails_with_that_error():
+    stores = fake_stores()
+    (message,) = seed(stores, 2, per_chunk=2)
+    stores.faults.fail("objects.get", KeyError("the input is gone"))
+    engine = InProcessEngine()
+    with pytest.raises(KeyError, match="the input is gone"):
+        run(stores, message, engine)
+    assert engine.requests == [] and stores.batches.counted_chunk("acme", "batch_1", 0) is None
 
 
 def test_a_cancelled_caller_does_not_interrupt_the_commit():
