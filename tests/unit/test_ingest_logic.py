@@ -252,3 +252,17 @@ def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     run(stores)
     assert "batch_1" in stores.workflows.started and current(stores).enqueued
     assert [accounting.start_chunk(stores, m) for m in sent(stores)] == [None, None]
+
+
+def test_the_ingest_lambda_waits_for_a_record_briefly_first_then_up_to_its_patience(monkeypatch):
+    """The snapshot's event can beat the batch record's write (the create handler copies first):
+    the first pauses are short, and the whole patience stays about 1.8 s."""
+    from functions.ingest import handler as ingest_handler
+
+    slept = []
+    monkeypatch.setattr(ingest_handler.time, "sleep", slept.append)
+    wait = ingest_handler._record_waits()
+    for _ in range(ingest_handler.RECORD_ATTEMPTS - 1):
+        wait()
+    assert slept[0] <= 0.02 and slept == sorted(slept)
+    assert 1.5 <= sum(slept) <= 2.0
