@@ -74,7 +74,7 @@ class StoreThread:
         return future
 
     async def call(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.wrap_future(self.submit(priority, fn, *args, **kwargs))
+        return await self.call_ranked(priority, 0, fn, *args, **kwargs)
 
     async def call_ranked(self, priority: int, rank: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.wrap_future(self.submit_ranked(priority, rank, fn, *args, **kwargs))

@@ -25,12 +25,11 @@ back as they were (``_restore``), a new one removed.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import copy
 
 from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import DynamoDBBackend
@@ -38,7 +37,7 @@ from moto.dynamodb.models.dynamo_type import DynamoType
 from moto.dynamodb.models.table import Table
 
 _LOCK = threading.RLock()
-_ORIGINALS: dict[str, Callable[..., Any]] = {}
+_installed = False
 
 
 def _atomic(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -110,18 +109,15 @@ def _transact_write_items(original: Callable[..., Any]) -> Callable[..., Any]:
 def install() -> None:
     """Every public method of moto's DynamoDB backend (in this process) under one lock, and its
     transactions backed up item by item; idempotent."""
-    if _ORIGINALS:
+    global _installed
+    if _installed:
         return
+    _installed = True
     for name, value in list(vars(DynamoDBBackend).items()):
         if not name.startswith("_") and callable(value) and not isinstance(value, (staticmethod, classmethod, type)):
-            _ORIGINALS[name] = value
             wrapped = _transact_write_items(value) if name == "transact_write_items" else value
             setattr(DynamoDBBackend, name, _atomic(wrapped))
     dynamodb_models.copy = _NoTableCopy()  # type: ignore[assignment]  # the backup is _touched's
-
-
-def installed() -> bool:
-    return bool(_ORIGINALS)
 
 
 def lock() -> threading.RLock:

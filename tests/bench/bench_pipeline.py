@@ -274,13 +274,12 @@ def cpu_table(rows: list[dict]) -> str:
     for row in rows:
         if row.get("cpu"):
             groups.setdefault((row["dataset"], row["system"]), []).append(row)
+    med = statistics.median
     for (dataset, system), group in groups.items():
-        med = lambda values: statistics.median(values)  # noqa: E731
-        window = med([r["window"][1] - r["window"][0] for r in group])
-        beside = med([sum(v for n, v in r["cpu"].items() if n != ENGINE) / (r["window"][1] - r["window"][0])
-                      for r in group])
+        spans = [r["window"][1] - r["window"][0] for r in group]
+        beside = med([sum(v for n, v in r["cpu"].items() if n != ENGINE) / span for r, span in zip(group, spans)])
         cells = " | ".join(f"{med([r['cpu'].get(n, 0.0) for r in group]):.2f}" for n in names)
-        out.append(f"| {dataset} | {system} | {window:.1f} | {med([r['cpu'].get(ENGINE, 0.0) for r in group]):.1f} | "
+        out.append(f"| {dataset} | {system} | {med(spans):.1f} | {med([r['cpu'].get(ENGINE, 0.0) for r in group]):.1f} | "
                    f"{cells} | {100 * beside:.0f} % |")
     return "\n".join(out)
 
