@@ -215,11 +215,15 @@ def test_the_example_check_blocks_a_secret_in_the_output():
 
 
 def test_the_policy_is_validated_when_set():
-    for bad in ({"output_deny_patterns": ["("]}, {"output_deny_patterns": [""]}, {"output_checks": ["not a name"]},
+    for bad in ({"output_deny_patterns": [""]}, {"output_checks": ["not a name"]},
                 {"output_checks": ["module_without_function"]}, {"prompt_secrets": "block"},
                 {"output_deny_patterns": ["x"] * 33}, {"output_deny_patterns": ["x" * 513]}, {"other": 1}):
         with pytest.raises(ValueError):
             GuardPolicy(**bad)
+    # Compiling a pattern is RE2's work, done where the policy is set (batchctl) and used (the
+    # worker), never where the Lambdas read it.
+    with pytest.raises(ValueError, match="output deny pattern 2: not a valid RE2 regular expression"):
+        GuardPolicy(output_deny_patterns=["fine", "("]).compiled()
 
 
 # --- the policy travels: tenant record -> manifest -> work messages ------------------------------
