@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from functions.core import accounting, limits, results, tenants
 from functions.core.accounting import ChunkOutcome
-from functions.core.guard import GuardPolicy
 from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
@@ -35,6 +34,7 @@ from functions.core.records import ChunkRunRecord
 
 from .budget import BudgetWatch
 from .engine import EngineDown, Reply
+from .policy_checks import IN_PROCESS, Checks, LineChecks
 
 log = logging.getLogger("gpu_worker.chunk")
 T = TypeVar("T")
@@ -60,11 +60,12 @@ class LineResult:
 
 
 async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = (),
-                   guard: GuardPolicy | None = None) -> LineResult:
+                   guard: LineChecks | None = None) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
     None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``. ``guard``: the
-    tenant's prompt and output policy (the work message's snapshot; None: none): a refused prompt
-    never reaches the engine, a redacted one is what is sent, a blocked result is not written."""
+    checks of the tenant's prompt and output policy (the work message's snapshot, bound to the
+    worker's check processes; None: none): a refused prompt never reaches the engine, a redacted
+    one is what is sent, a blocked result is not written."""
     custom_id = results.custom_id_of(None, raw)
     try:
         obj = parse_request(raw)
@@ -77,7 +78,7 @@ async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoi
         check_request(obj, endpoint=endpoint)
     except LineError as exc:
         return LineResult(results.error_line(custom_id, exc.code, exc.message))
-    body, violation = guard.check_prompt(obj["body"]) if guard is not None else (obj["body"], None)
+    body, violation = await guard.check_prompt(obj["body"]) if guard is not None else (obj["body"], None)
     if violation is not None:
         return LineResult(results.error_line(custom_id, violation.code, violation.message))
     reply = await engine.post(endpoint, body)
@@ -85,7 +86,7 @@ async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoi
         return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message))
     line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
     usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
-    if guard is not None and results.succeeded(line) and (violation := guard.check_output(reply.body)) is not None:
+    if guard is not None and results.succeeded(line) and (violation := await guard.check_output(reply.body)) is not None:
         return LineResult(results.error_line(custom_id, violation.code, violation.message))  # no usage: an error line
     return LineResult(line, usage)
 
@@ -483,6 +484,7 @@ async def process_chunk(
     owner: object = None,
     budget: BudgetWatch | None = None,
     background: Io | None = None,
+    checks: Checks = IN_PROCESS,
 ) -> ChunkReport:
     """Skip the chunk if its batch stopped, or if it is already counted (then only re-signal the
     workflow if every chunk is counted); else open an attempt on its run record, run the lines
@@ -502,7 +504,9 @@ async def process_chunk(
     this chunk's waiting lines there. ``budget`` (the worker's ``BudgetWatch``): under a tenant's
     ``stop`` budget, a line that would enter the engine once the budget is used up is written as
     ``budget_exceeded`` instead (gpu_worker/budget.py). ``background`` runs the store calls that
-    may wait behind other chunks' urgent ones (checkpoints, the audit receipt; default: ``io``)."""
+    may wait behind other chunks' urgent ones (checkpoints, the audit receipt; default: ``io``).
+    ``checks`` runs the message's policy checks (the worker's ``PolicyChecks``; default: in this
+    thread)."""
     started = now()
     # Side by side (each on a store thread): none depends on another's answer. The read is wasted
     # only for a chunk that is skipped; the run record is opened (begin_run) only after both
@@ -532,6 +536,7 @@ async def process_chunk(
     stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
     alone = _Gated(engine, gate, held=True, now=now, stop=stop)
     together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now, group=message.tenant, stop=stop)
+    guard = checks.bind(message.tenant, message.guard)
     try:
         start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
                          max_failures=policy.max_failures)
@@ -561,7 +566,7 @@ async def process_chunk(
                     group = requests[index:end]
                     async with gate.exclusive():  # no other chunk's line is in the engine with these
                         async for result in run_ordered(
-                            group, lambda raw: run_line(alone, raw, endpoint=message.endpoint, guard=message.guard), window=len(group)
+                            group, lambda raw: run_line(alone, raw, endpoint=message.endpoint, guard=guard), window=len(group)
                         ):
                             run.done.append(result)
                 await run.flush()  # every group, the last too: a written line is never blamed
@@ -570,7 +575,7 @@ async def process_chunk(
             todo = requests[reused:]
             position = 0
             async for result in run_ordered(
-                todo, lambda raw: run_line(together, raw, endpoint=message.endpoint, guard=message.guard), window=max(1, len(todo))
+                todo, lambda raw: run_line(together, raw, endpoint=message.endpoint, guard=guard), window=max(1, len(todo))
             ):
                 position += 1
                 await run.add(result, remaining=len(todo) - position)

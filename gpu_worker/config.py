@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from functions.core import names
+from functions.core import limits, names
 from functions.core.settings import EnvSettings
 
 ENV_PREFIX = "WORKER_"
@@ -91,6 +91,13 @@ class WorkerConfig(EnvSettings):
     #: allow it (``Stores.concurrent``): chunks that end together commit side by side. Each call
     #: is one or a few round trips, so a few threads cover a worker's open chunks.
     store_threads: int = Field(default=4, ge=1, le=32)
+    #: Processes that run tenants' prompt and output policy checks (``policy_checks.PolicyChecks``:
+    #: started at the first check, round-robin across tenants, one tenant holding at most all but
+    #: one of them); 0 = two, up to four on machines of more than 8 cores.
+    policy_check_processes: int = Field(default=0, ge=0, le=32)
+    #: One line's check may take this long before its process is killed and the line fails
+    #: ``policy_check_timeout`` (``limits.POLICY_CHECK_SECONDS``).
+    policy_check_seconds: float = Field(default=limits.POLICY_CHECK_SECONDS, gt=0)
     #: Metrics (EMF) and a summary log line are flushed this often.
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"

@@ -38,6 +38,7 @@ from .chunk import Admission, EngineGate, RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .metrics import WorkerMetrics
+from .policy_checks import PolicyChecks
 from .store_thread import BACKGROUND, URGENT, StoreThread
 
 
@@ -112,6 +113,8 @@ class Worker:
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
         self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
+        #: Tenants' prompt and output policy checks, in processes of their own (policy_checks.py).
+        self.checks = PolicyChecks(config.policy_check_processes, seconds=config.policy_check_seconds)
 
     # --- control -----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -168,6 +171,7 @@ class Worker:
             if watch is not None:
                 watch.cancel()
             self.report()
+            await self.checks.close()
             self._store_thread.shutdown(wait=True)
             self._queue_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -269,7 +273,7 @@ class Worker:
                 now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
                 on_commit=lambda: setattr(state, "committing", True),
                 gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
-                budget=self.budget,
+                budget=self.budget, checks=self.checks,
             )
             await self._sqs(self.queue.delete, r.receipt)
             if report.skipped:

@@ -28,6 +28,7 @@ from functions.core.lines import RawLine, iter_lines
 from .chunk import LineResult, run_line, run_ordered
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
+from .policy_checks import IN_PROCESS, Checks, PolicyChecks
 
 READ_BYTES = 1024 * 1024
 
@@ -63,15 +64,18 @@ async def run_file(
     max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
     window: int | None = None,
     guard: guards.GuardPolicy | None = None,
+    checks: Checks = IN_PROCESS,
 ) -> Summary:
     """Run every line of ``source``; write results in input order. Returns counts and usage.
-    ``guard``: the prompt and output policy every line passes (as in the worker)."""
+    ``guard``: the prompt and output policy every line passes (as in the worker), run by
+    ``checks`` (``command`` passes check processes, as the worker does)."""
     summary = Summary()
     started = time.monotonic()
     window = window or 2 * engine.max_in_flight
+    bound = checks.bind("", guard)
 
     async def run(raw: RawLine) -> LineResult:
-        return await run_line(engine, raw, endpoint=None, endpoints=endpoints, guard=guard)
+        return await run_line(engine, raw, endpoint=None, endpoints=endpoints, guard=bound)
 
     async for result in run_ordered(file_lines(source, max_line_bytes=max_line_bytes), run, window=window):
         data = result.line.model_dump_json().encode() + b"\n"
@@ -88,14 +92,14 @@ async def run_file(
 
 async def run_paths(
     input_path: Path, output_path: Path, errors_path: Path | None, engine: EngineClient, *, health_timeout: float,
-    guard: guards.GuardPolicy | None = None,
+    guard: guards.GuardPolicy | None = None, checks: Checks = IN_PROCESS,
 ) -> Summary:
     await engine.wait_healthy(health_timeout)
     with open(input_path, "rb") as source, open(output_path, "wb") as output:
         if errors_path is None:
-            return await run_file(engine, source, output, guard=guard)
+            return await run_file(engine, source, output, guard=guard, checks=checks)
         with open(errors_path, "wb") as errors:
-            return await run_file(engine, source, output, errors, guard=guard)
+            return await run_file(engine, source, output, errors, guard=guard, checks=checks)
 
 
 # --- the `batchctl run-batch` subcommand --------------------------------------------------------
@@ -120,9 +124,11 @@ def command(args: argparse.Namespace, *, err: TextIO) -> int:
         engine_url=args.engine_url, max_in_flight=args.max_in_flight, engine_max_num_seqs=args.engine_max_num_seqs
     )
     async def go() -> Summary:
-        async with EngineClient.from_config(config) as engine:
+        # One tenant: it may use every check process (reserve 0).
+        async with EngineClient.from_config(config) as engine, PolicyChecks(
+                config.policy_check_processes, seconds=config.policy_check_seconds, reserve=0) as checks:
             return await run_paths(args.input, args.output, args.errors, engine, health_timeout=args.health_timeout,
-                                   guard=guards.from_arguments(args))
+                                   guard=guards.from_arguments(args), checks=checks)
 
     try:
         summary = asyncio.run(go())

@@ -151,6 +151,18 @@ MAX_OUTPUT_DENY_PATTERNS: Final = 32
 MAX_OUTPUT_DENY_PATTERN_CHARS: Final = 512
 #: At most this many pluggable output checks per tenant.
 MAX_OUTPUT_CHECKS: Final = 8
+#: Each per-line check (the prompt's secret scan and redaction; deny patterns and output checks on
+#: a result) runs in a separate process (gpu_worker/policy_checks.py) and may take this long: a
+#: check still running then is killed with its process and the line becomes an error line
+#: ``policy_check_timeout`` (never sent to the engine, or its result never written). The honest
+#: scan costs about 0.1 s of CPU per MiB (docs/benchmarks.md, "Policy checks"), so a line at the
+#: largest input below runs well inside it on a loaded core.
+POLICY_CHECK_SECONDS: Final = 10.0
+#: A check's input (the request body, or the result body, as the JSON handed to the check
+#: process) may be at most this large; a larger one is an error line
+#: ``policy_check_input_too_large`` without being checked. It is the largest answer the worker
+#: reads (MAX_ENGINE_RESPONSE_BYTES), far above the default line (DEFAULT_MAX_LINE_BYTES).
+POLICY_CHECK_MAX_INPUT_BYTES: Final = 8 * 1024 * 1024
 
 
 def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:
