@@ -211,8 +211,10 @@ INVALID_LINE_CODES = frozenset({
     "missing_required_parameter", "duplicate_custom_id", "model_not_found", "mismatched_model",
 })
 #: No engine answer, but the same request would most likely fail again (under the same tenant
-#: policy, a refused prompt or a blocked result: functions/core/guard.py).
-REJECTED_CODES = frozenset({"response_too_large", guard.PROMPT_SECRET_DETECTED, guard.OUTPUT_BLOCKED})
+#: policy, a refused prompt or a blocked result, a check past its time or size bound:
+#: functions/core/guard.py; a check whose process died is transient).
+REJECTED_CODES = frozenset({"response_too_large", guard.PROMPT_SECRET_DETECTED, guard.OUTPUT_BLOCKED,
+                            guard.POLICY_CHECK_TIMEOUT, guard.POLICY_CHECK_INPUT_TOO_LARGE})
 #: Engine answers worth another try: request timeout, rate limited, server errors.
 TRANSIENT_STATUSES = frozenset({408, 429})
 RETRY_SELECTIONS: dict[str, frozenset[str]] = {

@@ -126,6 +126,9 @@ def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None
     except ValidationError as exc:
         print(f"batchctl: invalid policy: {exc.errors()[0]['msg']}", file=err)
         return 2
+    except ValueError as exc:  # a stored deny pattern RE2 cannot run (guard.GuardPolicy.compiled)
+        print(f"batchctl: invalid policy: {exc}", file=err)
+        return 2
     tenants.put(policy)
     # The tenant's audit chain records the change and the policy as now stored (docs/audit.md).
     audit.note(audit_store, args.tenant, f"tenants.{args.action}", target=args.tenant,

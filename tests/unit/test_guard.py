@@ -393,6 +393,38 @@ def test_batchctl_tenants_sets_and_clears_the_policy():
     assert stored.guard.output_deny_patterns == [] and stored.guard.prompt_secrets == "redact" and stored.batches_per_hour == 3
 
 
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"secret(?=s)", r"(?<!no )secret", r"(?>atomic)", r"x{2000}"])
+def test_batchctl_refuses_a_pattern_re2_cannot_run_with_a_clear_message(pattern, capsys):
+    """Backreferences, lookarounds, atomic groups, huge repeats: no linear-time engine runs them."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.parser().parse_args(["tenants", "set", "--tenant", "acme", "--output-deny", pattern])
+    assert exit_.value.code == 2
+    assert "not a valid RE2 regular expression" in capsys.readouterr().err
+
+
+def test_a_stored_pattern_re2_cannot_run_fails_closed_and_blocks_the_next_set():
+    """A pattern stored before deny patterns ran in RE2: every 2xx result is blocked (the pattern
+    cannot run), and a change of the tenant's guard options is refused until it is replaced."""
+    repo = fake_stores().tenants
+    stored = GuardPolicy(output_deny_patterns=["fine", r"(a)\1"])  # what the Lambdas read: no compile there
+    repo.put(TenantPolicy(tenant="acme", guard=stored))
+    violation = stored.check_output(answer("hello"))
+    assert violation.code == OUTPUT_BLOCKED and "deny pattern 2" in violation.message and "cannot be run" in violation.message
+    code, _, err = tenants_cmd(repo, "set", "--tenant", "acme", "--prompt-secrets", "refuse")
+    assert code == 2 and "output deny pattern 2: not a valid RE2 regular expression" in err
+    assert repo.get("acme").guard == stored
+    code, _, err = tenants_cmd(repo, "set", "--tenant", "acme", "--output-deny", "fine", "--prompt-secrets", "refuse")
+    assert code == 0, err
+    assert repo.get("acme").guard == GuardPolicy(prompt_secrets="refuse", output_deny_patterns=["fine"])
+
+
+def test_deny_patterns_run_in_re2_syntax():
+    policy = GuardPolicy(output_deny_patterns=[r"\pL+ falcon", r"(?i)project\s+x"]).compiled()
+    assert policy.check_output(answer("Operation falcon")) is not None
+    assert policy.check_output(answer("PROJECT   X")) is not None
+    assert policy.check_output(answer("nothing here")) is None
+
+
 @pytest.mark.parametrize("argv", [["--output-deny", "("], ["--output-check", "no_module_here:f"],
                                   ["--output-check", "bad name"], ["--prompt-secrets", "maybe"]])
 def test_batchctl_refuses_a_bad_policy_with_exit_2(argv, capsys):
@@ -429,8 +461,11 @@ def test_run_batch_applies_the_same_policy():
 
 
 def test_the_lambdas_import_the_policy_without_detect_secrets():
-    """Ingest and the API import ``GuardPolicy`` (tenant record, messages) but never scan: the
-    detector library is a worker dependency, loaded on first scan only."""
-    code = ("import sys, functions.ingest.logic, functions.api.batches, functions.core.guard; "
-            "assert 'detect_secrets' not in sys.modules, 'imported'")
+    """Ingest and the API import ``GuardPolicy`` (tenant record, messages) and validate a stored
+    one, but never scan nor compile a pattern: detect-secrets and RE2 are worker (and batchctl)
+    dependencies, loaded on first use only, so the Lambda asset holds neither."""
+    code = ("import sys, functions.ingest.logic, functions.api.batches, functions.core.guard, functions.core.tenants; "
+            "from functions.core.tenants import TenantPolicy; "
+            "TenantPolicy.from_item(TenantPolicy(tenant='a', guard={'output_deny_patterns': ['x']}).to_item()); "
+            "assert 'detect_secrets' not in sys.modules and 're2' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
