@@ -93,9 +93,14 @@ bench-fairness: $(STAMP) engine
 	$(PY) -m tests.bench.bench_fairness --a-lines 700 --b-lines 10 --max-tokens 32 --b-after 3
 ## Issue 13: what the prompt secret scan and the output guardrails cost per line (2,000 chat lines, CPU
 ## only, no deployment; docs/governance.md "Prompt and output policies"; ~30 s).
-.PHONY: bench-guard
+.PHONY: bench-guard bench-hostile-scan
 bench-guard: $(STAMP)
 	$(PY) -m tests.bench.bench_guard --lines 2000 --rounds 3
+	$(PY) -m tests.bench.bench_guard --per-mib --mib 1
+
+# Another tenant's small batch beside a 1 MiB adversarial line on a scanned tenant (make up's engine).
+bench-hostile-scan: $(STAMP) engine
+	$(PY) -m tests.bench.bench_hostile_scan --rounds 3 --b-lines 3 --max-tokens 16
 bench: bench-lifecycle bench-worker bench-uploads bench-pipeline
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------

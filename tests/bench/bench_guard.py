@@ -11,6 +11,14 @@ mean CPU microseconds per line (the process's CPU time, ``time.process_time``: w
 a core, not inflated by other processes competing for the CPU).
 
     .venv/bin/python -m tests.bench.bench_guard [--lines 2000] [--rounds 3]
+    .venv/bin/python -m tests.bench.bench_guard --per-mib [--mib 1]
+
+``--per-mib``: the prompt scan's CPU cost per MiB of one string, for ordinary prose and for the
+adversarial shapes (a short pattern repeated: those on which the plugins' regexes were quadratic on
+Python's ``re``, those with a finding every few characters, those the normalization works hardest
+on), ``check_prompt`` in refuse and in redact mode on a chat body holding it; beside it, the
+plugins on Python's ``re`` (``tests/unit/secret_oracle``, the scan before RE2) on 16 and 32 KiB of
+the same shape, to show how that grew (doubling the input quadrupled it where it was quadratic).
 """
 
 from __future__ import annotations
@@ -24,7 +32,25 @@ from collections.abc import Callable
 from typing import Any
 
 from functions.core.guard import GuardPolicy, find_secrets
+from tests.unit import secret_oracle
 from tests.unit.test_guard import NORMAL_PROMPTS, SECRETS
+
+#: The shapes of ``--per-mib``: (name, the repeated piece).
+SHAPES = (
+    ("ordinary prose", "The quick brown fox jumps over the lazy dog; what does it mean? "),
+    ("'//' repeated (NPM's //.+)", "//"),
+    ("'see http://x ' repeated", "see http://x "),
+    ("'sk-' repeated (OpenAI's sk-[...]*)", "sk-"),
+    ("'eyJ' repeated (JWT's eyJ[...]+)", "eyJ"),
+    ("'://a' repeated (basic auth)", "://a"),
+    ("'glagent-' repeated (GitLab, on Python re)", "glagent-"),
+    ("'BEGIN RSA PRIVATE KEY' repeated", "BEGIN RSA PRIVATE KEY"),
+    ("AWS keys, one every 21 characters", SECRETS["AWS access key id"][1] + " "),
+    ("'xoxb-1-' repeated (one Slack token)", "xoxb-1-"),
+    ("'A' + zero-width space, repeated", "A\u200b"),
+    ("'a' + two combining marks, repeated", "a\u0316\u0301"),
+    ("U+FDFA repeated (NFKD: 18 characters each)", "\ufdfa"),
+)
 
 CODE = '''```python
 def fetch(url: str, retries: int = 3) -> bytes:
@@ -74,11 +100,41 @@ def per_line_us(items: list[Any], fn: Callable[[Any], Any], rounds: int) -> floa
     return best
 
 
+def cpu_seconds(fn: Callable[[], Any]) -> float:
+    started = time.process_time()
+    fn()
+    return time.process_time() - started
+
+
+def per_mib(mib: float) -> None:
+    find_secrets("warm up")
+    refuse, redact = GuardPolicy(prompt_secrets="refuse"), GuardPolicy(prompt_secrets="redact")
+    size = int(mib * 1024 * 1024)
+    print(f"CPU ms per MiB of one string ({mib:g} MiB of UTF-8 each), check_prompt on a chat body holding it; "
+          "the plugins on Python's re (before RE2) on 16 and 32 KiB")
+    print("| input | refuse, ms/MiB | redact, ms/MiB | Python re, 16 KiB | Python re, 32 KiB |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for name, piece in SHAPES:
+        text = piece * (size // len(piece.encode()))
+        actual = len(text.encode()) / (1024 * 1024)
+        body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+        row = [cpu_seconds(lambda: refuse.check_prompt(body)) * 1000 / actual,
+               cpu_seconds(lambda: redact.check_prompt(body)) * 1000 / actual]
+        old = [cpu_seconds(lambda n=n: secret_oracle.find_secrets(piece * (n // len(piece.encode())))) * 1000
+               for n in (16 * 1024, 32 * 1024)]
+        print(f"| {name} | {row[0]:.0f} | {row[1]:.0f} | {old[0]:.0f} ms | {old[1]:.0f} ms |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lines", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--per-mib", action="store_true", help="the scan's cost per MiB, ordinary and adversarial")
+    p.add_argument("--mib", type=float, default=1.0)
     args = p.parse_args()
+    if args.per_mib:
+        per_mib(args.mib)
+        return
     lines = make_lines(args.lines)
     clean = [b for _, b, s in lines if not s]
     dirty = [b for _, b, s in lines if s]
