@@ -290,7 +290,7 @@ class PolicyChecks(Checks):
             try:
                 await slot.ready(job.checks)  # a new process's start is not the job's time
                 answer = await asyncio.wait_for(slot.call(job.payload), self.seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.timeouts += 1
                 log.warning("a policy check ran past %s s: its process is replaced", self.seconds,
                             extra={"tenant": job.tenant})

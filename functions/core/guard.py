@@ -37,7 +37,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import limits
-from .secret_scan import SECRET_DETECTORS, Secret, find_secrets, normalize, redact, redacted, scan
+from .secret_scan import (
+    SECRET_DETECTORS,
+    Secret,
+    find_secrets,
+    normalize,
+    redact,
+    redacted,
+    scan,
+    types,
+)
 
 __all__ = ["SECRET_DETECTORS", "Secret", "find_secrets", "normalize", "redact"]
 
@@ -181,7 +190,7 @@ def active(policy: GuardPolicy | None) -> GuardPolicy | None:
 # --- secrets ---------------------------------------------------------------------------------
 def secret_types(texts: list[str]) -> set[str]:
     """The types of the secrets in ``texts`` (scanned together)."""
-    return {secret.type for found in scan(texts) for secret in found}
+    return types(texts)
 
 
 def hidden_texts(body: Any, values: list[str]) -> list[str]:

@@ -13,17 +13,17 @@ prefix and a bounded token, linear already (``LINEAR_ON_PYTHON_RE`` lists them; 
 
 **Spans**: a plugin's match is where the secret starts; the redacted span is extended over the rest
 of the token, a PEM block to its END line, a JWT to its signature. Each extension is computed
-so that a run of text is read once per regex (the runs ends are remembered), never once per match.
+so that a run of text is read once per regex (the runs' ends are remembered), never once per match.
 
 **Normalization** (``normalize``): what a reader or a tokenizer would not see is removed and
 compatibility forms folded, so ``AKIA<ZWSP>IOSF...`` or a full-width ``ＡＫＩＡ...`` is seen as the
 key it spells. Invisible and format characters (category Cf: zero-width space and joiners, word
 joiner, soft hyphen, BOM, bidi controls, tag characters), combining marks (M*, variation selectors
-among them), control characters other than whitespace, and the Hangul fillers are removed; then
+among them), control characters other than whitespace, and the Hangul fillers are removed, and
 NFKD folds compatibility forms (full-width, mathematical, circled, ligatures) and splits accented
-letters, and the marks it produces are removed too. Marks are removed *before* NFKD as well:
-CPython's canonical reordering is quadratic in a run of combining marks (400,000 of them took
-156 s), so no such run ever reaches it.
+letters, whose marks are removed too. It is done character by character through a table built once
+(``str.translate``), never by ``unicodedata.normalize`` on the text: CPython's canonical reordering
+is quadratic in a run of combining marks (400,000 of them took 156 s).
 
 **Many texts at once** (``scan``): the texts are joined with ``SEPARATOR`` and scanned in one pass
 per regex, and the findings mapped back to each text; the separator holds a NUL between two line
@@ -37,7 +37,7 @@ import bisect
 import importlib
 import re
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -315,17 +315,33 @@ def _values(match: Any) -> tuple[str, ...]:
 
 
 # --- scanning --------------------------------------------------------------------------------
-def scan(texts: Sequence[str]) -> list[list[Secret]]:
-    """The secrets in each of ``texts`` (as ``find_secrets`` finds them in each alone), all
-    scanned together in one pass per regex."""
-    if not texts:
-        return []
+def _joined(texts: Sequence[str]) -> tuple[str, list[int]]:
+    """The texts joined by SEPARATOR (lone surrogates as U+FFFD, one for one: RE2 reads UTF-8), and
+    where each starts."""
     joined = texts[0] if len(texts) == 1 else SEPARATOR.join(texts)
     starts = [0]
     for text in texts[:-1]:
         starts.append(starts[-1] + len(text) + len(SEPARATOR))
     if _SURROGATE.search(joined):
-        joined = _SURROGATE.sub("\ufffd", joined)  # RE2 reads UTF-8; one character for one keeps offsets
+        joined = _SURROGATE.sub("\ufffd", joined)
+    return joined, starts
+
+
+def types(texts: Sequence[str]) -> set[str]:
+    """The types of the secrets in ``texts``: what ``scan`` finds, without locating them (each
+    plugin stops at its first reported value)."""
+    if not texts:
+        return set()
+    joined, _ = _joined(texts)
+    return {d.secret_type for d in _detectors() if next((v for v in d.analyze_string(joined) if v), None) is not None}
+
+
+def scan(texts: Sequence[str]) -> list[list[Secret]]:
+    """The secrets in each of ``texts`` (as ``find_secrets`` finds them in each alone), all
+    scanned together in one pass per regex."""
+    if not texts:
+        return []
+    joined, starts = _joined(texts)
     found: list[Secret] = []
     pem, putty = _Markers(joined, _PEM_END), _Markers(joined, _PUTTY_END)
     for detector in _detectors():
@@ -341,10 +357,10 @@ def scan(texts: Sequence[str]) -> list[list[Secret]]:
                 limit = starts[index] + len(texts[index])
                 start, end = spans(match.start(), match.end(), limit)
                 found.append(Secret(detector.secret_type, max(start, starts[index]), min(end, limit)))
-    return _by_text(_merged(found), starts)
+    return _by_text(merged(found), starts)
 
 
-def _merged(found: list[Secret]) -> list[Secret]:
+def merged(found: list[Secret]) -> list[Secret]:
     """By position, overlapping findings merged (the first type kept)."""
     found.sort(key=lambda s: (s.start, -s.end))
     merged: list[Secret] = []

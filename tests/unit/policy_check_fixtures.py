@@ -16,7 +16,6 @@ def wait_for_gate(body):
     (gate / f"started-{os.getpid()}-{time.monotonic_ns()}").touch()
     while not (gate / "open").exists():
         time.sleep(0.01)
-    return None
 
 
 def loop_forever(body):

@@ -12,7 +12,7 @@ import importlib
 import re
 from functools import cache
 
-from functions.core.secret_scan import SECRET_DETECTORS, Secret
+from functions.core.secret_scan import SECRET_DETECTORS, Secret, merged
 
 _PEM_BLOCK = re.compile(
     r"(?:-----)?BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"
@@ -39,15 +39,7 @@ def find_secrets(text: str) -> list[Secret]:
                 if any(v in values for v in _values(match)):
                     start = match.start() - 5 if text.startswith("-----", match.start() - 5) else match.start()
                     found.append(Secret(detector.secret_type, max(0, start), _end_of(text, match)))
-    found.sort(key=lambda s: (s.start, -s.end))
-    merged = []
-    for secret in found:
-        if merged and secret.start < merged[-1].end:
-            last = merged[-1]
-            merged[-1] = Secret(last.type, last.start, max(last.end, secret.end))
-        else:
-            merged.append(secret)
-    return merged
+    return merged(found)  # the merge is shared: what is compared is what is found, and where
 
 
 def _values(match):

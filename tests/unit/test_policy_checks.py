@@ -27,7 +27,7 @@ from gpu_worker.policy_checks import PolicyChecks, default_processes
 from tests.fakes.engine import chat_answer
 from tests.unit.policy_check_fixtures import GATE
 from tests.unit.test_guard import SECRETS, chat_body
-from tests.unit.test_worker_loop import Rig, seed, until
+from tests.unit.test_worker_loop import Rig, seed
 
 #: Upper bound for anything a test waits for; never reached when it passes.
 PATIENCE = 60.0
@@ -122,7 +122,7 @@ def test_a_process_that_dies_fails_its_line_closed_and_the_next_check_runs():
 def test_an_input_over_the_size_limit_is_not_checked():
     async def go():
         async with PolicyChecks(2, max_input_bytes=1000) as checks:
-            body, violation = await checks.check_prompt("a", GuardPolicy(prompt_secrets="refuse"), chat_body("x" * 2000))
+            _, violation = await checks.check_prompt("a", GuardPolicy(prompt_secrets="refuse"), chat_body("x" * 2000))
             assert violation.code == POLICY_CHECK_INPUT_TOO_LARGE and "1000 bytes" in violation.message
             assert checks.running() == 0
             # Deny patterns read only the generated text: an answer's other fields do not count.

@@ -181,6 +181,9 @@ def test_the_linear_scan_finds_what_the_plugins_on_python_re_find():
 def test_many_texts_scanned_together_find_what_each_alone_finds():
     texts = random_texts(11, 300, pieces=12)
     assert secret_scan.scan(texts) == [secret_scan.find_secrets(t) for t in texts]
+    for text in texts:  # refuse mode asks for the types only: those the plugins report (before merging)
+        reported = {d.secret_type for d in secret_oracle.detectors() if any(d.analyze_string(text))}
+        assert secret_scan.types([text]) == reported, repr(text)
     # A secret never straddles two texts, even where the first ends as a secret starts.
     assert secret_scan.scan(["//a/:_authToken=", "npm_abc", "AKIA", AWS[4:]]) == [[], [], [], []]
 
