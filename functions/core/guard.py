@@ -133,8 +133,8 @@ class GuardPolicy(BaseModel):
         if self.prompt_secrets == "off":
             return body, None
         values = _unique(_strings(body))
-        if self.prompt_secrets == "refuse":
-            types = secret_types([*values, *hidden_texts(body, values)])
+        types = secret_types([*values, *hidden_texts(body, values)])
+        if self.prompt_secrets == "refuse" or not types:
             return body, (_refused(types) if types else None)
         found = dict(zip(values, scan(values)))
         if any(found.values()):
