@@ -1,57 +1,21 @@
-"""Chunk accounting and the batch lifecycle's vocabulary, shared by the API, ingest, the workflow,
-the GPU worker and the DLQ handler.
-
-- A chunk is counted exactly once, only while its batch accepts chunks; whoever counts the last one
-  (or a duplicate of it) signals the workflow.
-- ``Signal`` is what resumes a waiting workflow (its output is ``{"outcome": <signal>}``, which the
-  state machine reads at ``$.signal.outcome``).
-- Lifecycle events are named ``batch.<status>``: ``event_type`` is the one place that says so.
-"""
+"""Chunk accounting, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
+a chunk is started, run in attempts (its run record: poison budget, checkpoints) and counted
+exactly once, only while its batch accepts chunks; whoever counts the last one (or a duplicate of
+it) signals the workflow. The batch's own statuses and transitions are ``lifecycle``'s."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Final
+from typing import Any
 
 from pydantic import BaseModel
 
-from . import audit
+from . import audit, lifecycle
 from .errors import ConditionFailed
+from .lifecycle import Signal
 from .messages import WorkMessage
-from .ports import Events, Stores, Workflows
+from .ports import Stores
 from .records import BatchRecord, ChunkRecord, ChunkRunRecord
 from .results import Parts
-
-#: The field of a signal's output that carries the signal (the state machine reads it).
-SIGNAL_FIELD: Final = "outcome"
-
-
-class Signal(StrEnum):
-    """Why a waiting batch workflow resumes."""
-
-    COMPLETE = "complete"
-    CANCEL = "cancel"
-    EXPIRE = "expire"
-
-    def output(self) -> dict[str, str]:
-        """The task output that carries this signal."""
-        return {SIGNAL_FIELD: self.value}
-
-
-def signal(workflows: Workflows, token: str, what: Signal) -> bool:
-    """Resume the workflow waiting on ``token``; False if it no longer waits on it."""
-    return workflows.signal(token, what.output())
-
-
-def event_type(status: str) -> str:
-    """The EventBridge detail-type of a batch reaching ``status``."""
-    return f"batch.{status}"
-
-
-def publish_status(events: Events, batch: BatchRecord) -> None:
-    """Publish the batch's current status (at least once: subscribers dedupe on id and status)."""
-    events.publish(event_type(batch.status), batch.event_detail())
-
 
 @dataclass(frozen=True)
 class ChunkOutcome:
@@ -97,10 +61,7 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
     """Note that a worker started this chunk; None if the batch no longer takes new work
     (cancelled, expiring, finished), in which case the chunk is skipped."""
     try:
-        return stores.batches.update(
-            message.tenant, message.batch_id,
-            add={"started_chunks": {message.chunk}}, expect={"status": "in_progress", "accepting": True},
-        )
+        return stores.batches.transition(message.tenant, message.batch_id, lifecycle.note_chunk_started(message.chunk))
     except ConditionFailed:
         return None
 
@@ -161,7 +122,7 @@ def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:
     its token, ``register`` sees the counts and resumes itself)."""
     if not all_counted(batch) or not batch.task_token:
         return False
-    return signal(stores.workflows, batch.task_token, Signal.COMPLETE)
+    return lifecycle.signal(stores.workflows, batch.task_token, Signal.COMPLETE)
 
 
 # --- the chunk's run record: attempts, poison budget, checkpoints ------------------------------

@@ -11,14 +11,15 @@ retries. Anything else is a bug or an outage and propagates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .tenants import Reservation, TenantPolicy
+from .tenants import TenantPolicy
 
 if TYPE_CHECKING:
     from .audit import AuditRecord
+    from .lifecycle import Change
 from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
 
 
@@ -124,21 +125,12 @@ class BatchStore(Protocol):
     def create(self, record: BatchRecord) -> None: ...
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...
     def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]: ...
-    def update(
-        self,
-        tenant: str,
-        batch_id: str,
-        *,
-        values: dict[str, Any] | None = None,
-        defaults: dict[str, Any] | None = None,
-        add: dict[str, Any] | None = None,
-        remove: tuple[str, ...] = (),
-        expect: dict[str, Any] | None = None,
-    ) -> BatchRecord:
-        """One conditional write: SET ``values``, SET ``defaults`` where absent, ADD ``add``
-        (numbers, or sets), REMOVE ``remove``; only if the batch exists and every ``expect``
-        attribute equals its value (a tuple: is one of them; None: is absent). Returns the batch
-        as now stored; ConditionFailed otherwise."""
+    def transition(self, tenant: str, batch_id: str, change: "Change", *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+        """Apply one lifecycle ``Change`` (``functions.core.lifecycle``) as one conditional write,
+        with ``files`` created and the change's enqueued-cap counter change in the same
+        transaction; a terminal change releases a held reservation (``lifecycle.settle``). Returns
+        the batch as now stored; ConditionFailed if the change's condition (or a cap) does not
+        hold (nothing written)."""
     def count_chunk(self, marker: ChunkRecord) -> bool:
         """Write the chunk's marker and add its counts to the batch in one transaction, only while
         the batch accepts chunks. True if this call counted it; False for a duplicate or a late
@@ -153,17 +145,6 @@ class BatchStore(Protocol):
     def save_chunk_run(self, record: ChunkRunRecord) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
         ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""
-    def finish(
-        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
-    ) -> None:
-        """Create the batch's output files and set its terminal state in one transaction."""
-    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
-                reservation: Reservation) -> BatchRecord:
-        """``update(values=..., expect=...)`` plus the enqueued-cap reservation (docs/governance.md)
-        in one transaction: ADD the reservation to the (tenant, model) counter only while it stays
-        within the caps, and record it on the batch (``holds_reservation``). ConditionFailed if
-        ``expect`` or a cap does not hold (nothing written). ``update`` and ``finish`` release it
-        (ADD the negatives, REMOVE ``holds_reservation``) with the write that makes the batch terminal."""
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""
     def budget_used(self, tenant: str, period_sk: str) -> int:

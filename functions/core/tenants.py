@@ -155,10 +155,21 @@ class Reservation(BaseModel):
     max_requests: int | None = None
     max_tokens: int | None = None
 
+    def bounds(self) -> list[tuple[str, int, int]]:
+        """(counter attribute, cap, amount) of each capped dimension: the reservation holds only
+        while every attribute stays within its cap after the addition (the DynamoDB adapter renders
+        this as its condition, the fake checks it as it is)."""
+        return [(attribute, cap, n) for attribute, cap, n in
+                (("requests", self.max_requests, self.requests), ("tokens", self.max_tokens, self.tokens))
+                if cap is not None]
+
+    def fits(self, requests: int, tokens: int) -> bool:
+        """Whether this reservation fits on a counter at (``requests``, ``tokens``)."""
+        held = {"requests": requests, "tokens": tokens}
+        return all(held[attribute] + n <= cap for attribute, cap, n in self.bounds())
+
     def fits_alone(self) -> bool:
-        return (self.max_requests is None or self.requests <= self.max_requests) and (
-            self.max_tokens is None or self.tokens <= self.max_tokens
-        )
+        return self.fits(0, 0)
 
     def exceeded(self, enqueued_requests: int, enqueued_tokens: int) -> str:
         """Which cap ``requests``/``tokens`` more would exceed: "requests" or "tokens" (tokens when
@@ -180,6 +191,15 @@ class Reservation(BaseModel):
             "param": None,
             "line": None,
         }
+
+
+class Release(BaseModel):
+    """What a batch's terminal write gives back to its (tenant, model) counter."""
+
+    tenant: str
+    model: str
+    requests: int
+    tokens: int
 
 
 def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: int) -> Reservation | None:

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, guard, limits, schema
-from functions.core.errors import ConditionFailed
+from functions.core import guard, lifecycle, limits, schema
 from functions.core.lines import LineError, check_request, iter_lines, parse_request, shown
 from functions.core.guard import GuardPolicy
 from functions.core.messages import Chunk, ChunkManifest
@@ -189,16 +188,7 @@ def fail_validating(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord
     """End a batch stuck ``validating`` as ``failed`` with ``INGEST_FAILED_ERROR`` and publish its
     status (only the writer that moved it publishes). A batch no longer validating is returned as
     stored, untouched: safe to call twice, and against a concurrent ingest."""
-    try:
-        failed = stores.batches.update(
-            batch.tenant, batch.id,
-            values={"status": "failed", "failed_at": now, "errors": [dict(INGEST_FAILED_ERROR)]},
-            expect={"status": "validating"},
-        )
-    except ConditionFailed:
-        return _reread(stores, batch)
-    accounting.publish_status(stores.events, failed)
-    return failed
+    return lifecycle.apply(stores, batch, lifecycle.refuse(now, [INGEST_FAILED_ERROR])).batch
 
 
 def resume(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> str:
@@ -224,55 +214,28 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
     # The manifest is deterministic: a repeated ingest writes the same bytes.
     manifest = ChunkManifest(chunks=result.chunks, guard=result.guard).model_dump_json(exclude_none=True).encode()
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
-    values = {
-        "status": "in_progress",
-        "in_progress_at": now,
-        "model": result.model,
-        "total": result.total,
-        "chunk_count": len(result.chunks),
-        "accepting": True,
-    }
+    values: dict[str, Any] = {"model": result.model, "total": result.total, "chunk_count": len(result.chunks)}
     if policy is not None and policy.output_token_budget is not None:  # its chunks charge the budget
         values["budget_period"] = policy.budget_period
         if policy.budget_action == "stop":  # and its workers stop its lines at the budget
             values["budget_stop"] = policy.output_token_budget
     assert result.model is not None
-    held = tenants.reservation(policy, result.model, result.total, result.tokens)
-    try:
-        if held is None:  # no cap for this model: no counter write
-            return stores.batches.update(batch.tenant, batch.id, values=values, expect={"status": "validating"})
-        # The reservation and the move in one transaction: a duplicate ingest reserves nothing twice.
-        return stores.batches.reserve(batch.tenant, batch.id, values=values, expect={"status": "validating"},
-                                      reservation=held)
-    except ConditionFailed:
-        current = _reread(stores, batch)
-        if held is None or current.status != "validating":
-            return current  # another ingest moved it (or it was cancelled): as stored
+    held = tenants.reservation(policy, result.model, result.total, result.tokens)  # None: no cap, no counter write
+    # The reservation and the move in one transaction: a duplicate ingest reserves nothing twice.
+    started = lifecycle.apply(stores, batch, lifecycle.start(now, values=values, reservation=held))
+    if started.moved or held is None or started.batch.status != "validating":
+        return started.batch  # moved, or another ingest moved it (or it was cancelled): as stored
     # Still validating: a cap refused the reservation.
     which = held.exceeded(*stores.batches.enqueued(batch.tenant, held.model))
     return _fail_validation(stores, batch, [held.error(which)], now)
 
 
 def _fail_validation(stores: Stores, batch: BatchRecord, errors: list[dict[str, Any]], now: int) -> BatchRecord:
-    try:
-        failed = stores.batches.update(
-            batch.tenant, batch.id, values={"status": "failed", "failed_at": now, "errors": errors}, expect={"status": "validating"}
-        )
-    except ConditionFailed:
-        return _reread(stores, batch)
-    accounting.publish_status(stores.events, failed)
-    return failed
+    return lifecycle.apply(stores, batch, lifecycle.refuse(now, errors)).batch
 
 
 def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
-    try:
-        cancelled = stores.batches.update(
-            batch.tenant, batch.id, values={"status": "cancelled", "cancelled_at": now}, expect={"status": "cancelling", "in_progress_at": None}
-        )
-    except ConditionFailed:
-        return _reread(stores, batch).status
-    accounting.publish_status(stores.events, cancelled)
-    return cancelled.status
+    return lifecycle.apply(stores, batch, lifecycle.cancel_unstarted(now)).batch.status
 
 
 def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
@@ -291,11 +254,5 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
             "reconcile_seconds": settings.reconcile_seconds,
         },
     )
-    stores.batches.update(batch.tenant, batch.id, values={"enqueued": True})
-
-
-def _reread(stores: Stores, batch: BatchRecord) -> BatchRecord:
-    current = stores.batches.get(batch.tenant, batch.id)
-    assert current is not None
-    return current
+    stores.batches.transition(batch.tenant, batch.id, lifecycle.note_enqueued())
 

@@ -25,7 +25,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from functions.core.accounting import event_type
+from functions.core.lifecycle import event_type
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.names import EVENT_SOURCE
 from infra.config import DeployConfig

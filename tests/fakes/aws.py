@@ -5,7 +5,7 @@ is counted once and only while its batch accepts chunks, an unknown token is not
 writer that wrote nothing leaves no object) and can be told to fail the ways AWS fails:
 
     stores = fake_stores()
-    stores.faults.fail("batches.update", throttle())            # the next update throttles
+    stores.faults.fail("batches.transition", throttle())        # the next transition throttles
     stores.faults.fail("objects.put", TimeoutError(), times=2)  # the next two puts time out
     stores.faults.fail("workflows.signal", conflict())          # a lost signal
     queue.drop_next(1); queue.duplicate_next(1)                  # a lost / duplicated message
@@ -20,14 +20,16 @@ import copy
 import itertools
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from functions.core import lifecycle
 from functions.core.audit import AuditRecord
+from functions.core.lifecycle import Change
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
-from functions.core.tenants import TenantPolicy
+from functions.core.tenants import Reservation, TenantPolicy
 from functions.core.records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
 )
@@ -52,20 +54,21 @@ class Faults:
     """Scripted failures by operation name ("<port>.<method>", e.g. "batches.count_chunk")."""
 
     def __init__(self) -> None:
-        self._plan: dict[str, list[BaseException]] = defaultdict(list)
+        self._plan: dict[str, list[BaseException | None]] = defaultdict(list)
         self.calls: Counter[str] = Counter()
 
-    def fail(self, op: str, error: BaseException, times: int = 1) -> None:
-        """The next ``times`` calls of ``op`` raise ``error`` (before doing anything)."""
-        self._plan[op].extend([error] * times)
+    def fail(self, op: str, error: BaseException, times: int = 1, *, skip: int = 0) -> None:
+        """After ``skip`` more calls of ``op`` that pass, the next ``times`` calls raise ``error``
+        (before doing anything)."""
+        self._plan[op].extend([None] * skip + [error] * times)
 
     def pending(self, op: str) -> int:
-        return len(self._plan[op])
+        return sum(1 for error in self._plan[op] if error is not None)
 
     def check(self, op: str) -> None:
         self.calls[op] += 1
-        if self._plan[op]:
-            raise self._plan[op].pop(0)
+        if self._plan[op] and (error := self._plan[op].pop(0)) is not None:
+            raise error
 
 
 class _Port:
@@ -426,42 +429,44 @@ class FakeBatches(_Port):
             ids = [i for i in ids if i < after]
         return [BatchRecord.model_validate(copy.deepcopy(self.items[(tenant, i)])) for i in ids[:limit]], len(ids) > limit
 
-    def _update(self, tenant: str, batch_id: str, values: dict, defaults: dict, add: dict, remove: tuple, expect: dict) -> BatchRecord:
-        item = self.items.get((tenant, batch_id))
-        if not _matches(item, expect):
-            raise condition_failed()
-        assert item is not None
-        from functions.core.models import TERMINAL_STATUSES
-
-        if values.get("status") in TERMINAL_STATUSES and item.get("holds_reservation"):
-            # As the adapter: the terminal write releases the reservation, once (it removes the flag).
-            counter = self.counters.setdefault((tenant, item["reserved_model"]), {"requests": 0, "tokens": 0})
-            counter["requests"] -= item["reserved_requests"]
-            counter["tokens"] -= item["reserved_tokens"]
-            remove = (*remove, "holds_reservation")
-        new = _apply(item, values, defaults, add, remove)
-        record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
+    def set(self, tenant: str, batch_id: str, **values: Any) -> BatchRecord:
+        """Test setup: set attributes of a stored batch as they are (no fault, no condition, no
+        lifecycle rule)."""
+        record = BatchRecord.model_validate({**self.items[(tenant, batch_id)], **values})
         self.items[(tenant, batch_id)] = record.model_dump()
         return record
 
-    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
-                reservation: Any) -> BatchRecord:
-        self._op("reserve")
-        if not _matches(self.items.get((tenant, batch_id)), {**expect, "holds_reservation": None}):
+    def _write(self, tenant: str, batch_id: str, change: Change, files: Sequence[FileRecord]) -> BatchRecord:
+        """One conditional write or transaction, as the adapter renders it: the batch's update,
+        its counter change (a reservation within its caps), the files; all or nothing."""
+        item = self.items.get((tenant, batch_id))
+        if not _matches(item, dict(change.expect)):
             raise condition_failed()
-        counter = self.counters.get((tenant, reservation.model), {"requests": 0, "tokens": 0})
-        for name, cap, n in (("requests", reservation.max_requests, reservation.requests),
-                             ("tokens", reservation.max_tokens, reservation.tokens)):
-            if cap is not None and counter[name] + n > cap:
+        assert item is not None
+        counter = change.counter
+        if counter is not None:
+            stored = self.counters.get((counter.tenant, counter.model), {"requests": 0, "tokens": 0})
+            if isinstance(counter, Reservation) and not counter.fits(stored["requests"], stored["tokens"]):
                 raise condition_failed()
-        record = self._update(tenant, batch_id, {
-            **values, "reserved_model": reservation.model, "reserved_requests": reservation.requests,
-            "reserved_tokens": reservation.tokens, "holds_reservation": True,
-        }, {}, {}, (), expect)
-        self.counters[(tenant, reservation.model)] = {
-            "requests": counter["requests"] + reservation.requests, "tokens": counter["tokens"] + reservation.tokens,
-        }
+            sign = 1 if isinstance(counter, Reservation) else -1
+            self.counters[(counter.tenant, counter.model)] = {
+                "requests": stored["requests"] + sign * counter.requests, "tokens": stored["tokens"] + sign * counter.tokens,
+            }
+        new = _apply(item, dict(change.values), dict(change.defaults), dict(change.add), change.remove)
+        record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
+        self.items[(tenant, batch_id)] = record.model_dump()
+        for f in files:
+            self._files.items[(f.tenant, f.id)] = f
         return record
+
+    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+        self._op("transition")
+        return lifecycle.settle(change, lambda c: self._write(tenant, batch_id, c, files),
+                                lambda: self._peek(tenant, batch_id))
+
+    def _peek(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        item = self.items.get((tenant, batch_id))
+        return BatchRecord.model_validate(copy.deepcopy(item)) if item is not None else None
 
     def budget_used(self, tenant: str, period_sk: str) -> int:
         self._op("budget_used")
@@ -472,27 +477,13 @@ class FakeBatches(_Port):
         counter = self.counters.get((tenant, model), {"requests": 0, "tokens": 0})
         return counter["requests"], counter["tokens"]
 
-    def update(
-        self,
-        tenant: str,
-        batch_id: str,
-        *,
-        values: dict[str, Any] | None = None,
-        defaults: dict[str, Any] | None = None,
-        add: dict[str, Any] | None = None,
-        remove: tuple[str, ...] = (),
-        expect: dict[str, Any] | None = None,
-    ) -> BatchRecord:
-        self._op("update")
-        return self._update(tenant, batch_id, values or {}, defaults or {}, add or {}, remove, expect or {})
-
     def count_chunk(self, marker: ChunkRecord) -> bool:
         self._op("count_chunk")
         key = (marker.tenant, marker.batch_id, marker.chunk)
         item = self.items.get((marker.tenant, marker.batch_id))
         if key in self.markers or not _matches(item, {"accepting": True}):
             return False
-        self._update(marker.tenant, marker.batch_id, {}, {}, marker.batch_counters(), (), {"accepting": True})
+        self._write(marker.tenant, marker.batch_id, Change(add=marker.batch_counters(), expect={"accepting": True}), ())
         self.markers[key] = marker
         if marker.budget_period is not None:  # as the adapter: in the count's transaction
             from functions.core.tenants import budget_sk
@@ -528,16 +519,6 @@ class FakeBatches(_Port):
         if (stored.version if stored is not None else 0) != record.version - 1:
             raise condition_failed()
         self.runs[key] = record.model_copy(deep=True)
-
-    def finish(
-        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
-    ) -> None:
-        self._op("finish")
-        if not _matches(self.items.get((tenant, batch_id)), expect):
-            raise condition_failed()
-        for f in files:
-            self._files.items[(f.tenant, f.id)] = f
-        self._update(tenant, batch_id, values, {}, {}, (), expect)
 
     def open_batches(self) -> list[tuple[str, str]]:
         """As the sparse index: every batch not terminal, by expiry."""

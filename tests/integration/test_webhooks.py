@@ -1,5 +1,5 @@
 """Webhooks on moto, end to end in one process: a batch's terminal status published by
-``accounting.publish_status`` (the real EventBridge adapter) -> the EventBridge rule -> the webhook
+``lifecycle.publish_status`` (the real EventBridge adapter) -> the EventBridge rule -> the webhook
 queue -> the webhook Lambda's handler (fan-out, then delivery) -> a real HTTP receiver on
 127.0.0.1, whose every request the official SDK's ``client.webhooks.unwrap`` verifies.
 
@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from functions.core import lifecycle
 from functions.core import accounting, clients, deps
 from functions.core.aws.dynamodb import Table
 from functions.core.aws.sqs import SqsQueue
@@ -127,7 +128,7 @@ def end_batch(batch_id: str, status: str = "completed", tenant: str = TENANT) ->
     batch = BatchRecord(tenant=tenant, id=batch_id, input_file_id="file-1", input_key="batches/acme/in.jsonl", endpoint="/v1/chat/completions",
                         completion_window="24h", created_at=now - 60, expires_at=now + 86_400, status=status,
                         total=2, completed=2)
-    accounting.publish_status(deps.stores().events, batch)
+    lifecycle.publish_status(deps.stores().events, batch)
 
 
 def poll(settings: Settings) -> int:

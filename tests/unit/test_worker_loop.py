@@ -174,7 +174,7 @@ def test_a_malformed_message_is_released_for_a_later_retry_and_the_loop_goes_on(
 def test_a_chunk_that_fails_is_released_after_the_retry_delay_and_the_loop_survives():
     rig = Rig(max_open_chunks=1)
     first, second = seed(rig.stores, 4, per_chunk=2)
-    rig.stores.faults.fail("batches.update", RuntimeError("the store broke"))  # the first chunk's first write
+    rig.stores.faults.fail("batches.transition", RuntimeError("the store broke"))  # the first chunk's first write
     rig.queue.send([first.model_dump_json(), second.model_dump_json()])
     failed = rig.queue.messages[0]
     rig.run_until(lambda: rig.counted(1) and rig.queue.deleted, "the next chunk counted")

@@ -3,6 +3,7 @@ one DynamoDB table: every key built by ``schema`` and the records, every read ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -12,12 +13,10 @@ from ..errors import ConditionFailed
 from ..records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
 )
-from ..models import TERMINAL_STATUSES
-from ..tenants import Reservation, budget_sk
+from .. import lifecycle
+from ..lifecycle import Change
+from ..tenants import Release, Reservation, budget_sk
 from .dynamodb import Put, Table, Update, _render
-
-#: The batch attribute that says its enqueued-cap reservation is still held (``BatchRecord``).
-HOLDS = "holds_reservation"
 
 class FileRepo:
     def __init__(self, table: Table):
@@ -136,80 +135,26 @@ class BatchRepo:
         )
         return [BatchRecord.from_item(i) for i in items], more
 
-    def update(
-        self,
-        tenant: str,
-        batch_id: str,
-        *,
-        values: dict[str, Any] | None = None,
-        defaults: dict[str, Any] | None = None,
-        add: dict[str, Any] | None = None,
-        remove: tuple[str, ...] = (),
-        expect: dict[str, Any] | None = None,
-    ) -> BatchRecord:
-        """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise).
-        A write that makes the batch terminal also takes it out of the open-batch index."""
-        op = Update(
-            schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
-            values=values or {}, defaults=defaults or {}, add=add or {}, remove=_closing(values, remove),
-            expect=expect or {},
-        )
-        if _terminal(values):
-            item = self._releasing(op) or self._table.get(op.pk, op.sk)
-            assert item is not None
-            return BatchRecord.from_item(item)
-        return BatchRecord.from_item(self._table.update(op))
+    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+        """Apply a lifecycle change (``functions.core.lifecycle``): the batch's conditional update,
+        its counter change and ``files`` in one transaction (a lone update when there is nothing
+        else); the terminal write's reservation release is ``lifecycle.settle``'s."""
+        pk, sk = schema.batches_pk(tenant), BatchRecord.sort_key(batch_id)
 
-    def _releasing(self, op: Update, others: tuple[Put, ...] = ()) -> dict[str, Any] | None:
-        """Apply the terminal write ``op`` (with ``others`` in the same transaction) and release
-        the batch's enqueued-cap reservation if it holds one, exactly once: first as a write
-        conditioned on holding none (a batch without a reservation pays nothing more); if that
-        condition fails, read the reservation and write again with the counter's release in the
-        same transaction, conditioned on still holding it (and removing it). Returns the new item
-        when a lone update wrote it (None: read it if needed)."""
-        again = True  # one more plain attempt after a concurrent release (then the condition decides)
-        for _ in range(3):
-            plain = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add, remove=op.remove,
-                           expect={**op.expect, HOLDS: None})
-            try:
-                if others:
-                    self._table.transact([*others, plain])
-                    return None
-                return self._table.update(plain)
-            except ConditionFailed:
-                item = self._table.get(op.pk, op.sk)
-                if item is None or not item.get(HOLDS):
-                    if not again:
-                        raise
-                    again = False
-                    continue  # the caller's own condition failed, or a concurrent release: once more
-            held = BatchRecord.from_item(item)
-            assert held.reserved_model is not None
-            release = _Add(schema.enqueued_pk(held.tenant), schema.enqueued_sk(held.reserved_model),
-                           {"requests": -held.reserved_requests, "tokens": -held.reserved_tokens})
-            batch = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add,
-                           remove=(*op.remove, HOLDS), expect={**op.expect, HOLDS: True})
-            try:
-                self._table.transact([*others, release, batch])
-                return None
-            except ConditionFailed:
-                continue
-        raise ConditionFailed("the batch's condition does not hold")
+        def write(c: Change) -> dict[str, Any] | None:
+            if isinstance(c.counter, Reservation) and not c.counter.fits_alone():
+                raise ConditionFailed("the batch alone exceeds the enqueued cap")
+            update = Update(pk, sk, values=dict(c.values), defaults=dict(c.defaults), add=dict(c.add),
+                            remove=c.remove, expect=dict(c.expect))
+            others = [Put(f.to_item()) for f in files]
+            if c.counter is not None:
+                others.append(_Counter(c.counter))
+            if not others:
+                return self._table.update(update)
+            self._table.transact([*others, update])
+            return None
 
-    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
-                reservation: Reservation) -> BatchRecord:
-        if not reservation.fits_alone():
-            raise ConditionFailed("the batch alone exceeds the enqueued cap")
-        self._table.transact([
-            _Reserve(reservation),
-            Update(
-                schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
-                values={**values, "reserved_model": reservation.model, "reserved_requests": reservation.requests,
-                        "reserved_tokens": reservation.tokens, HOLDS: True},
-                expect={**expect, HOLDS: None},
-            ),
-        ])
-        item = self._table.get(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id))
+        item = lifecycle.settle(change, write, lambda: self.get(tenant, batch_id)) or self._table.get(pk, sk)
         assert item is not None
         return BatchRecord.from_item(item)
 
@@ -287,19 +232,6 @@ class BatchRepo:
         self._table.update(Update(keys[schema.PK], keys[schema.SK], values=values, remove=absent,
                                   expect={"version": record.version - 1}))
 
-    def finish(
-        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
-    ) -> None:
-        """Create the batch's output files and set its terminal state in one transaction (with the
-        release of its enqueued-cap reservation, if it holds one)."""
-        op = Update(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
-                    remove=_closing(values, ()))
-        files_ops = tuple(Put(f.to_item()) for f in files)
-        if _terminal(values):
-            self._releasing(op, files_ops)
-        else:
-            self._table.transact([*files_ops, op])
-
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every open (non-terminal) batch: one Query of the sparse
         ``schema.GSI_OPEN`` (paginated), oldest expiry first. The index is eventually consistent:
@@ -309,17 +241,6 @@ class BatchRepo:
             (schema.tenant_of_batches_pk(item[schema.PK]), item[schema.SK].removeprefix(BatchRecord.sort_key("")))
             for item in items
         ]
-
-
-def _closing(values: dict[str, Any] | None, remove: tuple[str, ...]) -> tuple[str, ...]:
-    """``remove``, plus the open-index attributes when ``values`` make the batch terminal."""
-    if (values or {}).get("status") in TERMINAL_STATUSES:
-        return (*remove, *(a for a in BatchRecord.OPEN_ATTRIBUTES if a not in remove))
-    return remove
-
-
-def _terminal(values: dict[str, Any] | None) -> bool:
-    return (values or {}).get("status") in TERMINAL_STATUSES
 
 
 class _Add:
@@ -339,30 +260,30 @@ class _Add:
         }}
 
 
-class _Reserve:
-    """A transactional ADD of a reservation to its (tenant, model) counter, only while every capped
-    dimension stays within its cap after the addition (the item is created by the first one)."""
+class _Counter:
+    """A transactional ADD to a (tenant, model) enqueued-cap counter (created by the first one): a
+    ``Reservation`` only while every capped dimension stays within its cap after the addition
+    (``Reservation.bounds``), a ``Release`` unconditionally."""
 
-    def __init__(self, reservation: Reservation):
-        self.r = reservation
+    def __init__(self, counter: Reservation | Release):
+        self.counter = counter
 
     def render(self, table: str) -> dict[str, Any]:
-        r = self.r
-        parts = []
-        for attribute, cap, n in (("requests", r.max_requests, r.requests), ("tokens", r.max_tokens, r.tokens)):
-            if cap is not None:
-                parts.append(Attr(attribute).not_exists() | Attr(attribute).lte(cap - n))
-        condition = parts[0]
-        for part in parts[1:]:
-            condition &= part
+        c = self.counter
+        sign = 1 if isinstance(c, Reservation) else -1
         names: dict[str, str] = {"#q": "requests", "#t": "tokens"}
-        values: dict[str, Any] = {":q": r.requests, ":t": r.tokens}
-        expression = _render(condition, names, values)
-        return {"Update": {
+        values: dict[str, Any] = {":q": sign * c.requests, ":t": sign * c.tokens}
+        request: dict[str, Any] = {
             "TableName": table,
-            "Key": {schema.PK: schema.enqueued_pk(r.tenant), schema.SK: schema.enqueued_sk(r.model)},
+            "Key": {schema.PK: schema.enqueued_pk(c.tenant), schema.SK: schema.enqueued_sk(c.model)},
             "UpdateExpression": "ADD #q :q, #t :t",
-            "ConditionExpression": expression,
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
-        }}
+        }
+        if isinstance(c, Reservation) and (bounds := c.bounds()):
+            condition = None
+            for attribute, cap, n in bounds:
+                part = Attr(attribute).not_exists() | Attr(attribute).lte(cap - n)
+                condition = part if condition is None else condition & part
+            request["ConditionExpression"] = _render(condition, names, values)
+        return {"Update": request}
