@@ -16,6 +16,7 @@ from functions.core import guard
 from functions.core.aws.tenants import TenantRepo
 from functions.core.ports import AuditStore
 from functions.core.tenants import TenantPolicy, default_policy
+from functions.core.work import PolicyBounds
 
 from . import audit, targets
 from .targets import Target
@@ -35,6 +36,12 @@ def _count(value: str) -> int | None:
     if number < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {value}")
     return number
+
+
+def _switch(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return value == "on"
 
 
 def _models(value: str) -> list[str] | None:
@@ -65,9 +72,17 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
            help="per model: requests enqueued at once, or MODEL=none (over it a batch fails: token_limit_exceeded); repeatable")
     option("--max-enqueued-tokens", type=_cap, action="append", default=unset, metavar="MODEL=N",
            help="per model: prompt tokens enqueued at once (estimated: bytes / 4), or MODEL=none; repeatable")
-    option("--output-token-budget", type=_count, default=unset, help="output tokens per period (charged as chunks are counted), or 'none'")
+    option("--output-token-budget", type=_count, default=unset,
+           help="output tokens per period (every attempt's, charged as chunks are counted), or 'none'")
+    option("--input-token-budget", type=_count, default=unset, help="input (prompt) tokens per period, or 'none'")
     option("--budget-period", choices=("day", "month"), default=unset)
     option("--budget-action", choices=("reject", "stop"), default=unset)
+    option("--reserve-output-tokens", type=_switch, default=unset,
+           help="on|off: the token cap also reserves the output tokens the lines ask for")
+    bounds = parser.add_argument_group("work one line may ask (lower than the deployment's; 'none' leaves the deployment's)").add_argument
+    for name, what in (("max-n", "n (or best_of) per line"), ("max-inputs", "inputs per line (prompts, embedding inputs, documents)"),
+                       ("max-output-tokens", "output tokens per line, all its sequences together")):
+        bounds(f"--line-{name}", type=_count, default=unset, help=f"{what}, or 'none'")
     guard.add_arguments(parser.add_argument_group("prompt and output policy"), default=unset)
 
 
@@ -84,9 +99,13 @@ def apply(policy: TenantPolicy, args: argparse.Namespace, *, now: int) -> Tenant
     """``policy`` with the options given in ``args`` (options not given keep their value)."""
     data: dict[str, Any] = policy.model_dump()
     given = vars(args)
-    for name in ("allowed_models", "batches_per_hour", "output_token_budget", "budget_period", "budget_action"):
+    for name in ("allowed_models", "batches_per_hour", "output_token_budget", "input_token_budget", "budget_period",
+                 "budget_action", "reserve_output_tokens"):
         if name in given:
             data[name] = given[name]
+    line_bounds = {name: given[f"line_{name}"] for name in PolicyBounds.model_fields if f"line_{name}" in given}
+    if line_bounds:
+        data["line_bounds"] = {**(data["line_bounds"] or {}), **line_bounds}
     for name in ("max_enqueued_requests", "max_enqueued_tokens"):
         for model, number in given.get(name) or ():
             if number is None:

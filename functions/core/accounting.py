@@ -67,11 +67,14 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
 
 
 def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int,
-                 receipt: bool = True) -> ChunkOutcome:
+                 receipt: bool = True, spent: Usage | None = None) -> ChunkOutcome:
     """Count a finished chunk (the attempt that wrote ``parts``) once; if every chunk is now
-    counted, resume the workflow; then append the chunk's audit receipt. ``receipt=False`` leaves
-    the receipt to the caller (``record_receipt``, e.g. after more urgent store calls: the GPU
-    worker runs it behind other chunks' commits)."""
+    counted, resume the workflow; then append the chunk's audit receipt. ``usage`` is the counted
+    lines' (the batch's usage); ``spent`` what the engine spent on the chunk in every attempt (its
+    budget charge; default: ``usage``). ``receipt=False`` leaves the receipt to the caller
+    (``record_receipt``, e.g. after more urgent store calls: the GPU worker runs it behind other
+    chunks' commits)."""
+    spent = spent or usage
     marker = ChunkRecord(
         tenant=message.tenant,
         batch_id=message.batch_id,
@@ -82,6 +85,8 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
         recorded_at=now,
         expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
         budget_period=message.budget_period,
+        spent_output_tokens=max(spent.output_tokens, usage.output_tokens),
+        spent_input_tokens=max(spent.input_tokens, usage.input_tokens),
         **usage.model_dump(),
     )
     counted = stores.batches.count_chunk(marker)

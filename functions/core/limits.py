@@ -127,6 +127,11 @@ def window_seconds(window: str) -> int:
 # --- Hostile content (this deployment's own bounds; OpenAI documents none of them) -------------
 #: A request's custom_id may be at most this many characters (OpenAI documents no limit).
 MAX_CUSTOM_ID_CHARS: Final = 512
+#: The work one line may ask by default (functions/core/work.py ``Bounds``): OpenAI's own maxima
+#: for ``n`` (128) and for an embeddings input list (2048 items), the latter for every list of
+#: inputs (completions prompts, rerank documents, score pairs).
+MAX_LINE_N: Final = 128
+MAX_LINE_INPUTS: Final = 2048
 #: A request line's JSON may nest at most this deep (the line's object is level 1). Deeper lines
 #: are invalid_json_line: Python's parser and pydantic's serializer have recursion limits.
 MAX_JSON_DEPTH: Final = 128

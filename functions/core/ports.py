@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .budgets import Spent
 from .tenants import TenantPolicy
 
 if TYPE_CHECKING:
@@ -147,9 +148,9 @@ class BatchStore(Protocol):
         ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""
-    def budget_used(self, tenant: str, period_sk: str) -> int:
-        """Output tokens charged to the tenant's budget item ``period_sk`` (``tenants.budget_sk``)
-        by counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
+    def budget_used(self, tenant: str, period_sk: str) -> Spent:
+        """The tokens charged to the tenant's budget item ``period_sk`` (``budgets.budget_sk``) by
+        counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
         never a table scan). Eventually consistent: a batch may show up moments after it ended."""

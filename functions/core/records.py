@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from . import schema
+from .budgets import BudgetCaps, budget_sk
 from .messages import Chunk, WorkMessage
 from .models import (
     Batch,
@@ -254,9 +255,9 @@ class BatchRecord(Record):
     #: The tenant's output-token budget period when ingest moved the batch (None: no budget): its
     #: work messages carry it, so counting a chunk charges the budget with no policy read.
     budget_period: str | None = None
-    #: The budget when the tenant's ``budget_action`` was ``stop`` at ingest (None otherwise): its
-    #: work messages carry it, so workers stop sending its lines once the period's budget is used.
-    budget_stop: int | None = None
+    #: The budgets when the tenant's ``budget_action`` was ``stop`` at ingest (None otherwise): its
+    #: work messages carry them, so workers stop sending its lines once a period's budget is used.
+    budget_stop: BudgetCaps | None = None
 
     @staticmethod
     def sort_key(batch_id: str) -> str:
@@ -336,9 +337,13 @@ class ChunkRecord(Record):
     reasoning_tokens: int = 0
     recorded_at: int
     expires_at: int
-    #: Charge ``output_tokens`` to the tenant's budget of this period kind, in the count's
-    #: transaction (``WorkMessage.budget_period``; None: no budget).
+    #: Charge the tokens the engine spent on this chunk (``spent_*``) to the tenant's budget of
+    #: this period kind, in the count's transaction (``WorkMessage.budget_period``; None: no budget).
     budget_period: str | None = None
+    #: What the engine spent on the chunk's lines, every attempt's answers included (failed,
+    #: blocked, too large, timed out, run again after a crash): at least the counted usage above.
+    spent_output_tokens: int = 0
+    spent_input_tokens: int = 0
 
     PREFIX: ClassVar[str] = "CHUNK#"
 
@@ -363,6 +368,14 @@ class ChunkRecord(Record):
 
     def expiry(self) -> int | None:
         return self.expires_at
+
+    def budget_charge(self) -> tuple[str, dict[str, int]] | None:
+        """The budget item (its sort key) and what counting this chunk adds to it (None: no budget)."""
+        if self.budget_period is None:
+            return None
+        return budget_sk(self.budget_period, self.recorded_at), {
+            "output_tokens": self.spent_output_tokens, "input_tokens": self.spent_input_tokens,
+        }
 
 
 class ChunkRunRecord(Record):

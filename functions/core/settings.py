@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.sources.utils import parse_env_vars
 
 from . import limits
+from .work import Bounds
 
 ENV_PREFIX = "BATCHAPI_"
 
@@ -99,6 +100,9 @@ class Settings(EnvSettings):
     models: dict[str, ModelRoute] = Field(default_factory=dict)
     max_batch_lines: int = Field(default=limits.DEFAULT_MAX_BATCH_LINES, gt=0)
     max_line_bytes: int = Field(default=limits.DEFAULT_MAX_LINE_BYTES, gt=0)
+    #: The most work one line may ask (``n``, inputs, output tokens; functions/core/work.py): every
+    #: tenant's lines, a tenant's policy may set lower bounds.
+    line_bounds: Bounds = Field(default_factory=Bounds)
     chunk_max_lines: int = Field(default=limits.DEFAULT_CHUNK_MAX_LINES, gt=0)
     chunk_max_bytes: int = Field(default=limits.DEFAULT_CHUNK_MAX_BYTES, gt=0)
     #: How long a cancelled or expired batch waits for chunks already running before finalizing.

@@ -13,14 +13,16 @@ Enforced now (docs/governance.md):
 - ``max_enqueued_requests`` / ``max_enqueued_tokens``: per (tenant, model), reserved at ingest in
   the move to in_progress (over a cap: the batch fails ``token_limit_exceeded``), released by the
   write that makes the batch terminal, exactly once (``aws.repos.BatchRepo``).
-- ``output_token_budget``: output tokens charged in each chunk's count transaction; at the budget
-  ``reject`` answers creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest
-  (``budget_exceeded``) and workers stop sending the lines of running ones (each a
-  ``budget_exceeded`` error line; ``gpu_worker/budget.py``).
+- ``output_token_budget`` / ``input_token_budget``: the engine's output and input tokens of every
+  attempt at a chunk's lines, charged when the chunk is counted; at a budget ``reject`` answers
+  creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest (``budget_exceeded``)
+  and workers stop sending the lines of running ones (each a ``budget_exceeded`` error line;
+  ``gpu_worker/budget.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, Self
 
@@ -29,7 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from . import schema
 from .errors import QuotaExceeded, RateLimited
 from .guard import GuardPolicy
+from .budgets import BUDGET_KINDS, BudgetCaps, Spent, budget_sk
 from .records import check_tenant
+from .work import PolicyBounds
 
 #: The length of one creation-rate window (a clock hour, aligned to the epoch).
 HOUR_SECONDS = 3600
@@ -63,6 +67,14 @@ class TenantPolicy(BaseModel):
     output_token_budget: int | None = Field(default=None, ge=0)
     budget_period: BudgetPeriod = "month"
     budget_action: BudgetAction = "reject"
+    #: Also reserve, on the token cap, the output tokens the batch's lines ask for (their output
+    #: limit times their sequences, or the line bound given to a line that sets none): the cap then
+    #: bounds what the enqueued work may generate, not only its prompts.
+    reserve_output_tokens: bool = False
+    #: Input (prompt) tokens per ``budget_period``, charged like the output budget; None: none.
+    input_token_budget: int | None = Field(default=None, ge=0)
+    #: Lower bounds than the deployment's on the work one line may ask (functions/core/work.py).
+    line_bounds: PolicyBounds | None = None
     #: Prompt secrets (refuse/redact) and output guardrails (functions/core/guard.py); None: none.
     #: Ingest snapshots it into the batch's work messages; the worker applies it to every line.
     guard: GuardPolicy | None = None
@@ -115,8 +127,8 @@ def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = No
     ``BatchStore.budget_used``), only for such a tenant."""
     policy = tenants.get(tenant)
     if (policy is not None and policy.budget_action == "reject" and budget_used is not None
-            and over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now)))):
-        raise quota_exceeded(policy)
+            and (kind := over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now))))):
+        raise quota_exceeded(policy, kind)
     if policy is None or policy.batches_per_hour is None:
         return policy
     start = window_start(now)
@@ -215,25 +227,28 @@ def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: 
                        max_requests=max_requests, max_tokens=max_tokens)
 
 
-# --- Output-token budget (output_token_budget / budget_period / budget_action) -------------------
-def budget_sk(period: str, now: int) -> str:
-    """The budget item of the ``period`` ("day"/"month") holding ``now`` (UTC calendar periods)."""
-    stamp = datetime.fromtimestamp(now, tz=UTC)
-    return stamp.strftime("DAY#%Y-%m-%d") if period == "day" else stamp.strftime("MONTH#%Y-%m")
+# --- Token budgets (output_token_budget, input_token_budget / budget_period / budget_action) -----
+def budget_caps(policy: TenantPolicy | None) -> BudgetCaps | None:
+    """The policy's token budgets (None: it has none: nothing is charged)."""
+    if policy is None or (policy.output_token_budget is None and policy.input_token_budget is None):
+        return None
+    return BudgetCaps(output_tokens=policy.output_token_budget, input_tokens=policy.input_token_budget)
 
 
-def over_budget(policy: TenantPolicy | None, used: Any) -> bool:
-    """True when ``policy`` has a budget and ``used(period_sk)`` (output tokens charged so far in
-    the current period) has reached it."""
-    if policy is None or policy.output_token_budget is None:
-        return False
-    return used() >= policy.output_token_budget
+def over_budget(policy: TenantPolicy | None, used: Callable[[], Spent]) -> str | None:
+    """The kind of token whose budget ``used()`` (what the current period's item has been charged)
+    has reached under ``policy`` (None: no budget, or room left; ``used`` is then not called
+    without a budget)."""
+    caps = budget_caps(policy)
+    return caps.reached(used()) if caps is not None else None
 
 
-def quota_exceeded(policy: TenantPolicy) -> QuotaExceeded:
+def quota_exceeded(policy: TenantPolicy, kind: str) -> QuotaExceeded:
+    caps = budget_caps(policy)
+    assert caps is not None
     return QuotaExceeded(
         "You exceeded your current quota, please check your plan and billing details: this organization's "
-        f"output-token budget of {policy.output_token_budget} tokens per {policy.budget_period} is used up."
+        f"{caps.describe(kind, policy.budget_period)} is used up."
     )
 
 
@@ -241,18 +256,20 @@ def quota_exceeded(policy: TenantPolicy) -> QuotaExceeded:
 BUDGET_EXCEEDED = "budget_exceeded"
 
 
-def budget_line_message(budget: int, period: str) -> str:
-    """The error message of a line a worker did not run because the budget was used up."""
-    return (f"The output-token budget of this organization ({budget} tokens per {period}) was used up "
-            f"while this batch ran; this request was not run. Retry it in the next {period}.")
+def budget_line_message(caps: BudgetCaps, kind: str, period: str) -> str:
+    """The error message of a line a worker did not run because a budget was used up."""
+    return (f"This organization's {caps.describe(kind, period)} was used up while this batch ran; this request was not run. "
+            f"Retry it in the next {period}.")
 
 
-#: The batch error of a batch refused at ingest under ``budget_action="stop"``.
-def budget_error(policy: TenantPolicy) -> dict[str, Any]:
+def budget_error(policy: TenantPolicy, kind: str) -> dict[str, Any]:
+    """The batch error of a batch refused at ingest under ``budget_action="stop"``."""
+    caps = budget_caps(policy)
+    assert caps is not None
     return {
         "code": BUDGET_EXCEEDED,
-        "message": f"The output-token budget of this organization ({policy.output_token_budget} tokens per "
-        f"{policy.budget_period}) is used up; no more requests run until the next {policy.budget_period}.",
+        "message": f"This organization's {caps.describe(kind, policy.budget_period)} is used up; no more requests run until the "
+        f"next {policy.budget_period}.",
         "param": None,
         "line": None,
     }

@@ -29,6 +29,7 @@ from functions.core.audit import AuditRecord
 from functions.core.lifecycle import Change
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
+from functions.core.budgets import BUDGET_KINDS, Spent
 from functions.core.tenants import Reservation, TenantPolicy
 from functions.core.records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
@@ -404,8 +405,8 @@ class FakeBatches(_Port):
         self._files = files
         #: The enqueued-cap counters: (tenant, model) -> {"requests": n, "tokens": n}.
         self.counters: dict[tuple[str, str], dict[str, int]] = {}
-        #: The output-token budget items: (tenant, period sk) -> output tokens charged.
-        self.budgets: dict[tuple[str, str], int] = {}
+        #: The token budget items: (tenant, period sk) -> what each kind of token was charged.
+        self.budgets: dict[tuple[str, str], Spent] = {}
 
     def put(self, record: BatchRecord) -> None:
         """Test setup: store a batch as it is (no fault, no condition)."""
@@ -468,9 +469,14 @@ class FakeBatches(_Port):
         item = self.items.get((tenant, batch_id))
         return BatchRecord.model_validate(copy.deepcopy(item)) if item is not None else None
 
-    def budget_used(self, tenant: str, period_sk: str) -> int:
+    def budget_used(self, tenant: str, period_sk: str) -> Spent:
         self._op("budget_used")
-        return self.budgets.get((tenant, period_sk), 0)
+        return self.budgets.get((tenant, period_sk), Spent())
+
+    def charge(self, tenant: str, period_sk: str, **tokens: int) -> None:
+        """Test setup: add ``tokens`` (by kind) to a budget item (no fault)."""
+        spent = self.budgets.get((tenant, period_sk), Spent())
+        self.budgets[(tenant, period_sk)] = Spent(**{k: getattr(spent, k) + tokens.get(k, 0) for k in BUDGET_KINDS})
 
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         self._op("enqueued")
@@ -485,11 +491,8 @@ class FakeBatches(_Port):
             return False
         self._write(marker.tenant, marker.batch_id, Change(add=marker.batch_counters(), expect={"accepting": True}), ())
         self.markers[key] = marker
-        if marker.budget_period is not None:  # as the adapter: in the count's transaction
-            from functions.core.tenants import budget_sk
-
-            sk = budget_sk(marker.budget_period, marker.recorded_at)
-            self.budgets[(marker.tenant, sk)] = self.budgets.get((marker.tenant, sk), 0) + marker.output_tokens
+        if (charge := marker.budget_charge()) is not None:  # as the adapter: in the count's transaction
+            self.charge(marker.tenant, charge[0], **charge[1])
         return True
 
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:

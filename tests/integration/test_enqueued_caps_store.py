@@ -114,8 +114,8 @@ def test_count_chunk_charges_the_budget_in_the_same_transaction_once(ports: Stor
     assert ports.batches.count_chunk(marker(0))
     assert not ports.batches.count_chunk(marker(0))  # a duplicate: neither counted nor charged
     assert ports.batches.count_chunk(marker(1, budget=None))  # no budget: not charged
-    assert ports.batches.budget_used("acme", "MONTH#2026-12") == 30
+    assert ports.batches.budget_used("acme", "MONTH#2026-12").output_tokens == 30
     ports.batches.transition("acme", "b1", Change(values={"accepting": False}))
     assert not ports.batches.count_chunk(marker(2))  # a late chunk: not charged either
-    assert ports.batches.budget_used("acme", "MONTH#2026-12") == 30
+    assert ports.batches.budget_used("acme", "MONTH#2026-12").output_tokens == 30
     assert ports.batches.get("acme", "b1").output_tokens == 60

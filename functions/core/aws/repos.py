@@ -15,7 +15,8 @@ from ..records import (
 )
 from .. import lifecycle
 from ..lifecycle import Change
-from ..tenants import Release, Reservation, budget_sk
+from ..budgets import BUDGET_KINDS, Spent
+from ..tenants import Release, Reservation
 from .dynamodb import Put, Table, Update, _render
 
 class FileRepo:
@@ -158,9 +159,9 @@ class BatchRepo:
         assert item is not None
         return BatchRecord.from_item(item)
 
-    def budget_used(self, tenant: str, period_sk: str) -> int:
+    def budget_used(self, tenant: str, period_sk: str) -> Spent:
         item = self._table.get(schema.budget_pk(tenant), period_sk) or {}
-        return int(item.get("output_tokens", 0))
+        return Spent(**{kind: int(item.get(kind, 0)) for kind in BUDGET_KINDS})
 
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         item = self._table.get(schema.enqueued_pk(tenant), schema.enqueued_sk(model)) or {}
@@ -178,9 +179,8 @@ class BatchRepo:
                 add=marker.batch_counters(), expect={"accepting": True},
             ),
         ]
-        if marker.budget_period is not None:  # the tenant's output-token budget, charged once with the count
-            ops.append(_Add(schema.budget_pk(marker.tenant), budget_sk(marker.budget_period, marker.recorded_at),
-                            {"output_tokens": marker.output_tokens}))
+        if (charge := marker.budget_charge()) is not None:  # the tenant's budget, charged once with the count
+            ops.append(_Add(schema.budget_pk(marker.tenant), charge[0], charge[1]))
         try:
             self._table.transact(ops)
         except ConditionFailed:

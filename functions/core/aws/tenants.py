@@ -29,7 +29,7 @@ class TenantRepo:
 
     def usage(self, policy: TenantPolicy, *, now: int) -> dict:
         """What the policy's limits have used now (``batchctl tenants get``): per capped model the
-        enqueued requests and tokens, and the current period's charged output tokens (one GetItem
+        enqueued requests and tokens, and the current period's charged output and input tokens (one GetItem
         each; nothing for a policy without caps or budget)."""
         from .. import tenants as rules
 
@@ -38,10 +38,10 @@ class TenantRepo:
             item = self._table.get(schema.enqueued_pk(policy.tenant), schema.enqueued_sk(model)) or {}
             enqueued[model] = {"requests": int(item.get("requests", 0)), "tokens": int(item.get("tokens", 0))}
         used: dict = {"enqueued": enqueued}
-        if policy.output_token_budget is not None:
+        if rules.budget_caps(policy) is not None:
             period = rules.budget_sk(policy.budget_period, now)
             item = self._table.get(schema.budget_pk(policy.tenant), period) or {}
-            used["budget"] = {"period": period, "output_tokens": int(item.get("output_tokens", 0))}
+            used["budget"] = {"period": period, **{kind: int(item.get(kind, 0)) for kind in rules.BUDGET_KINDS}}
         return used
 
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:

@@ -1,0 +1,160 @@
+"""The work one request line asks of the engine, and the bounds a deployment and a tenant put on it.
+
+A line is one request, but not one unit of engine work: ``n`` completions of each of a list of
+prompts are ``n x prompts`` sequences, an embeddings line with 500 inputs is 500, and each sequence
+may generate up to the line's output limit. ``Work`` measures that from the body alone (no
+tokenizer); ``Bounds`` caps it. Ingest refuses a line over a bound with its line number and
+OpenAI's own codes (``integer_above_max_value``, ``array_above_max_length``) before anything runs,
+the enqueued-request cap counts sequences, and a token cap can reserve the output a line asks for
+(docs/governance.md, "Work a line may ask for").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import limits
+from .lines import LineError
+
+#: The body fields that cap a line's output tokens per sequence, by endpoint (the first present wins).
+OUTPUT_LIMIT_FIELDS: dict[str, tuple[str, ...]] = {
+    "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
+    "/v1/completions": ("max_tokens",),
+    "/v1/responses": ("max_output_tokens",),
+}
+#: The body field holding a line's list of inputs (each a sequence of its own), by endpoint.
+INPUT_FIELDS: dict[str, str] = {
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+    "/v1/rerank": "documents",
+    "/v1/score": "text_2",
+}
+#: Endpoints whose lines generate tokens (the others only encode their inputs).
+GENERATING = frozenset(OUTPUT_LIMIT_FIELDS)
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def count_inputs(value: Any) -> int:
+    """How many inputs a prompt/input/documents value holds: a string, or a list of token ids, is
+    one; a list of strings or of token-id lists is its length (the engine judges anything else)."""
+    if isinstance(value, list) and value and not all(_integer(v) is not None for v in value):
+        return len(value)
+    return 1
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one line asks: ``n`` sequences per input (``best_of`` where larger), ``inputs`` inputs
+    (prompts, embedding inputs, documents, pairs), at most ``output_limit`` generated tokens per
+    sequence (None: the line sets none; 0: the endpoint generates nothing)."""
+
+    n: int
+    inputs: int
+    output_limit: int | None
+    #: Which body field set ``n`` and the output limit (for the error's ``param``).
+    n_field: str = "n"
+    output_field: str | None = None
+
+    @property
+    def sequences(self) -> int:
+        """The engine sequences the line makes: what the enqueued-request cap counts."""
+        return self.n * self.inputs
+
+    @property
+    def output_tokens(self) -> int | None:
+        """The most output tokens the line may generate (None: unbounded by the line)."""
+        return None if self.output_limit is None else self.output_limit * self.sequences
+
+
+def work_of(endpoint: str, body: dict[str, Any]) -> Work:
+    """The work a request body asks of the engine at ``endpoint``."""
+    n_field, n = "n", max(1, _integer(body.get("n")) or 1)
+    best_of = _integer(body.get("best_of"))
+    if best_of is not None and best_of > n:
+        n_field, n = "best_of", best_of
+    field = INPUT_FIELDS.get(endpoint)
+    inputs = count_inputs(body.get(field)) if field is not None else 1
+    if endpoint == "/v1/score":
+        inputs = max(inputs, count_inputs(body.get("text_1")))
+    if endpoint not in GENERATING:
+        return Work(n=1, inputs=inputs, output_limit=0)
+    for name in OUTPUT_LIMIT_FIELDS[endpoint]:
+        if (limit := _integer(body.get(name))) is not None:
+            return Work(n=n, inputs=inputs, output_limit=max(0, limit), n_field=n_field, output_field=name)
+    return Work(n=n, inputs=inputs, output_limit=None, n_field=n_field)
+
+
+class Bounds(BaseModel):
+    """The most one line may ask. The deployment's (``Settings.line_bounds``) apply to everyone; a
+    tenant's policy may set lower ones (``TenantPolicy.line_bounds``), never higher
+    (``tighter``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: ``n`` (or ``best_of``) per line: OpenAI's own maximum by default.
+    max_n: int = Field(default=limits.MAX_LINE_N, ge=1)
+    #: Inputs per line (a completions prompt list, an embeddings input list, rerank documents,
+    #: score pairs): OpenAI's embeddings maximum by default.
+    max_inputs: int = Field(default=limits.MAX_LINE_INPUTS, ge=1)
+    #: Output tokens per line, all its sequences together (limit x n x prompts); None: the line's
+    #: own limit and the model's context bound it. A line that sets no limit of its own is given
+    #: one by the worker (``output_cap``), so this bound holds for every line.
+    max_output_tokens: int | None = Field(default=None, ge=1)
+
+    def tighter(self, other: PolicyBounds | None) -> Bounds:
+        """These bounds with ``other``'s lower values (a tenant's override never loosens them)."""
+        if other is None:
+            return self
+        mine = self.model_dump()
+        for name, value in other.model_dump(exclude_none=True).items():
+            mine[name] = value if mine[name] is None else min(mine[name], value)
+        return Bounds(**mine)
+
+    def output_cap(self, work: Work) -> int | None:
+        """The output limit per sequence the worker sets on a line that sets none (None: none)."""
+        if self.max_output_tokens is None or work.output_limit is not None:
+            return None
+        return max(1, self.max_output_tokens // work.sequences)
+
+    def check(self, work: Work, endpoint: str) -> None:
+        """LineError if ``work`` is over a bound (the first one found, OpenAI's codes)."""
+        if work.n > self.max_n:
+            raise LineError(
+                "integer_above_max_value",
+                f"Invalid 'body.{work.n_field}': integer above maximum value. Expected a value <= {self.max_n}, "
+                f"but got {work.n} instead.",
+                f"body.{work.n_field}",
+            )
+        if work.inputs > self.max_inputs:
+            field = INPUT_FIELDS.get(endpoint, "input")
+            raise LineError(
+                "array_above_max_length",
+                f"Invalid 'body.{field}': array too long. Expected an array with maximum length {self.max_inputs}, "
+                f"but got an array with length {work.inputs} instead.",
+                f"body.{field}",
+            )
+        if self.max_output_tokens is not None and (total := work.output_tokens) is not None and total > self.max_output_tokens:
+            assert work.output_field is not None
+            raise LineError(
+                "integer_above_max_value",
+                f"Invalid 'body.{work.output_field}': the line asks for up to {work.output_limit} output tokens "
+                f"for each of its {work.sequences} sequences ({total} in all); this organization allows at most "
+                f"{self.max_output_tokens} output tokens per request.",
+                f"body.{work.output_field}",
+            )
+
+
+class PolicyBounds(BaseModel):
+    """A tenant's lower bounds (``TenantPolicy.line_bounds``): each None leaves the deployment's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_n: int | None = Field(default=None, ge=1)
+    max_inputs: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
