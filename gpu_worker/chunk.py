@@ -1,118 +1,39 @@
-"""One line, and one chunk, through the engine: the code path shared by the SQS worker and the
-offline ``batchctl run-batch``.
-
-A line becomes exactly one result line: the engine's answer (2xx to the output part, any other
-status to the error part, with the engine's status code and body), or an error when the engine
-never answered or the line is not a valid request. Results keep input order.
+"""One chunk of a batch through the engine (the SQS worker): its attempt, checkpoints, careful
+mode and commit. One line's path (``run_line``, shared with the offline ``batchctl run-batch``) is
+``line_runner``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import heapq
-import itertools
-import json
 import logging
-import math
 import secrets
 import time
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from functions.core import accounting, limits, results, tenants
+from functions.core import accounting, limits, results
 from functions.core.accounting import ChunkOutcome
-from functions.core.guard import GuardPolicy
-from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request
+from functions.core.lines import LineError, RawLine, iter_lines, parse_request
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.ports import Engine, Stores
 from functions.core.records import ChunkRunRecord
 
+from .admission import Admission
 from .budget import BudgetWatch
-from .engine import EngineDown, Reply
+from .engine import EngineDown
+from .engine_gate import EngineGate
+from .gated_engine import GatedEngine
+from .line_runner import LineResult, run_line, run_ordered
 
 log = logging.getLogger("gpu_worker.chunk")
-T = TypeVar("T")
 
 #: Runs a blocking store call off the event loop (the worker's single store thread).
 Io = Callable[..., Awaitable[Any]]
 
 
-@dataclass(frozen=True)
-class LineResult:
-    line: BatchOutputLine
-    #: The engine's ``usage`` of a 2xx answer (None otherwise).
-    usage: dict[str, Any] | None = None
-
-    @property
-    def succeeded(self) -> bool:
-        return results.succeeded(self.line)
-
-    @classmethod
-    def written(cls, line: BatchOutputLine) -> LineResult:
-        """A result read back from a checkpoint (its usage is in its body, as when it ran)."""
-        return cls(line, results.usage_of(line))
-
-
-async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = (),
-                   guard: GuardPolicy | None = None) -> LineResult:
-    """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
-    None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``. ``guard``: the
-    tenant's prompt and output policy (the work message's snapshot; None: none): a refused prompt
-    never reaches the engine, a redacted one is what is sent, a blocked result is not written."""
-    custom_id = results.custom_id_of(None, raw)
-    try:
-        obj = parse_request(raw)
-        custom_id = results.custom_id_of(obj, raw)
-        url = obj.get("url")
-        if endpoint is None:
-            if url not in set(endpoints):
-                raise LineError("invalid_url", f"The url {url!r} is not one of {sorted(endpoints)}.", "url")
-            endpoint = url
-        check_request(obj, endpoint=endpoint)
-    except LineError as exc:
-        return LineResult(results.error_line(custom_id, exc.code, exc.message))
-    body, violation = guard.check_prompt(obj["body"]) if guard is not None else (obj["body"], None)
-    if violation is not None:
-        return LineResult(results.error_line(custom_id, violation.code, violation.message))
-    reply = await engine.post(endpoint, body)
-    if reply.status is None:
-        return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message))
-    line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
-    usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
-    if guard is not None and results.succeeded(line) and (violation := guard.check_output(reply.body)) is not None:
-        return LineResult(results.error_line(custom_id, violation.code, violation.message))  # no usage: an error line
-    return LineResult(line, usage)
-
-
-async def run_ordered(
-    lines: Iterable[RawLine], run: Callable[[RawLine], Awaitable[T]], *, window: int
-) -> AsyncIterator[T]:
-    """Run ``run`` on each non-blank line, at most ``window`` started ahead of the oldest
-    unfinished one, and yield the results in input order (memory bounded by ``window``)."""
-    pending: deque[asyncio.Task[T]] = deque()
-    try:
-        for raw in lines:
-            if raw.blank:
-                continue
-            pending.append(asyncio.ensure_future(run(raw)))
-            if len(pending) >= window:
-                yield await pending.popleft()
-        while pending:
-            yield await pending.popleft()
-    finally:
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-
-
-# --- one chunk of a batch (the SQS worker) ----------------------------------------------------
 @dataclass(frozen=True)
 class ChunkReport:
     """What processing a chunk did. ``skipped``: the batch no longer takes work (or the chunk
@@ -150,261 +71,6 @@ class RunPolicy:
     careful_group_lines: int = 8
     max_strikes: int = limits.CHUNK_MAX_STRIKES
     max_failures: int = limits.CHUNK_MAX_FAILURES
-
-
-class EngineGate:
-    """Shared by the chunks of one worker: normal lines go to the engine together (``shared``);
-    a careful chunk's line goes alone (``exclusive``: it waits until no other line is in the
-    engine and holds new ones back), so when it crashes the engine no innocent line is in flight
-    with it. Waiting exclusive holders go first (no starvation).
-
-    ``down``: a line met ``EngineDown`` since the engine was last healthy (the loop clears it). A
-    line that enters the engine while it is down and meets ``EngineDown`` never ran on a live
-    engine: that is a benign end of its chunk's attempt, not a real failure."""
-
-    def __init__(self) -> None:
-        self.down = False
-        self._cond = asyncio.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    @asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
-        async with self._cond:
-            self._waiting += 1
-            try:
-                await self._cond.wait_for(lambda: not self._exclusive and not self._shared)
-            finally:
-                self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-#: The worker's orders of admission into the engine (``WorkerConfig.order``).
-ORDER_FILE, ORDER_SMART = "file", "smart"
-#: How much of a prompt's text names its prefix group when it is one string (completions,
-#: responses, embeddings); chat uses its whole first message.
-PREFIX_CHARS = 512
-#: Expected output of a line that sets no output limit: it runs until the context ends.
-UNBOUNDED_OUTPUT = math.inf
-#: The body fields that cap a line's output tokens, by endpoint (the first present wins).
-OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
-
-
-def expected_output(body: dict[str, Any]) -> float:
-    """The most output tokens a line may produce (its own limit; unbounded without one)."""
-    for name in OUTPUT_LIMIT_FIELDS:
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return float(value)
-    return UNBOUNDED_OUTPUT
-
-
-def length_class(tokens: float) -> float:
-    """Output limits within a factor of two are one class (so prefix groups are not split by
-    small differences); larger classes go first."""
-    return tokens if tokens == UNBOUNDED_OUTPUT else float(int(math.log2(max(1.0, tokens))))
-
-
-def prefix_of(body: dict[str, Any]) -> str | None:
-    """The text a line's prompt starts with, as far as lines sharing it share the engine's
-    prefix cache: chat's first message, else the first ``PREFIX_CHARS`` of the prompt/input."""
-    messages = body.get("messages")
-    if isinstance(messages, list) and messages:
-        return json.dumps(messages[0], sort_keys=True, separators=(",", ":"))
-    for name in ("prompt", "input"):
-        value = body.get(name)
-        if isinstance(value, list) and value:
-            value = value[0]
-        if isinstance(value, str):
-            return value[:PREFIX_CHARS]
-        if value is not None:
-            return json.dumps(value, sort_keys=True, separators=(",", ":"))[:PREFIX_CHARS]
-    return None
-
-
-class Admission:
-    """Which waiting line enters the engine next, across every chunk the worker has open: at
-    most ``capacity`` lines in flight (the engine client's cap, so its own semaphore never
-    queues), the rest wait here.
-
-    ``file`` order: first come, first in (the chunks' input order, as they arrived).
-    ``smart`` order (docs/reliability.md, "Order of lines in the engine"): the longest expected
-    output first (``expected_output``, by ``length_class``), so the batch's tail is short; within
-    a class, a line whose prefix (``prefix_of``) an earlier line had enters right behind that
-    line's group, so lines sharing a system prompt are in the engine together and hit vLLM's
-    prefix cache; otherwise arrival order. Results are unaffected: each chunk still writes its
-    lines in input order (``run_ordered``). ``waiting_for(owner)``: lines of one chunk waiting."""
-
-    #: Prefix groups remembered (their first line's arrival number); forgotten all at once beyond.
-    MAX_GROUPS = 65_536
-
-    def __init__(self, capacity: int, order: str = ORDER_FILE):
-        if order not in (ORDER_FILE, ORDER_SMART):
-            raise ValueError(f"order must be {ORDER_FILE!r} or {ORDER_SMART!r}, not {order!r}")
-        self.capacity, self.order = max(1, capacity), order
-        self.in_flight = 0
-        self._heap: list[tuple[tuple[float, ...], asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
-        self._groups: dict[bytes, int] = {}
-        self._waiting: Counter[object] = Counter()
-        #: Lines each group (tenant) holds here, waiting or in the engine (``fair_slot``).
-        self._held: dict[object, int] = {}
-
-    @property
-    def waiting(self) -> int:
-        return sum(self._waiting.values())
-
-    def waiting_for(self, owner: object) -> int:
-        return self._waiting.get(owner, 0)
-
-    def key(self, body: dict[str, Any]) -> tuple[float, ...]:
-        """The line's place in the order (smaller enters first); unique (its arrival last)."""
-        arrival = next(self._arrivals)
-        if self.order == ORDER_FILE:
-            return (arrival,)
-        group = arrival
-        prefix = prefix_of(body)
-        if prefix is not None:
-            digest = hashlib.blake2b(prefix.encode(), digest_size=8).digest()
-            if len(self._groups) >= self.MAX_GROUPS:
-                self._groups.clear()
-            group = self._groups.setdefault(digest, arrival)
-        return (-length_class(expected_output(body)), group, arrival)
-
-    @asynccontextmanager
-    async def slot(self, body: dict[str, Any], owner: object = None, rank: int = 0) -> AsyncIterator[None]:
-        key = (rank, *self.key(body))
-        if self.in_flight < self.capacity and not self._heap:
-            self.in_flight += 1
-        else:
-            ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._heap, (key, ticket))
-            self._waiting[owner] += 1
-            try:
-                await ticket  # set by _release: the slot it freed is ours
-            except asyncio.CancelledError:
-                if ticket.done() and not ticket.cancelled():
-                    self._release()  # handed a slot we will not use: hand it on
-                raise
-            finally:
-                self._waiting[owner] -= 1
-                if not self._waiting[owner]:
-                    del self._waiting[owner]
-        try:
-            yield
-        finally:
-            self._release()
-
-    @asynccontextmanager
-    async def fair_slot(self, body: dict[str, Any], owner: object = None, group: object = None) -> AsyncIterator[None]:
-        """``slot`` with fair share across groups (tenants; docs/governance.md "Fair share"): a
-        line of a group that holds (waiting or in the engine) fewer lines than another group
-        enters before the waiting lines of groups that held the most when they came; within each
-        of the two ranks the order is ``slot``'s. So a small tenant's lines never wait behind the
-        lines a giant batch already has waiting in this worker; one tenant alone keeps its order."""
-        held = self._held.setdefault(group, 0)
-        others = max((n for g, n in self._held.items() if g != group), default=0)
-        rank = 0 if held < others else 1
-        self._held[group] = held + 1
-        try:
-            async with self.slot(body, owner, rank=rank):
-                yield
-        finally:
-            self._held[group] -= 1
-            if not self._held[group]:
-                del self._held[group]
-
-    def resize(self, capacity: int) -> None:
-        """A new capacity (``capacity.CapacityWatch``: what the engine runs, plus a headroom). Raised:
-        waiting lines enter at once; lowered: lines in flight finish, and their slots are handed on
-        only once in flight is under the new capacity."""
-        self.capacity = max(1, capacity)
-        while self.in_flight < self.capacity and self._hand_on():
-            self.in_flight += 1
-
-    def _hand_on(self) -> bool:
-        """Give a slot to the first waiting line; False if none waits."""
-        while self._heap:
-            _, ticket = heapq.heappop(self._heap)
-            if not ticket.done():  # a cancelled waiter's ticket is done
-                ticket.set_result(None)
-                return True
-        return False
-
-    def _release(self) -> None:
-        if self.in_flight > self.capacity or not self._hand_on():
-            self.in_flight -= 1
-
-
-class _Gated:
-    """An ``Engine`` whose posts pass the gate: shared, or (``held``) under the exclusive hold
-    its caller took for a careful group. ``died_in_flight``: a line of this chunk was in the
-    engine, while it was up, when it died. Shared posts enter the engine through ``admission``
-    (the worker's order); a careful group's lines are alone in the engine and go straight in.
-    ``first_sent_at``/``last_answer_at``: when this chunk's first line entered the engine and
-    its last answer came (clock seconds; None before). ``stop``: why a line must not enter the
-    engine now (None: it may), asked once the line has its slot (``BudgetWatch``); such a line is
-    answered with that reason as a ``budget_exceeded`` error, never sent."""
-
-    def __init__(self, engine: Engine, gate: EngineGate, *, held: bool, admission: Admission | None = None,
-                 owner: object = None, now: Callable[[], float] = time.time, group: object = None,
-                 stop: Callable[[], Awaitable[str | None]] | None = None):
-        self._engine, self._gate, self._held = engine, gate, held
-        self._admission, self._owner, self._now = admission, owner, now
-        self._group = group  # the tenant (Admission's fair share)
-        self._stop = stop
-        self.died_in_flight = False
-        self.first_sent_at: float | None = None
-        self.last_answer_at: float | None = None
-
-    @asynccontextmanager
-    async def _admitted(self, body: dict[str, Any]) -> AsyncIterator[None]:
-        if self._held or self._admission is None:
-            yield
-        else:
-            async with self._admission.fair_slot(body, self._owner, self._group):
-                yield
-
-    async def healthy(self) -> bool:
-        return await self._engine.healthy()
-
-    async def wait_healthy(self, timeout: float, interval: float = 1.0) -> float:
-        return await self._engine.wait_healthy(timeout, interval)
-
-    async def post(self, path: str, body: dict[str, Any]) -> Any:
-        async with contextlib.nullcontext() if self._held else self._gate.shared(), self._admitted(body):
-            if self._stop is not None and (why := await self._stop()) is not None:
-                return Reply(None, None, "", 0, tenants.BUDGET_EXCEEDED, why)
-            entered_down = self._gate.down
-            if self.first_sent_at is None:
-                self.first_sent_at = self._now()
-            try:
-                reply = await self._engine.post(path, body)
-            except EngineDown:
-                self._gate.down = True  # before the gate lets the next line in
-                self.died_in_flight |= not entered_down
-                raise
-            self.last_answer_at = self._now()
-            return reply
 
 
 def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> list[RawLine]:
@@ -530,8 +196,8 @@ async def process_chunk(
     crashed = 0
     gate = gate or EngineGate()
     stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
-    alone = _Gated(engine, gate, held=True, now=now, stop=stop)
-    together = _Gated(engine, gate, held=False, admission=admission, owner=owner, now=now, group=message.tenant, stop=stop)
+    alone = GatedEngine(engine, gate, held=True, now=now, stop=stop)
+    together = GatedEngine(engine, gate, held=False, admission=admission, owner=owner, now=now, group=message.tenant, stop=stop)
     try:
         start = await io(accounting.begin_run, stores, message, attempt, max_strikes=policy.max_strikes,
                          max_failures=policy.max_failures)

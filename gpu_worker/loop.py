@@ -32,11 +32,13 @@ from functions.core.messages import WorkMessage
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.ports import Received, Stores, WorkQueue
 
+from .admission import Admission
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
-from .chunk import Admission, EngineGate, RunPolicy, process_chunk
+from .chunk import RunPolicy, process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
+from .engine_gate import EngineGate
 from .metrics import WorkerMetrics
 from .store_thread import BACKGROUND, URGENT, StoreThread
 
