@@ -68,3 +68,33 @@ class GatedEngine:
             self.last_answer_at = self._now()
             return reply
 
+
+
+class ChunkEngines:
+    """A chunk's two ways into the engine: ``together`` (beside other chunks' lines, through the
+    worker's ``admission``; ``owner`` names this chunk's waiting lines there, ``tenant`` its fair
+    share) and ``alone`` (a careful group's, inside ``exclusive()``: no other chunk's line is in
+    the engine with it). ``stop``: the budget's, asked before any line is sent."""
+
+    def __init__(self, engine: Engine, gate: EngineGate, *, admission: Admission | None, owner: object, tenant: object,
+                 now: Callable[[], float], stop: Callable[[], Awaitable[str | None]] | None):
+        self.gate = gate
+        self.alone = GatedEngine(engine, gate, held=True, now=now, stop=stop)
+        self.together = GatedEngine(engine, gate, held=False, admission=admission, owner=owner, now=now, group=tenant,
+                                    stop=stop)
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.gate.exclusive()
+
+    @property
+    def died_in_flight(self) -> bool:
+        """A line of this chunk was in the engine, while it was up, when it died."""
+        return self.alone.died_in_flight or self.together.died_in_flight
+
+    @property
+    def first_sent_at(self) -> float | None:
+        return min((t for t in (self.alone.first_sent_at, self.together.first_sent_at) if t is not None), default=None)
+
+    @property
+    def last_answer_at(self) -> float | None:
+        return max((t for t in (self.alone.last_answer_at, self.together.last_answer_at) if t is not None), default=None)

@@ -35,7 +35,8 @@ from functions.core.ports import Received, Stores, WorkQueue
 from .admission import Admission
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
-from .chunk import RunPolicy, process_chunk
+from .attempt import RunPolicy
+from .chunk import process_chunk
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .engine_gate import EngineGate

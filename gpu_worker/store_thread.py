@@ -18,11 +18,16 @@ import heapq
 import itertools
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 
 URGENT, BACKGROUND = 0, 1
+
+#: Runs one blocking store call off the event loop and returns its answer: a ``StoreThread`` call
+#: with its priority (and rank) bound, or any coroutine function of that shape (the tests' direct
+#: call).
+Io = Callable[..., Awaitable[Any]]
 
 
 class StoreThread:

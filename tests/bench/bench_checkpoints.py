@@ -15,7 +15,8 @@ import argparse
 import asyncio
 import logging
 
-from gpu_worker.chunk import RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.chunk import process_chunk
 from gpu_worker.engine import EngineDown, Reply
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content

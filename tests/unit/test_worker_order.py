@@ -16,7 +16,8 @@ from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from gpu_worker.admission import Admission, expected_output, length_class, prefix_of
-from gpu_worker.chunk import RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.chunk import process_chunk
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineDown
 from tests.fakes.aws import fake_stores

@@ -17,7 +17,8 @@ from functions.core.aws.sqs import SqsQueue
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 from functions.core.settings import Settings
-from gpu_worker.chunk import ChunkReport, RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.chunk import ChunkReport, process_chunk
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient
 from gpu_worker.loop import Worker
