@@ -1,6 +1,7 @@
 """One chunk of a batch through the engine, for the SQS worker: start it (skipped if its batch
 takes no more work or it is already counted), run an attempt at its lines (``attempt``: its run
-record, checkpoints, careful mode), commit it (``commit``: parts, count, receipt). One line's path,
+record, checkpoints, careful mode), commit it (``commit``: parts, count, receipt). What every chunk
+of one worker runs with is one ``ChunkRunner``, built once (``loop.Worker``). One line's path,
 shared with the offline ``batchctl run-batch``, is ``line_runner``'s.
 """
 
@@ -11,7 +12,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from functions.core import accounting
@@ -67,77 +68,88 @@ def already_counted(stores: Stores, message: WorkMessage) -> bool:
     return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None
 
 
-async def process_chunk(
-    stores: Stores,
-    message: WorkMessage,
-    engine: Engine,
-    *,
-    io: Io,
-    max_line_bytes: int,
-    now: Callable[[], float] = time.time,
-    on_dispatch: Callable[[], None] = lambda: None,
-    on_commit: Callable[[], None] = lambda: None,
-    commits: set[asyncio.Future[Any]] | None = None,
-    gate: EngineGate | None = None,
-    policy: RunPolicy = RunPolicy(),
-    attempt: str | None = None,
-    admission: Admission | None = None,
-    owner: object = None,
-    budget: BudgetWatch | None = None,
-    background: Io | None = None,
-) -> ChunkReport:
-    """Start the chunk, run an attempt at the lines no earlier attempt checkpointed, commit it.
-    ``io`` runs blocking store calls off the loop; ``on_dispatch`` is called once the lines are
-    handed to the engine client, ``on_commit`` as its parts start being written (from then on the
-    chunk is never abandoned); a commit that outlives a cancelled caller stays in ``commits``
-    until it is done (the loop awaits them). ``gate`` is the worker's (shared by its chunks;
-    default: this chunk's own), as is ``admission`` (the order lines enter the engine in; default:
-    as they come); ``owner`` names this chunk's waiting lines there. ``budget`` (the worker's
-    ``BudgetWatch``): under a tenant's ``stop`` budget, a line that would enter the engine once the
-    budget is used up is written as ``budget_exceeded`` instead (gpu_worker/budget.py).
-    ``background`` runs the store calls that may wait behind other chunks' urgent ones
-    (checkpoints, the audit receipt; default: ``io``)."""
-    started = now()
-    requests = await _start(stores, message, io, max_line_bytes)
-    if requests is None:
-        return ChunkReport(skipped=True)
-    stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
-    engines = ChunkEngines(engine, gate or EngineGate(), admission=admission, owner=owner, tenant=message.tenant,
-                           now=now, stop=stop)
-    run = Attempt(stores, message, attempt or secrets.token_hex(6), engines, io=io, background=background or io, now=now,
-                  policy=policy)
-    await run.run(requests, on_dispatch=on_dispatch)
-    done = await commit(run, on_commit=on_commit, commits=commits)
-    return ChunkReport(
-        False, done.completed, done.failed, done.usage, done.outcome, now() - started, run.careful, run.reused,
-        run.crashed, first_sent_at=engines.first_sent_at, last_answer_at=engines.last_answer_at,
-        committed_at=done.counted_at,
-    )
+def _nothing() -> None:
+    pass
 
 
-async def _start(stores: Stores, message: WorkMessage, io: Io, max_line_bytes: int) -> list[RawLine] | None:
-    """The chunk's request lines; None if it is skipped: its batch takes no more work, or the
-    chunk is already counted (then the workflow is signalled again if every chunk is).
+@dataclass(frozen=True)
+class ChunkRunner:
+    """What every chunk of one worker runs with.
 
-    The start mark, the counted check and the input read go side by side (each on a store
-    thread): none depends on another's answer, and the read is wasted only for a chunk that is
-    skipped. The run record is opened (``Attempt``) only after both checks said go."""
-    opened, counted, raws = await asyncio.gather(
-        io(accounting.start_chunk, stores, message), io(already_counted, stores, message),
-        io(read_chunk, stores, message, max_line_bytes=max_line_bytes), return_exceptions=True,
-    )
-    for answer in (opened, counted):  # the checks' errors first: they decide whether the read matters
-        if isinstance(answer, BaseException):
-            raise answer
-    if opened is None:
-        return None  # a read error of a skipped chunk does not matter
-    if counted:
-        await io(accounting.signal_if_all_counted, stores, message)
-        return None
-    if isinstance(raws, BaseException):
-        raise raws
-    requests = [r for r in raws if not r.blank]
-    if len(requests) != message.line_count:
-        log.warning("chunk %s/%d has %d lines, the message says %d", message.batch_id, message.chunk, len(requests),
-                    message.line_count)
-    return requests
+    ``io`` runs blocking store calls off the event loop (a chunk's start, its run record, its
+    parts and count); ``background`` the ones that may wait behind other chunks' urgent calls
+    (checkpoints, the audit receipt; None: ``io``). ``gate`` is shared by the worker's chunks (a
+    careful chunk's lines go alone on the engine), as are ``admission`` (the order lines enter the
+    engine in; None: as they come) and ``budget`` (the worker's ``BudgetWatch``: under a tenant's
+    ``stop`` budget, a line that would enter the engine once the budget is used up is written as
+    ``budget_exceeded`` instead; gpu_worker/budget.py). ``policy``: checkpoints and the poison
+    budget. A commit that outlives its cancelled caller stays in ``commits`` until it is done (the
+    loop's drain awaits them)."""
+
+    stores: Stores
+    engine: Engine
+    io: Io
+    max_line_bytes: int
+    background: Io | None = None
+    now: Callable[[], float] = time.time
+    gate: EngineGate = field(default_factory=EngineGate)
+    admission: Admission | None = None
+    budget: BudgetWatch | None = None
+    policy: RunPolicy = RunPolicy()
+    commits: set[asyncio.Future[Any]] | None = None
+
+    async def process(self, message: WorkMessage, *, io: Io | None = None, owner: object = None,
+                      attempt: str | None = None, on_dispatch: Callable[[], None] = _nothing,
+                      on_commit: Callable[[], None] = _nothing) -> ChunkReport:
+        """Start the chunk, run an attempt at the lines no earlier attempt checkpointed, commit it.
+        ``io``: this chunk's urgent store calls (None: the runner's); ``owner`` names its lines
+        waiting in the admission; ``attempt``: the attempt's id (None: a new one).
+        ``on_dispatch`` is called once its lines are handed to the engine client, ``on_commit``
+        as its parts start being written (from then on the chunk is never abandoned)."""
+        io = io or self.io
+        started = self.now()
+        requests = await self._start(message, io)
+        if requests is None:
+            return ChunkReport(skipped=True)
+        run = Attempt(self.stores, message, attempt or secrets.token_hex(6), self._engines(message, owner), io=io,
+                      background=self.background or io, now=self.now, policy=self.policy)
+        await run.run(requests, on_dispatch=on_dispatch)
+        done = await commit(run, on_commit=on_commit, commits=self.commits)
+        return ChunkReport(
+            False, done.completed, done.failed, done.usage, done.outcome, self.now() - started, run.careful, run.reused,
+            run.crashed, first_sent_at=run.engines.first_sent_at, last_answer_at=run.engines.last_answer_at,
+            committed_at=done.counted_at,
+        )
+
+    async def _start(self, message: WorkMessage, io: Io) -> list[RawLine] | None:
+        """The chunk's request lines; None if it is skipped: its batch takes no more work, or the
+        chunk is already counted (then the workflow is signalled again if every chunk is).
+
+        The start mark, the counted check and the input read go side by side (each on a store
+        thread): none depends on another's answer, and the read is wasted only for a chunk that
+        is skipped. The run record is opened (``Attempt``) only after both checks said go."""
+        opened, counted, raws = await asyncio.gather(
+            io(accounting.start_chunk, self.stores, message), io(already_counted, self.stores, message),
+            io(read_chunk, self.stores, message, max_line_bytes=self.max_line_bytes), return_exceptions=True,
+        )
+        for answer in (opened, counted):  # the checks' errors first: they decide whether the read matters
+            if isinstance(answer, BaseException):
+                raise answer
+        if opened is None:
+            return None  # a read error of a skipped chunk does not matter
+        if counted:
+            await io(accounting.signal_if_all_counted, self.stores, message)
+            return None
+        if isinstance(raws, BaseException):
+            raise raws
+        requests = [r for r in raws if not r.blank]
+        if len(requests) != message.line_count:
+            log.warning("chunk %s/%d has %d lines, the message says %d", message.batch_id, message.chunk, len(requests),
+                        message.line_count)
+        return requests
+
+    def _engines(self, message: WorkMessage, owner: object) -> ChunkEngines:
+        budget = self.budget
+        stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
+        return ChunkEngines(self.engine, self.gate, admission=self.admission, owner=owner, tenant=message.tenant,
+                            now=self.now, stop=stop)

@@ -22,7 +22,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -33,10 +33,10 @@ from functions.core.models import TERMINAL_STATUSES
 from functions.core.ports import Received, Stores, WorkQueue
 
 from .admission import Admission
+from .attempt import RunPolicy
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
-from .attempt import RunPolicy
-from .chunk import process_chunk
+from .chunk import ChunkRunner
 from .config import WorkerConfig
 from .engine import EngineClient, EngineDown
 from .engine_gate import EngineGate
@@ -78,7 +78,7 @@ class Worker:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        self.config, self.stores, self.queue, self.engine = config, stores, queue, engine
+        self.config, self.stores, self.queue, self._engine = config, stores, queue, engine
         self.metrics, self.log = metrics, logger
         self.max_line_bytes = max_line_bytes
         self.max_open = config.open_chunk_cap(chunk_max_lines)
@@ -115,6 +115,22 @@ class Worker:
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
         self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
+        #: What every chunk runs with (each chunk's urgent store calls get their own rank, ``_handle``).
+        self.chunks = ChunkRunner(
+            stores, engine, io=self._stores, background=self._stores_later, max_line_bytes=max_line_bytes, now=clock,
+            gate=self.gate, admission=self.admission, budget=self.budget, policy=self.policy, commits=self._commits,
+        )
+
+    @property
+    def engine(self) -> EngineClient:
+        """The engine client: the loop's health checks and counts, and every chunk's lines (set
+        once for both)."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: EngineClient) -> None:
+        self._engine = engine
+        self.chunks = replace(self.chunks, engine=engine)
 
     # --- control -----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -266,13 +282,9 @@ class Worker:
                 self.metrics.chunk_redelivered()
             # This chunk's urgent store calls rank by its arrival: an earlier chunk's go first.
             io = functools.partial(self._store_thread.call_ranked, URGENT, next(self._ranks))
-            report = await process_chunk(
-                self.stores, message, self.engine, io=io, background=self._stores_later,
-                max_line_bytes=self.max_line_bytes,
-                now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
+            report = await self.chunks.process(
+                message, io=io, owner=r.message_id, on_dispatch=lambda: setattr(state, "dispatched", True),
                 on_commit=lambda: setattr(state, "committing", True),
-                gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
-                budget=self.budget,
             )
             await self._sqs(self.queue.delete, r.receipt)
             if report.skipped:

@@ -16,8 +16,8 @@ import asyncio
 import logging
 
 from gpu_worker.attempt import RunPolicy
-from gpu_worker.chunk import process_chunk
 from gpu_worker.engine import EngineDown, Reply
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed

@@ -44,7 +44,7 @@ from functions.ingest.dead_letters import handle_dead_letter
 from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.aws import FakeStores, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from functions.core.accounting import Usage
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.fakes.aws import fake_stores
 from tests.unit.test_worker_loop import seed

@@ -17,9 +17,9 @@ from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from gpu_worker.admission import Admission, expected_output, length_class, prefix_of
 from gpu_worker.attempt import RunPolicy
-from gpu_worker.chunk import process_chunk
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineDown
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import NOW, PATIENCE, Rig, seed, until

@@ -18,11 +18,12 @@ from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 from functions.core.settings import Settings
 from gpu_worker.attempt import RunPolicy
-from gpu_worker.chunk import ChunkReport, process_chunk
+from gpu_worker.chunk import ChunkReport
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine import EngineClient
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
+from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine
 
 
