@@ -22,7 +22,7 @@ from functions.core.records import ChunkRunRecord
 from .engine import EngineDown
 from .gated_engine import ChunkEngines
 from .line_runner import LineResult, run_line, run_ordered
-from .store_thread import Io
+from .store_pool import Io
 
 log = logging.getLogger("gpu_worker.chunk")
 

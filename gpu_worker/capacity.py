@@ -1,5 +1,6 @@
-"""The engine's measured capacity (issue 14, docs/worker.md "In-flight cap"): how many lines the
-worker lets into the engine follows what the engine actually runs, not only its ``--max-num-seqs``.
+"""The engine's measured capacity (docs/worker.md, "Concurrency: the global in-flight cap"): how
+many lines the worker lets into the engine follows what the engine actually runs, not only its
+``--max-num-seqs``.
 
 vLLM runs at most ``max_num_seqs`` sequences, and fewer when its KV cache cannot hold them (long
 prompts, long outputs: it then keeps the rest waiting, and preempts running ones when it runs

@@ -27,7 +27,7 @@ from .budget import BudgetWatch
 from .commit import commit
 from .engine_gate import EngineGate
 from .gated_engine import ChunkEngines
-from .store_thread import Io
+from .store_pool import Io
 
 log = logging.getLogger("gpu_worker.chunk")
 

@@ -24,7 +24,7 @@ from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
 
 from .attempt import Attempt
-from .store_thread import Io
+from .store_pool import Io
 
 log = logging.getLogger("gpu_worker.chunk")
 

@@ -87,7 +87,7 @@ class WorkerConfig(EnvSettings):
     #: A chunk that failed for real (careful mode) sends this many lines at a time, alone on the
     #: engine (docs/reliability.md, "Poison isolation").
     careful_group_lines: int = Field(default=8, ge=1)
-    #: Store calls (S3, DynamoDB) that run at once (``store_thread.StoreThread``), when the stores
+    #: Store calls (S3, DynamoDB) that run at once (``store_pool.StorePool``), when the stores
     #: allow it (``Stores.concurrent``): chunks that end together commit side by side. Each call
     #: is one or a few round trips, so a few threads cover a worker's open chunks.
     store_threads: int = Field(default=4, ge=1, le=32)

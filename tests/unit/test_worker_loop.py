@@ -328,7 +328,7 @@ def test_chunks_that_end_together_write_their_parts_side_by_side():
     both are counted only if they ran side by side (one thread: the first waits for ever, its
     barrier breaks and the chunk fails)."""
     rig = Rig(concurrent=True, max_open_chunks=2, store_threads=4)
-    assert rig.worker._store_thread.threads == 4
+    assert rig.worker._store_pool.threads == 4
     first, second = seed(rig.stores, 4, per_chunk=2)
     both = threading.Barrier(2, timeout=PATIENCE)
     put = rig.stores.objects.put
@@ -344,5 +344,5 @@ def test_chunks_that_end_together_write_their_parts_side_by_side():
     assert not both.broken and rig.metrics.totals.chunks_done == 2
 
 
-def test_stores_that_do_not_allow_it_get_one_store_thread():
-    assert Rig(store_threads=4).worker._store_thread.threads == 1
+def test_stores_that_do_not_allow_it_get_one_store_pool():
+    assert Rig(store_threads=4).worker._store_pool.threads == 1
