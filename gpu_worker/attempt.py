@@ -19,7 +19,7 @@ from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
 from functions.core.records import ChunkRunRecord
 
-from .engine import EngineDown
+from .engine_client import EngineDown
 from .gated_engine import ChunkEngines
 from .line_runner import LineResult, run_line, run_ordered
 from .store_pool import Io

@@ -13,7 +13,7 @@ from functions.core import tenants
 from functions.core.ports import Engine
 
 from .admission import Admission
-from .engine import EngineDown, Reply
+from .engine_client import EngineDown, Reply
 from .engine_gate import EngineGate
 
 

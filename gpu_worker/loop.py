@@ -38,7 +38,7 @@ from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
 from .chunk import ChunkRunner
 from .config import WorkerConfig
-from .engine import EngineClient, EngineDown
+from .engine_client import EngineClient, EngineDown
 from .engine_gate import EngineGate
 from .metrics import WorkerMetrics
 from .store_pool import BACKGROUND, URGENT, StorePool

@@ -26,7 +26,7 @@ from functions.core.accounting import Usage
 from functions.core.lines import RawLine, iter_lines
 
 from .config import WorkerConfig
-from .engine import EngineClient, EngineDown
+from .engine_client import EngineClient, EngineDown
 from .line_runner import LineResult, run_line, run_ordered
 
 READ_BYTES = 1024 * 1024

@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from gpu_worker.attempt import RunPolicy
-from gpu_worker.engine import EngineDown, Reply
+from gpu_worker.engine_client import EngineDown, Reply
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content

@@ -202,7 +202,7 @@ class InProcessEngine:
     base_url = "in-process"
 
     def __init__(self, respond: Respond = default_respond, *, max_in_flight: int = 64):
-        from gpu_worker.engine import EngineStats
+        from gpu_worker.engine_client import EngineStats
 
         self.respond = respond
         self.max_in_flight = max_in_flight
@@ -223,7 +223,7 @@ class InProcessEngine:
         return 0.0
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        from gpu_worker.engine import Reply
+        from gpu_worker.engine_client import Reply
 
         key = json.dumps(body, sort_keys=True)
         self.requests.append((path, body))
@@ -276,7 +276,7 @@ class CrashingEngine(InProcessEngine):
             self._open.remove(content(body))
 
     async def _answer(self, body: dict[str, Any]) -> Any:
-        from gpu_worker.engine import EngineDown
+        from gpu_worker.engine_client import EngineDown
 
         if self.down:
             raise EngineDown("the engine is down")

@@ -148,7 +148,7 @@ from functions.core import schema
 from functions.core.models import BatchOutputLine
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.engine_gate import EngineGate
-from gpu_worker.engine import EngineDown
+from gpu_worker.engine_client import EngineDown
 from tests.fakes.engine import CrashingEngine
 
 

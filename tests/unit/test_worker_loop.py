@@ -266,7 +266,7 @@ def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
 
 
 def test_engine_down_releases_the_chunk_at_once_and_waits_for_health_before_taking_more():
-    from gpu_worker.engine import EngineDown
+    from gpu_worker.engine_client import EngineDown
 
     def respond(path, body, seen):
         if seen == 0:

@@ -18,7 +18,7 @@ from functions.core.records import BatchRecord
 from gpu_worker.admission import Admission, expected_output, length_class, prefix_of
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineDown
+from gpu_worker.engine_client import EngineDown
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content

@@ -20,7 +20,7 @@ from functions.core.settings import Settings
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.chunk import ChunkReport
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineClient
+from gpu_worker.engine_client import EngineClient
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
 from tests.chunks import process_chunk
