@@ -9,7 +9,7 @@ with the same body (so "fail the first k attempts" is easy). Every request is re
 what ``GET /health`` and ``GET /v1/models`` answer; ``probes`` records those GETs.
 
 ``InProcessEngine`` is the same ``respond`` behind ``functions.core.ports.Engine`` with no HTTP
-at all: what chunk-level tests hand to ``gpu_worker.chunk.process_chunk``.
+at all: what chunk-level tests hand to ``gpu_worker.chunk.ChunkRunner``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ assert where the batch ends:
 - ingest (``functions.ingest.logic.ingest``) runs on the S3 event; SQS redelivers an event whose
   processing raised or was killed, up to ``names.INGEST_MAX_RECEIVES`` receives, then
   dead-letters it to the ingest DLQ's consumer (``functions.ingest.dead_letters``);
-- the GPU worker's chunk path (``gpu_worker.chunk.process_chunk``) runs message by message off the
+- the GPU worker's chunk path (``gpu_worker.chunk.ChunkRunner``) runs message by message off the
   fake work queue, as the worker loop does: delete on success, release on an exception, nothing on
   a SIGKILL (the message comes back when its visibility ends); after ``names.WORK_MAX_RECEIVES``
   receives SQS dead-letters it and the DLQ handler (``functions.dlq.logic.fail_chunk``) fails it;

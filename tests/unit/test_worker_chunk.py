@@ -1,4 +1,4 @@
-"""One chunk through ``gpu_worker.chunk.process_chunk`` against the in-memory stores and an
+"""One chunk through ``gpu_worker.chunk.ChunkRunner`` against the in-memory stores and an
 in-process engine: usage totals (cached and reasoning tokens included) reach the chunk's marker
 and the batch; a chunk already counted, or of a stopped batch, runs nothing; the commit (parts +
 count) is not interrupted by a cancelled caller."""

@@ -1,4 +1,4 @@
-"""The order lines enter the engine (``gpu_worker.chunk.Admission``, ``WorkerConfig.order``) on
+"""The order lines enter the engine (``gpu_worker.admission.Admission``, ``WorkerConfig.order``) on
 the in-memory fakes: ``smart`` sends the longest expected output first and lines sharing a first
 message together, across the chunks a worker has open; ``file`` keeps arrival order. Either way
 each chunk's result parts keep input order and the chunk counts exactly once (a duplicate

@@ -135,7 +135,7 @@ def run_one_chunk(
     started: bool = False,
     policy: RunPolicy = RunPolicy(),
 ) -> ChunkReport:
-    """One chunk through the worker's real path (``gpu_worker.chunk.process_chunk``: skip it if
+    """One chunk through the worker's real path (``gpu_worker.chunk.ChunkRunner``: skip it if
     the batch stopped or the chunk is already counted, read it, every line through the engine,
     the parts and the count in one shielded commit; the last chunk signals the workflow),
     called synchronously. ``engine`` answers the lines in-process (default: every line a chat
