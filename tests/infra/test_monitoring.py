@@ -7,7 +7,7 @@ import json
 
 from functions.core.models import TERMINAL_STATUSES
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineStats
+from gpu_worker.engine_client import EngineStats
 from gpu_worker.metrics import WorkerMetrics, make_logger
 
 from .test_lambdas import HANDLERS, ours

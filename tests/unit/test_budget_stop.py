@@ -13,7 +13,8 @@ from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.tenants import TenantPolicy
 from gpu_worker.budget import BudgetWatch
-from gpu_worker.chunk import Admission, process_chunk
+from gpu_worker.admission import Admission
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
 from tests.unit.test_output_budget import MONTH, NOW, ingested

@@ -24,7 +24,7 @@ from functions.core.records import BatchRecord
 from functions.core.tenants import TenantPolicy
 from functions.ingest import logic as ingest_logic
 from gpu_worker import offline
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
 from tests.unit.test_tenants import SETTINGS

@@ -13,7 +13,8 @@ from functions.core import results, schema
 from functions.core.records import BatchRecord, ChunkRunRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic as ingest
-from gpu_worker.chunk import RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed

@@ -1,4 +1,4 @@
-"""One chunk through ``gpu_worker.chunk.process_chunk`` against the in-memory stores and an
+"""One chunk through ``gpu_worker.chunk.ChunkRunner`` against the in-memory stores and an
 in-process engine: usage totals (cached and reasoning tokens included) reach the chunk's marker
 and the batch; a chunk already counted, or of a stopped batch, runs nothing; the commit (parts +
 count) is not interrupted by a cancelled caller."""
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from functions.core.accounting import Usage
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.fakes.aws import fake_stores
 from tests.unit.test_worker_loop import seed
@@ -146,8 +146,9 @@ import pytest
 
 from functions.core import schema
 from functions.core.models import BatchOutputLine
-from gpu_worker.chunk import EngineGate, RunPolicy
-from gpu_worker.engine import EngineDown
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.engine_gate import EngineGate
+from gpu_worker.engine_client import EngineDown
 from tests.fakes.engine import CrashingEngine
 
 

@@ -61,8 +61,8 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     import pytest as _pytest
 
     from functions.core.models import BatchOutputLine
-    from gpu_worker.chunk import RunPolicy
-    from gpu_worker.engine import EngineDown
+    from gpu_worker.attempt import RunPolicy
+    from gpu_worker.engine_client import EngineDown
     from tests.fakes.engine import CrashingEngine
 
     batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())

@@ -1,5 +1,6 @@
 """An async client of the OpenAI-compatible engine in the same task (vLLM's ``vllm serve``), on
-loopback.
+loopback. (The local CPU engine itself, its install and serve scripts, is ``gpu_worker/engine/``:
+docs/engine.md.)
 
 - One global cap on requests in flight (a semaphore shared by every chunk), so the engine's
   continuous batching stays full without an unbounded queue in front of it.
