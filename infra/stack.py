@@ -75,6 +75,8 @@ class BatchApiStack(cdk.Stack):
         self.workflow.grant_publish(self.ingest.ingest_dlq_function)
         # The sweeper ends or restarts every open batch the normal path left behind.
         self.sweeper = Sweeper(self, "Sweeper", **common, ingest=self.ingest, workflow=self.workflow)
+        # Every publisher is granted: the bus policy admits them and denies everyone else.
+        self.events.seal()
 
         self.monitoring = Monitoring(self, "Monitoring", config=config)
         self.monitoring.watch_rest_api(self.api.rest_api)

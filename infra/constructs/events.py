@@ -11,7 +11,6 @@ Rules on the bus (the webhook fan-out, the batch events log) are the stack's con
 operator's own rules may be added beside them.
 """
 
-import aws_cdk as cdk
 from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -27,33 +26,39 @@ ONLY_PUBLISHERS_SID = "OnlyTheStacksPublishers"
 
 
 class BatchEvents(Construct):
-    """``bus`` and ``grant_publish``; ``publishers`` are the roles the policy admits."""
+    """``bus``, ``grant_publish`` for each publisher, then ``seal`` (once, when all are granted)
+    writes the policy; ``publishers`` are the roles it admits."""
 
     def __init__(self, scope: Construct, id: str) -> None:
         super().__init__(scope, id)
         self.publishers: list[iam.IRole] = []
+        self._sealed = False
         self.bus = events.EventBus(
             self, "Bus", event_bus_name=names.event_bus_name(resource_prefix(self)),
             description="Batch lifecycle events (source batch-api); only the stack's publishers may put events",
         )
+
+    def grant_publish(self, function: lambda_.IFunction) -> iam.Grant:
+        """``function`` may put events on the bus: IAM allows it, and the bus policy admits its role."""
+        if self._sealed:
+            raise ValueError("the batch event bus's policy is written: grant publishers before seal()")
+        role = function.role
+        if role is None:
+            raise ValueError(f"{function.node.path} has no role to admit")
+        self.publishers.append(role)
+        return self.bus.grant_put_events_to(function)
+
+    def seal(self) -> None:
+        """The bus policy: one Deny of PutEvents for every principal whose ARN is none of the
+        publishers' roles (one statement: two would each deny the other's publishers)."""
+        if not self.publishers:
+            raise ValueError("the batch event bus has no publisher: its policy would deny everyone")
+        self._sealed = True
         self.bus.add_to_resource_policy(iam.PolicyStatement(
             sid=ONLY_PUBLISHERS_SID,
             effect=iam.Effect.DENY,
             principals=[iam.AnyPrincipal()],
             actions=[PUT_EVENTS],
             resources=[self.bus.event_bus_arn],
-            conditions={"ArnNotEquals": {"aws:PrincipalArn": cdk.Lazy.list({"produce": self._publisher_arns})}},
+            conditions={"ArnNotEquals": {"aws:PrincipalArn": [role.role_arn for role in self.publishers]}},
         ))
-
-    def _publisher_arns(self) -> list[str]:
-        if not self.publishers:
-            raise ValueError("the batch event bus has no publisher: its policy would deny everyone")
-        return [role.role_arn for role in self.publishers]
-
-    def grant_publish(self, function: lambda_.IFunction) -> iam.Grant:
-        """``function`` may put events on the bus: IAM allows it, and the bus policy admits its role."""
-        role = function.role
-        if role is None:
-            raise ValueError(f"{function.node.path} has no role to admit")
-        self.publishers.append(role)
-        return self.bus.grant_put_events_to(function)

@@ -212,7 +212,7 @@ class Monitoring(Construct):
         The stack's publishers never send one, so any is an alarm: someone forged an event."""
         dropped = cw.Metric(
             namespace=NAMESPACE, metric_name=WEBHOOK_DROPS_METRIC, dimensions_map={"service": "webhooks"},
-            period=PERIOD, statistic="Sum", label="dropped batch events",
+            period=PERIOD, statistic="Sum",
         )
         self.row("Webhooks: dropped events", self.graph("Events", dropped, width=_WIDTH))
         self.alarm(
