@@ -29,7 +29,7 @@ class Receiver:
         outer = self
 
         class Handle(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 outer.requests.append(({k.lower(): v for k, v in self.headers.items()}, body, time.monotonic()))
                 outer.arrived.set()

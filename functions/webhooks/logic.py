@@ -258,7 +258,7 @@ def _prepare(repo: WebhookRepo, message: Delivery, *, now: int, allow_loopback_h
 def _post(post: Post, ready: _Ready) -> tuple[int | None, str | None]:
     try:
         return post(ready.url, ready.body, ready.headers, POST_DEADLINE_SECONDS), None
-    except Exception as exc:  # no answer in time: refused, reset, TLS, the deadline
+    except Exception as exc:  # noqa: BLE001 - no answer in time: refused, reset, TLS, the deadline
         return None, f"{type(exc).__name__}: {exc}"[:500]
 
 
@@ -293,7 +293,7 @@ def deliver_all(
     for message in messages:
         try:
             results.append(_prepare(repo, message, now=now, allow_loopback_http=allow_loopback_http))
-        except Exception as exc:  # e.g. the endpoint read throttled: not attempted
+        except Exception as exc:  # noqa: BLE001 - e.g. the endpoint read throttled: not attempted
             results.append(exc)
     ready = [(i, r) for i, r in enumerate(results) if isinstance(r, _Ready)]
     if ready:
@@ -302,6 +302,6 @@ def deliver_all(
         for (i, _), (status, error) in zip(ready, answers, strict=True):
             try:
                 results[i] = _conclude(repo, messages[i], status, error, now=now)
-            except Exception as exc:  # the log write failed: the message comes back, the attempt is made again
+            except Exception as exc:  # noqa: BLE001 - the log write failed: the message comes back, the attempt is made again
                 results[i] = exc
     return results  # type: ignore[return-value]

@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import boto3
 import pytest
@@ -95,11 +95,11 @@ class KeepStalled:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "KeepStalled":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
 

@@ -281,3 +281,16 @@ def test_a_receiver_that_drips_bytes_does_not_hold_up_another_tenants_delivery(
     assert (acme.attempt, acme.outcome) == (1, "delivered")
     assert (globex.attempt, globex.outcome, globex.next_at - globex.at) == (1, "retry", 5)
     assert globex.error.startswith("TimeoutError")
+
+
+def test_delivery_messages_are_grouped_by_tenant_for_fair_queueing(webhooks: Settings, repo: WebhookRepo) -> None:
+    """A delivery message carries its tenant as ``MessageGroupId``: the webhook queue then serves
+    tenants as an SQS fair queue (one tenant's backlog of slow deliveries does not delay another's)."""
+    add_endpoint(repo, "we_1", "http://127.0.0.1:9/none", tenant="globex")
+    end_batch("batch_grouped", tenant="globex")
+    assert poll(webhooks) == 1  # fan-out
+    [message] = clients.client("sqs").receive_message(
+        QueueUrl=webhooks.webhook_queue_url, MessageSystemAttributeNames=["MessageGroupId"],
+    )["Messages"]
+    assert message["Attributes"]["MessageGroupId"] == "globex"
+    assert json.loads(message["Body"])["kind"] == logic.DELIVERY_KIND
