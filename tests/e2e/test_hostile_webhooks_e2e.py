@@ -11,22 +11,21 @@ stack gives it).
   named as B's) are dropped by the fan-out, which reads the batch back first: no delivery to
   anyone, and A gets exactly the one honest webhook of each batch."""
 
-import io
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Self
 
 import boto3
 import pytest
 
-from batchctl import cli
 from functions.core.names import EVENT_SOURCE
 from functions.webhooks import logic
 from infra import names
 from infra.local import state as local_state
+from tests.e2e import test_webhooks_e2e as webhooks_e2e
 from tests.e2e.test_batches_e2e import chat_line, submit, wait
+from tests.e2e.test_webhooks_e2e import batchctl, wait_for
 from tests.webhook_receivers import Receiver, StallingReceiver
 
 from .conftest import LocalDeployment, free_port
@@ -41,24 +40,8 @@ A, B = "wh-hostile-a", "wh-hostile-b"
 B_BATCHES_MAX = 6
 
 
-def batchctl(local: LocalDeployment, *argv: str) -> str:
-    out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["--local", *argv], env=local.env, out=out, err=err)
-    assert code == 0, err.getvalue()
-    return out.getvalue()
-
-
 def deliveries(local: LocalDeployment, tenant: str) -> list[dict]:
-    return [json.loads(line) for line in batchctl(local, "webhooks", "deliveries", "--tenant", tenant, "--limit", "100").splitlines()]
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := check():
-            return found
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+    return webhooks_e2e.deliveries(local, tenant, limit=100)
 
 
 def dropped(local: LocalDeployment, batch_id: str) -> list[dict]:
