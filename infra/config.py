@@ -283,6 +283,7 @@ class DeployConfig(_Strict):
         bucket_name: str,
         queue_urls: Mapping[str, str] | None = None,
         state_machine_arn: str = "",
+        event_bus_name: str = "",
     ) -> Settings:
         """The settings every function and the worker read (``Settings.to_env()``): resource names,
         each model's endpoints and work queue, the workflow, and the limits. Values are usually
@@ -293,6 +294,7 @@ class DeployConfig(_Strict):
             "bucket_name": bucket_name,
             "models": {m.name: ModelRoute(endpoints=m.endpoints, queue_url=urls.get(m.name, "")) for m in self.models},
             "state_machine_arn": state_machine_arn,
+            **({"event_bus_name": event_bus_name} if event_bus_name else {}),
             "governance": self.governance,
             **self.limits,
         }

@@ -15,6 +15,7 @@ from functions.core.names import (  # noqa: F401 - re-exported for infra
     WORK_MAX_RECEIVES,
     WORK_VISIBILITY_SECONDS,
     dead_letter_queue_name,
+    event_bus_name,
     ingest_queue_name,
     model_slug,
     state_machine_name,

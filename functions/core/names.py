@@ -15,9 +15,11 @@ __all__ = [
     "BATCHES_PREFIX",
     "EVENT_SOURCE",
     "INGEST_MAX_RECEIVES",
+    "METRICS_NAMESPACE",
     "WORK_MAX_RECEIVES",
     "WORK_VISIBILITY_SECONDS",
     "dead_letter_queue_name",
+    "event_bus_name",
     "ingest_queue_name",
     "model_slug",
     "state_machine_name",
@@ -26,6 +28,15 @@ __all__ = [
 
 #: The EventBridge ``source`` of every batch event (the README promises ``batch-api``).
 EVENT_SOURCE: Final = "batch-api"
+
+#: The CloudWatch namespace of the stack's own metrics (batches by status, dropped webhook events).
+METRICS_NAMESPACE: Final = "BatchApi"
+
+
+def event_bus_name(prefix: str) -> str:
+    """The deployment's own event bus, where the batch lifecycle events go (docs/webhooks.md,
+    "Who may publish"): its resource policy admits the stack's publishers only."""
+    return f"{prefix}-batch-events"
 
 # --- Queues and workflow (the stack and the local deployment name them alike) -------------------
 #: After this many receives a work message goes to its queue's DLQ: the last resort only. A

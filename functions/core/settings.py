@@ -118,10 +118,14 @@ class Settings(EnvSettings):
     enqueue_grace_seconds: int = Field(default=limits.DEFAULT_ENQUEUE_GRACE_SECONDS, ge=0)
     expiry_grace_seconds: int = Field(default=limits.DEFAULT_EXPIRY_GRACE_SECONDS, ge=0)
     state_machine_arn: str = ""
+    #: Where the batch lifecycle events are published: the stack's own bus (``names.event_bus_name``,
+    #: only the stack's publishers may put events on it), or the local deployment's of that name.
     event_bus_name: str = "default"
     #: Webhooks (docs/webhooks.md): the queue of events and deliveries; plain http to a loopback
     #: host is allowed only where this is set (the local deployment), never on AWS.
     webhook_queue_url: str = ""
+    #: Where a delivery whose schedule is spent goes (the webhook queue's dead-letter queue).
+    webhook_dead_letter_queue_url: str = ""
     webhook_allow_loopback_http: bool = False
     #: Governance (issue 13, docs/governance.md "The switch"): off, the deployment reads no tenant
     #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack

@@ -109,6 +109,8 @@ class Ingest(Construct):
             bucket_name=storage.bucket.bucket_name,
             queue_urls={name: q.queue_url for name, q in self.work_queues.items()},
             state_machine_arn=state_machine_arn(self),
+            # The bus infra/constructs/events.py creates under this name (docs/webhooks.md).
+            event_bus_name=names.event_bus_name(prefix),
         )
         env = self.settings.to_env()
 

@@ -260,6 +260,12 @@ class AssemblyQueue:
         pass  # it lives in moto and goes with it
 
 
+#: Concurrent rounds on the webhook queue, as its event source mapping invokes the webhook Lambda
+#: concurrently on AWS: a round attempts its deliveries at once and lasts up to one POST deadline,
+#: so a message arriving meanwhile is taken by another round instead of waiting for it.
+WEBHOOK_POLLERS = 4
+
+
 class WebhookQueue:
     """The webhook queue and the EventBridge rule feeding it (infra/constructs/webhooks.py,
     docs/webhooks.md); like the stack's output, its URL goes into the handlers' settings."""
@@ -274,9 +280,9 @@ class WebhookQueue:
         return self._environ[Settings.env_name("webhook_queue_url")]
 
     def start(self) -> None:
-        self._environ[Settings.env_name("webhook_queue_url")] = create_webhook_queue(
-            clients.client, prefix=self._prefix, event_bus=self._event_bus
-        )
+        url, dead_letters = create_webhook_queue(clients.client, prefix=self._prefix, event_bus=self._event_bus)
+        self._environ[Settings.env_name("webhook_queue_url")] = url
+        self._environ[Settings.env_name("webhook_dead_letter_queue_url")] = dead_letters
         deps.reset()
 
     def stop(self) -> None:
@@ -381,6 +387,8 @@ class LocalConfig:
     settings: Settings = Settings(
         table_name=names.LOCAL_TABLE,
         bucket_name=names.LOCAL_BUCKET,
+        # The batch events go to a bus of the stack's name, not the default bus (docs/webhooks.md).
+        event_bus_name=names.event_bus_name(names.LOCAL_PREFIX),
         models=names.LOCAL_MODELS,
         completion_windows=names.LOCAL_COMPLETION_WINDOWS,
         # Small chunks and a short drain: on one CPU engine a batch spans several chunks, so
@@ -450,7 +458,8 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         assembly := AssemblyQueue(environ, config.prefix),
         Poller("assembler", lambda: clients.client("sqs"), lambda: assembly.url, assembler_handler.handler),
         webhook_queue := WebhookQueue(environ, config.prefix, config.settings.event_bus_name),
-        Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler),
+        Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler,
+               threads=WEBHOOK_POLLERS),
         Sweeper(config.settings.sweep_seconds),
         *(
             Poller(

@@ -55,9 +55,11 @@ def expected_settings_env(synth) -> dict[str, str]:
         bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
         queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
         state_machine_arn=arn,
+        event_bus_name=names.event_bus_name(names.STACK_NAME),  # the stack's bus, by its name
     ).model_copy(update={
         "assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>",
         "webhook_queue_url": f"<{synth.logical_id(synth.stack.webhooks.queue)}>",
+        "webhook_dead_letter_queue_url": f"<{synth.logical_id(synth.stack.webhooks.dead_letters)}>",
     }).to_env()
 
 
@@ -215,9 +217,10 @@ def _keys(bucket_id: str, pattern: str) -> str:
     return json.dumps({"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, "/" + pattern]]})
 
 
-def _default_bus(pairs) -> set[str]:
+def _batch_bus(synth, pairs) -> set[str]:
+    """Where the role may put events: the stack's batch event bus, nowhere else."""
     resources = {r for a, r in pairs if a == "events:PutEvents"}
-    assert all(r.endswith(':event-bus/default"]]}') for r in resources), resources
+    assert resources == {_ref(synth.logical_id(synth.stack.events.bus))}, resources
     return resources
 
 
@@ -273,7 +276,7 @@ def test_ingest_consumes_its_queue_enqueues_chunks_starts_and_publishes(synth):
     assert {r for a, r in pairs if a == "sqs:ReceiveMessage"} == {ingest_queue}
     assert {a for a, r in pairs if r in work_queues} == {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
-    assert len(_default_bus(pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
+    assert len(_batch_bus(synth, pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
 
 
 def test_workflow_signals_by_the_state_machines_name_and_publishes(synth):
@@ -285,7 +288,7 @@ def test_workflow_signals_by_the_state_machines_name_and_publishes(synth):
         "arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:"
         + names.state_machine_name(names.STACK_NAME)
     )
-    assert len(_default_bus(pairs)) == 1
+    assert len(_batch_bus(synth, pairs)) == 1
     assert "s3:DeleteObject*" not in _on(pairs, "s3")
 
 
@@ -307,7 +310,7 @@ def test_ingest_dlq_handler_consumes_the_ingest_dlq_reads_manifests_enqueues_and
     work_queues = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_queues.values()}
     assert {r for a, r in pairs if a == "sqs:SendMessage"} == work_queues
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
-    assert len(_default_bus(pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
+    assert len(_batch_bus(synth, pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
     assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "sqs", "states", "events", "logs", "xray"}
 
 
@@ -317,7 +320,7 @@ def test_sweeper_enqueues_starts_and_publishes_but_never_consumes_or_signals(syn
     assert {r for a, r in pairs if a.startswith("sqs:")} == work_queues
     assert "sqs:ReceiveMessage" not in _on(pairs, "sqs")
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
-    assert len(_default_bus(pairs)) == 1
+    assert len(_batch_bus(synth, pairs)) == 1
     assert "s3:DeleteObject*" not in _on(pairs, "s3")
 
 
