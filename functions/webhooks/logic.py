@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from functions.core.accounting import event_type as status_event_type
+from functions.core.lifecycle import event_type as status_event_type
 from functions.core.names import EVENT_SOURCE
 from functions.core.records import TENANT_PATTERN, BatchRecord
 
