@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from functions.core import work
+
 #: The worker's orders of admission into the engine (``WorkerConfig.order``).
 ORDER_FILE, ORDER_SMART = "file", "smart"
 #: How much of a prompt's text names its prefix group when it is one string (completions,
@@ -23,8 +25,8 @@ ORDER_FILE, ORDER_SMART = "file", "smart"
 PREFIX_CHARS = 512
 #: Expected output of a line that sets no output limit: it runs until the context ends.
 UNBOUNDED_OUTPUT = math.inf
-#: The body fields that cap a line's output tokens, by endpoint (the first present wins).
-OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+#: The body fields that cap a line's output tokens, of every endpoint (the first present wins).
+OUTPUT_LIMIT_FIELDS = tuple(dict.fromkeys(name for names in work.OUTPUT_LIMIT_FIELDS.values() for name in names))
 
 
 def expected_output(body: dict[str, Any]) -> float:
@@ -69,7 +71,8 @@ class Admission:
     output first (``expected_output``, by ``length_class``), so the batch's tail is short; within
     a class, a line whose prefix (``prefix_of``) an earlier line had enters right behind that
     line's group, so lines sharing a system prompt are in the engine together and hit vLLM's
-    prefix cache; otherwise arrival order. Results are unaffected: each chunk still writes its
+    prefix cache (a group is one tenant's: lines of two tenants never share cache blocks, their
+    salts differ, ``shaping``); otherwise arrival order. Results are unaffected: each chunk still writes its
     lines in input order (``run_ordered``). ``waiting_for(owner)``: lines of one chunk waiting."""
 
     #: Prefix groups remembered (their first line's arrival number); forgotten all at once beyond.
@@ -94,23 +97,25 @@ class Admission:
     def waiting_for(self, owner: object) -> int:
         return self._waiting.get(owner, 0)
 
-    def key(self, body: dict[str, Any]) -> tuple[float, ...]:
-        """The line's place in the order (smaller enters first); unique (its arrival last)."""
+    def key(self, body: dict[str, Any], tenant: object = None) -> tuple[float, ...]:
+        """The line's place in the order (smaller enters first); unique (its arrival last).
+        ``tenant``'s lines form their own prefix groups."""
         arrival = next(self._arrivals)
         if self.order == ORDER_FILE:
             return (arrival,)
         group = arrival
         prefix = prefix_of(body)
         if prefix is not None:
-            digest = hashlib.blake2b(prefix.encode(), digest_size=8).digest()
+            digest = hashlib.blake2b(f"{tenant}\0{prefix}".encode(), digest_size=8).digest()
             if len(self._groups) >= self.MAX_GROUPS:
                 self._groups.clear()
             group = self._groups.setdefault(digest, arrival)
         return (-length_class(expected_output(body)), group, arrival)
 
     @asynccontextmanager
-    async def slot(self, body: dict[str, Any], owner: object = None, rank: int = 0) -> AsyncIterator[None]:
-        key = (rank, *self.key(body))
+    async def slot(self, body: dict[str, Any], owner: object = None, rank: int = 0,
+                   tenant: object = None) -> AsyncIterator[None]:
+        key = (rank, *self.key(body, tenant))
         if self.in_flight < self.capacity and not self._heap:
             self.in_flight += 1
         else:
@@ -144,7 +149,7 @@ class Admission:
         rank = 0 if held < others else 1
         self._held[group] = held + 1
         try:
-            async with self.slot(body, owner, rank=rank):
+            async with self.slot(body, owner, rank=rank, tenant=group):
                 yield
         finally:
             self._held[group] -= 1

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from functions.core import accounting, limits, results
 from functions.core.lines import LineError, RawLine, parse_request
@@ -18,9 +19,10 @@ from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
 from functions.core.records import ChunkRunRecord
+from functions.core.work import Spend
 
 from .engine_client import EngineDown
-from .gated_engine import ChunkEngines
+from .gated_engine import ChunkEngines, GatedEngine
 from .line_runner import LineResult, run_line, run_ordered
 from .store_pool import Io
 
@@ -55,7 +57,8 @@ class Attempt:
     failure, found by the next attempt."""
 
     def __init__(self, stores: Stores, message: WorkMessage, attempt: str, engines: ChunkEngines, *, io: Io,
-                 background: Io, now: Callable[[], float], policy: RunPolicy):
+                 background: Io, now: Callable[[], float], policy: RunPolicy,
+                 prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         self.stores, self.message, self.attempt, self.engines = stores, message, attempt, engines
         self.io, self.background, self.now, self.policy = io, background, now, policy
         self.record: ChunkRunRecord | None = None
@@ -67,6 +70,10 @@ class Attempt:
         self.careful = False
         self.reused = 0
         self.crashed = 0
+        #: What the engine spent on this attempt's lines, and how much of it the run record holds.
+        self.spent = Spend()
+        self.spent_recorded = Spend()
+        self.prepare = prepare
 
     async def run(self, requests: list[RawLine], *, on_dispatch: Callable[[], None]) -> None:
         """Give every request line of the chunk a result (``on_dispatch``: called once the lines
@@ -132,21 +139,30 @@ class Attempt:
             index = end
 
     async def _run_alone(self, group: list[RawLine]) -> None:
-        message, alone = self.message, self.engines.alone
+        alone = self.engines.alone
         async with self.engines.exclusive():  # no other chunk's line is in the engine with these
-            async for result in run_ordered(
-                group, lambda raw: run_line(alone, raw, endpoint=message.endpoint, guard=message.guard), window=len(group)
-            ):
+            async for result in run_ordered(group, lambda raw: self._line(alone, raw), window=len(group)):
+                self.spent += result.spent
                 self.done.append(result)
 
     async def _run_together(self, todo: list[RawLine]) -> None:
-        message, together = self.message, self.engines.together
+        together = self.engines.together
         position = 0
-        async for result in run_ordered(
-            todo, lambda raw: run_line(together, raw, endpoint=message.endpoint, guard=message.guard), window=max(1, len(todo))
-        ):
+        async for result in run_ordered(todo, lambda raw: self._line(together, raw), window=max(1, len(todo))):
+            self.spent += result.spent
             position += 1
             await self.add(result, remaining=len(todo) - position)
+
+    def _line(self, engine: GatedEngine, raw: RawLine) -> Awaitable[LineResult]:
+        return run_line(engine, raw, endpoint=self.message.endpoint, guard=self.message.guard, prepare=self.prepare)
+
+    def unrecorded_spend(self) -> Spend:
+        """What the engine spent on this attempt's lines that the run record does not hold yet."""
+        return self.spent - self.spent_recorded
+
+    def total_spend(self) -> Spend:
+        """What the engine spent on the chunk: every attempt's record, and this one's unrecorded part."""
+        return (self.record.spend() if self.record is not None else Spend()) + self.unrecorded_spend()
 
     async def add(self, result: LineResult, *, remaining: int, force: bool = False) -> None:
         self.done.append(result)
@@ -161,14 +177,16 @@ class Attempt:
         lines = [r.line for r in self.done[self.saved:]]
         if not lines:
             return
+        spent = self.unrecorded_spend()
         self.record = await self.background(_checkpoint, self.stores, self.message, self.attempt, self.saved, lines,
-                                            self.record)
+                                            self.record, spent)
+        self.spent_recorded += spent
         self.saved += len(lines)
         self.flushed_at = self.now()
 
     async def end_benignly(self, why: str) -> None:
         try:
-            await self.io(accounting.end_run, self.stores, self.message, self.attempt, self.record)
+            await self.io(accounting.end_run, self.stores, self.message, self.attempt, self.record, self.unrecorded_spend())
         except Exception:  # noqa: BLE001 - then the next attempt counts this one as failed: a careful run, no line lost
             log.exception("chunk %s/%d: could not record a benign end (%s)", self.message.batch_id, self.message.chunk, why)
 
@@ -192,10 +210,10 @@ def _custom_id(raw: RawLine) -> str:
 
 
 def _checkpoint(stores: Stores, message: WorkMessage, attempt: str, start: int, lines: list[BatchOutputLine],
-                current: ChunkRunRecord | None) -> ChunkRunRecord:
+                current: ChunkRunRecord | None, spent: Spend = Spend()) -> ChunkRunRecord:
     """Write a checkpoint, then record it on the run record with its lines' outcomes, the live
     progress (a crash between the two only leaves an object nobody reads: its lines run again,
     and were never shown as done)."""
     segment = results.write_checkpoint(stores.objects, message, start, lines)
     outcomes = "".join("1" if results.succeeded(line) else "0" for line in lines)
-    return accounting.add_segment(stores, message, attempt, segment, current, outcomes)
+    return accounting.add_segment(stores, message, attempt, segment, current, outcomes, spent)

@@ -27,6 +27,7 @@ from .budget import BudgetWatch
 from .commit import commit
 from .engine_gate import EngineGate
 from .gated_engine import ChunkEngines
+from .shaping import CacheSalts, preparer
 from .store_pool import Io
 
 log = logging.getLogger("gpu_worker.chunk")
@@ -84,7 +85,8 @@ class ChunkRunner:
     ``stop`` budget, a line that would enter the engine once the budget is used up is written as
     ``budget_exceeded`` instead; gpu_worker/budget.py). ``policy``: checkpoints and the poison
     budget. A commit that outlives its cancelled caller stays in ``commits`` until it is done (the
-    loop's drain awaits them)."""
+    loop's drain awaits them). Every line sent is ``shaping.preparer``'s: its tenant's cache salt
+    and the batch's output bound."""
 
     stores: Stores
     engine: Engine
@@ -97,6 +99,8 @@ class ChunkRunner:
     budget: BudgetWatch | None = None
     policy: RunPolicy = RunPolicy()
     commits: set[asyncio.Future[Any]] | None = None
+    #: Each tenant's prefix-cache salt (``shaping.CacheSalts``): every line sent carries its own.
+    salts: CacheSalts | None = None
 
     async def process(self, message: WorkMessage, *, io: Io | None = None, owner: object = None,
                       attempt: str | None = None, on_dispatch: Callable[[], None] = _nothing,
@@ -112,7 +116,8 @@ class ChunkRunner:
         if requests is None:
             return ChunkReport(skipped=True)
         run = Attempt(self.stores, message, attempt or secrets.token_hex(6), self._engines(message, owner), io=io,
-                      background=self.background or io, now=self.now, policy=self.policy)
+                      background=self.background or io, now=self.now, policy=self.policy,
+                      prepare=preparer(message, self.salts))
         await run.run(requests, on_dispatch=on_dispatch)
         done = await commit(run, on_commit=on_commit, commits=self.commits)
         return ChunkReport(

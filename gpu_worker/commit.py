@@ -22,6 +22,7 @@ from functions.core.accounting import ChunkOutcome
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
+from functions.core.work import Spend
 
 from .attempt import Attempt
 from .store_pool import Io
@@ -50,8 +51,8 @@ async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
         usage.add_response(r.usage)
     on_commit()
     task = asyncio.ensure_future(_write_and_count(
-        attempt.stores, attempt.message, [r.line for r in attempt.done], usage, io=attempt.io, now=attempt.now,
-        background=attempt.background,
+        attempt.stores, attempt.message, [r.line for r in attempt.done], usage, attempt.total_spend(), io=attempt.io,
+        now=attempt.now, background=attempt.background,
     ))
     if commits is not None:
         commits.add(task)
@@ -72,11 +73,12 @@ async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
 
 
 async def _write_and_count(
-    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, *, io: Io,
+    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, spent: Spend, *, io: Io,
     now: Callable[[], float], background: Io,
 ) -> tuple[int, int, ChunkOutcome, float]:
     parts = await io(results.write_parts, stores.objects, message, lines)
-    outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False)
+    outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False,
+                       spent=spent)
     counted_at = now()
     # The count and the signal are done: the receipt may wait behind other chunks' commits.
     await background(accounting.record_receipt, stores, message, outcome)

@@ -10,7 +10,7 @@ Logic receives a ``WorkerConfig``; nothing below ``__main__`` reads ``os.environ
 import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from functions.core import names
@@ -92,6 +92,9 @@ class WorkerConfig(EnvSettings):
     #: is one or a few round trips, so a few threads cover a worker's open chunks.
     store_threads: int = Field(default=4, ge=1, le=32)
     #: Metrics (EMF) and a summary log line are flushed this often.
+    #: The deployment's secret the tenants' prefix-cache salts are derived from
+    #: (``shaping.CacheSalts``); empty: a random one for this process.
+    cache_salt_secret: SecretStr | None = None
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"
     service: str = "gpu-worker"

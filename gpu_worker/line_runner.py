@@ -19,6 +19,9 @@ from functions.core.guard import GuardPolicy
 from functions.core.lines import LineError, RawLine, check_request, parse_request
 from functions.core.models import BatchOutputLine
 from functions.core.ports import Engine
+from functions.core.work import Spend, answered_spend, unread_spend, work_of
+
+from .engine_client import UNREAD_ANSWERS
 
 T = TypeVar("T")
 
@@ -28,6 +31,9 @@ class LineResult:
     line: BatchOutputLine
     #: The engine's ``usage`` of a 2xx answer (None otherwise).
     usage: dict[str, Any] | None = None
+    #: What the engine spent on the line in this attempt, whatever became of its answer (a 4xx, a
+    #: blocked output, an answer never read): what the tenant's budget is charged.
+    spent: Spend = Spend()
 
     @property
     def succeeded(self) -> bool:
@@ -40,11 +46,14 @@ class LineResult:
 
 
 async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = (),
-                   guard: GuardPolicy | None = None) -> LineResult:
+                   guard: GuardPolicy | None = None,
+                   prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
     None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``. ``guard``: the
     tenant's prompt and output policy (the work message's snapshot; None: none): a refused prompt
-    never reaches the engine, a redacted one is what is sent, a blocked result is not written."""
+    never reaches the engine, a redacted one is what is sent, a blocked result is not written.
+    ``prepare``: what the body sent becomes after the policy (``shaping.preparer``: the tenant's
+    cache salt, the output bound)."""
     custom_id = results.custom_id_of(None, raw)
     try:
         obj = parse_request(raw)
@@ -60,14 +69,19 @@ async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoi
     body, violation = guard.check_prompt(obj["body"]) if guard is not None else (obj["body"], None)
     if violation is not None:
         return LineResult(results.error_line(custom_id, violation.code, violation.message))
+    if prepare is not None:
+        body = prepare(body)
     reply = await engine.post(endpoint, body)
     if reply.status is None:
-        return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message))
+        spent = unread_spend(work_of(endpoint, body), len(raw.text), reply.attempts) if reply.error_code in UNREAD_ANSWERS else Spend()
+        return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message), spent=spent)
+    spent = answered_spend(reply.body.get("usage") if isinstance(reply.body, dict) else None)
     line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
     usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
     if guard is not None and results.succeeded(line) and (violation := guard.check_output(reply.body)) is not None:
-        return LineResult(results.error_line(custom_id, violation.code, violation.message))  # no usage: an error line
-    return LineResult(line, usage)
+        # No usage (an error line), but the engine did the work: it is charged.
+        return LineResult(results.error_line(custom_id, violation.code, violation.message), spent=spent)
+    return LineResult(line, usage, spent)
 
 
 async def run_ordered(

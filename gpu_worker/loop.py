@@ -37,6 +37,7 @@ from .attempt import RunPolicy
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
 from .chunk import ChunkRunner
+from .shaping import CacheSalts
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .engine_gate import EngineGate
@@ -119,6 +120,7 @@ class Worker:
         self.chunks = ChunkRunner(
             stores, engine, io=self._stores, background=self._stores_later, max_line_bytes=max_line_bytes, now=clock,
             gate=self.gate, admission=self.admission, budget=self.budget, policy=self.policy, commits=self._commits,
+            salts=CacheSalts(config.cache_salt_secret.get_secret_value() if config.cache_salt_secret else None),
         )
 
     @property

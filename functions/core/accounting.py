@@ -16,6 +16,7 @@ from .messages import WorkMessage
 from .ports import Stores
 from .records import BatchRecord, ChunkRecord, ChunkRunRecord
 from .results import Parts
+from .work import Spend
 
 @dataclass(frozen=True)
 class ChunkOutcome:
@@ -67,14 +68,13 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
 
 
 def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int,
-                 receipt: bool = True, spent: Usage | None = None) -> ChunkOutcome:
+                 receipt: bool = True, spent: Spend = Spend()) -> ChunkOutcome:
     """Count a finished chunk (the attempt that wrote ``parts``) once; if every chunk is now
     counted, resume the workflow; then append the chunk's audit receipt. ``usage`` is the counted
     lines' (the batch's usage); ``spent`` what the engine spent on the chunk in every attempt (its
-    budget charge; default: ``usage``). ``receipt=False`` leaves the receipt to the caller
+    budget charge; at least ``usage``). ``receipt=False`` leaves the receipt to the caller
     (``record_receipt``, e.g. after more urgent store calls: the GPU worker runs it behind other
     chunks' commits)."""
-    spent = spent or usage
     marker = ChunkRecord(
         tenant=message.tenant,
         batch_id=message.batch_id,
@@ -204,11 +204,19 @@ def begin_run(stores: Stores, message: WorkMessage, attempt: str, *, max_strikes
     return RunStart(record, found["died"], exhausted)
 
 
-def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None) -> ChunkRunRecord:
+def _add_spend(run: ChunkRunRecord, spent: Spend) -> None:
+    run.spent_input_tokens += spent.input_tokens
+    run.spent_output_tokens += spent.output_tokens
+
+
+def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None,
+            spent: Spend = Spend()) -> ChunkRunRecord:
     """A benign end of attempt ``attempt`` (shutdown, an engine already down, a store error): it
-    does not spend the chunk's poison budget."""
+    does not spend the chunk's poison budget. ``spent``: what the engine spent on its lines since
+    it last recorded it (they run again: the budget is charged for both runs)."""
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        _add_spend(run, spent)
         if attempt in run.open:
             run.open = [a for a in run.open if a != attempt]
             run.benign += 1
@@ -233,12 +241,14 @@ def mark_in_flight(
 
 def add_segment(
     stores: Stores, message: WorkMessage, attempt: str, segment: tuple[int, int], current: ChunkRunRecord | None,
-    outcomes: str | None = None,
+    outcomes: str | None = None, spent: Spend = Spend(),
 ) -> ChunkRunRecord:
     """Record a checkpoint written (its object exists): its lines are never run again.
-    ``outcomes``: one character per line, "1" succeeded, "0" failed (the live progress)."""
+    ``outcomes``: one character per line, "1" succeeded, "0" failed (the live progress);
+    ``spent``: what the engine spent since the attempt last recorded it."""
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        _add_spend(run, spent)
         if list(segment) not in run.segments:
             run.segments.append(list(segment))
         if outcomes is not None:

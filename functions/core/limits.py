@@ -132,6 +132,10 @@ MAX_CUSTOM_ID_CHARS: Final = 512
 #: inputs (completions prompts, rerank documents, score pairs).
 MAX_LINE_N: Final = 128
 MAX_LINE_INPUTS: Final = 2048
+#: What the budget charges per sequence for an engine answer the worker could not read (its usage
+#: unknown) of a line with no output limit: vLLM's default context of the small models it serves
+#: is 2048-4096 tokens; a deployment with larger contexts sets a line bound (``Bounds``) instead.
+UNKNOWN_OUTPUT_TOKENS_PER_SEQUENCE: Final = 4096
 #: A request line's JSON may nest at most this deep (the line's object is level 1). Deeper lines
 #: are invalid_json_line: Python's parser and pydantic's serializer have recursion limits.
 MAX_JSON_DEPTH: Final = 128

@@ -241,6 +241,8 @@ class EngineReply(Protocol):
     request_id: str
     error_code: str
     error_message: str
+    #: How often it was sent (timeouts and connection errors are retried).
+    attempts: int
 
 
 class Engine(Protocol):

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from . import schema
 from .budgets import BudgetCaps, budget_sk
 from .messages import Chunk, WorkMessage
+from .work import Spend
 from .models import (
     Batch,
     BatchError,
@@ -417,6 +418,14 @@ class ChunkRunRecord(Record):
     suspects: list[int] = []
     #: Lines found alone in flight when their attempt died: they get ``engine_crashed``.
     blamed: list[int] = []
+    #: What the engine spent on the chunk's lines so far, as its attempts recorded it (with each
+    #: checkpoint and benign end): the count charges it to the budget (``ChunkRecord.spent_*``).
+    #: An attempt killed outright loses what it spent since its last record.
+    spent_input_tokens: int = 0
+    spent_output_tokens: int = 0
+
+    def spend(self) -> Spend:
+        return Spend(self.spent_input_tokens, self.spent_output_tokens)
     expires_at: int
 
     PREFIX: ClassVar[str] = "RUN#"

@@ -33,7 +33,7 @@ from .errors import QuotaExceeded, RateLimited
 from .guard import GuardPolicy
 from .budgets import BUDGET_KINDS, BudgetCaps, Spent, budget_sk
 from .records import check_tenant
-from .work import PolicyBounds
+from .work import BYTES_PER_TOKEN, PolicyBounds, estimate_tokens  # noqa: F401 - estimate_tokens is part of this API
 
 #: The length of one creation-rate window (a clock hour, aligned to the epoch).
 HOUR_SECONDS = 3600
@@ -145,17 +145,6 @@ def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = No
 
 
 # --- Enqueued caps (max_enqueued_requests / max_enqueued_tokens) --------------------------------
-#: Bytes of UTF-8 request body per estimated prompt token (docs/governance.md, "Enqueued caps").
-BYTES_PER_TOKEN = 4
-
-
-def estimate_tokens(body_bytes: int) -> int:
-    """The prompt-token estimate of one request line: ceil(UTF-8 bytes of the line / 4). No
-    tokenizer in the ingest Lambda (no model files, no heavy import on every cold start); the line's
-    JSON syntax makes it an overestimate, so a cap errs on the side of fewer tokens, never more."""
-    return -(-body_bytes // BYTES_PER_TOKEN)
-
-
 class Reservation(BaseModel):
     """What a batch reserves on its (tenant, model) counter, and the caps it must stay within
     (None: that dimension is not capped)."""

@@ -19,6 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import limits
 from .lines import LineError
 
+#: Bytes of UTF-8 request body per estimated prompt token (docs/governance.md, "Enqueued caps").
+BYTES_PER_TOKEN = 4
+
+
+def estimate_tokens(body_bytes: int) -> int:
+    """The prompt-token estimate of one request line: ceil(UTF-8 bytes of the line / 4). No
+    tokenizer in the ingest Lambda (no model files, no heavy import on every cold start); the line's
+    JSON syntax makes it an overestimate, so a cap errs on the side of fewer tokens, never more."""
+    return -(-body_bytes // BYTES_PER_TOKEN)
+
+
 #: The body fields that cap a line's output tokens per sequence, by endpoint (the first present wins).
 OUTPUT_LIMIT_FIELDS: dict[str, tuple[str, ...]] = {
     "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
@@ -90,6 +101,37 @@ def work_of(endpoint: str, body: dict[str, Any]) -> Work:
     return Work(n=n, inputs=inputs, output_limit=None, n_field=n_field)
 
 
+@dataclass(frozen=True)
+class Spend:
+    """What the engine spent on one line in one attempt: input (prompt) and output tokens."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens)
+
+    def __sub__(self, other: Spend) -> Spend:
+        return Spend(self.input_tokens - other.input_tokens, self.output_tokens - other.output_tokens)
+
+
+def answered_spend(usage: Any) -> Spend:
+    """What an engine answer's ``usage`` says was spent, whatever its status (chat, completions,
+    embeddings or responses shape; nothing without one)."""
+    if not isinstance(usage, dict):
+        return Spend()
+    return Spend(int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+                 int(usage.get("completion_tokens") or usage.get("output_tokens") or 0))
+
+
+def unread_spend(work: Work, prompt_bytes: int, attempts: int) -> Spend:
+    """What to charge for a line whose answers the worker never read (``attempts`` timed out, lost
+    their connection, or answered too much to read): each attempt's prompt (estimated) and the most
+    output it may have generated (its limit, else ``limits.UNKNOWN_OUTPUT_TOKENS_PER_SEQUENCE``)."""
+    per_sequence = limits.UNKNOWN_OUTPUT_TOKENS_PER_SEQUENCE if work.output_limit is None else work.output_limit
+    return Spend(estimate_tokens(prompt_bytes) * attempts, per_sequence * work.sequences * attempts)
+
+
 class Bounds(BaseModel):
     """The most one line may ask. The deployment's (``Settings.line_bounds``) apply to everyone; a
     tenant's policy may set lower ones (``TenantPolicy.line_bounds``), never higher
@@ -118,9 +160,7 @@ class Bounds(BaseModel):
 
     def output_cap(self, work: Work) -> int | None:
         """The output limit per sequence the worker sets on a line that sets none (None: none)."""
-        if self.max_output_tokens is None or work.output_limit is not None:
-            return None
-        return max(1, self.max_output_tokens // work.sequences)
+        return output_cap(self.max_output_tokens, work)
 
     def check(self, work: Work, endpoint: str) -> None:
         """LineError if ``work`` is over a bound (the first one found, OpenAI's codes)."""
@@ -148,6 +188,22 @@ class Bounds(BaseModel):
                 f"{self.max_output_tokens} output tokens per request.",
                 f"body.{work.output_field}",
             )
+
+
+def output_cap(max_line_output_tokens: int | None, work: Work) -> int | None:
+    """A line's share of ``max_line_output_tokens`` per sequence, when it sets no output limit of
+    its own (None: it sets one, or there is no bound; what it sets was checked at ingest)."""
+    if max_line_output_tokens is None or work.output_limit is not None or not work.sequences:
+        return None
+    return max(1, max_line_output_tokens // work.sequences)
+
+
+def with_output_cap(endpoint: str, body: dict[str, Any], max_line_output_tokens: int | None) -> dict[str, Any]:
+    """``body`` with its share of the line bound as its output limit, when it sets none (the
+    endpoint's first limit field, e.g. ``max_completion_tokens`` for chat); as it is otherwise."""
+    fields = OUTPUT_LIMIT_FIELDS.get(endpoint)
+    cap = output_cap(max_line_output_tokens, work_of(endpoint, body)) if fields else None
+    return body if cap is None else {**body, fields[0]: cap}
 
 
 class PolicyBounds(BaseModel):

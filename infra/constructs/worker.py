@@ -229,7 +229,17 @@ class ModelWorker(Construct):
             network_mode=ecs.NetworkMode.BRIDGE,  # egress through the host; nothing listens outside
             volumes=[ecs.Volume(name="cache", host=ecs.Host(source_path=CACHE_HOST_PATH))],
         )
-        secrets = {}
+        # The tenants' prefix-cache salts are HMACs under this secret (gpu_worker/shaping.py): the
+        # container gets it, the engine beside the worker never does (gpu_worker/entrypoint.sh).
+        self.cache_salt_secret = secretsmanager.Secret(
+            self, "CacheSaltSecret", description=f"Prefix-cache salt key of the {model.name} workers",
+            generate_secret_string=secretsmanager.SecretStringGenerator(password_length=64, exclude_punctuation=True),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        acknowledge(self.cache_salt_secret, "AwsSolutions-SMG4",
+                    "The cache-salt key protects no data: a rotation only makes every tenant's cached prefixes miss "
+                    "once; the engine's cache is lost on every task restart anyway.")
+        secrets = {"WORKER_CACHE_SALT_SECRET": ecs.Secret.from_secrets_manager(self.cache_salt_secret)}
         if model.hf_token_secret_arn:
             token = secretsmanager.Secret.from_secret_complete_arn(self, "HfToken", model.hf_token_secret_arn)
             secrets["HF_TOKEN"] = ecs.Secret.from_secrets_manager(token)
@@ -239,7 +249,7 @@ class ModelWorker(Construct):
             gpu_count=model.gpu_count,
             memory_reservation_mib=model.memory_reservation_mib,
             environment=container_environment(model, settings),
-            secrets=secrets or None,
+            secrets=secrets,
             linux_parameters=ecs.LinuxParameters(self, "Linux", shared_memory_size=model.shared_memory_mib),
             logging=ecs.LogDrivers.aws_logs(stream_prefix="worker", log_group=log_group(self, "Logs", config)),
             stop_timeout=stop_timeout(model),
