@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from functions.core import limits, tenants
-from functions.core.errors import ConditionFailed, InvalidRequest, StorageQuotaExceeded
+from functions.core.errors import ConditionFailed, InvalidRequest, StorageQuotaExceeded, Throttled
 from functions.core.ports import Stores
 from functions.core.records import FileRecord, UploadRecord
 
@@ -63,7 +63,12 @@ def storage_full(stores: Stores, tenant: str, quota: int, size: int) -> StorageQ
 
 
 def release_storage(stores: Stores, record: FileRecord | UploadRecord) -> None:
-    """Release what a removed (or cancelled) record held, once (the stream's reaper tries too)."""
+    """Release what a removed (or cancelled) record held, once. The removal is done whatever this
+    answers: a store that stays busy leaves the release to the stream's reaper, which makes it
+    when the record's item goes (at once for a deleted file, at its TTL for a cancelled upload)."""
     if record.holds_storage:
         kind = FileRecord if isinstance(record, FileRecord) else UploadRecord
-        stores.stored.release(record.tenant, kind.sort_key(record.id), record.bytes)
+        try:
+            stores.stored.release(record.tenant, kind.sort_key(record.id), record.bytes)
+        except Throttled:
+            pass
