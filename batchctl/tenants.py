@@ -157,7 +157,7 @@ def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None
             return 2
         assert keys is not None
         policy, changed = auth.set_disabled(keys, tenants, tenant, args.action == "disable", now=now)
-        audit.note(audit_store, tenant, f"tenants.{args.action}", target=tenant, details={"keys": changed}, now=now)
+        audit.note(audit_store, tenant, f"tenants.{args.action}", target=tenant, details={"policy": policy.model_dump(mode="json"), "keys": changed}, now=now)
         print(show(policy), file=out)
         print(f"batchctl: tenant {tenant!r} {args.action}d ({changed} keys marked)", file=err)
         return 0

@@ -78,8 +78,9 @@ def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(stack, env,
     assert [r["status"] for r in map(json.loads, run_cli("keys", "list", "--tenant", "acme", env=env)[1].splitlines())] == ["disabled"]
     assert run_cli("tenants", "enable", "--tenant", "acme", env=env)[0] == 0
     assert sdk(api_url, key).files.list().data == []
-    actions = [(r.action, r.details) for r in stores.audit.records("acme") if r.action.startswith("tenants.")]
-    assert actions == [("tenants.disable", {"keys": 1}), ("tenants.enable", {"keys": 1})]
+    actions = [(r.action, r.details["keys"], r.details["policy"]["disabled"])
+               for r in stores.audit.records("acme") if r.action.startswith("tenants.")]
+    assert actions == [("tenants.disable", 1, True), ("tenants.enable", 1, False)]
 
 
 def test_disable_needs_one_tenant(stack, env):  # noqa: F811
