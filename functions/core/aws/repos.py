@@ -22,6 +22,18 @@ HOLDS = "holds_reservation"
 #: The file and upload attribute that says its bytes are on the tenant's stored-bytes ledger.
 HOLDS_STORAGE = "holds_storage"
 
+def _create_holding(table: Table, track: bool, record: FileRecord | UploadRecord, max_stored_bytes: int | None) -> None:
+    """Put a new file or upload record (only if its id is free); with ``track``, with its bytes
+    reserved on the tenant's stored-bytes ledger in the same transaction (``stored.hold``)."""
+    if not track:
+        table.put(record.to_item(), if_absent=True)
+        return
+    table.transact([
+        Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
+        *stored.hold(record.tenant, record.sort_key(record.id), record.bytes, max_stored_bytes),
+    ])
+
+
 class FileRepo:
     """``track_storage``: count each new file's bytes on its tenant's stored-bytes ledger
     (``stored``; on when governance is)."""
@@ -31,13 +43,7 @@ class FileRepo:
         self._track = track_storage
 
     def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
-        if not self._track:
-            self._table.put(record.to_item(), if_absent=True)
-            return
-        self._table.transact([
-            Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
-            *stored.hold(record.tenant, FileRecord.sort_key(record.id), record.bytes, max_stored_bytes),
-        ])
+        _create_holding(self._table, self._track, record, max_stored_bytes)
 
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
         item = self._table.get(schema.tenant_pk(tenant), FileRecord.sort_key(file_id))
@@ -86,13 +92,7 @@ class UploadRepo:
         self._track = track_storage
 
     def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
-        if not self._track:
-            self._table.put(record.to_item(), if_absent=True)
-            return
-        self._table.transact([
-            Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
-            *stored.hold(record.tenant, UploadRecord.sort_key(record.id), record.bytes, max_stored_bytes),
-        ])
+        _create_holding(self._table, self._track, record, max_stored_bytes)
 
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
         item = self._table.get(schema.tenant_pk(tenant), UploadRecord.sort_key(upload_id))
