@@ -278,8 +278,8 @@ def cancel_upload(stores: Stores, tenant: str, upload_id: str, *, now: int) -> U
         record = stores.uploads.transition(record, "cancelled")
     except ConditionFailed:
         raise Conflict(f"Upload {upload_id} was completed or cancelled concurrently.", param="upload_id") from None
-    # Part bytes go now; the bucket's lifecycle rule on uploads/ removes any a crash leaves. Its
-    # reservation is released now (if this call dies first: when the record's TTL removes it).
+    # Part bytes go here; the bucket's lifecycle rule on uploads/ removes any a crash leaves. Its
+    # reservation is released here too (if this call dies first: when the record's TTL removes it).
     stores.objects.delete_many(stores.objects.list_keys(schema.upload_prefix(tenant, upload_id)))
     release_storage(stores, record)
     return record.to_wire(now)

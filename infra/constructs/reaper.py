@@ -31,7 +31,7 @@ def stream_filter() -> dict:
 
 def upload_filter() -> dict:
     """REMOVE events of upload items that still held stored bytes (expired or cancelled: a completed
-    upload handed its reservation to its File and no longer says ``holds_storage``)."""
+    upload handed its reservation to its File, and its record says ``holds_storage`` no more)."""
     return {
         "eventName": lambda_.FilterRule.is_equal("REMOVE"),
         "dynamodb": {"OldImage": {

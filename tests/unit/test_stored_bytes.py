@@ -115,7 +115,7 @@ def test_an_upload_reserves_its_declared_bytes_and_hands_them_to_its_file(stores
         put_file(stores, 21)  # the pending upload's bytes count
     part = uploads.add_part(stores, SETTINGS, "acme", upload.id, data=b"{}\n" + b"x" * 77, now=NOW)
     done = uploads.complete_upload(stores, SETTINGS, "acme", upload.id, CompleteUploadBody(part_ids=[part.id]), now=NOW)
-    assert stores.stored.used("acme") == 80  # the same bytes, now the File's
+    assert stores.stored.used("acme") == 80  # the same bytes, the File's
     file = stores.files.items[("acme", done.file.id)]
     upload_record = stores.uploads.items[("acme", upload.id)]
     assert file.holds_storage and not upload_record.holds_storage
