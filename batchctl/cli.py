@@ -82,9 +82,9 @@ def main(
             return audit.run(args, audit.audit_repo(target), out=out, err=err, s3=s3, worm=worm)
         if args.command == "tenants":
             return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err,
-                               audit_store=audit.audit_repo(target))
+                               audit_store=audit.audit_repo(target), keys=keys.key_repo(target))
         return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err,
-                        audit_store=audit.audit_repo(target))
+                        audit_store=audit.audit_repo(target), tenants=tenants.tenant_repo(target))
     except targets.TargetError as exc:
         print(f"batchctl: {exc}", file=err)
         return 1

@@ -161,6 +161,10 @@ MAX_OUTPUT_DENY_PATTERN_CHARS: Final = 512
 #: At most this many pluggable output checks per tenant.
 MAX_OUTPUT_CHECKS: Final = 8
 
+# --- Tenant policy (functions/core/tenants.py) --------------------------------------------------
+#: Seconds the API caches a tenant's policy for its per-request checks (``Settings.policy_cache_seconds``).
+DEFAULT_POLICY_CACHE_SECONDS: Final = 5.0
+
 
 def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:
     """How long the workflow waits for a signal from ``now``: until the batch expires, but never

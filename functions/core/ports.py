@@ -57,7 +57,11 @@ class Objects(Protocol):
 
 # --- State ------------------------------------------------------------------------------------
 class FileStore(Protocol):
-    def create(self, record: FileRecord) -> None: ...
+    def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
+        """Store a new File, only if its id is free. A store that keeps the stored-bytes ledger
+        (governance on) also reserves ``record.bytes`` on it in the same write (the record then
+        ``holds_storage``), only while the tenant's bytes stay at most ``max_stored_bytes`` (None:
+        no quota). ConditionFailed otherwise (nothing written)."""
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None: ...
     def delete(self, tenant: str, file_id: str) -> FileRecord | None: ...
     def list(
@@ -69,20 +73,36 @@ class FileStore(Protocol):
 
 
 class UploadStore(Protocol):
-    def create(self, record: UploadRecord) -> None: ...
+    def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
+        """Store a new Upload, reserving its declared bytes as ``FileStore.create`` does."""
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None: ...
     def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
         """Move a pending upload to ``status``; ConditionFailed if it is no longer pending."""
     def complete(self, record: UploadRecord, file: FileRecord) -> None:
-        """Atomically create the File and mark the pending upload completed with its id."""
+        """Atomically create the File and mark the pending upload completed with its id; an
+        upload that ``holds_storage`` hands its reservation to the File in the same write."""
     def add_part(self, part: UploadPartRecord) -> None: ...
     def parts(self, tenant: str, upload_id: str, part_ids: list[str]) -> dict[str, UploadPartRecord]: ...
 
 
 class KeyStore(Protocol):
-    def create(self, record: ApiKeyRecord) -> None: ...
+    """API keys by hash (what the authorizer reads), listed per tenant and found by id."""
+
+    def create(self, record: ApiKeyRecord) -> None:
+        """Store the key, its tenant listing and its id, in one write, only if none of them exists
+        and the tenant is not disabled (its policy's ``disabled``); ConditionFailed otherwise."""
     def get(self, key_hash: str) -> ApiKeyRecord | None: ...
-    def delete(self, key_hash: str) -> ApiKeyRecord | None: ...
+    def get_by_id(self, key_id: str) -> ApiKeyRecord | None: ...
+    def list(self, tenant: str) -> list[ApiKeyRecord]:
+        """The tenant's keys, by id (strongly consistent: a key just created is there)."""
+    def delete(self, key_hash: str) -> ApiKeyRecord | None:
+        """Remove the key with its listing and id; the removed key, or None if there was none."""
+    def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
+        """Mark (or unmark) the key and its listing disabled; False if the key is gone."""
+    def all_keys(self) -> list[ApiKeyRecord]:
+        """Every key (a table scan: for ``batchctl keys backfill`` only)."""
+    def add_listing(self, record: ApiKeyRecord) -> bool:
+        """Write the listing and id of a key stored without them; False if they exist."""
 
 
 class TenantStore(Protocol):
@@ -97,6 +117,20 @@ class TenantStore(Protocol):
         """Add one to the tenant's creation counter of the window starting at ``window_start``,
         only while it is below ``limit`` (atomic: concurrent creates never push it past the limit);
         True if counted, False if the window is full. The counter item expires at ``expires_at``."""
+    def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        """The same for the tenant's request counter of the minute window at ``window_start``
+        (``requests_per_minute``)."""
+
+
+class StoredBytes(Protocol):
+    """Tenants' stored-bytes ledgers (docs/governance.md, "Stored-bytes quota"): the bytes of the
+    files and uploads each tenant holds. Reservations are made with the record that holds them
+    (``FileStore.create``, ``UploadStore.create``, ``BatchStore.finish``)."""
+
+    def used(self, tenant: str) -> int: ...
+    def release(self, tenant: str, holder: str, size: int) -> bool:
+        """Subtract ``size`` for ``holder`` (``FileRecord.sort_key(id)`` / ``UploadRecord.sort_key(id)``)
+        once: True if this call released it, False if it was released before or never held."""
 
 
 class AuditStore(Protocol):
@@ -216,6 +250,7 @@ class Stores:
     workflows: Workflows
     events: Events
     tenants: TenantStore
+    stored: StoredBytes
     #: The audit chains (None: this deployment keeps none; docs/audit.md).
     audit: AuditStore | None = None
     #: The same chains as the chunk counters (GPU worker, chunk DLQ consumer) reach them for chunk

@@ -80,6 +80,10 @@ class FileRecord(Record):
     #: failed (``status_details`` says why, e.g. an md5 mismatch).
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
+    #: True when ``bytes`` are counted on the tenant's stored-bytes ledger (``schema.stored_pk``,
+    #: docs/governance.md): the file's removal releases them (its marker makes that happen once).
+    #: Absent on files created while the deployment kept no ledger (governance off).
+    holds_storage: bool | None = None
 
     @staticmethod
     def sort_key(file_id: str) -> str:
@@ -129,6 +133,10 @@ class UploadRecord(Record):
     #: expires_after.seconds for the File the upload becomes.
     file_expires_after: int | None = None
     file_id: str | None = None
+    #: True while the upload's declared ``bytes`` are reserved on the tenant's stored-bytes ledger
+    #: (``FileRecord.holds_storage``): ``complete`` hands the reservation to its File (and removes
+    #: this), a cancel or the record's removal releases it.
+    holds_storage: bool | None = None
 
     #: Completed/cancelled uploads stay readable a day past their hour, then TTL removes them.
     RETENTION_SECONDS: ClassVar[int] = 86_400
@@ -182,18 +190,53 @@ class UploadPartRecord(Record):
         return UploadPart(id=self.id, created_at=self.created_at, upload_id=self.upload_id)
 
 
+#: How many hex digits of a key's sha256 make its id (``key:<hex>``, the audit chain's actor).
+KEY_ID_HEX = 12
+KEY_ID_PREFIX = "key:"
+
+
+def key_id(key_hash: str) -> str:
+    """A key's visible, stable id: ``key:`` + the first ``KEY_ID_HEX`` hex digits of its sha256,
+    the same string the audit chain names its requests' actor by (``audit.key_actor``)."""
+    return KEY_ID_PREFIX + key_hash[:KEY_ID_HEX]
+
+
 class ApiKeyRecord(Record):
-    """An API key, stored only as its SHA-256. ``hint`` is the key's last four characters."""
+    """An API key, stored only as its SHA-256. ``hint`` is the key's last four characters.
+    ``disabled``: its tenant is disabled (``batchctl tenants disable``), so the authorizer refuses
+    it; the authorizer reads this item and nothing else."""
 
     key_hash: str
     tenant: str
     created_at: int
     hint: str
+    disabled: bool | None = None
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
 
+    @property
+    def id(self) -> str:
+        return key_id(self.key_hash)
+
+    @property
+    def status(self) -> str:
+        return "disabled" if self.disabled else "active"
+
+    @staticmethod
+    def listing_sort_key(key_id: str) -> str:
+        return f"KEY#{key_id}"
+
     def keys(self) -> dict[str, str]:
         return {schema.PK: schema.key_pk(self.key_hash), schema.SK: "KEY"}
+
+    def listing_item(self) -> dict[str, Any]:
+        """The key's item in its tenant's key partition (``schema.tenant_keys_pk``): the same
+        fields, so a listing needs no read of the key items."""
+        return {**self.to_item(), schema.PK: schema.tenant_keys_pk(self.tenant), schema.SK: self.listing_sort_key(self.id)}
+
+    def id_item(self) -> dict[str, Any]:
+        """The id's lookup item (``schema.key_id_pk``): where ``revoke --id`` finds the key."""
+        return {schema.PK: schema.key_id_pk(self.id), schema.SK: "KEYID", "tenant": self.tenant, "key_hash": self.key_hash}
 
 
 class BatchRecord(Record):

@@ -131,6 +131,9 @@ class Settings(EnvSettings):
     #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack
     #: grants nothing on the TENANTS partition. CDK: the config's ``governance``; local: on.
     governance: bool = True
+    #: How long the API keeps a tenant's policy between reads for its per-request checks
+    #: (``requests_per_minute``, disabled): a policy change reaches every API process within this.
+    policy_cache_seconds: float = Field(default=limits.DEFAULT_POLICY_CACHE_SECONDS, ge=0)
     #: The Object Lock bucket every audit record is copied to as it is appended (docs/audit.md,
     #: "WORM copy"; functions/audit_export, on the table's stream); empty: no such bucket.
     audit_bucket_name: str = ""

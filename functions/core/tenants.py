@@ -18,18 +18,30 @@ Enforced now (docs/governance.md):
   creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest (``budget_exceeded``)
   and workers stop sending the lines of running ones (each a ``budget_exceeded`` error line;
   ``gpu_worker/budget.py``).
+- ``requests_per_minute``: every API request of the tenant (every route), counted by the API with
+  one conditional atomic counter item per (tenant, minute window); over the limit 429 type
+  ``requests``, code ``rate_limit_exceeded``, ``Retry-After`` (seconds to the window's end).
+- ``max_stored_bytes``: the bytes of the tenant's files and pending uploads, reserved with the
+  record that holds them, released once when it goes (``aws.stored``); over it a file or upload
+  create is a 400 ``storage_quota_exceeded``. A batch's output files are counted, never refused.
+- ``disabled``: ``batchctl tenants disable`` marks every key of the tenant, which the authorizer
+  then refuses (401 ``account_deactivated``); the API refuses the tenant's requests too.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import schema
-from .errors import QuotaExceeded, RateLimited
+from .errors import DEACTIVATED_MESSAGE, AccountDeactivated, QuotaExceeded, RateLimited, RequestRateLimited, StorageQuotaExceeded
+
+if TYPE_CHECKING:
+    from .ports import TenantStore
 from .guard import GuardPolicy
 from .budgets import BUDGET_KINDS, BudgetCaps, Spent, budget_sk
 from .records import check_tenant
@@ -37,6 +49,8 @@ from .work import BYTES_PER_TOKEN, PolicyBounds, estimate_tokens  # noqa: F401 -
 
 #: The length of one creation-rate window (a clock hour, aligned to the epoch).
 HOUR_SECONDS = 3600
+#: The length of one request-rate window (a clock minute, aligned to the epoch).
+MINUTE_SECONDS = 60
 #: A counter item outlives its window by this much before DynamoDB's TTL removes it (a late
 #: reader of the window never sees it vanish early; the TTL deletion is lazy anyway).
 COUNTER_GRACE_SECONDS = 3600
@@ -78,6 +92,13 @@ class TenantPolicy(BaseModel):
     #: Prompt secrets (refuse/redact) and output guardrails (functions/core/guard.py); None: none.
     #: Ingest snapshots it into the batch's work messages; the worker applies it to every line.
     guard: GuardPolicy | None = None
+    #: API requests per clock minute, every route; None: unlimited (the stage throttle is the only
+    #: bound). At least 1: a tenant to be shut out is disabled instead.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    #: Bytes of files and pending uploads the tenant may hold at once; None: no quota.
+    max_stored_bytes: int | None = Field(default=None, ge=0)
+    #: Set by ``batchctl tenants disable`` (with every key of the tenant marked disabled).
+    disabled: bool = False
     updated_at: int = 0
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
@@ -142,6 +163,70 @@ def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = No
             retry_after=retry_after(now),
         )
     return policy
+
+
+# --- Request rate (requests_per_minute) and the disabled state ----------------------------------
+def minute_start(now: int) -> int:
+    return now - now % MINUTE_SECONDS
+
+
+def admit_request(tenants: "TenantStore", policy: TenantPolicy | None, *, now: int) -> None:
+    """Admit one API request of ``policy``'s tenant at ``now`` (None: a tenant without a record,
+    admitted with nothing read or written): ``AccountDeactivated`` for a disabled tenant; with a
+    ``requests_per_minute``, one conditional ADD on the minute's counter (a refused request counts
+    nothing) and ``RequestRateLimited`` when the window is full, with ``Retry-After`` the seconds
+    to its end: the SDK's own retries then wait until requests are counted again."""
+    if policy is None:
+        return
+    if policy.disabled:
+        raise AccountDeactivated(DEACTIVATED_MESSAGE)
+    limit = policy.requests_per_minute
+    if limit is None:
+        return
+    start = minute_start(now)
+    if tenants.count_request(policy.tenant, start, limit=limit, expires_at=start + MINUTE_SECONDS + COUNTER_GRACE_SECONDS):
+        return
+    wait = max(1, start + MINUTE_SECONDS - now)
+    raise RequestRateLimited(
+        f"Rate limit reached for requests in organization {policy.tenant} on requests per min (RPM): "
+        f"Limit {limit}, Used {limit}, Requested 1. Please try again in {wait}s.",
+        retry_after=wait,
+    )
+
+
+class PolicyCache:
+    """Tenant policies as read at most ``seconds`` ago (by ``clock``, monotonic): the API checks
+    the policy on every request, so a process reads each tenant's policy at most once per
+    ``seconds`` and a policy change reaches it within that long (0: read every time)."""
+
+    def __init__(self, tenants: "TenantStore", seconds: float, clock: Callable[[], float] = time.monotonic):
+        self._tenants, self._seconds, self._clock = tenants, seconds, clock
+        self._read: dict[str, tuple[float, TenantPolicy | None]] = {}
+
+    def get(self, tenant: str) -> TenantPolicy | None:
+        now = self._clock()
+        hit = self._read.get(tenant)
+        if hit is not None and now - hit[0] < self._seconds:
+            return hit[1]
+        policy = self._tenants.get(tenant)
+        self._read[tenant] = (now, policy)
+        return policy
+
+
+# --- Stored bytes (max_stored_bytes) ------------------------------------------------------------
+def storage_quota(tenants: "TenantStore", tenant: str) -> int | None:
+    """The tenant's ``max_stored_bytes`` (one GetItem; None: no policy, no quota, governance off)."""
+    policy = tenants.get(tenant)
+    return policy.max_stored_bytes if policy is not None else None
+
+
+def storage_quota_exceeded(limit: int, used: int, size: int) -> StorageQuotaExceeded:
+    """OpenAI's words for a full file storage, with this tenant's numbers."""
+    return StorageQuotaExceeded(
+        f"You have exceeded your file storage quota. This organization is limited to {limit} bytes of files "
+        f"and holds {used} bytes; this one is {size} bytes. Please delete old files or attempt with a smaller "
+        "file size."
+    )
 
 
 # --- Enqueued caps (max_enqueued_requests / max_enqueued_tokens) --------------------------------

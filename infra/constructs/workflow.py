@@ -20,7 +20,7 @@ from infra.config import DeployConfig
 
 from .common import (
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge_data_grants, acknowledge_wildcards, arn_in_findings, grant_items,
-    grant_release, log_group, resource_prefix,
+    grant_release, grant_storage_charge, log_group, resource_prefix,
 )
 from .events import BatchEvents
 from .ingest import BATCH_KEYS
@@ -80,6 +80,8 @@ class Workflow(Construct):
         grant_items(self.function, storage, WORKFLOW_FILE_ACTIONS, (FILE_PARTITIONS,),  # output and error File records
                     excluding=(NOT_FILE_PARTITIONS,))
         grant_release(self.function, storage)  # finalize/fail release the batch's enqueued-cap reservation
+        if settings.governance:  # the output files are counted on the stored-bytes ledger (docs/governance.md)
+            grant_storage_charge(self.function, storage)
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # input (never-ran lines), manifest, parts
         storage.bucket.grant_put(self.function, FILE_KEYS)  # output and error files (multipart)
         self.grant_publish(self.function)

@@ -227,7 +227,8 @@ class TtlSweeper:
     def start(self) -> None:
         self._stop.clear()
         table = clients.dynamodb_table(self._settings.table_name)
-        self._thread = start_sweeper(table, deps.stores().objects, self._clock, self._stop, every=self._every)
+        stores = deps.stores()
+        self._thread = start_sweeper(table, stores.objects, self._clock, self._stop, every=self._every, stored=stores.stored)
 
     def stop(self) -> None:
         self._stop.set()

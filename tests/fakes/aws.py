@@ -210,17 +210,61 @@ def _apply(item: dict[str, Any], values: dict, defaults: dict, add: dict, remove
     return item
 
 
+class FakeStored(_Port):
+    """The stored-bytes ledgers: a counter per tenant and a marker per holder, as the adapter keeps
+    them (``aws.stored``). ``track``: the stores keep a ledger (governance on); a release works
+    either way. The other fakes reserve and charge through ``hold``/``charge`` (no fault of
+    their own: a reservation fails with the record's write)."""
+
+    name = "stored"
+
+    def __init__(self, faults: Faults, *, track: bool = True):
+        super().__init__(faults)
+        self.track = track
+        self.counters: dict[str, int] = {}
+        self.markers: dict[tuple[str, str], int] = {}
+
+    def used(self, tenant: str) -> int:
+        self._op("used")
+        return self.counters.get(tenant, 0)
+
+    def release(self, tenant: str, holder: str, size: int) -> bool:
+        self._op("release")
+        if self.markers.pop((tenant, holder), None) is None:
+            return False
+        self.counters[tenant] = self.counters.get(tenant, 0) - size
+        return True
+
+    def check_hold(self, tenant: str, holder: str, size: int, limit: int | None) -> None:
+        """ConditionFailed if the reservation would not fit (or the holder has one)."""
+        if (tenant, holder) in self.markers or (limit is not None and self.counters.get(tenant, 0) + size > limit):
+            raise condition_failed()
+
+    def hold(self, tenant: str, holder: str, size: int) -> None:
+        self.markers[(tenant, holder)] = size
+        self.counters[tenant] = self.counters.get(tenant, 0) + size
+
+    def move(self, tenant: str, old: str, new: str) -> None:
+        self.markers[(tenant, new)] = self.markers.pop((tenant, old))
+
+
 class FakeFiles(_Port):
     name = "files"
 
-    def __init__(self, faults: Faults):
+    def __init__(self, faults: Faults, stored: FakeStored | None = None):
         super().__init__(faults)
         self.items: dict[tuple[str, str], FileRecord] = {}
+        self.stored = stored or FakeStored(faults, track=False)
 
-    def create(self, record: FileRecord) -> None:
+    def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
         self._op("create")
         if (record.tenant, record.id) in self.items:
             raise condition_failed()
+        if self.stored.track:
+            holder = FileRecord.sort_key(record.id)
+            self.stored.check_hold(record.tenant, holder, record.bytes, max_stored_bytes)
+            self.stored.hold(record.tenant, holder, record.bytes)
+            record = record.model_copy(update={"holds_storage": True})
         self.items[(record.tenant, record.id)] = record
 
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
@@ -263,10 +307,16 @@ class FakeUploads(_Port):
         self.part_items: dict[tuple[str, str, str], UploadPartRecord] = {}
         self._files = files
 
-    def create(self, record: UploadRecord) -> None:
+    def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
         self._op("create")
         if (record.tenant, record.id) in self.items:
             raise condition_failed()
+        stored = self._files.stored
+        if stored.track:
+            holder = UploadRecord.sort_key(record.id)
+            stored.check_hold(record.tenant, holder, record.bytes, max_stored_bytes)
+            stored.hold(record.tenant, holder, record.bytes)
+            record = record.model_copy(update={"holds_storage": True})
         self.items[(record.tenant, record.id)] = record
 
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
@@ -287,8 +337,15 @@ class FakeUploads(_Port):
         current = self.items.get((record.tenant, record.id))
         if current is None or current.status != "pending" or (file.tenant, file.id) in self._files.items:
             raise condition_failed()
+        update: dict[str, Any] = {"status": "completed", "file_id": file.id}
+        if record.holds_storage:  # the reservation becomes the File's
+            if not current.holds_storage:
+                raise condition_failed()
+            self._files.stored.move(record.tenant, UploadRecord.sort_key(record.id), FileRecord.sort_key(file.id))
+            file = file.model_copy(update={"holds_storage": True})
+            update["holds_storage"] = None
         self._files.items[(file.tenant, file.id)] = file
-        self.items[(record.tenant, record.id)] = current.model_copy(update={"status": "completed", "file_id": file.id})
+        self.items[(record.tenant, record.id)] = current.model_copy(update=update)
 
     def add_part(self, part: UploadPartRecord) -> None:
         self._op("add_part")
@@ -303,25 +360,73 @@ class FakeUploads(_Port):
 
 
 class FakeKeys(_Port):
+    """Keys with their tenant listings and ids, kept together as the adapter's transactions keep
+    them; ``put_unlisted`` stores a key as keys stored before ids were (no listing, no id)."""
+
     name = "keys"
 
-    def __init__(self, faults: Faults):
+    def __init__(self, faults: Faults, tenants: FakeTenants | None = None):
         super().__init__(faults)
         self.items: dict[str, ApiKeyRecord] = {}
+        self.listed: dict[tuple[str, str], str] = {}  # (tenant, key id) -> key hash
+        self.ids: dict[str, str] = {}  # key id -> key hash
+        self._tenants = tenants
 
     def create(self, record: ApiKeyRecord) -> None:
         self._op("create")
-        if record.key_hash in self.items:
+        policy = self._tenants.policies.get(record.tenant) if self._tenants else None
+        if (record.key_hash in self.items or record.id in self.ids or (record.tenant, record.id) in self.listed
+                or (policy is not None and policy.disabled)):
             raise condition_failed()
+        self.items[record.key_hash] = record
+        self.listed[(record.tenant, record.id)] = record.key_hash
+        self.ids[record.id] = record.key_hash
+
+    def put_unlisted(self, record: ApiKeyRecord) -> None:
+        """Test setup: a key item alone."""
         self.items[record.key_hash] = record
 
     def get(self, key_hash: str) -> ApiKeyRecord | None:
         self._op("get")
         return self.items.get(key_hash)
 
+    def get_by_id(self, key_id: str) -> ApiKeyRecord | None:
+        self._op("get_by_id")
+        key_hash = self.ids.get(key_id)
+        return self.items.get(key_hash) if key_hash else None
+
+    def list(self, tenant: str) -> list[ApiKeyRecord]:
+        self._op("list")
+        return [self.items[h] for (t, _), h in sorted(self.listed.items()) if t == tenant]
+
     def delete(self, key_hash: str) -> ApiKeyRecord | None:
         self._op("delete")
-        return self.items.pop(key_hash, None)
+        record = self.items.pop(key_hash, None)
+        if record is not None:
+            if self.listed.get((record.tenant, record.id)) == key_hash:
+                del self.listed[(record.tenant, record.id)]
+            if self.ids.get(record.id) == key_hash:
+                del self.ids[record.id]
+        return record
+
+    def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
+        self._op("set_disabled")
+        if record.key_hash not in self.items:
+            return False
+        self.items[record.key_hash] = self.items[record.key_hash].model_copy(update={"disabled": True if disabled else None})
+        return True
+
+    def all_keys(self) -> list[ApiKeyRecord]:
+        self._op("all_keys")
+        return list(self.items.values())
+
+    def add_listing(self, record: ApiKeyRecord) -> bool:
+        self._op("add_listing")
+        if (record.tenant, record.id) in self.listed or record.id in self.ids:
+            return False
+        self.listed[(record.tenant, record.id)] = record.key_hash
+        self.ids[record.id] = record.key_hash
+        return True
 
 
 class FakeTenants(_Port):
@@ -331,6 +436,8 @@ class FakeTenants(_Port):
         super().__init__(faults)
         self.policies: dict[str, TenantPolicy] = {}
         self.counters: dict[tuple[str, int], int] = {}
+        #: The request-rate counters: (tenant, minute window start) -> requests counted.
+        self.requests: dict[tuple[str, int], int] = {}
 
     def get(self, tenant: str) -> TenantPolicy | None:
         self._op("get")
@@ -347,10 +454,18 @@ class FakeTenants(_Port):
 
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         self._op("count_creation")
-        count = self.counters.get((tenant, window_start), 0)
+        return self._count(self.counters, (tenant, window_start), limit)
+
+    def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        self._op("count_request")
+        return self._count(self.requests, (tenant, window_start), limit)
+
+    @staticmethod
+    def _count(counters: dict[tuple[str, int], int], key: tuple[str, int], limit: int) -> bool:
+        count = counters.get(key, 0)
         if count >= limit:
             return False
-        self.counters[(tenant, window_start)] = count + 1
+        counters[key] = count + 1
         return True
 
 
@@ -456,7 +571,11 @@ class FakeBatches(_Port):
         new = _apply(item, dict(change.values), dict(change.defaults), dict(change.add), change.remove)
         record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
         self.items[(tenant, batch_id)] = record.model_dump()
+        ledger = self._files.stored
         for f in files:
+            if ledger.track:  # counted, never refused (as the adapter)
+                ledger.hold(f.tenant, FileRecord.sort_key(f.id), f.bytes)
+                f = f.model_copy(update={"holds_storage": True})
             self._files.items[(f.tenant, f.id)] = f
         return record
 
@@ -674,20 +793,24 @@ class FakeStores(Stores):
     faults: Faults = field(default_factory=Faults)
 
 
-def fake_stores() -> FakeStores:
+def fake_stores(*, track_storage: bool = True) -> FakeStores:
+    """``track_storage``: the stores keep the stored-bytes ledger (governance on, the default)."""
     faults = Faults()
-    files = FakeFiles(faults)
+    stored = FakeStored(faults, track=track_storage)
+    files = FakeFiles(faults, stored)
     audit = FakeAudit(faults)
+    tenants = FakeTenants(faults)
     return FakeStores(
         objects=FakeObjects(faults),
         files=files,
         uploads=FakeUploads(faults, files),
-        keys=FakeKeys(faults),
+        keys=FakeKeys(faults, tenants),
         batches=FakeBatches(faults, files),
         queues=FakeQueues(faults),
         workflows=FakeWorkflows(faults),
         events=FakeEvents(faults),
-        tenants=FakeTenants(faults),
+        tenants=tenants,
+        stored=stored,
         audit=audit,
         receipts=audit,
         faults=faults,

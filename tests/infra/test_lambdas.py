@@ -116,19 +116,21 @@ def test_code_asset_is_functions_package_with_aarch64_dependencies(synth):
     assert not (asset / "moto").exists() and not (asset / "aws_cdk").exists(), "only run-time dependencies"
 
 
-def test_reaper_reads_remove_events_of_file_items_only(synth):
+def test_reaper_reads_remove_events_of_file_items_and_of_uploads_holding_stored_bytes(synth):
     (props,) = [
         m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
         if m["Properties"]["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
     ]
     assert props["EventSourceArn"] == {"Fn::GetAtt": [synth.one("AWS::DynamoDB::Table")[0], "StreamArn"]}
     assert props["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
-    (flt,) = props["FilterCriteria"]["Filters"]
+    flt, uploads = props["FilterCriteria"]["Filters"]
     assert json.loads(flt["Pattern"]) == {
         "eventName": ["REMOVE"],
         "dynamodb": {"OldImage": {"sk": {"S": [{"prefix": FileRecord.sort_key("")}]}}},
     }
     assert json.loads(flt["Pattern"]) == json.loads(json.dumps(synth.stack.resolve(stream_filter())))
+    # An upload that still held stored bytes when its record went (expired, or cancelled): its release.
+    assert json.loads(uploads["Pattern"])["dynamodb"]["OldImage"]["holds_storage"] == {"BOOL": [True]}
     assert props["BisectBatchOnFunctionError"] is True
     assert props["DestinationConfig"]["OnFailure"]["Destination"] == {
         "Fn::GetAtt": [synth.logical_id(synth.stack.reaper.dead_letters), "Arn"]
@@ -192,7 +194,7 @@ def test_authorizer_can_only_read_api_keys(synth, ids):
     _log_and_trace_only(pairs, _functions(synth)["authorizer"][1]["LoggingConfig"]["LogGroup"]["Ref"])
 
 
-def test_reaper_can_only_delete_objects(synth, ids):
+def test_reaper_can_only_delete_objects_and_release_stored_bytes(synth, ids):
     pairs = _permissions(synth, "reaper")
     assert {(a, r) for a, r in pairs if a.startswith("s3:")} == {("s3:DeleteObject*", _objects(ids["bucket"]))}
     stream = _ref(ids["table"], "StreamArn")
@@ -200,6 +202,8 @@ def test_reaper_can_only_delete_objects(synth, ids):
     assert dynamo == {
         ("dynamodb:DescribeStream", stream), ("dynamodb:GetRecords", stream), ("dynamodb:GetShardIterator", stream),
         ("dynamodb:ListStreams", '"*"'),  # no resource-level permissions for ListStreams
+        # A release on the stored-bytes ledger (items of T#*#STORAGE only: tests/infra/test_api_access.py).
+        ("dynamodb:DeleteItem", _ref(ids["table"], "Arn")), ("dynamodb:UpdateItem", _ref(ids["table"], "Arn")),
     }
     dlq = _ref(synth.logical_id(synth.stack.reaper.dead_letters))
     assert {r for a, r in pairs if a.startswith("sqs:")} == {dlq}

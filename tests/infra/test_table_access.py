@@ -108,6 +108,8 @@ CHARGE = (["dynamodb:UpdateItem"], ["T#*#BUDGET"])
 RECEIPTS = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"])
 #: A role that makes a batch terminal releases its enqueued-cap reservation in that transaction.
 RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
+#: The workflow's finalize counts the output files it creates: their markers and the counter's ADD.
+STORAGE_CHARGE = (["dynamodb:PutItem", "dynamodb:UpdateItem"], ["T#*#STORAGE"])
 #: The worker also reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
 CHARGE_AND_WATCH = (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BUDGET"])
 WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE_AND_WATCH, RECEIPTS]
@@ -152,6 +154,7 @@ LAMBDA_RIGHTS = {
         (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
         (["dynamodb:PutItem"], ["T#*"], ["T#*#*"]),  # a tenant's own partition only (its File records)
         RELEASE,
+        STORAGE_CHARGE,  # its output files counted on the tenant's stored-bytes ledger (governance on)
     ],
 }
 
@@ -443,5 +446,5 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     # The paths made the calls these rights exist for (the workflow's Query and its File put).
     assert ("dynamodb:Query", [schema.chunks_pk("acme", batch.id)]) in recorder.requests("workflow")
     assert ("dynamodb:PutItem", [schema.tenant_pk("acme")]) in recorder.requests("workflow")
-    # The API (full table rights) wrote the tenant's files in T#acme: the partition the others never touch.
+    # The API wrote the tenant's files in T#acme: the partition the others never touch.
     assert any(schema.tenant_pk("acme") in keys for _, keys in recorder.requests("setup"))

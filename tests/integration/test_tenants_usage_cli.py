@@ -27,7 +27,8 @@ def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], s
     assert usage["budget"] == {"period": budget_sk("month", now), "output_tokens": 42}
 
 
-def test_get_of_a_tenant_without_limits_reads_no_counter(stack: None, env: dict[str, str]) -> None:  # noqa: F811
+def test_get_of_a_tenant_without_limits_shows_only_its_stored_bytes(stack: None, env: dict[str, str]) -> None:  # noqa: F811
+    # Every tenant's stored bytes are counted (a quota set later starts from what it holds).
     code, out, err = run_cli("tenants", "get", "--tenant", "nobody", env=env)
     assert code == 0, err
-    assert json.loads(out)["usage"] == {"enqueued": {}}
+    assert json.loads(out)["usage"] == {"enqueued": {}, "stored_bytes": 0}

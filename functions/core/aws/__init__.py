@@ -14,6 +14,7 @@ from .eventbridge import EventBridge
 from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
 from .s3 import ObjectStore
 from .sqs import SqsQueues
+from .stored import StoredBytesRepo
 from .stepfunctions import StepFunctions
 from .tenants import TenantRepo
 
@@ -35,6 +36,9 @@ class NoPolicy:
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         return True
 
+    def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        return True
+
 
 def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Stores:
     """Every port on AWS, for the deployment ``settings`` describe. ``concurrent``: a set that may
@@ -47,16 +51,18 @@ def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Sto
     else:
         table = Table(clients.dynamodb_table(settings.table_name))
     chains = AuditRepo(table) if settings.governance else None  # off: no audit chain, no receipts
+    track = settings.governance  # the stored-bytes ledger (releases happen whatever the switch says)
     return Stores(
         objects=ObjectStore(clients.client("s3"), settings.bucket_name),
-        files=FileRepo(table),
-        uploads=UploadRepo(table),
+        files=FileRepo(table, track_storage=track),
+        uploads=UploadRepo(table, track_storage=track),
         keys=KeyRepo(table),
-        batches=BatchRepo(table),
+        batches=BatchRepo(table, track_storage=track),
         queues=SqsQueues(clients.client("sqs")),
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
+        stored=StoredBytesRepo(table),
         audit=chains,
         receipts=chains,  # chunk receipts (worker, chunk DLQ consumer: granted AUDIT#*, infra/constructs/common.py)
         concurrent=concurrent,

@@ -17,14 +17,34 @@ from .. import lifecycle
 from ..lifecycle import Change
 from ..budgets import BUDGET_KINDS, Spent
 from ..tenants import Release, Reservation
-from .dynamodb import Put, Table, Update, _render
+from . import stored
+from .dynamodb import Check, Delete, Put, Table, Update, _render
+
+#: The file and upload attribute that says its bytes are on the tenant's stored-bytes ledger.
+HOLDS_STORAGE = "holds_storage"
+
+def _create_holding(table: Table, track: bool, record: FileRecord | UploadRecord, max_stored_bytes: int | None) -> None:
+    """Put a new file or upload record (only if its id is free); with ``track``, with its bytes
+    reserved on the tenant's stored-bytes ledger in the same transaction (``stored.hold``)."""
+    if not track:
+        table.put(record.to_item(), if_absent=True)
+        return
+    table.transact([
+        Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
+        *stored.hold(record.tenant, record.sort_key(record.id), record.bytes, max_stored_bytes),
+    ])
+
 
 class FileRepo:
-    def __init__(self, table: Table):
-        self._table = table
+    """``track_storage``: count each new file's bytes on its tenant's stored-bytes ledger
+    (``stored``; on when governance is)."""
 
-    def create(self, record: FileRecord) -> None:
-        self._table.put(record.to_item(), if_absent=True)
+    def __init__(self, table: Table, *, track_storage: bool = False):
+        self._table = table
+        self._track = track_storage
+
+    def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
+        _create_holding(self._table, self._track, record, max_stored_bytes)
 
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
         item = self._table.get(schema.tenant_pk(tenant), FileRecord.sort_key(file_id))
@@ -65,11 +85,15 @@ class FileRepo:
 
 
 class UploadRepo:
-    def __init__(self, table: Table):
-        self._table = table
+    """``track_storage``: reserve each new upload's declared bytes on its tenant's stored-bytes
+    ledger (``FileRepo``)."""
 
-    def create(self, record: UploadRecord) -> None:
-        self._table.put(record.to_item(), if_absent=True)
+    def __init__(self, table: Table, *, track_storage: bool = False):
+        self._table = table
+        self._track = track_storage
+
+    def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
+        _create_holding(self._table, self._track, record, max_stored_bytes)
 
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
         item = self._table.get(schema.tenant_pk(tenant), UploadRecord.sort_key(upload_id))
@@ -84,13 +108,26 @@ class UploadRepo:
         return UploadRecord.from_item(item)
 
     def complete(self, record: UploadRecord, file: FileRecord) -> None:
-        """Atomically create the File and mark the pending upload completed with its id."""
+        """Atomically create the File and mark the pending upload completed with its id (an upload
+        holding stored bytes hands them to the File: its marker becomes the File's)."""
+        if not record.holds_storage:
+            self._table.transact([
+                Put(file.to_item(), if_absent=True),
+                Update(
+                    schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
+                    values={"status": "completed", "file_id": file.id}, expect={"status": "pending"},
+                ),
+            ])
+            return
+        tenant, upload_sk, file_sk = record.tenant, UploadRecord.sort_key(record.id), FileRecord.sort_key(file.id)
         self._table.transact([
-            Put(file.to_item(), if_absent=True),
+            Put({**file.to_item(), HOLDS_STORAGE: True}, if_absent=True),
             Update(
-                schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
-                values={"status": "completed", "file_id": file.id}, expect={"status": "pending"},
+                schema.tenant_pk(tenant), upload_sk, values={"status": "completed", "file_id": file.id},
+                remove=(HOLDS_STORAGE,), expect={"status": "pending", HOLDS_STORAGE: True},
             ),
+            Delete(schema.stored_pk(tenant), schema.stored_marker_sk(upload_sk), condition=Attr(schema.PK).exists()),
+            Put(stored.marker(tenant, file_sk, file.bytes), if_absent=True),
         ])
 
     def add_part(self, part: UploadPartRecord) -> None:
@@ -104,24 +141,85 @@ class UploadRepo:
 
 
 class KeyRepo:
+    """A key is three items written and deleted together: the key item (``schema.key_pk``, what
+    the authorizer reads), its listing in the tenant's key partition and its id's lookup item."""
+
     def __init__(self, table: Table):
         self._table = table
 
     def create(self, record: ApiKeyRecord) -> None:
-        self._table.put(record.to_item(), if_absent=True)
+        self._table.transact([
+            Put(record.to_item(), if_absent=True),
+            Put(record.listing_item(), if_absent=True),
+            Put(record.id_item(), if_absent=True),
+            # Serialized with ``tenants disable``, which writes the policy before it lists the keys
+            # to mark: a key created after that write is refused, one created before is listed.
+            Check(schema.TENANTS_PK, schema.tenant_policy_sk(record.tenant),
+                  Attr("disabled").not_exists() | Attr("disabled").ne(True)),
+        ])
 
     def get(self, key_hash: str) -> ApiKeyRecord | None:
         item = self._table.get(schema.key_pk(key_hash), "KEY")
         return ApiKeyRecord.from_item(item) if item else None
 
+    def get_by_id(self, key_id: str) -> ApiKeyRecord | None:
+        item = self._table.get(schema.key_id_pk(key_id), "KEYID")
+        return self.get(item["key_hash"]) if item else None
+
+    def list(self, tenant: str) -> list[ApiKeyRecord]:
+        items, _ = self._table.query_page(
+            pk=schema.tenant_keys_pk(tenant), prefix=ApiKeyRecord.listing_sort_key(""), after=None, ascending=True,
+            limit=10**9,
+        )
+        return [ApiKeyRecord.from_item(i) for i in items]
+
     def delete(self, key_hash: str) -> ApiKeyRecord | None:
-        old = self._table.delete(schema.key_pk(key_hash), "KEY")
-        return ApiKeyRecord.from_item(old) if old else None
+        record = self.get(key_hash)
+        if record is None:
+            return None
+        ops: list[Any] = [Delete(schema.key_pk(key_hash), "KEY", condition=Attr(schema.PK).exists())]
+        # Its listing and id items go with it if they are this key's: a key stored before ids
+        # existed has none (``batchctl keys backfill`` adds them), and another key may hold its id.
+        for pk, sk in ((schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id)),
+                       (schema.key_id_pk(record.id), "KEYID")):
+            if (self._table.get(pk, sk) or {}).get("key_hash") == key_hash:
+                ops.append(Delete(pk, sk, condition=Attr("key_hash").eq(key_hash)))
+        try:
+            self._table.transact(ops)
+        except ConditionFailed:  # revoked concurrently
+            return None
+        return record
+
+    def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
+        values, remove = ({"disabled": True}, ()) if disabled else ({}, ("disabled",))
+        try:
+            self._table.transact([
+                Update(schema.key_pk(record.key_hash), "KEY", values=values, remove=remove),
+                Update(schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id),
+                       values=values, remove=remove),
+            ])
+        except ConditionFailed:  # revoked meanwhile
+            return False
+        return True
+
+    def all_keys(self) -> list[ApiKeyRecord]:
+        return [ApiKeyRecord.from_item(i) for i in self._table.scan_prefix(schema.key_pk("")) if i[schema.SK] == "KEY"]
+
+    def add_listing(self, record: ApiKeyRecord) -> bool:
+        try:
+            self._table.transact([Put(record.listing_item(), if_absent=True), Put(record.id_item(), if_absent=True)])
+        except ConditionFailed:
+            return False
+        return True
 
 
 class BatchRepo:
-    def __init__(self, table: Table):
+    """``track_storage``: the output and error files ``finish`` creates are counted on the
+    tenant's stored-bytes ledger, never refused (a batch always ends)."""
+
+    def __init__(self, table: Table, *, track_storage: bool = False):
         self._table = table
+        self._track = track_storage
 
     def create(self, record: BatchRecord) -> None:
         self._table.put(record.to_item(), if_absent=True)
@@ -147,7 +245,7 @@ class BatchRepo:
                 raise ConditionFailed("the batch alone exceeds the enqueued cap")
             update = Update(pk, sk, values=dict(c.values), defaults=dict(c.defaults), add=dict(c.add),
                             remove=c.remove, expect=dict(c.expect))
-            others = [Put(f.to_item()) for f in files]
+            others = self._file_ops(tenant, files)
             if c.counter is not None:
                 others.append(_Counter(c.counter))
             if not others:
@@ -231,6 +329,16 @@ class BatchRepo:
         absent = tuple(k for k, v in record.model_dump().items() if v is None)
         self._table.update(Update(keys[schema.PK], keys[schema.SK], values=values, remove=absent,
                                   expect={"version": record.version - 1}))
+
+    def _file_ops(self, tenant: str, files: Sequence[FileRecord]) -> list[Any]:
+        """The puts of a finished batch's files, and (keeping the ledger) their bytes added to the
+        tenant's stored bytes without a condition: a batch always ends."""
+        if not self._track:
+            return [Put(f.to_item()) for f in files]
+        return [
+            *(Put({**f.to_item(), HOLDS_STORAGE: True}) for f in files),
+            *stored.charge(tenant, [(FileRecord.sort_key(f.id), f.bytes) for f in files]),
+        ]
 
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every open (non-terminal) batch: one Query of the sparse
