@@ -85,8 +85,8 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
         recorded_at=now,
         expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
         budget_period=message.budget_period,
-        spent_output_tokens=max(spent.output_tokens, usage.output_tokens),
-        spent_input_tokens=max(spent.input_tokens, usage.input_tokens),
+        spent_output_tokens=spent.output_tokens,
+        spent_input_tokens=spent.input_tokens,
         **usage.model_dump(),
     )
     counted = stores.batches.count_chunk(marker)

@@ -414,11 +414,13 @@ class ChunkRecord(Record):
         return self.expires_at
 
     def budget_charge(self) -> tuple[str, dict[str, int]] | None:
-        """The budget item (its sort key) and what counting this chunk adds to it (None: no budget)."""
+        """The budget item (its sort key) and what counting this chunk adds to it: what the engine
+        spent, never less than the counted usage (None: no budget)."""
         if self.budget_period is None:
             return None
         return budget_sk(self.budget_period, self.recorded_at), {
-            "output_tokens": self.spent_output_tokens, "input_tokens": self.spent_input_tokens,
+            "output_tokens": max(self.spent_output_tokens, self.output_tokens),
+            "input_tokens": max(self.spent_input_tokens, self.input_tokens),
         }
 
 

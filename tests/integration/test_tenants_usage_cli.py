@@ -24,7 +24,7 @@ def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], s
     assert code == 0, err
     usage = json.loads(out)["usage"]
     assert usage["enqueued"] == {"test-chat": {"requests": 3, "tokens": 120}}
-    assert usage["budget"] == {"period": budget_sk("month", now), "output_tokens": 42}
+    assert usage["budget"] == {"period": budget_sk("month", now), "output_tokens": 42, "input_tokens": 0}
 
 
 def test_get_of_a_tenant_without_limits_shows_only_its_stored_bytes(stack: None, env: dict[str, str]) -> None:  # noqa: F811
