@@ -7,7 +7,7 @@ from typing import TextIO
 from functions.core import audit as core_audit
 from functions.core import auth
 from functions.core.aws.repos import KeyRepo
-from functions.core.ports import AuditStore
+from functions.core.ports import AuditLog
 
 from . import audit, targets
 from .targets import Target
@@ -36,8 +36,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO,
-        audit_store: AuditStore | None = None) -> int:
-    """``audit_store``: where each change is appended to the tenant's audit chain (docs/audit.md),
+        audit_store: AuditLog | None = None) -> int:
+    """``audit_store``: where each change is sent for the tenant's audit chain (docs/audit.md),
     naming the key by its actor id (``key:<hash prefix>``), never the key."""
     if args.action == "create":
         key = create_key(keys, args.tenant, now)

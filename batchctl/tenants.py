@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from functions.core import guard
 from functions.core.aws.tenants import TenantRepo
-from functions.core.ports import AuditStore
+from functions.core.ports import AuditLog
 from functions.core.tenants import TenantPolicy, default_policy
 
 from . import audit, targets
@@ -104,7 +104,7 @@ def show(policy: TenantPolicy) -> str:
 
 
 def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None, out: TextIO, err: TextIO,
-        audit_store: AuditStore | None = None) -> int:
+        audit_store: AuditLog | None = None) -> int:
     now = int(time.time()) if now is None else now
     if args.action == "list":
         for policy in tenants.list():

@@ -123,9 +123,15 @@ class Settings(EnvSettings):
     #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack
     #: grants nothing on the TENANTS partition. CDK: the config's ``governance``; local: on.
     governance: bool = True
-    #: The Object Lock bucket every audit record is copied to as it is appended (docs/audit.md,
-    #: "WORM copy"; functions/audit_export, on the table's stream); empty: no such bucket.
+    #: The audit queue (FIFO): every writer sends its audit intents there (docs/audit.md); empty
+    #: with governance off (nothing is audited).
+    audit_queue_url: str = ""
+    #: The audit appender's own settings: the Object Lock bucket it copies every record and signs
+    #: every checkpoint into, and its signing key: a KMS key (ECC_NIST_P256) on AWS, or, in the
+    #: local deployment only, a PEM key file (functions.core.signing.FileSigner).
     audit_bucket_name: str = ""
+    audit_signing_key_id: str = ""
+    audit_local_key_file: str = ""
 
     def served_endpoints(self) -> tuple[str, ...]:
         """The endpoints a batch of this deployment may target: those allowed that at least one
