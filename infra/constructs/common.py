@@ -132,12 +132,9 @@ TENANT_POLICIES = schema.TENANTS_PK
 ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
 #: Every tenant's output-token budget items (``T#*#BUDGET``): a counted chunk ADDs to them.
 BUDGET_PARTITIONS = schema.budget_pk("*")
-#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): where chunk receipts are appended.
+#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): only the audit appender writes there
+#: (infra/constructs/audit.py).
 AUDIT_PARTITIONS = schema.audit_pk("*")
-#: What appending a receipt takes (``functions.core.aws.audit.AuditRepo``): GetItem (its dedupe
-#: marker), Query (the chain's head) and PutItem (the record and its marker, in one
-#: TransactWriteItems, authorized item by item). No update, delete or index: a chain is append-only.
-RECEIPT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
 
 
 def grant_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
@@ -161,13 +158,6 @@ def grant_charge_and_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStat
     (``gpu_worker/budget.py``). Unconditional for the same reason as ``grant_release``: a message
     may carry a ``budget_stop`` from before the switch."""
     return grant_items(role, storage, ("dynamodb:GetItem", "dynamodb:UpdateItem"), (BUDGET_PARTITIONS,))
-
-
-def grant_receipts(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
-    """A chunk counter (GPU worker, chunk DLQ consumer) appends chunk receipts to the tenant's
-    audit chain (``Stores.receipts``, on when governance is). The receipt's S3 reads (one LIST of
-    the attempt's parts, a GET of each) are covered by the role's ``grant_read`` on the parts."""
-    return grant_items(role, storage, RECEIPT_ACTIONS, (AUDIT_PARTITIONS,))
 
 
 def grant_items(
