@@ -177,15 +177,26 @@ class Invocation:
                     seq, prev = seq + 1, AuditRecord.model_validate_json(copy).hash
                 return seq, prev
 
-            appended = audit.append_intent(chain, intent, position=position, sleep=self.sleep)
+            appended = audit.append_intent(chain, intent, position=position, known_new=True, sleep=self.sleep)
             if appended is None:  # appended meanwhile under the same key: confirm that one
                 return self.take(intent)
             record, outcome = appended, "appended"
-        body = record.to_json().encode()
-        copy_key = anchor.worm_key(record.tenant, record.seq)
-        if not worm.put_once(copy_key, body) and worm.find(copy_key) != body:
-            return self._note(Taken("conflict", record, f"its WORM copy {copy_key} holds another record"))
+        if not self._copied(record, new=outcome == "appended"):
+            key = anchor.worm_key(record.tenant, record.seq)
+            return self._note(Taken("conflict", record, f"its WORM copy {key} holds another record"))
         return self._note(Taken(outcome, record, skipped=tuple(skipped)))
+
+    def _copied(self, record: AuditRecord, *, new: bool) -> bool:
+        """Make sure ``record``'s WORM copy exists; False if its key holds other bytes. A new
+        record's copy is written (If-None-Match); a duplicate's is usually there already, so it is
+        read first (a GET, not a refused PUT and a GET)."""
+        worm, body, key = self.stores.worm, record.to_json().encode(), anchor.worm_key(record.tenant, record.seq)
+        if new:
+            return worm.put_once(key, body) or worm.find(key) == body
+        existing = worm.find(key)
+        if existing is None:
+            return worm.put_once(key, body) or worm.find(key) == body
+        return existing == body
 
     def _note(self, taken: Taken) -> Taken:
         if taken.record is not None:

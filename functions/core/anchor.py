@@ -187,7 +187,7 @@ def examine(
 
     - ``link``: the chain's own first broken link (``audit.verify``);
     - ``rewritten``: a record that differs from its copy, or whose hash is not a checkpoint's;
-    - ``deleted`` / ``cut_tail``: a copy or checkpoint whose record the table no longer has
+    - ``deleted`` / ``cut_tail``: a copy or checkpoint whose record the table does not have
       (below / beyond the table's head);
     - ``forged_insert``: a record at or below the newest checkpoint with no valid copy (the
       appender copies every record before it signs a checkpoint above it);

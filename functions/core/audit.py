@@ -66,13 +66,12 @@ def operator_key() -> str:
     return f"operator:{uuid.uuid4().hex}"
 
 
-class AuditRecord(BaseModel):
-    """One link of a tenant's chain."""
+class Content(BaseModel):
+    """What happened: the fields a record and the intent asking for it share."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tenant: str
-    seq: int = Field(ge=1)
     #: Unix seconds.
     at: int
     #: ``key:<first 12 hex of the key's sha256>``, ``operator`` or ``worker``.
@@ -84,6 +83,16 @@ class AuditRecord(BaseModel):
     #: The HTTP status (``"200"``, ``"429"``) or ``ok``.
     outcome: str
     details: dict[str, Any] = Field(default_factory=dict)
+
+    def content(self) -> dict[str, Any]:
+        """The ``Content`` fields only, as JSON values."""
+        return self.model_dump(mode="json", include=set(Content.model_fields))
+
+
+class AuditRecord(Content):
+    """One link of a tenant's chain."""
+
+    seq: int = Field(ge=1)
     prev_hash: str
     hash: str
 
@@ -98,32 +107,14 @@ class AuditRecord(BaseModel):
         """The record as one canonical JSON line (what is stored and copied)."""
         return canonical(self.model_dump(mode="json"))
 
-    def content(self) -> dict[str, Any]:
-        """What happened (every field but the chain's: seq, prev_hash, hash)."""
-        return self.model_dump(mode="json", exclude={"seq", "prev_hash", "hash"})
 
-
-class AuditIntent(BaseModel):
+class AuditIntent(Content):
     """What a writer asks the appender to record: a record's content and a dedupe key, so that
     however often the audit queue delivers it, the chain holds it once."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tenant: str
-    at: int
-    actor: str
-    action: str
-    target: str | None = None
-    request_id: str | None = None
-    outcome: str
-    details: dict[str, Any] = Field(default_factory=dict)
     dedupe: str = Field(min_length=1, max_length=DEDUPE_MAX_CHARS)
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
-
-    def content(self) -> dict[str, Any]:
-        """The record's content this intent asks for (``AuditRecord.content``)."""
-        return self.model_dump(mode="json", exclude={"dedupe"})
 
 
 def canonical(value: Any) -> str:
@@ -168,6 +159,7 @@ def append(
     details: dict[str, Any] | None = None,
     dedupe: str | None = None,
     position: Position = after,
+    known_new: bool = False,
     attempts: int = APPEND_ATTEMPTS,
     sleep: Callable[[float], None] = time.sleep,
 ) -> AuditRecord | None:
@@ -175,10 +167,12 @@ def append(
     appender calls this on a deployment: no other role may write the chains).
 
     With ``dedupe``, the record is written in one transaction with a marker of that key (which
-    remembers the record's seq), so appending it again writes nothing and returns None. Raises
-    ``Throttled`` when other writers took the next sequence number ``attempts`` times in a row."""
+    remembers the record's seq), so appending it again writes nothing and returns None
+    (``known_new``: the caller has just read that the key is new, so the first attempt does not
+    read it again). Raises ``Throttled`` when other writers took the next sequence number
+    ``attempts`` times in a row."""
     for attempt in range(1, attempts + 1):
-        if dedupe is not None and store.dedupe_seq(tenant, dedupe) is not None:
+        if dedupe is not None and not (known_new and attempt == 1) and store.dedupe_seq(tenant, dedupe) is not None:
             return None
         seq, prev_hash = position(store.head(tenant))
         record = link(tenant, seq, prev_hash, at=at, actor=actor, action=action, outcome=outcome, target=target,
@@ -192,12 +186,12 @@ def append(
     raise Throttled(f"audit chain of tenant {tenant!r}: {attempts} appends lost to concurrent writers")
 
 
-def append_intent(store: AuditStore, intent: AuditIntent, *, position: Position = after,
+def append_intent(store: AuditStore, intent: AuditIntent, *, position: Position = after, known_new: bool = False,
                   sleep: Callable[[float], None] = time.sleep) -> AuditRecord | None:
     """``append`` of an intent's content under its dedupe key."""
     fields = intent.content()
     tenant = fields.pop("tenant")
-    return append(store, tenant, **fields, dedupe=intent.dedupe, position=position, sleep=sleep)
+    return append(store, tenant, **fields, dedupe=intent.dedupe, position=position, known_new=known_new, sleep=sleep)
 
 
 @dataclass(frozen=True)
