@@ -14,7 +14,7 @@ from typing import TextIO
 
 from functions.core import auth
 from functions.core.aws.repos import KeyRepo
-from functions.core.ports import AuditStore, TenantStore
+from functions.core.ports import AuditLog, TenantStore
 from functions.core.records import KEY_ID_HEX, KEY_ID_PREFIX, ApiKeyRecord
 
 from . import audit, targets
@@ -61,8 +61,8 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO,
-        audit_store: AuditStore | None = None, tenants: TenantStore | None = None) -> int:
-    """``audit_store``: where each change is appended to the tenant's audit chain (docs/audit.md),
+        audit_store: AuditLog | None = None, tenants: TenantStore | None = None) -> int:
+    """``audit_store``: where each change is sent for the tenant's audit chain (docs/audit.md),
     naming the key by its id (``key:<hash prefix>``), never the key. ``tenants``: the policies
     ``backfill`` reads (a disabled tenant's backfilled keys are marked disabled)."""
     if args.action == "create":

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from functions.core import auth, guard
 from functions.core.aws.tenants import TenantRepo
-from functions.core.ports import AuditStore, KeyStore
+from functions.core.ports import AuditLog, KeyStore
 from functions.core.tenants import TenantPolicy, default_policy
 from functions.core.work import PolicyBounds
 
@@ -161,7 +161,7 @@ def show(policy: TenantPolicy) -> str:
 
 
 def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None, out: TextIO, err: TextIO,
-        audit_store: AuditStore | None = None, keys: KeyStore | None = None) -> int:
+        audit_store: AuditLog | None = None, keys: KeyStore | None = None) -> int:
     """``keys``: the key store ``disable``/``enable`` mark."""
     now = int(time.time()) if now is None else now
     if args.action == "list":

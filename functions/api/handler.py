@@ -63,17 +63,18 @@ def admission(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: str | None) -> None:
-    """The one audit hook of the API (docs/audit.md): after the route answered, append its
-    mutating action and outcome to the tenant's chain. The action already happened, so a failed
-    append is logged (``audit_append_failed``, alarmable) and the answer goes out unchanged."""
-    store = deps.stores().audit
+    """The one audit hook of the API (docs/audit.md): after the route answered, send its mutating
+    action and outcome to the audit queue (the appender adds it to the tenant's chain moments
+    later). The action already happened, so a failed send is logged (``audit_append_failed``,
+    alarmable) and the answer goes out unchanged."""
+    log = deps.stores().audit
     tenant = ((event.get("requestContext") or {}).get("authorizer") or {}).get("tenant")
-    if store is None or not tenant:
+    if log is None or not tenant:
         return
     headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
     try:
         audit.record_api_request(
-            store, tenant, method=event.get("httpMethod") or "", path=event.get("path") or "",
+            log, tenant, method=event.get("httpMethod") or "", path=event.get("path") or "",
             status=int(response.get("statusCode") or 0),
             body=None if response.get("isBase64Encoded") else response.get("body"),
             authorization=headers.get(http.AUTH_HEADER.lower()), request_id=request_id, at=deps.now(),

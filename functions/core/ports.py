@@ -19,7 +19,8 @@ from .budgets import Spent
 from .tenants import TenantPolicy
 
 if TYPE_CHECKING:
-    from .audit import AuditRecord
+    from .anchor import WormObject
+    from .audit import AuditIntent, AuditRecord
     from .lifecycle import Change
 from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
 
@@ -133,27 +134,55 @@ class StoredBytes(Protocol):
         once: True if this call released it, False if it was released before or never held."""
 
 
+class AuditLog(Protocol):
+    """Where writers send what the audit chains should record (the audit queue): every role but
+    the audit appender records through this, and none of them can write a chain (docs/audit.md)."""
+
+    def record(self, intent: "AuditIntent") -> None:
+        """Send ``intent``; the appender appends it once per dedupe key, some time later."""
+
+
 class AuditStore(Protocol):
-    """Tenants' audit chains (``functions.core.audit``): records keyed by (tenant, seq)."""
+    """Tenants' audit chains (``functions.core.audit``): records keyed by (tenant, seq), and the
+    dedupe markers beside them. Only the audit appender writes; ``batchctl audit`` reads."""
 
     def head(self, tenant: str) -> "AuditRecord | None":
         """The record with the highest seq (strongly consistent), None for an empty chain."""
     def put(self, record: "AuditRecord", *, dedupe: str | None = None) -> None:
         """Write ``record`` only if its seq is free (and, with ``dedupe``, together with a marker of
-        that key only if the key is new, in one transaction); ConditionFailed otherwise."""
-    def deduped(self, tenant: str, key: str) -> bool:
-        """Whether a record with the dedupe ``key`` was written."""
+        that key holding the seq, only if the key is new, in one transaction); ConditionFailed
+        otherwise."""
+    def dedupe_seq(self, tenant: str, key: str) -> int | None:
+        """The seq of the record written with the dedupe ``key``, None if there is none."""
+    def record(self, tenant: str, seq: int) -> "AuditRecord | None":
+        """The record ``seq`` of ``tenant``'s chain (strongly consistent), None if absent."""
     def records(self, tenant: str) -> list["AuditRecord"]:
         """The whole chain as stored, in sort key (seq) order."""
 
 
 class WormStore(Protocol):
-    """Write-once objects (an S3 bucket with Object Lock): the audit chains' WORM copy."""
+    """Write-once objects (an S3 bucket with Object Lock): the audit chains' WORM copies and
+    signed checkpoints (``functions.core.anchor``)."""
 
     def put_once(self, key: str, body: bytes) -> bool:
         """Write ``key`` only if no object has it; False (nothing written) if one does."""
-    def get(self, key: str) -> bytes: ...
-    def list_keys(self, prefix: str) -> list[str]: ...
+    def find(self, key: str) -> bytes | None:
+        """The current bytes of ``key``, None if there is no such object."""
+    def originals(self, prefix: str) -> dict[str, "WormObject"]:
+        """Every key under ``prefix`` with its first version (the bytes written first, which
+        Object Lock keeps), how many versions it has and whether a delete marker hides it."""
+
+
+class Signer(Protocol):
+    """An asymmetric signing key (ECDSA P-256, SHA-256; DER signatures): KMS in the cloud, a local
+    key file in the local deployment. The audit appender signs checkpoints with it."""
+
+    #: What names the key in a checkpoint (the KMS key ARN; ``local:<fingerprint>``).
+    key_id: str
+
+    def sign(self, message: bytes) -> bytes: ...
+    def public_key(self) -> bytes:
+        """The public key as DER SubjectPublicKeyInfo (what KMS GetPublicKey returns)."""
 
 
 class BatchStore(Protocol):
@@ -251,11 +280,12 @@ class Stores:
     events: Events
     tenants: TenantStore
     stored: StoredBytes
-    #: The audit chains (None: this deployment keeps none; docs/audit.md).
-    audit: AuditStore | None = None
-    #: The same chains as the chunk counters (GPU worker, chunk DLQ consumer) reach them for chunk
-    #: receipts; None when governance is off (docs/audit.md).
-    receipts: AuditStore | None = None
+    #: Where the API records its actions for the audit chains (None: this deployment keeps none;
+    #: docs/audit.md).
+    audit: AuditLog | None = None
+    #: The same log as the chunk counters (GPU worker, chunk DLQ consumer) send chunk receipts to;
+    #: None when governance is off (docs/audit.md).
+    receipts: AuditLog | None = None
     #: Its adapters may be called from several threads at once (the GPU worker's AWS set,
     #: ``stores_from_settings(concurrent=True)``: boto3 clients are thread-safe, and its DynamoDB
     #: table is a boto3 resource per thread). The worker then makes several store calls at once

@@ -134,9 +134,15 @@ class Settings(EnvSettings):
     #: How long the API keeps a tenant's policy between reads for its per-request checks
     #: (``requests_per_minute``, disabled): a policy change reaches every API process within this.
     policy_cache_seconds: float = Field(default=limits.DEFAULT_POLICY_CACHE_SECONDS, ge=0)
-    #: The Object Lock bucket every audit record is copied to as it is appended (docs/audit.md,
-    #: "WORM copy"; functions/audit_export, on the table's stream); empty: no such bucket.
+    #: The audit queue (FIFO): every writer sends its audit intents there (docs/audit.md); empty
+    #: with governance off (nothing is audited).
+    audit_queue_url: str = ""
+    #: The audit appender's own settings: the Object Lock bucket it copies every record and signs
+    #: every checkpoint into, and its signing key: a KMS key (ECC_NIST_P256) on AWS, or, in the
+    #: local deployment only, a PEM key file (functions.core.signing.FileSigner).
     audit_bucket_name: str = ""
+    audit_signing_key_id: str = ""
+    audit_local_key_file: str = ""
 
     def served_endpoints(self) -> tuple[str, ...]:
         """The endpoints a batch of this deployment may target: those allowed that at least one

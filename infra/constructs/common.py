@@ -132,7 +132,8 @@ TENANT_POLICIES = schema.TENANTS_PK
 ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
 #: Every tenant's output-token budget items (``T#*#BUDGET``): a counted chunk ADDs to them.
 BUDGET_PARTITIONS = schema.budget_pk("*")
-#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): where chunk receipts are appended.
+#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): only the audit appender writes there
+#: (infra/constructs/audit.py).
 AUDIT_PARTITIONS = schema.audit_pk("*")
 #: Every tenant's stored-bytes ledger (``T#*#STORAGE``, docs/governance.md): its counter and markers.
 STORED_PARTITIONS = schema.stored_pk("*")
@@ -140,8 +141,8 @@ STORED_PARTITIONS = schema.stored_pk("*")
 KEY_ITEMS = schema.key_pk("*")
 #: The API's writes (``grant_api_writes``): a tenant's own partition (files, uploads, parts; a
 #: tenant name has no ``#``, so ``T#*`` minus ``T#*#*`` is exactly those), and these partitions:
-#: batches, creation and request counters, the stored-bytes ledger, the audit chains and
-#: powertools' idempotency records. Never ``KEY#``, a tenant's key listing, ``KEYID#`` or
+#: batches, creation and request counters, the stored-bytes ledger and powertools'
+#: idempotency records (its audit records go to the audit queue). Never ``KEY#``, a tenant's key listing, ``KEYID#`` or
 #: ``TENANTS`` (keys and policies are the operator's, ``batchctl``), budgets, enqueued counters,
 #: chunk partitions or webhook records.
 API_OWN_PARTITIONS = schema.tenant_pk("*")
@@ -150,10 +151,6 @@ API_WRITE_PARTITIONS = (
     schema.batches_pk("*"), schema.creations_pk("*"), schema.requests_pk("*"), STORED_PARTITIONS, "IDEMPOTENCY#*",
 )
 API_WRITE_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
-#: What appending a receipt takes (``functions.core.aws.audit.AuditRepo``): GetItem (its dedupe
-#: marker), Query (the chain's head) and PutItem (the record and its marker, in one
-#: TransactWriteItems, authorized item by item). No update, delete or index: a chain is append-only.
-RECEIPT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
 
 
 def grant_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
@@ -179,13 +176,6 @@ def grant_charge_and_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStat
     return grant_items(role, storage, ("dynamodb:GetItem", "dynamodb:UpdateItem"), (BUDGET_PARTITIONS,))
 
 
-def grant_receipts(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
-    """A chunk counter (GPU worker, chunk DLQ consumer) appends chunk receipts to the tenant's
-    audit chain (``Stores.receipts``, on when governance is). The receipt's S3 reads (one LIST of
-    the attempt's parts, a GET of each) are covered by the role's ``grant_read`` on the parts."""
-    return grant_items(role, storage, RECEIPT_ACTIONS, (AUDIT_PARTITIONS,))
-
-
 def grant_storage_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
     """A role that removes files or uploads (the reaper, on the stream) releases what they held
     on the tenant's stored-bytes ledger: DeleteItem (the marker) and UpdateItem (the counter's ADD)
@@ -202,12 +192,11 @@ def grant_storage_charge(role: iam.IGrantable, storage: Any) -> iam.PolicyStatem
 
 
 def grant_api_writes(role: iam.IGrantable, storage: Any) -> list[iam.PolicyStatement]:
-    """The API's table writes (``API_WRITE_PARTITIONS``, its own partitions) and its audit appends
-    (PutItem on ``AUDIT#*``); its reads are ``grant_read_data``'s."""
+    """The API's table writes (``API_WRITE_PARTITIONS``, its own partitions); its reads are
+    ``grant_read_data``'s, its audit records are sends to the audit queue."""
     return [
         grant_items(role, storage, API_WRITE_ACTIONS, (API_OWN_PARTITIONS,), excluding=(NOT_OWN_PARTITIONS,)),
         grant_items(role, storage, API_WRITE_ACTIONS, API_WRITE_PARTITIONS),
-        grant_items(role, storage, ("dynamodb:PutItem",), (AUDIT_PARTITIONS,)),
     ]
 
 

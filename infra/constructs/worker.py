@@ -27,8 +27,8 @@ and a batch's chunk partition ``T#<tenant>#B#<batch>`` (``WORKER_LEADING_KEYS``)
 own partition ``T#<tenant>`` (file and upload records), its webhook records, an API key's item (``KEY#...``),
 the scaler's state (``SCALER#...``) or an idempotency record; never a scan, a query, a delete or
 an index. Besides: UpdateItem on the output-token budget items (``T#*#BUDGET``: a count charges the
-budget in its transaction) and, with governance on, GetItem/PutItem/Query on the audit chains
-(``AUDIT#*``: a counted chunk's receipt), both through ``common``'s grants.
+budget in its transaction), through ``common``'s grants; with governance on, the stack grants it
+``sqs:SendMessage`` on the audit queue (a counted chunk's receipt) and no audit item.
 """
 
 from collections.abc import Mapping
@@ -54,7 +54,7 @@ from infra.config import DeployConfig, ModelConfig, NetworkConfig
 from .common import (
     dead_letter_queue,
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_charge_and_watch, grant_items,
-    grant_receipts, log_group,
+    log_group,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
 from .lambdas import Lambdas
@@ -356,8 +356,6 @@ class ModelWorker(Construct):
         grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
         # The count charges the tenant's output-token budget, and a `stop` budget is read (T#*#BUDGET).
         grant_charge_and_watch(role, storage)
-        if settings.governance:  # a counted chunk's receipt on the tenant's audit chain (AUDIT#*)
-            grant_receipts(role, storage)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow
         # Metrics are CloudWatch EMF lines on stdout (the awslogs driver ships them): no
         # cloudwatch:PutMetricData needed.

@@ -22,6 +22,7 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
 from functions.api import handler as api_handler
 from functions.assembler import handler as assembler_handler
+from functions.audit_append import handler as audit_append_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.dlq import handler as dlq_handler
 from functions.ingest import dlq_handler as ingest_dlq_handler
@@ -29,7 +30,7 @@ from functions.ingest import handler as ingest_handler
 from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
 from functions.webhooks import handler as webhooks_handler
-from functions.core import auth, clients, deps, http, limits
+from functions.core import auth, clients, deps, http, limits, signing
 from functions.core.settings import Settings
 from infra import names
 
@@ -212,6 +213,30 @@ class Resources:
 
     def stop(self) -> None:
         pass  # they live in moto and go with it
+
+
+class AuditSigningKey:
+    """The local stand-in for the stack's KMS key that signs the audit checkpoints (docs/audit.md):
+    a P-256 key file in the state directory (made on first start, mode 0600; outside moto, so
+    access to moto alone cannot sign), and its public half beside it for ``batchctl audit
+    verify``. Only the appender's settings name the private key (the workers' environment drops it)."""
+
+    name = "audit-signing-key"
+
+    def __init__(self, environ: MutableMapping[str, str], directory: Path, *, enabled: bool):
+        self._environ, self._enabled = environ, enabled
+        self.private = directory / names.LOCAL_AUDIT_KEY_FILE
+        self.public = directory / names.LOCAL_AUDIT_PUBLIC_KEY_FILE
+
+    def start(self) -> None:
+        if not self._enabled:  # governance off: no audit chain, no key
+            return
+        self.public.write_bytes(signing.FileSigner(self.private).public_pem())
+        self._environ[Settings.env_name("audit_local_key_file")] = str(self.private)
+        deps.reset()
+
+    def stop(self) -> None:
+        pass  # kept: the next start signs with the same key
 
 
 class TtlSweeper:
@@ -432,6 +457,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         {f"{config.prefix}-workflow": workflow_handler.handler},
     )
     front = HttpFront(config.host, config.api_port)
+    audit_key = AuditSigningKey(environ, config.state_path.parent, enabled=config.settings.governance)
     state_file = StateFile(
         config.state_path,
         lambda: state.LocalState(
@@ -440,6 +466,9 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             table_name=config.settings.table_name,
             bucket_name=config.settings.bucket_name,
             pid=os.getpid(),
+            audit_queue_url=environ.get(Settings.env_name("audit_queue_url"), ""),
+            audit_bucket_name=environ.get(Settings.env_name("audit_bucket_name"), ""),
+            audit_public_key_file=str(audit_key.public) if config.settings.governance else "",
         ),
     )
     deployment = Deployment([
@@ -447,6 +476,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         lambdas,
         AwsEnvironment(environ, moto, lambdas, config.settings),
         Resources(environ, config.settings, prefix=config.prefix, tenant=config.tenant, key=config.key),
+        audit_key,
         TtlSweeper(config.settings, every=config.ttl_sweep_seconds),
         Poller(
             "ingest", lambda: clients.client("sqs"), lambda: ingest_queue_url(clients.client, config.prefix),
@@ -462,6 +492,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler,
                threads=WEBHOOK_POLLERS),
         Sweeper(config.settings.sweep_seconds),
+        *audit_appender(config, environ),
         *(
             Poller(
                 f"dlq-{model}", lambda: clients.client("sqs"),
@@ -474,6 +505,15 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         state_file,
     ])
     return Local(deployment=deployment, moto=moto, front=front, state_file=state_file)
+
+
+def audit_appender(config: LocalConfig, environ: MutableMapping[str, str]) -> list[Component]:
+    """The audit appender on the audit queue, as its event source mapping runs it (governance
+    off: no queue, no appender)."""
+    if not config.settings.governance:
+        return []
+    return [Poller("audit-append", lambda: clients.client("sqs"),
+                   lambda: environ[Settings.env_name("audit_queue_url")], audit_append_handler.handler)]
 
 
 def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) -> list[Component]:

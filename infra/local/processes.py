@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from functions.core.settings import Settings
+
 log = logging.getLogger("infra.local.processes")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -223,7 +225,8 @@ class Workers:
                 lambda s=s: {
                     **LOCAL_WORKER_DEFAULTS,
                     **salt_secret,
-                    **environ,
+                    # The deployment's, but the audit signing key's path: only the appender signs.
+                    **{k: v for k, v in environ.items() if k != Settings.env_name("audit_local_key_file")},
                     "WORKER_MODEL": s.model,
                     "WORKER_ENGINE_URL": s.url,
                     # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so

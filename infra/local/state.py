@@ -34,6 +34,11 @@ class LocalState(BaseModel):
     bucket_name: str
     region: str = REGION
     pid: int
+    #: The audit queue, the Object Lock bucket of the chains' anchors and the public key of the
+    #: checkpoints' signatures (docs/audit.md); empty with governance off.
+    audit_queue_url: str = ""
+    audit_bucket_name: str = ""
+    audit_public_key_file: str = ""
 
     def write(self, path: Path) -> None:
         """Write atomically: a reader sees the old file, no file, or the whole new one."""

@@ -473,7 +473,7 @@ class FakeAudit(_Port):
     """Audit chains with the adapter's conditions: a seq is written once, a dedupe key once, the
     two atomically (a lock: threads may race on it as Lambdas race on DynamoDB)."""
 
-    name = "audit"
+    name = "chain"
 
     def __init__(self, faults: Faults):
         super().__init__(faults)
@@ -497,16 +497,76 @@ class FakeAudit(_Port):
             if dedupe is not None:
                 self.dedupe[(record.tenant, dedupe)] = record.seq
 
-    def deduped(self, tenant: str, key: str) -> bool:
-        self._op("deduped")
+    def dedupe_seq(self, tenant: str, key: str) -> int | None:
+        self._op("dedupe_seq")
         with self._lock:
-            return (tenant, key) in self.dedupe
+            return self.dedupe.get((tenant, key))
+
+    def record(self, tenant: str, seq: int) -> AuditRecord | None:
+        self._op("record")
+        with self._lock:
+            return (self.chains.get(tenant) or {}).get(seq)
 
     def records(self, tenant: str) -> list[AuditRecord]:
         self._op("records")
         with self._lock:
             chain = self.chains.get(tenant) or {}
             return [chain[seq] for seq in sorted(chain)]
+
+
+class KeySigner:
+    """The ``Signer`` port on an in-memory ECDSA P-256 key (what KMS and the local key file do)."""
+
+    def __init__(self, key_id: str = "test-key") -> None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        self.key_id = key_id
+        self._key = ec.generate_private_key(ec.SECP256R1())
+
+    def sign(self, message: bytes) -> bytes:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
+
+    def public_key(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self._key.public_key().public_bytes(serialization.Encoding.DER,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+class FakeAuditLog(_Port):
+    """``AuditLog`` that runs the audit appender's logic synchronously on every intent (a chain,
+    a WORM store and a signing key of its own; the stores' batches and objects for receipts), then
+    signs the tenant's checkpoint, as the appender does after its batch: unit tests read the
+    chain right after the call. ``intents``: everything sent, in order."""
+
+    name = "audit"
+
+    def __init__(self, faults: Faults, batches: Any, objects: Any) -> None:
+        from functions.audit_append.logic import AppenderStores
+
+        super().__init__(faults)
+        self.chain = FakeAudit(faults)
+        self.worm = FakeWorm(faults)
+        self.signer = KeySigner()
+        self.stores = AppenderStores(chain=self.chain, worm=self.worm, signer=self.signer, batches=batches,
+                                     objects=objects)
+        self.intents: list[Any] = []
+
+    def record(self, intent: Any) -> None:
+        from functions.audit_append.logic import Invocation
+
+        self._op("record")
+        self.intents.append(intent)
+        run = Invocation(self.stores, now=lambda: intent.at, sleep=lambda _: None)
+        run.take(intent)
+        for tenant in run.heads:
+            run.checkpoint(tenant)
+
+    def records(self, tenant: str) -> list[AuditRecord]:
+        return self.chain.records(tenant)
 
 
 class FakeBatches(_Port):
@@ -798,14 +858,15 @@ def fake_stores(*, track_storage: bool = True) -> FakeStores:
     faults = Faults()
     stored = FakeStored(faults, track=track_storage)
     files = FakeFiles(faults, stored)
-    audit = FakeAudit(faults)
+    objects, batches = FakeObjects(faults), FakeBatches(faults, files)
+    audit = FakeAuditLog(faults, batches, objects)
     tenants = FakeTenants(faults)
     return FakeStores(
-        objects=FakeObjects(faults),
+        objects=objects,
         files=files,
         uploads=FakeUploads(faults, files),
         keys=FakeKeys(faults, tenants),
-        batches=FakeBatches(faults, files),
+        batches=batches,
         queues=FakeQueues(faults),
         workflows=FakeWorkflows(faults),
         events=FakeEvents(faults),
@@ -819,26 +880,44 @@ def fake_stores(*, track_storage: bool = True) -> FakeStores:
 
 class FakeWorm(_Port):
     """``WormStore``: write-once keys, as S3 conditional PUTs (If-None-Match: *) on an Object Lock
-    bucket; ``overwrite`` is for tests that play a tamperer who cannot exist (it must not be able
-    to: the contract test shows S3 refuses)."""
+    bucket, each key with its versions. ``overwrite`` and ``hide`` play a tamperer with PutObject
+    without If-None-Match (a new version) or DeleteObject (a delete marker), which the bucket
+    policy refuses and Object Lock cannot: the first version stays, and ``originals`` shows both."""
 
     name = "worm"
 
     def __init__(self, faults: Faults | None = None):
         super().__init__(faults or Faults())
-        self.objects: dict[str, bytes] = {}
+        self.versions: dict[str, list[bytes]] = {}
+        self.hidden: set[str] = set()
+
+    @property
+    def objects(self) -> dict[str, bytes]:
+        """The current bytes of each key not hidden."""
+        return {k: v[-1] for k, v in self.versions.items() if k not in self.hidden}
 
     def put_once(self, key: str, body: bytes) -> bool:
         self._op("put_once")
-        if key in self.objects:
+        if key in self.versions and key not in self.hidden:
             return False
-        self.objects[key] = bytes(body)
+        self.versions.setdefault(key, []).append(bytes(body))
+        self.hidden.discard(key)
         return True
 
-    def get(self, key: str) -> bytes:
-        self._op("get")
-        return self.objects[key]
+    def find(self, key: str) -> bytes | None:
+        self._op("find")
+        return self.objects.get(key)
 
-    def list_keys(self, prefix: str) -> list[str]:
-        self._op("list_keys")
-        return sorted(k for k in self.objects if k.startswith(prefix))
+    def originals(self, prefix: str) -> dict[str, Any]:
+        from functions.core.anchor import WormObject
+
+        self._op("originals")
+        return {k: WormObject(body=v[0], versions=len(v), hidden=k in self.hidden)
+                for k, v in sorted(self.versions.items()) if k.startswith(prefix)}
+
+    def overwrite(self, key: str, body: bytes) -> None:
+        self.versions.setdefault(key, []).append(bytes(body))
+        self.hidden.discard(key)
+
+    def hide(self, key: str) -> None:
+        self.hidden.add(key)

@@ -25,7 +25,7 @@ HANDLERS = {
     "scaler": "functions.scaler.handler.handler",
     "assembler": "functions.assembler.handler.handler",
     "webhooks": "functions.webhooks.handler.handler",
-    "audit_export": "functions.audit_export.handler.handler",
+    "audit_append": "functions.audit_append.handler.handler",
 }
 #: CDK's own function that writes the bucket's notification configuration at deploy time.
 CDK_NOTIFICATIONS_HANDLER = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
@@ -60,6 +60,7 @@ def expected_settings_env(synth) -> dict[str, str]:
         "assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>",
         "webhook_queue_url": f"<{synth.logical_id(synth.stack.webhooks.queue)}>",
         "webhook_dead_letter_queue_url": f"<{synth.logical_id(synth.stack.webhooks.dead_letters)}>",
+        "audit_queue_url": f"<{synth.logical_id(synth.stack.audit.queue)}>",
     }).to_env()
 
 
@@ -84,9 +85,10 @@ def test_environment_is_exactly_settings_to_env(synth):
         if label == "scaler":  # its own two variables (tests/infra/test_scaler.py)
             continue
         env = {k: synth.render(v) for k, v in props["Environment"]["Variables"].items()}
-        if label == "audit_export":  # the one function that knows the locked bucket
+        if label == "audit_append":  # the one function that knows the locked bucket and the signing key
             assert env.pop(Settings.env_name("audit_bucket_name")) == f"<{synth.logical_id(synth.stack.audit.bucket)}>"
-            env[Settings.env_name("audit_bucket_name")] = ""
+            assert env.pop(Settings.env_name("audit_signing_key_id")) == f"<{synth.logical_id(synth.stack.audit.key)}.Arn>"
+            env[Settings.env_name("audit_bucket_name")] = env[Settings.env_name("audit_signing_key_id")] = ""
         assert env == expected, label
 
 
@@ -182,8 +184,12 @@ def test_api_lambda_reads_and_writes_table_and_bucket(synth, ids):
     assert _on(pairs, "dynamodb") == table_actions
     assert {r for a, r in pairs if a.startswith("s3:")} == {_objects(ids["bucket"]), _ref(ids["bucket"])}
     assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "states", "logs", "xray", "sqs"}
-    # sqs: only handing a large upload to the assembler (docs/uploads.md)
-    assert {r for a, r in pairs if a.startswith("sqs:")} == {json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]})}
+    # sqs: handing a large upload to the assembler (docs/uploads.md), and sending its audit
+    # intents (docs/audit.md: SendMessage only)
+    audit_queue = _ref(synth.logical_id(synth.stack.audit.queue))
+    assert {r for a, r in pairs if a.startswith("sqs:")} == {
+        json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]}), audit_queue}
+    assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
     assert "s3:PutObjectAcl" not in object_actions
 
 
@@ -299,8 +305,10 @@ def test_workflow_signals_by_the_state_machines_name_and_publishes(synth):
 def test_dlq_handler_consumes_the_work_dlqs_and_signals(synth):
     pairs = _permissions(synth, "dlq")
     dead_letters = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_dead_letters.values()}
-    assert {r for a, r in pairs if a.startswith("sqs:")} == dead_letters
-    assert "sqs:SendMessage" not in _on(pairs, "sqs")
+    audit_queue = _ref(synth.logical_id(synth.stack.audit.queue))  # a counted chunk's receipt: SendMessage only
+    assert {r for a, r in pairs if a.startswith("sqs:")} == dead_letters | {audit_queue}
+    assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
+    assert "sqs:SendMessage" not in {a for a, r in pairs if r in dead_letters}
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", _state_machine(synth))}
 
 

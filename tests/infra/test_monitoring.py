@@ -56,7 +56,7 @@ def test_dead_letter_queues_alarm_on_their_first_message(synth):
         synth.logical_id(synth.stack.ingest.ingest_dead_letters), synth.logical_id(synth.stack.reaper.dead_letters),
         synth.logical_id(synth.stack.sweeper.dead_letters),  # schedule ticks that never reached the sweeper
         synth.logical_id(synth.stack.workers.scaler.dead_letters),  # scaler invocations never delivered
-        synth.logical_id(synth.stack.audit.dead_letters),  # audit records never copied to the WORM bucket
+        synth.logical_id(synth.stack.audit.dead_letters),  # audit intents the appender gave up on
         synth.logical_id(synth.stack.uploads.dead_letters),  # uploads the assembler gave up on
         synth.logical_id(synth.stack.webhooks.dead_letters),  # webhook deliveries past their schedule
     }

@@ -224,10 +224,13 @@ def test_task_role_consumes_its_queue_reads_inputs_writes_parts_counts_and_signa
     for name, props in _by_model(synth, "AWS::ECS::TaskDefinition").items():
         queue = synth.logical_id(synth.stack.ingest.work_queues[name])
         pairs = _role_permissions(synth, props["TaskRoleArn"]["Fn::GetAtt"][0])
-        assert {a for a, r in pairs if a.startswith("sqs:")} == {
+        audit_queue = f"<{synth.logical_id(synth.stack.audit.queue)}.Arn>"
+        assert {a for a, r in pairs if a.startswith("sqs:") and r != audit_queue} == {
             "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl",
         }
-        assert {r for a, r in pairs if a.startswith("sqs:")} == {f"<{queue}.Arn>"}  # its own queue only
+        # Its own queue; and a chunk's audit receipt is sent to the audit queue, nothing more there.
+        assert {r for a, r in pairs if a.startswith("sqs:")} == {f"<{queue}.Arn>", audit_queue}
+        assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
         s3 = {(a, r) for a, r in pairs if a.startswith("s3:")}
         assert {r for _, r in s3} == {f"<{bucket}.Arn>", f"<{bucket}.Arn>/batches/*/*/input.jsonl", f"<{bucket}.Arn>/batches/*/*/parts/*"}
         assert {a for a, r in s3 if r.endswith("/parts/*")} == {
@@ -237,9 +240,9 @@ def test_task_role_consumes_its_queue_reads_inputs_writes_parts_counts_and_signa
         }
         assert {a for a, r in s3 if r.endswith("input.jsonl")} == {"s3:GetObject*", "s3:GetBucket*", "s3:List*"}
         assert {r for a, r in pairs if a.startswith("dynamodb:")} == {f"<{table}.Arn>"}  # no index
-        # Query: the chain head of a chunk receipt, on AUDIT#* only (tests/infra/test_table_access.py pins the partitions).
+        # No Query: the audit chains are the appender's (tests/infra/test_table_access.py pins the partitions).
         assert {a for a, r in pairs if a.startswith("dynamodb:")} == {
-            "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query",
+            "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
         }
         assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", f"<{sm}>")}
         assert {a.split(":")[0] for a, _ in pairs} == {"sqs", "s3", "dynamodb", "states"}  # metrics are EMF logs

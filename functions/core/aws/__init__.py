@@ -8,12 +8,11 @@ from .. import clients
 from ..ports import Stores
 from ..tenants import TenantPolicy
 from ..settings import Settings
-from .audit import AuditRepo
 from .dynamodb import Table
 from .eventbridge import EventBridge
 from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
 from .s3 import ObjectStore
-from .sqs import SqsQueues
+from .sqs import SqsAuditLog, SqsQueues
 from .stored import StoredBytesRepo
 from .stepfunctions import StepFunctions
 from .tenants import TenantRepo
@@ -50,7 +49,9 @@ def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Sto
         table = Table(per_thread=functools.partial(clients.thread_dynamodb_table, settings.table_name))
     else:
         table = Table(clients.dynamodb_table(settings.table_name))
-    chains = AuditRepo(table) if settings.governance else None  # off: no audit chain, no receipts
+    # Off: no audit chain, no receipts. On: intents go to the audit queue; no role but the audit
+    # appender writes the chains (functions/audit_append builds its own stores).
+    audit_log = SqsAuditLog(clients.client("sqs"), settings.audit_queue_url) if settings.governance else None
     track = settings.governance  # the stored-bytes ledger (releases happen whatever the switch says)
     return Stores(
         objects=ObjectStore(clients.client("s3"), settings.bucket_name),
@@ -63,8 +64,8 @@ def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Sto
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
         stored=StoredBytesRepo(table),
-        audit=chains,
-        receipts=chains,  # chunk receipts (worker, chunk DLQ consumer: granted AUDIT#*, infra/constructs/common.py)
+        audit=audit_log,
+        receipts=audit_log,  # chunk receipts (worker, chunk DLQ consumer: granted sqs:SendMessage on the queue only)
         concurrent=concurrent,
         prepare=table.prepare if concurrent else None,
     )
