@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from functions.core.settings import Settings
+from infra.local import state
 
 log = logging.getLogger("infra.local.processes")
 
@@ -149,8 +150,12 @@ ENGINE_WITHHELD_PREFIXES = ("AWS_", "ECS_CONTAINER_METADATA_URI", "WORKER_", "BA
 
 
 def engine_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without what an engine must not see (``ENGINE_WITHHELD_PREFIXES``)."""
-    return {k: v for k, v in environ.items() if not k.startswith(ENGINE_WITHHELD_PREFIXES)}
+    """``environ`` without what an engine must not see (``ENGINE_WITHHELD_PREFIXES``), marked with
+    the deployment's state directory (``state.ENGINE_MARK_ENV``) when it has one."""
+    kept = {k: v for k, v in environ.items() if not k.startswith(ENGINE_WITHHELD_PREFIXES)}
+    if state.STATE_DIR_ENV in environ:
+        kept[state.ENGINE_MARK_ENV] = environ[state.STATE_DIR_ENV]
+    return kept
 
 
 class Engines:

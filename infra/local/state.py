@@ -17,6 +17,9 @@ from infra import names
 
 #: Overrides the state directory (default: <repo>/.local-state).
 STATE_DIR_ENV = "BATCHAPI_LOCAL_STATE_DIR"
+#: The state directory again, in each engine's environment (which holds no BATCHAPI_ setting): only
+#: names the deployment that started it, so its processes can be found (and none left running).
+ENGINE_MARK_ENV = "LOCAL_BATCH_DEPLOYMENT"
 #: moto accepts any credentials; the deployment and batchctl use these so they share one account.
 REGION = "us-east-1"
 ACCESS_KEY_ID = "testing"

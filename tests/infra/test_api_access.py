@@ -80,9 +80,8 @@ def test_the_api_writes_its_own_partitions_never_keys_or_policies(synth):
                schema.requests_pk("acme"), schema.stored_pk("acme"), "IDEMPOTENCY#create_batch#key"):
         for action in WRITES:
             assert granted(statements, action, [pk]), (action, pk)
-    # The audit chains: appended to, never updated or deleted.
-    assert granted(statements, "dynamodb:PutItem", [schema.audit_pk("acme")])
-    for action in ("dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+    # The audit chains: only the appender writes them (the API sends it intents).
+    for action in WRITES:
         assert not granted(statements, action, [schema.audit_pk("acme")]), action
     # It reads the policies (its per-request checks), files by purpose (the index), anything else.
     assert granted(statements, "dynamodb:GetItem", [policy_pk])
@@ -169,9 +168,9 @@ def test_every_table_request_of_the_api_and_the_authorizer_is_allowed(synth, cli
     denied = [(a, k) for a, k in api if not granted(api_statements, a.removesuffix("(index)"), k, index=a.endswith("(index)"))]
     assert denied == []
     touched = {k for _, keys_ in api for k in keys_}
-    # The paths these rights exist for were taken: the request counter, the ledger, the audit
-    # chain, idempotency, and the policy read.
-    for pk in (schema.requests_pk("acme"), schema.stored_pk("acme"), schema.audit_pk("acme"), schema.TENANTS_PK,
+    # The paths these rights exist for were taken: the request counter, the ledger, idempotency,
+    # and the policy read.
+    for pk in (schema.requests_pk("acme"), schema.stored_pk("acme"), schema.TENANTS_PK,
                schema.tenant_pk("acme"), schema.batches_pk("acme")):
         assert pk in touched, pk
     assert any(k.startswith("IDEMPOTENCY#") for k in touched)

@@ -51,9 +51,9 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def stack(aws: None, settings: Settings) -> None:
+def stack(aws: Settings) -> None:
     """The deployed stack (on moto): its outputs name the table the API uses."""
-    create_stack(names.STACK_NAME, stack_outputs(settings))
+    create_stack(names.STACK_NAME, stack_outputs(aws))
 
 
 def sdk(api_url: str, key: str) -> OpenAI:

@@ -39,7 +39,7 @@ def test_keys_are_listed_by_id_hint_created_at_and_status_never_the_key(stack, e
     assert not any(k in out or auth.hash_key(k) in out for k in keys)
 
 
-def test_revoke_by_id_stops_that_key_only_and_is_audited(stack, env, api_url, stores):  # noqa: F811
+def test_revoke_by_id_stops_that_key_only_and_is_audited(appender, stack, env, api_url, stores):  # noqa: F811
     revoked, kept = create(env), create(env)
     sdk(api_url, revoked).files.list()
     revoked_id = key_id(auth.hash_key(revoked))
@@ -51,7 +51,7 @@ def test_revoke_by_id_stops_that_key_only_and_is_audited(stack, env, api_url, st
     assert info.value.code == "invalid_api_key"
     sdk(api_url, kept).files.list()
     assert run_cli("keys", "revoke", "--id", revoked_id, env=env)[0] == 1  # no such key any more
-    actions = [(r.action, r.target) for r in stores.audit.records("acme")]
+    actions = [(r.action, r.target) for r in appender.records("acme")]
     assert ("keys.revoke", revoked_id) in actions and ("keys.create", revoked_id) in actions
     assert audit.key_actor(f"Bearer {revoked}") == revoked_id  # the id is the actor of its requests
 
@@ -64,7 +64,7 @@ def test_a_malformed_id_is_a_usage_error(value, env, capsys):  # noqa: F811
 
 
 @pytest.mark.settings(policy_cache_seconds=0)
-def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(stack, env, api_url, stores):  # noqa: F811
+def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(appender, stack, env, api_url, stores):  # noqa: F811
     key, other = create(env), create(env, "globex")
     code, out, err = run_cli("tenants", "disable", "acme", env=env)
     assert code == 0, err
@@ -79,7 +79,7 @@ def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(stack, env,
     assert run_cli("tenants", "enable", "--tenant", "acme", env=env)[0] == 0
     assert sdk(api_url, key).files.list().data == []
     actions = [(r.action, r.details["keys"], r.details["policy"]["disabled"])
-               for r in stores.audit.records("acme") if r.action.startswith("tenants.")]
+               for r in appender.records("acme") if r.action.startswith("tenants.")]
     assert actions == [("tenants.disable", 1, True), ("tenants.enable", 1, False)]
 
 

@@ -27,7 +27,7 @@ def sdk(api_url: str, key: str, **over) -> openai.OpenAI:
 
 
 def test_over_its_rate_a_tenant_gets_openai_s_429_with_retry_after_and_others_do_not(
-    api_url, keys, stores, clock, other_client,
+    api_url, keys, stores, clock, other_client, appender,
 ):
     clock.now = NOW
     stores.tenants.put(TenantPolicy(tenant="acme", requests_per_minute=3))
@@ -46,7 +46,7 @@ def test_over_its_rate_a_tenant_gets_openai_s_429_with_retry_after_and_others_do
     for _ in range(5):
         other_client.files.list()  # another tenant: no limit
     # The refused create is in the chain as the refusal it was; nothing was created.
-    (record,) = [r for r in stores.audit.records("acme") if r.action == "files.create"]
+    (record,) = [r for r in appender.records("acme") if r.action == "files.create"]
     assert (record.outcome, record.details) == ("429", {"error_code": "rate_limit_exceeded", "error_type": "requests"})
     assert stores.files.list("acme", purpose=None, after=None, ascending=True, limit=10, now=NOW) == ([], False)
     clock.now = MINUTE + 60  # the window Retry-After named

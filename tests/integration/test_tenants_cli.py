@@ -28,8 +28,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def stack(aws: None, settings) -> None:
-    create_stack(names.STACK_NAME, stack_outputs(settings))
+def stack(aws) -> None:
+    create_stack(names.STACK_NAME, stack_outputs(aws))
 
 
 def test_get_without_a_record_prints_the_defaults(stack: None, env: dict[str, str]) -> None:

@@ -185,3 +185,5 @@ def test_the_local_engines_withhold_what_the_gpu_tasks_engine_withholds():
     kept = engine_environment({"AWS_SECRET_ACCESS_KEY": "x", "AWS_ENDPOINT_URL": "http://moto", "WORKER_CACHE_SALT_SECRET": "s",
                                "BATCHAPI_TABLE_NAME": "t", "PATH": "/bin", "ENGINE_DTYPE": "float32", "HF_HUB_OFFLINE": "1"})
     assert kept == {"PATH": "/bin", "ENGINE_DTYPE": "float32", "HF_HUB_OFFLINE": "1"}
+    marked = engine_environment({"BATCHAPI_LOCAL_STATE_DIR": "/s", "BATCHAPI_TABLE_NAME": "t"})
+    assert marked == {"LOCAL_BATCH_DEPLOYMENT": "/s"}  # only which deployment started it
