@@ -1,9 +1,12 @@
 """batchctl: the operator and user CLI of a deployment (``.venv/bin/batchctl``, ``python -m batchctl``).
 
-    batchctl keys create --tenant NAME     prints a new key for NAME
-    batchctl keys revoke KEY               revokes KEY
+    batchctl keys create --tenant NAME     prints a new key for NAME (its id on stderr)
+    batchctl keys list --tenant NAME       NAME's keys: id, hint, created_at, status (never the key)
+    batchctl keys revoke KEY | --id ID     revokes a key
+    batchctl keys backfill                 ids and listings for keys stored before key ids (once)
     batchctl webhooks create|list|rotate|delete|deliveries --tenant NAME ...   (docs/webhooks.md)
     batchctl tenants create|get|set|list [--tenant NAME ...]   tenant policies (docs/governance.md)
+    batchctl tenants disable|enable NAME   refuse (accept again) every key of NAME
     batchctl files upload PATH             uploads a file (large ones through the Uploads API)
     batchctl batches create|get|list|cancel|wait|retry|download ...   (see batchctl/batches.py)
     batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL

@@ -1,27 +1,37 @@
-"""``batchctl audit verify|export --tenant T``: a tenant's audit chain (docs/audit.md), read
-straight from the deployment's table. ``verify`` re-walks the chain (OK with the count, or the
-first broken link and exit 1); ``export`` writes it as JSONL (stdout, ``--out FILE``, or one
-object in an S3 bucket, e.g. the stack's Object Lock bucket: ``--s3 BUCKET[/PREFIX]``).
+"""``batchctl audit verify|export --tenant T``: a tenant's audit chain (docs/audit.md).
 
-Also the operator's own records: ``note`` appends what ``batchctl keys`` and ``batchctl tenants``
-change (actor ``operator``). ``verify --worm BUCKET`` also compares the chain with the copies
-the stream export wrote to the Object Lock bucket (docs/audit.md, "WORM copy")."""
+``verify`` holds the chain as the deployment's table has it against its anchors in the Object
+Lock bucket (every record's WORM copy, the signed checkpoints, checked with the deployment's
+public key: KMS GetPublicKey on AWS, the key file locally, or ``--public-key FILE``), and prints
+OK with what is anchored and what is not yet (lag), or every finding. Exit codes: 0 intact (lag
+included), 1 tampering found, 3 not verifiable (no audit chain or anchor in the target, or the
+target could not be read). ``export`` writes the chain as JSONL (stdout, ``--out FILE``, or one
+object in an S3 bucket: ``--s3 BUCKET[/PREFIX]``).
+
+Also the operator's own records: ``note`` sends what ``batchctl keys`` and ``batchctl tenants``
+change (actor ``operator``) to the audit queue, as every other writer does: the operator's
+credentials write no chain either."""
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
-import boto3
-
-from functions.core import audit
+from functions.core import anchor, audit
 from functions.core.audit import AuditRecord
 from functions.core.aws.audit import AuditRepo
+from functions.core.aws.kms import KmsSigner
 from functions.core.aws.s3 import WormObjects
-from functions.core.ports import AuditStore, WormStore
-from infra.local import state as local_state
+from functions.core.aws.sqs import SqsAuditLog
+from functions.core.ports import AuditLog, AuditStore, WormStore
 
 from . import targets
 from .targets import Target
+
+#: ``verify``'s exit codes.
+INTACT, BROKEN, UNVERIFIABLE = 0, 1, 3
+#: Findings printed in full; the rest are counted.
+SHOWN_FINDINGS = 50
 
 
 def audit_repo(target: Target) -> AuditRepo:
@@ -30,39 +40,58 @@ def audit_repo(target: Target) -> AuditRepo:
 
 def s3_client(target: Target) -> Any:
     """An S3 client for ``target`` (the local deployment's moto, or the standard credential chain)."""
-    if target.kind == "local":
-        session = targets.local_session(target.region or local_state.REGION)
-    else:
-        session = boto3.Session(region_name=target.region)
-    return session.client("s3", endpoint_url=target.endpoint_url, config=targets.CONFIG)
+    return targets.client(target, "s3")
 
 
-def worm_store(target: Target, bucket: str) -> WormObjects:
-    return WormObjects(s3_client(target), bucket)
+def audit_log(target: Target) -> AuditLog | None:
+    """The target's audit queue (None: the deployment keeps no audit chain)."""
+    return SqsAuditLog(targets.client(target, "sqs"), target.audit_queue_url) if target.audit_queue_url else None
 
 
-def note(store: AuditStore | None, tenant: str, action: str, *, target: str | None = None,
-         details: dict[str, Any] | None = None, now: int | None = None) -> AuditRecord | None:
-    """Append an operator's change to ``tenant``'s chain (no store: nothing)."""
-    if store is None:
+def worm_store(target: Target, bucket: str | None = None) -> WormObjects | None:
+    bucket = bucket or target.audit_bucket
+    return WormObjects(s3_client(target), bucket) if bucket else None
+
+
+def public_key(target: Target, path: str | None = None) -> bytes | None:
+    """The deployment's checkpoint key (DER): ``path`` (a PEM file) if given, else the local key
+    file, else KMS GetPublicKey of the stack's key; None if the target names none."""
+    from functions.core import signing  # noqa: PLC0415 - needs `cryptography`, only verify does
+
+    if path or target.kind == "local":
+        file = path or target.audit_key
+        return signing.public_key_der(Path(file).read_bytes()) if file else None
+    return KmsSigner(targets.client(target, "kms"), target.audit_key).public_key() if target.audit_key else None
+
+
+def note(log: AuditLog | None, tenant: str, action: str, *, target: str | None = None,
+         details: dict[str, Any] | None = None, now: int | None = None) -> audit.AuditIntent | None:
+    """Send an operator's change of ``tenant`` to the audit queue (no log: nothing)."""
+    if log is None:
         return None
-    return audit.append(store, tenant, at=int(time.time()) if now is None else now, actor=audit.OPERATOR,
-                        action=action, outcome="ok", target=target, details=details)
+    intent = audit.operator_intent(tenant, action, at=int(time.time()) if now is None else now, target=target,
+                                   details=details)
+    log.record(intent)
+    return intent
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     chain = commands.add_parser("audit", help="tenants' audit chains").add_subparsers(dest="action", required=True)
-    verify = chain.add_parser("verify", help="re-walk a tenant's chain: OK, or the first broken link (exit 1)")
+    verify = chain.add_parser(
+        "verify", help="hold a tenant's chain against its WORM copies and signed checkpoints: exit 0 intact, "
+                       "1 tampering found, 3 not verifiable")
     verify.add_argument("--tenant", required=True, type=targets.tenant_arg)
-    verify.add_argument("--worm", metavar="BUCKET",
-                        help="also compare the chain with its WORM copy in BUCKET (the stack's AuditBucketName): a chain "
-                             "rewritten in the table, or a deleted tail, differs from the copies")
+    verify.add_argument("--worm", metavar="BUCKET", help="the Object Lock bucket (default: the deployment's)")
+    verify.add_argument("--public-key", metavar="PEM", dest="public_key",
+                        help="verify checkpoints with this public key (default: the deployment's key; pin one you "
+                             "exported to be independent of the KMS key)")
     export = chain.add_parser("export", help="write a tenant's chain as JSONL")
     export.add_argument("--tenant", required=True, type=targets.tenant_arg)
     where = export.add_mutually_exclusive_group()
     where.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout)")
     where.add_argument("--s3", metavar="BUCKET[/PREFIX]",
-                       help="write one object <PREFIX><tenant>/<first>-<last>.jsonl to BUCKET (e.g. the Object Lock bucket)")
+                       help="write one object <PREFIX><tenant>/<first>-<last>.jsonl to BUCKET")
+    chain.add_parser("public-key", help="print the deployment's checkpoint public key (PEM), to pin it")
 
 
 def jsonl(records: list[AuditRecord]) -> bytes:
@@ -75,44 +104,62 @@ def export_key(prefix: str, tenant: str, records: list[AuditRecord]) -> str:
     return f"{prefix}{tenant}/{records[0].seq:012d}-{records[-1].seq:012d}.jsonl"
 
 
-def worm_copies(worm: WormStore, tenant: str) -> dict[int, str]:
-    """seq -> the stored copy of each of ``tenant``'s records in the WORM store."""
-    copies = {}
-    for key in worm.list_keys(audit.worm_prefix(tenant)):
-        copy = AuditRecord.model_validate_json(worm.get(key))
-        copies[copy.seq] = copy.to_json()
-    return copies
+def examine(store: AuditStore, worm: WormStore, tenant: str, key: bytes) -> anchor.Examination:
+    """The tenant's chain in the table against its anchors in ``worm``, checked with ``key``."""
+    from functions.core import signing  # noqa: PLC0415 - needs `cryptography`, only verify does
+
+    copies = anchor.by_seq(worm.originals(anchor.worm_prefix(tenant)), anchor.worm_prefix(tenant))
+    checkpoints = anchor.by_seq(worm.originals(anchor.checkpoint_prefix(tenant)), anchor.checkpoint_prefix(tenant))
+    return anchor.examine(tenant, store.records(tenant), copies, checkpoints, signing.verifier(key))
+
+
+def report(tenant: str, found: anchor.Examination) -> str:
+    lag = (f"{found.unanchored} after it not anchored yet ({found.uncopied} of them not copied yet)"
+           if found.anchored else f"none anchored yet ({found.uncopied} not copied yet)")
+    summary = (f"{found.records} records, {found.copies} WORM copies, newest signed checkpoint at seq "
+               f"{found.anchored}: {lag}" if found.anchored else f"{found.records} records, {found.copies} WORM "
+               f"copies, no signed checkpoint: {lag}")
+    if found.intact:
+        return f"OK: tenant {tenant!r}: {summary}\n"
+    lines = [f"BROKEN: tenant {tenant!r}: {len(found.findings)} findings; {summary}"]
+    lines += [f"  {finding}" for finding in found.findings[:SHOWN_FINDINGS]]
+    if len(found.findings) > SHOWN_FINDINGS:
+        lines.append(f"  ... and {len(found.findings) - SHOWN_FINDINGS} more")
+    return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace, store: AuditStore, *, out: TextIO, err: TextIO, s3: Any = None,
-        worm: WormStore | None = None) -> int:
-    records = store.records(args.tenant)
-    if args.action == "verify":
-        broken = audit.verify(records)
-        if broken is not None:
-            print(f"BROKEN: tenant {args.tenant!r}: {broken}", file=out)
-            return 1
-        if worm is not None:
-            check = audit.compare_with_copies(records, worm_copies(worm, args.tenant))
-            if check.broken is not None:
-                print(f"BROKEN: tenant {args.tenant!r}: WORM copy #{check.broken.position} (seq {check.broken.seq}): "
-                      f"{check.broken.reason}", file=out)
-                return 1
-            print(f"OK: tenant {args.tenant!r}: {len(records)} records, chain intact, {check.copies} match their WORM "
-                  f"copies ({check.not_copied} not copied yet)", file=out)
-            return 0
-        print(f"OK: tenant {args.tenant!r}: {len(records)} records, chain intact", file=out)
+        worm: WormStore | None = None, key: bytes | None = None) -> int:
+    """``worm`` and ``key``: the target's Object Lock bucket and checkpoint key (``verify``);
+    ``key`` alone for ``public-key``."""
+    if args.action == "public-key":
+        if key is None:
+            print("batchctl: this deployment has no audit signing key", file=err)
+            return UNVERIFIABLE
+        from functions.core import signing  # noqa: PLC0415 - needs `cryptography`
+
+        out.write(signing.public_key_pem(key).decode())
         return 0
+    if args.action == "verify":
+        if worm is None or key is None:
+            print("batchctl: this deployment has no audit anchors (governance off?): nothing to verify against",
+                  file=err)
+            return UNVERIFIABLE
+        found = examine(store, worm, args.tenant, key)
+        out.write(report(args.tenant, found))
+        return INTACT if found.intact else BROKEN
+    records = store.records(args.tenant)
     body = jsonl(records)
     if args.s3:
         if not records:
             print(f"batchctl: tenant {args.tenant!r} has no audit records", file=err)
             return 1
         bucket, _, prefix = args.s3.partition("/")
-        key = export_key(prefix.rstrip("/") + "/" if prefix else "", args.tenant, records)
+        key_name = export_key(prefix.rstrip("/") + "/" if prefix else "", args.tenant, records)
         # A checksum: S3 requires one on every PUT into an Object Lock bucket.
-        s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType="application/jsonl", ChecksumAlgorithm="SHA256")
-        print(f"s3://{bucket}/{key}: {len(records)} records", file=out)
+        s3.put_object(Bucket=bucket, Key=key_name, Body=body, ContentType="application/jsonl",
+                      ChecksumAlgorithm="SHA256")
+        print(f"s3://{bucket}/{key_name}: {len(records)} records", file=out)
     elif args.out:
         with open(args.out, "wb") as f:
             f.write(body)

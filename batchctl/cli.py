@@ -77,20 +77,32 @@ def main(
             return webhooks.run(args, webhooks.webhook_repo(target), local=target.kind == "local",
                                 now=int(time.time()), out=out, err=err)
         if args.command == "audit":
-            s3 = audit.s3_client(target) if getattr(args, "s3", None) else None
-            worm = audit.worm_store(target, args.worm) if getattr(args, "worm", None) else None
-            return audit.run(args, audit.audit_repo(target), out=out, err=err, s3=s3, worm=worm)
+            return run_audit(args, target, out=out, err=err)
         if args.command == "tenants":
             return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err,
-                               audit_store=audit.audit_repo(target))
+                               audit_store=audit.audit_log(target), keys=keys.key_repo(target))
         return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err,
-                        audit_store=audit.audit_repo(target))
+                        audit_store=audit.audit_log(target), tenants=tenants.tenant_repo(target))
     except targets.TargetError as exc:
         print(f"batchctl: {exc}", file=err)
         return 1
     except (BotoCoreError, ClientError) as exc:
         print(f"batchctl: AWS call failed: {exc}", file=err)
         return 1
+
+
+def run_audit(args: argparse.Namespace, target: targets.Target, *, out: TextIO, err: TextIO) -> int:
+    """``batchctl audit``: a target that cannot be read is ``audit.UNVERIFIABLE`` (3), never
+    ``BROKEN`` (1), so a script can tell a tampered chain from an unreachable one."""
+    try:
+        s3 = audit.s3_client(target) if getattr(args, "s3", None) else None
+        verifying = args.action in ("verify", "public-key")
+        worm = audit.worm_store(target, getattr(args, "worm", None)) if args.action == "verify" else None
+        key = audit.public_key(target, getattr(args, "public_key", None)) if verifying else None
+        return audit.run(args, audit.audit_repo(target), out=out, err=err, s3=s3, worm=worm, key=key)
+    except (BotoCoreError, ClientError, OSError, ValueError) as exc:
+        print(f"batchctl: cannot read the audit chain or its anchors: {exc}", file=err)
+        return audit.UNVERIFIABLE if args.action in ("verify", "public-key") else 1
 
 
 if __name__ == "__main__":

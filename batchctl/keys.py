@@ -1,13 +1,21 @@
-"""``batchctl keys create|revoke``: API keys, written straight into the deployment's table (stored
-as hashes, ``functions.core.auth``)."""
+"""``batchctl keys create|list|revoke|backfill``: API keys, written straight into the deployment's
+table (stored as hashes, ``functions.core.auth``).
+
+Every key has an id, ``key:<12 hex of its sha256>`` (the audit chain's actor for its requests):
+``create`` prints the key on stdout and its id on stderr; ``list --tenant T`` prints one JSON
+object a line (id, hint: the key's last four characters, created_at, status ``active`` or
+``disabled``), never the key; ``revoke`` takes the key or ``--id``. ``backfill`` gives keys stored
+before ids existed their id and listing (once, a table scan): until then they are not listed,
+cannot be revoked by id and are not disabled by ``tenants disable``."""
 
 import argparse
+import json
 from typing import TextIO
 
-from functions.core import audit as core_audit
 from functions.core import auth
 from functions.core.aws.repos import KeyRepo
-from functions.core.ports import AuditStore
+from functions.core.ports import AuditLog, TenantStore
+from functions.core.records import KEY_ID_HEX, KEY_ID_PREFIX, ApiKeyRecord
 
 from . import audit, targets
 from .targets import Target
@@ -27,27 +35,59 @@ def revoke_key(keys: KeyRepo, key: str) -> str | None:
     return record.tenant if record else None
 
 
+def key_id_arg(value: str) -> str:
+    """An argparse ``type`` for ``--id``: ``key:`` and 12 lowercase hex digits."""
+    digits = value.removeprefix(KEY_ID_PREFIX)
+    if not value.startswith(KEY_ID_PREFIX) or len(digits) != KEY_ID_HEX or any(c not in "0123456789abcdef" for c in digits):
+        raise argparse.ArgumentTypeError(f"expected a key id such as key:3f2a9c01b7de (as `keys list` prints), got {value!r}")
+    return value
+
+
+def listing(record: ApiKeyRecord) -> str:
+    return json.dumps({"id": record.id, "hint": record.hint, "created_at": record.created_at, "status": record.status})
+
+
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     keys = commands.add_parser("keys", help="API keys").add_subparsers(dest="action", required=True)
-    create = keys.add_parser("create", help="create a key for a tenant and print it")
+    create = keys.add_parser("create", help="create a key for a tenant: the key on stdout, its id on stderr")
     create.add_argument("--tenant", required=True, type=targets.tenant_arg, help="tenant name: 1-64 of [A-Za-z0-9_.-]")
-    revoke = keys.add_parser("revoke", help="revoke a key")
-    revoke.add_argument("key")
+    listed = keys.add_parser("list", help="a tenant's keys, one JSON object a line (id, hint, created_at, status)")
+    listed.add_argument("--tenant", required=True, type=targets.tenant_arg)
+    revoke = keys.add_parser("revoke", help="revoke a key, given itself or its id")
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("key", nargs="?", help="the key (sk-...)")
+    which.add_argument("--id", dest="key_id", type=key_id_arg, help="the key's id (key:<12 hex>, from `keys list`)")
+    keys.add_parser("backfill", help="give keys stored before key ids their id and listing (a table scan: run once)")
 
 
 def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO,
-        audit_store: AuditStore | None = None) -> int:
-    """``audit_store``: where each change is appended to the tenant's audit chain (docs/audit.md),
-    naming the key by its actor id (``key:<hash prefix>``), never the key."""
+        audit_store: AuditLog | None = None, tenants: TenantStore | None = None) -> int:
+    """``audit_store``: where each change is sent for the tenant's audit chain (docs/audit.md),
+    naming the key by its id (``key:<hash prefix>``), never the key. ``tenants``: the policies
+    ``backfill`` reads (a disabled tenant's backfilled keys are marked disabled)."""
     if args.action == "create":
-        key = create_key(keys, args.tenant, now)
-        audit.note(audit_store, args.tenant, "keys.create", target=core_audit.key_actor(f"Bearer {key}"), now=now)
+        try:
+            key = create_key(keys, args.tenant, now)
+        except ValueError as exc:  # a disabled tenant, or a key id taken
+            print(f"batchctl: {exc}", file=err)
+            return 1
+        record_id = ApiKeyRecord(key_hash=auth.hash_key(key), tenant=args.tenant, created_at=now, hint=key[-4:]).id
+        audit.note(audit_store, args.tenant, "keys.create", target=record_id, now=now)
         print(key, file=out)
+        print(f"batchctl: key id {record_id} (tenant {args.tenant!r})", file=err)
         return 0
-    tenant = revoke_key(keys, args.key)
-    if tenant is None:
+    if args.action == "list":
+        for record in sorted(keys.list(args.tenant), key=lambda r: (r.created_at, r.id)):
+            print(listing(record), file=out)
+        return 0
+    if args.action == "backfill":
+        assert tenants is not None
+        print(f"batchctl: {auth.backfill(keys, tenants)} keys got an id and a listing", file=err)
+        return 0
+    record = auth.revoke_key_id(keys, args.key_id) if args.key_id else auth.revoke_key(keys, args.key)
+    if record is None:
         print("batchctl: no such key", file=err)
         return 1
-    audit.note(audit_store, tenant, "keys.revoke", target=core_audit.key_actor(f"Bearer {args.key}"), now=now)
-    print(f"revoked the key of tenant {tenant!r}", file=out)
+    audit.note(audit_store, record.tenant, "keys.revoke", target=record.id, now=now)
+    print(f"revoked key {record.id} of tenant {record.tenant!r}", file=out)
     return 0

@@ -39,13 +39,31 @@ class Target:
     endpoint_url: str | None = None
     region: str | None = None
     description: str = ""
+    #: The audit chains' queue and Object Lock bucket, and the checkpoints' key: a KMS key ARN
+    #: (AWS) or a public key PEM file (local). Empty: the deployment keeps no audit chain.
+    audit_queue_url: str = ""
+    audit_bucket: str = ""
+    audit_key: str = ""
 
 
 def local_target(state: local_state.LocalState) -> Target:
     return Target(
         kind="local", table_name=state.table_name, endpoint_url=state.moto_endpoint, region=state.region,
-        description=f"local deployment at {state.api_base_url}",
+        description=f"local deployment at {state.api_base_url}", audit_queue_url=state.audit_queue_url,
+        audit_bucket=state.audit_bucket_name, audit_key=state.audit_public_key_file,
     )
+
+
+def session(target: Target) -> boto3.Session:
+    """A session for ``target``: the local deployment's moto credentials, or the standard chain."""
+    if target.kind == "local":
+        return local_session(target.region or local_state.REGION)
+    return boto3.Session(region_name=target.region)
+
+
+def client(target: Target, service: str) -> Any:
+    """A client of ``service`` for ``target`` (its endpoint and region)."""
+    return session(target).client(service, endpoint_url=target.endpoint_url, config=CONFIG)
 
 
 def local_session(region: str) -> boto3.Session:
@@ -59,11 +77,7 @@ def local_session(region: str) -> boto3.Session:
 def table(target: Target) -> Table:
     """The target's table: the local deployment's moto with its fixed credentials, or the standard
     chain (region: ``aws_region``) for a deployed stack."""
-    if target.kind == "local":
-        session = local_session(target.region or local_state.REGION)
-    else:
-        session = boto3.Session(region_name=target.region)
-    dynamodb = session.resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
+    dynamodb = session(target).resource("dynamodb", endpoint_url=target.endpoint_url, config=CONFIG)
     return Table(dynamodb.Table(target.table_name))
 
 
@@ -114,7 +128,8 @@ def output(outputs: dict[str, str], stack: str, key: str) -> str:
 def target_from_outputs(outputs: dict[str, str], stack: str, region: str | None = None) -> Target:
     api = outputs.get(names.OUTPUT_API_URL, "?")
     return Target(kind="aws", table_name=output(outputs, stack, names.OUTPUT_TABLE), region=region,
-                  description=f"stack {stack} ({api})")
+                  description=f"stack {stack} ({api})", audit_queue_url=outputs.get(names.OUTPUT_AUDIT_QUEUE, ""),
+                  audit_bucket=outputs.get(names.OUTPUT_AUDIT_BUCKET, ""), audit_key=outputs.get(names.OUTPUT_AUDIT_KEY, ""))
 
 
 def aws_target(cloudformation: Any, stack: str, region: str | None = None) -> Target:

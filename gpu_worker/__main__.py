@@ -18,7 +18,7 @@ from functions.core.aws.sqs import SqsQueue
 from functions.core.ports import Stores, WorkQueue
 
 from .config import WorkerConfig
-from .engine import EngineClient, EngineDown
+from .engine_client import EngineClient, EngineDown
 from .loop import Worker
 from .metrics import WorkerMetrics, make_logger
 

@@ -1,8 +1,8 @@
-"""``budget_action="stop"`` in the worker (docs/governance.md, "Output-token budget"): once a
-tenant's charged output tokens reach its budget, the lines of its running batches that have not
+"""``budget_action="stop"`` in the worker (docs/governance.md, "Token budgets"): once a tenant's
+charged output or input tokens reach a budget, the lines of its running batches that have not
 entered the engine yet are not sent; each becomes a ``budget_exceeded`` error line.
 
-The work message carries the budget (``WorkMessage.budget_stop``) and its period, as ingest saw the
+The work message carries the budgets (``WorkMessage.budget_stop``) and their period, as ingest saw the
 policy, so the worker reads no policy: only the period's budget item (``BatchStore.budget_used``,
 one GetItem), at most once per ``every`` seconds per (tenant, period) for the whole worker, however
 many of the tenant's chunks are open. Between two reads a tenant may overrun its budget by what
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from functions.core import tenants
+from functions.core.budgets import Spent
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 
@@ -28,7 +29,7 @@ BUDGET_READ_SECONDS = 5.0
 
 @dataclass
 class _Reading:
-    used: int
+    used: Spent
     read_at: float
 
 
@@ -55,6 +56,5 @@ class BudgetWatch:
                     used = await self.io(self.stores.batches.budget_used, *key)
                     self.reads += 1
                     reading = self._readings[key] = _Reading(used, self.now())
-        if reading.used < message.budget_stop:
-            return None
-        return tenants.budget_line_message(message.budget_stop, message.budget_period)
+        kind = message.budget_stop.reached(reading.used)
+        return None if kind is None else tenants.budget_line_message(message.budget_stop, kind, message.budget_period)

@@ -1,10 +1,11 @@
-"""The engine's measured capacity (issue 14, docs/worker.md "In-flight cap"): how many lines the
-worker lets into the engine follows what the engine actually runs, not only its ``--max-num-seqs``.
+"""The engine's measured capacity (docs/worker.md, "Concurrency: the global in-flight cap"): how
+many lines the worker lets into the engine follows what the engine actually runs, not only its
+``--max-num-seqs``.
 
 vLLM runs at most ``max_num_seqs`` sequences, and fewer when its KV cache cannot hold them (long
 prompts, long outputs: it then keeps the rest waiting, and preempts running ones when it runs
 out). Lines waiting *inside* vLLM start in its first-come order; lines waiting in the worker start
-in the worker's order (``chunk.Admission``: longest first, shared prefixes together, fair across
+in the worker's order (``admission.Admission``: longest first, shared prefixes together, fair across
 tenants). So the worker keeps vLLM's waiting queue short but never empty: it reads vLLM's own
 gauges from ``GET /metrics`` (Prometheus text: ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions``) about once

@@ -10,7 +10,7 @@ Logic receives a ``WorkerConfig``; nothing below ``__main__`` reads ``os.environ
 import math
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from functions.core import limits, names
@@ -47,7 +47,7 @@ class WorkerConfig(EnvSettings):
     #: Chunks filling the engine at once (a chunk whose every line is already in the engine, its
     #: tail, does not count); 0 = enough chunks to fill the cap, plus two.
     max_open_chunks: int = Field(default=0, ge=0)
-    #: The order lines of the open chunks enter the engine (``chunk.Admission``): ``file`` (as
+    #: The order lines of the open chunks enter the engine (``admission.Admission``): ``file`` (as
     #: they come) or ``smart`` (longest expected output first, lines sharing a prefix together).
     #: Results keep input order either way.
     order: Literal["file", "smart"] = "smart"
@@ -87,7 +87,7 @@ class WorkerConfig(EnvSettings):
     #: A chunk that failed for real (careful mode) sends this many lines at a time, alone on the
     #: engine (docs/reliability.md, "Poison isolation").
     careful_group_lines: int = Field(default=8, ge=1)
-    #: Store calls (S3, DynamoDB) that run at once (``store_thread.StoreThread``), when the stores
+    #: Store calls (S3, DynamoDB) that run at once (``store_pool.StorePool``), when the stores
     #: allow it (``Stores.concurrent``): chunks that end together commit side by side. Each call
     #: is one or a few round trips, so a few threads cover a worker's open chunks.
     store_threads: int = Field(default=4, ge=1, le=32)
@@ -99,6 +99,9 @@ class WorkerConfig(EnvSettings):
     #: ``policy_check_timeout`` (``limits.POLICY_CHECK_SECONDS``).
     policy_check_seconds: float = Field(default=limits.POLICY_CHECK_SECONDS, gt=0)
     #: Metrics (EMF) and a summary log line are flushed this often.
+    #: The deployment's secret the tenants' prefix-cache salts are derived from
+    #: (``shaping.CacheSalts``); empty: a random one for this process.
+    cache_salt_secret: SecretStr | None = None
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"
     service: str = "gpu-worker"
@@ -118,7 +121,7 @@ class WorkerConfig(EnvSettings):
         return VLLM_DEFAULT_MAX_NUM_SEQS
 
     def admission_cap(self) -> int:
-        """Lines in the engine at once (``chunk.Admission``): the in-flight cap in file order; in
+        """Lines in the engine at once (``admission.Admission``): the in-flight cap in file order; in
         smart order max_num_seqs plus SMART_AHEAD_FRACTION of it (never above the cap), so that
         the order, not vLLM's queue, picks what starts next."""
         if self.order == "file":

@@ -18,6 +18,15 @@
 #                             (--enable-prompt-tokens-details is always added: cached_tokens in usage)
 #   ENGINE_STOP_SECONDS       how long the engine may take to stop before SIGKILL (default 20)
 #   ENGINE_CMD / WORKER_CMD   the two commands (default `vllm serve` / `python3 -m gpu_worker`)
+#   ENGINE_USER               the user the engine runs as (default `engine`, made by the Dockerfile);
+#                             empty: the entrypoint's own (only for an image without that user)
+#
+# The engine parses tenant input, so it runs without the worker's credentials: its environment
+# has none of the variables below (the task role's credential URI, the region and endpoints, the
+# worker's and the deployment's settings, the cache-salt secret among them), and it runs as its
+# own user, so it cannot read the worker's environment from /proc either. The instance metadata
+# service is out of reach of containers (hop limit 1, infra/constructs/worker.py).
+ENGINE_WITHHELD_PREFIXES="AWS_ ECS_CONTAINER_METADATA_URI WORKER_ BATCHAPI_"
 set -uo pipefail
 
 log() { echo "entrypoint: $*" >&2; }
@@ -50,7 +59,20 @@ export WORKER_ENGINE_MAX_NUM_SEQS=$MAX_NUM_SEQS
 export WORKER_ENGINE_URL=http://127.0.0.1:$ENGINE_PORT
 export WORKER_MODEL=${WORKER_MODEL:-$SERVED_NAME}
 
-"${ENGINE_CMD_ARR[@]}" "$ENGINE_MODEL" --served-model-name "$SERVED_NAME" \
+# The engine's environment: this one without ENGINE_WITHHELD_PREFIXES.
+WITHHELD=()
+for name in $(compgen -e); do
+  for prefix in $ENGINE_WITHHELD_PREFIXES; do
+    [[ $name == "$prefix"* ]] && WITHHELD+=(-u "$name")
+  done
+done
+AS_ENGINE=()
+ENGINE_USER=${ENGINE_USER-engine}
+if [[ -n $ENGINE_USER ]]; then
+  if [[ -n ${HF_HOME:-} ]]; then mkdir -p "$HF_HOME" && chown "$ENGINE_USER" "$HF_HOME"; fi
+  AS_ENGINE=(setpriv --reuid="$(id -u "$ENGINE_USER")" --regid="$(id -g "$ENGINE_USER")" --init-groups --)
+fi
+env "${WITHHELD[@]}" "${AS_ENGINE[@]}" "${ENGINE_CMD_ARR[@]}" "$ENGINE_MODEL" --served-model-name "$SERVED_NAME" \
   --host 127.0.0.1 --port "$ENGINE_PORT" "${EXTRA_ARGS[@]}" &
 engine_pid=$!
 "${WORKER_CMD_ARR[@]}" &

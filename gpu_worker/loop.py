@@ -8,9 +8,9 @@ never empty when a sequence finishes). The loop takes another message only while
 that cap, and while fewer than ``max_open_chunks`` are open: the engine stays full across chunk
 boundaries without holding more messages than it needs.
 
-Blocking AWS calls run in threads: one thread for the stores (S3/DynamoDB; boto3 resources are
-not thread-safe, and a chunk makes only a handful of calls; ``store_thread.StoreThread`` runs a
-chunk's start and commit before checkpoints and receipts), a few for SQS (long polls and
+Blocking AWS calls run in threads: a pool for the stores (S3/DynamoDB, ``store_pool.StorePool``:
+``WorkerConfig.store_threads`` threads when the stores may be called from several at once, else
+one; a chunk's start and commit go before checkpoints and receipts), four for SQS (long polls and
 visibility extensions must not wait behind a part upload).
 """
 
@@ -22,7 +22,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -32,14 +32,18 @@ from functions.core.messages import WorkMessage
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.ports import Received, Stores, WorkQueue
 
+from .admission import Admission
+from .attempt import RunPolicy
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
-from .chunk import Admission, EngineGate, RunPolicy, process_chunk
+from .chunk import ChunkRunner
+from .shaping import CacheSalts
 from .config import WorkerConfig
-from .engine import EngineClient, EngineDown
+from .engine_client import EngineClient, EngineDown
+from .engine_gate import EngineGate
 from .metrics import WorkerMetrics
 from .policy_checks import PolicyChecks
-from .store_thread import BACKGROUND, URGENT, StoreThread
+from .store_pool import BACKGROUND, URGENT, StorePool
 
 
 #: With short polls (poll_wait_seconds 0), an empty receive waits this long before the next.
@@ -76,7 +80,7 @@ class Worker:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        self.config, self.stores, self.queue, self.engine = config, stores, queue, engine
+        self.config, self.stores, self.queue, self._engine = config, stores, queue, engine
         self.metrics, self.log = metrics, logger
         self.max_line_bytes = max_line_bytes
         self.max_open = config.open_chunk_cap(chunk_max_lines)
@@ -108,13 +112,31 @@ class Worker:
         )
         #: Ranks of chunks' urgent store calls, by arrival (0: the worker's own calls, first).
         self._ranks = itertools.count(1)
-        self._store_thread = StoreThread(threads=config.store_threads if stores.concurrent else 1,
+        self._store_pool = StorePool(threads=config.store_threads if stores.concurrent else 1,
                                          on_start=stores.prepare)
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
         self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
         #: Tenants' prompt and output policy checks, in processes of their own (policy_checks.py).
         self.checks = PolicyChecks(config.policy_check_processes, seconds=config.policy_check_seconds)
+        #: What every chunk runs with (each chunk's urgent store calls get their own rank, ``_handle``).
+        self.chunks = ChunkRunner(
+            stores, engine, io=self._stores, background=self._stores_later, max_line_bytes=max_line_bytes, now=clock,
+            gate=self.gate, admission=self.admission, budget=self.budget, policy=self.policy, commits=self._commits,
+            salts=CacheSalts(config.cache_salt_secret.get_secret_value() if config.cache_salt_secret else None),
+            checks=self.checks,
+        )
+
+    @property
+    def engine(self) -> EngineClient:
+        """The engine client: the loop's health checks and counts, and every chunk's lines (set
+        once for both)."""
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: EngineClient) -> None:
+        self._engine = engine
+        self.chunks = replace(self.chunks, engine=engine)
 
     # --- control -----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -142,11 +164,11 @@ class Worker:
                    if not o.dispatched or self.admission.waiting_for(o.received.message_id))
 
     async def _stores(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await self._store_thread.call(URGENT, fn, *args, **kwargs)
+        return await self._store_pool.call(URGENT, fn, *args, **kwargs)
 
     async def _stores_later(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """A store call that may wait behind every urgent one (checkpoints, receipts)."""
-        return await self._store_thread.call(BACKGROUND, fn, *args, **kwargs)
+        return await self._store_pool.call(BACKGROUND, fn, *args, **kwargs)
 
     async def _sqs(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._queue_pool, functools.partial(fn, *args))
@@ -172,7 +194,7 @@ class Worker:
                 watch.cancel()
             self.report()
             await self.checks.close()
-            self._store_thread.shutdown(wait=True)
+            self._store_pool.shutdown(wait=True)
             self._queue_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _until_healthy(self) -> bool:
@@ -266,14 +288,10 @@ class Worker:
             if r.receive_count > 1:
                 self.metrics.chunk_redelivered()
             # This chunk's urgent store calls rank by its arrival: an earlier chunk's go first.
-            io = functools.partial(self._store_thread.call_ranked, URGENT, next(self._ranks))
-            report = await process_chunk(
-                self.stores, message, self.engine, io=io, background=self._stores_later,
-                max_line_bytes=self.max_line_bytes,
-                now=self.clock, on_dispatch=lambda: setattr(state, "dispatched", True), commits=self._commits,
+            io = functools.partial(self._store_pool.call_ranked, URGENT, next(self._ranks))
+            report = await self.chunks.process(
+                message, io=io, owner=r.message_id, on_dispatch=lambda: setattr(state, "dispatched", True),
                 on_commit=lambda: setattr(state, "committing", True),
-                gate=self.gate, policy=self.policy, admission=self.admission, owner=r.message_id,
-                budget=self.budget, checks=self.checks,
             )
             await self._sqs(self.queue.delete, r.receipt)
             if report.skipped:

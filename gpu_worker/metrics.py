@@ -17,7 +17,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from .engine import EngineStats
+from .engine_client import EngineStats
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
     batchctl run-batch -i in.jsonl -o out.jsonl [--errors err.jsonl] --engine-url URL
 
-Same per-line code path as the SQS worker (``chunk.run_line`` under the engine client's global
+Same per-line code path as the SQS worker (``line_runner.run_line`` under the engine client's global
 cap, retries and overload backoff). Streaming: the input is read in 1 MiB pieces and results are
 written in input order as they finish, with at most ``window`` lines between the oldest unfinished
 line and the newest started one, so memory is bounded whatever the file size. A line that is not a
@@ -25,9 +25,9 @@ from functions.core import limits
 from functions.core.accounting import Usage
 from functions.core.lines import RawLine, iter_lines
 
-from .chunk import LineResult, run_line, run_ordered
 from .config import WorkerConfig
-from .engine import EngineClient, EngineDown
+from .engine_client import EngineClient, EngineDown
+from .line_runner import LineResult, run_line, run_ordered
 from .policy_checks import IN_PROCESS, Checks, PolicyChecks
 
 READ_BYTES = 1024 * 1024

@@ -35,9 +35,10 @@ LOG_RETENTION_DAYS: Final = frozenset(
 
 #: Settings fields the stack wires from its own resources (or from other config fields); every
 #: other Settings field is a limit a config may override.
-_WIRED_SETTINGS: Final = frozenset(
-    {"table_name", "bucket_name", "models", "state_machine_arn", "event_bus_name", "completion_windows", "governance"}
-)
+_WIRED_SETTINGS: Final = frozenset({
+    "table_name", "bucket_name", "models", "state_machine_arn", "event_bus_name", "completion_windows", "governance",
+    "audit_queue_url", "audit_bucket_name", "audit_signing_key_id", "audit_local_key_file",
+})
 
 #: WorkerConfig fields the stack wires (the model, its queue, the engine on loopback); every other
 #: field is a knob a model's ``worker`` section may set (``WORKER_<FIELD>`` in the container).
@@ -186,8 +187,8 @@ class DomainConfig(_Strict):
 
 
 class AuditObjectLockConfig(_Strict):
-    """The WORM bucket for audit chain exports (docs/audit.md, infra/constructs/audit.py): S3 Object
-    Lock with a default retention on every object written there."""
+    """The Object Lock bucket of the audit chains' WORM copies and signed checkpoints (docs/audit.md,
+    infra/constructs/audit.py): a default retention on every object version written there."""
 
     #: ``governance``: a principal with ``s3:BypassGovernanceRetention`` can still delete early;
     #: ``compliance``: nobody can, the root user included, until the retention ends.
@@ -236,8 +237,9 @@ class DeployConfig(_Strict):
     #: Governance (issue 13): tenant policies read and enforced, the TENANTS partition granted.
     #: False switches the subsystem off (``Settings.governance``, docs/governance.md "The switch").
     governance: bool = True
-    #: An S3 bucket with Object Lock for ``batchctl audit export --s3`` (docs/audit.md); None: no bucket.
-    audit_object_lock: AuditObjectLockConfig | None = None
+    #: The Object Lock bucket that anchors the audit chains (docs/audit.md): on whenever governance
+    #: is (the default: governance mode, 365 days); refused as null with governance on.
+    audit_object_lock: AuditObjectLockConfig | None = AuditObjectLockConfig()
     #: Tags on every resource of the stack.
     tags: dict[str, str] = Field(default_factory=dict)
 
@@ -246,6 +248,13 @@ class DeployConfig(_Strict):
     def _limits_are_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
         required = {"table_name": "-", "bucket_name": "-"}
         return _overrides(value, Settings, wired=_WIRED_SETTINGS, what="limits", required=required)
+
+    @model_validator(mode="after")
+    def _audit_anchored(self) -> Self:
+        if self.governance and self.audit_object_lock is None:
+            raise ValueError("audit_object_lock: governance keeps audit chains, anchored in an Object Lock bucket: "
+                             "it cannot be null while governance is on")
+        return self
 
     @field_validator("log_retention_days")
     @classmethod
@@ -283,6 +292,7 @@ class DeployConfig(_Strict):
         bucket_name: str,
         queue_urls: Mapping[str, str] | None = None,
         state_machine_arn: str = "",
+        event_bus_name: str = "",
     ) -> Settings:
         """The settings every function and the worker read (``Settings.to_env()``): resource names,
         each model's endpoints and work queue, the workflow, and the limits. Values are usually
@@ -293,6 +303,7 @@ class DeployConfig(_Strict):
             "bucket_name": bucket_name,
             "models": {m.name: ModelRoute(endpoints=m.endpoints, queue_url=urls.get(m.name, "")) for m in self.models},
             "state_machine_arn": state_machine_arn,
+            **({"event_bus_name": event_bus_name} if event_bus_name else {}),
             "governance": self.governance,
             **self.limits,
         }

@@ -9,12 +9,18 @@ same everywhere in ``infra``.
 from typing import Final
 
 from functions.core.names import (  # noqa: F401 - re-exported for infra
+    AUDIT_APPEND_TIMEOUT_SECONDS,
+    AUDIT_MAX_RECEIVES,
+    AUDIT_VISIBILITY_SECONDS,
     BATCHES_PREFIX,
     EVENT_SOURCE,
     INGEST_MAX_RECEIVES,
     WORK_MAX_RECEIVES,
     WORK_VISIBILITY_SECONDS,
+    audit_dead_letter_queue_name,
+    audit_queue_name,
     dead_letter_queue_name,
+    event_bus_name,
     ingest_queue_name,
     model_slug,
     state_machine_name,
@@ -27,6 +33,12 @@ STACK_NAME: Final = "BatchApi"
 OUTPUT_API_URL: Final = "ApiUrl"
 OUTPUT_TABLE: Final = "TableName"
 OUTPUT_BUCKET: Final = "BucketName"
+#: With governance on: the audit queue (batchctl sends the operator's intents there), the Object
+#: Lock bucket of the chains' copies and checkpoints, and the KMS key that signs the checkpoints
+#: (``batchctl audit verify`` reads its public key). docs/audit.md.
+OUTPUT_AUDIT_QUEUE: Final = "AuditQueueUrl"
+OUTPUT_AUDIT_BUCKET: Final = "AuditBucketName"
+OUTPUT_AUDIT_KEY: Final = "AuditSigningKeyArn"
 #: API Gateway stage; the base URL clients use is ``<api>/<stage>/v1``.
 API_STAGE: Final = "prod"
 
@@ -46,6 +58,10 @@ LOCAL_COMPLETION_WINDOWS: Final = ("24h", "1h", "10m", "1m", "30s", "15s")
 #: Where a running `make up` writes how to reach it (batchctl reads it): <repo>/.local-state/
 LOCAL_STATE_DIR: Final = ".local-state"
 LOCAL_STATE_FILE: Final = "endpoint.json"
+#: The local deployment's audit signing key, in its state directory (the stand-in for the KMS
+#: key: outside moto, so moto access alone cannot sign a checkpoint), and its public half.
+LOCAL_AUDIT_KEY_FILE: Final = "audit-signing-key.pem"
+LOCAL_AUDIT_PUBLIC_KEY_FILE: Final = "audit-signing-key.pub.pem"
 
 
 def _local_models() -> dict:

@@ -15,7 +15,8 @@ from constructs import Construct
 from infra import names
 from infra.config import DeployConfig
 from infra.constructs.api import Api
-from infra.constructs.audit import AuditExport
+from infra.constructs.audit import Audit
+from infra.constructs.events import BatchEvents
 from infra.constructs.ingest import Ingest
 from infra.constructs.lambdas import Lambdas
 from infra.constructs.monitoring import Monitoring
@@ -34,24 +35,31 @@ class BatchApiStack(cdk.Stack):
         self.config = config
 
         self.storage = Storage(self, "Storage", config=config)
-        # The optional WORM bucket for audit exports (docs/audit.md).
-        self.audit = AuditExport(self, "Audit", config=config, access_logs=self.storage.access_logs)
         self.lambdas = Lambdas(self, "Lambdas", config=config)
+        # The bus of the batch lifecycle events: only the publishers granted below may put events
+        # on it (docs/webhooks.md, "Who may publish").
+        self.events = BatchEvents(self, "Events")
         self.ingest = Ingest(self, "Ingest", config=config, storage=self.storage, lambdas=self.lambdas)
         # The upload assembler's queue goes into the one Settings (docs/uploads.md).
         self.uploads = Uploads(self, "Uploads", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.ingest.settings)
         self.uploads.share_settings(self.ingest.functions.values())
         # Webhooks (docs/webhooks.md): terminal batch events fanned out to tenants' endpoints; its
         # queue goes into the one Settings too.
-        self.webhooks = Webhooks(self, "Webhooks", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.uploads.settings)
+        self.webhooks = Webhooks(self, "Webhooks", config=config, storage=self.storage, lambdas=self.lambdas,
+                                 settings=self.uploads.settings, bus=self.events.bus)
         self.settings = self.webhooks.settings
         self.webhooks.share_settings([*self.ingest.functions.values(), self.uploads.function])
+        # The audit chains (docs/audit.md, governance on): the audit queue's URL goes into the one
+        # Settings; only its appender writes the chains, every writer may only send to the queue.
+        self.audit = Audit(self, "Audit", config=config, storage=self.storage, lambdas=self.lambdas,
+                           settings=self.webhooks.settings)
+        self.settings = self.audit.settings
+        self.audit.share_settings([*self.ingest.functions.values(), self.uploads.function, self.webhooks.function])
         common = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
-        self.workflow = Workflow(self, "Workflow", **common)
+        self.workflow = Workflow(self, "Workflow", **common, batch_events=self.events)
         self.api = Api(self, "Api", **common)
         self.uploads.grant_dispatch(self.api.api_function)
         self.reaper = Reaper(self, "Reaper", **common)
-        self.audit.add_exporter(storage=self.storage, lambdas=self.lambdas, settings=self.settings)
         self.workers = Workers(
             self, "Workers", config=config, settings=self.settings, storage=self.storage,
             work_queues=self.ingest.work_queues, workflow=self.workflow, lambdas=self.lambdas,
@@ -64,22 +72,28 @@ class BatchApiStack(cdk.Stack):
         self.workflow.grant_publish(self.ingest.function)
         self.workflow.grant_signal(self.api.api_function)
         self.workflow.grant_signal(self.ingest.dlq_function)
+        # Who sends audit intents: the API (its actions), the chunk counters (receipts).
+        for writer in (self.api.api_function, self.ingest.dlq_function,
+                       *(w.task_definition.task_role for w in self.workers.workers.values())):
+            self.audit.grant_send(writer)
         # The ingest DLQ's consumer retries a fan-out once: it starts the workflow and publishes
         # the events of batches it ends (docs/reliability.md, "Liveness: every batch ends").
         self.workflow.grant_start(self.ingest.ingest_dlq_function)
         self.workflow.grant_publish(self.ingest.ingest_dlq_function)
         # The sweeper ends or restarts every open batch the normal path left behind.
         self.sweeper = Sweeper(self, "Sweeper", **common, ingest=self.ingest, workflow=self.workflow)
+        # Every publisher is granted: the bus policy admits them and denies everyone else.
+        self.events.seal()
 
         self.monitoring = Monitoring(self, "Monitoring", config=config)
         self.monitoring.watch_rest_api(self.api.rest_api)
-        self.monitoring.watch_batch_events(self.workflow.event_bus)
+        self.monitoring.watch_batch_events(self.events.bus)
         self.monitoring.watch_workflow(self.workflow.state_machine)
         self.monitoring.watch_functions({
             **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
             "sweeper": self.sweeper.function, "assembler": self.uploads.function, "scaler": self.workers.scaler.function,
             "webhooks": self.webhooks.function,
-            **({"audit-export": self.audit.exporter} if self.audit.exporter is not None else {}),
+            **({"audit-append": self.audit.function} if self.audit.function is not None else {}),
         })
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
@@ -87,9 +101,10 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_dead_letter_queue("sweeper", self.sweeper.dead_letters)
         self.monitoring.watch_dead_letter_queue("assembler", self.uploads.dead_letters)
         self.monitoring.watch_dead_letter_queue("webhooks", self.webhooks.dead_letters)
+        self.monitoring.watch_webhook_drops()
         self.monitoring.watch_dead_letter_queue("scaler", self.workers.scaler.dead_letters)
-        if self.audit.exporter is not None:  # the WORM copy (docs/audit.md)
-            self.monitoring.watch_dead_letter_queue("audit-export", self.audit.dead_letters)
+        if self.audit.dead_letters is not None:  # intents the appender gave up on (docs/audit.md)
+            self.monitoring.watch_dead_letter_queue("audit-append", self.audit.dead_letters)
         for model in config.models:
             worker_config = model.worker_config()
             self.monitoring.watch_model(

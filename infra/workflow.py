@@ -18,7 +18,7 @@ timeout, and the machine waits again with a fresh token (docs/reliability.md, "L
 import json
 from typing import Any
 
-from functions.core.accounting import SIGNAL_FIELD
+from functions.core.lifecycle import SIGNAL_FIELD
 from functions.workflow.logic import WAIT
 
 FUNCTION_PLACEHOLDER = "WorkflowFunctionArn"

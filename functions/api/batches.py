@@ -1,8 +1,7 @@
 """Batches API logic: takes its stores as arguments."""
 
-from functions.core import accounting, ids, limits, schema, tenants
-from functions.core.accounting import Signal
-from functions.core.errors import ConditionFailed, InvalidRequest, not_found
+from functions.core import ids, lifecycle, limits, schema, tenants
+from functions.core.errors import InvalidRequest, not_found
 from functions.core.models import Batch, BatchRequestCounts, ListPage
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
@@ -10,10 +9,6 @@ from functions.core.ports import Stores
 
 from .files import ready
 from .protocol import BatchListQuery, CreateBatchBody
-
-#: Statuses from which a cancel moves the batch to cancelling.
-CANCELLABLE = ("validating", "in_progress")
-
 
 def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBatchBody, *, now: int) -> Batch:
     """A batch in ``validating`` over a snapshot of its input file (ingest takes it from there)."""
@@ -63,11 +58,6 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
     return record.to_wire()
 
 
-#: Statuses whose request_counts are live (docs/reliability.md, "Live progress"): chunks still
-#: run, or their checkpointed lines are about to be salvaged.
-LIVE_STATUSES = ("in_progress", "finalizing", "cancelling")
-
-
 def get_batch(stores: Stores, tenant: str, batch_id: str) -> Batch:
     return wire(stores, _get(stores, tenant, batch_id))
 
@@ -94,7 +84,7 @@ def live_counts(stores: Stores, record: BatchRecord) -> BatchRequestCounts:
 def wire(stores: Stores, record: BatchRecord) -> Batch:
     """The batch as the API shows it: live request_counts while it is open."""
     batch = record.to_wire()
-    if record.status in LIVE_STATUSES:
+    if record.status in lifecycle.LIVE:
         batch = batch.model_copy(update={"request_counts": live_counts(stores, record)})
     return batch
 
@@ -115,15 +105,4 @@ def cancel_batch(stores: Stores, tenant: str, batch_id: str, *, now: int) -> Bat
     """validating/in_progress -> cancelling (the workflow, or ingest, finishes it as cancelled).
     Like OpenAI, cancelling a batch that is already cancelling, finalizing or terminal returns it
     unchanged."""
-    record = _get(stores, tenant, batch_id)
-    if record.status not in CANCELLABLE:
-        return wire(stores, record)
-    try:
-        record = stores.batches.update(
-            record.tenant, record.id, values={"status": "cancelling", "cancelling_at": now}, expect={"status": CANCELLABLE}
-        )
-    except ConditionFailed:
-        return wire(stores, _get(stores, tenant, batch_id))  # it moved on meanwhile
-    if record.task_token:
-        accounting.signal(stores.workflows, record.task_token, Signal.CANCEL)
-    return wire(stores, record)  # the live counts, as a GET shows them
+    return wire(stores, lifecycle.request_cancel(stores, _get(stores, tenant, batch_id), now))  # live counts, as a GET

@@ -43,6 +43,18 @@ def envelope(error: ApiError) -> Response:
                     headers=headers)
 
 
+def proxy_response(error: ApiError) -> dict[str, Any]:
+    """``error``'s envelope as a Lambda proxy response, shaped as the app's answers are, for a
+    request refused before any route runs (``handler.admission``)."""
+    response = envelope(error)
+    return {
+        "statusCode": response.status_code,
+        "body": response.body,
+        "isBase64Encoded": False,
+        "multiValueHeaders": {k: [v] for k, v in response.headers.items()},
+    }
+
+
 def register(app: APIGatewayRestResolver, logger: Logger) -> None:
     """Install the error handlers on ``app`` (routers' errors reach them too)."""
 

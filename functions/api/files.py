@@ -9,7 +9,7 @@ from functions.core.records import FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
-from .common import check_size, file_expiry
+from .common import check_size, check_storage, file_expiry, release_storage, within_quota
 from .protocol import ExpiresAfter, FileListQuery, filename_problem
 
 
@@ -43,11 +43,13 @@ def create_file(
         expires_at=now + ttl if ttl is not None else None,
         s3_key=schema.file_key(tenant, file_id),
     )
-    # Bytes first, then the record that makes them visible: a crash in between leaves only
-    # unreferenced bytes, never a File without content.
+    quota = check_storage(stores, tenant, record.bytes)
+    # Bytes first, then the record that makes them visible (with its stored-bytes reservation): a
+    # crash in between leaves only unreferenced bytes, never a File without content.
     stores.objects.put(record.s3_key, content)
     try:
-        stores.files.create(record)
+        with within_quota(stores, tenant, quota, record.bytes):
+            stores.files.create(record, max_stored_bytes=quota)
     except BaseException:
         stores.objects.delete(record.s3_key)
         raise
@@ -107,6 +109,8 @@ def delete_file(stores: Stores, tenant: str, file_id: str, now: int) -> FileDele
     old = stores.files.delete(tenant, file_id)
     if old is None:  # deleted concurrently
         raise not_found("File", file_id, param="file_id")
-    # The table's stream also tells the reaper, so the bytes go even if this call dies here.
+    # The table's stream also tells the reaper, so the bytes go (and their reservation is
+    # released, once) even if this call dies here.
     stores.objects.delete(old.s3_key)
+    release_storage(stores, old)
     return FileDeleted(id=file_id)

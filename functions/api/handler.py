@@ -1,10 +1,12 @@
 """The api Lambda: API Gateway (REST proxy) -> one router per resource -> the logic.
 
-Routes read the tenant the authorizer put in the request context, bind the request to the models
-of ``protocol`` and return the wire models of ``functions.core.models``; ``errors`` renders every
-failure as OpenAI's error envelope. Every response carries ``x-request-id``: API Gateway's request
-id (``requestContext.requestId``, ``$context.requestId`` in its access log and gateway responses),
-which is also every log line's ``correlation_id``.
+Before any route, ``admission`` applies the tenant's policy to the request (its
+``requests_per_minute`` and disabled state: ``tenants.admit_request``, the policy cached for
+``policy_cache_seconds``). Routes read the tenant the authorizer put in the request context, bind
+the request to the models of ``protocol`` and return the wire models of ``functions.core.models``;
+``errors`` renders every failure as OpenAI's error envelope. Every response carries
+``x-request-id``: API Gateway's request id (``requestContext.requestId``, ``$context.requestId``
+in its access log and gateway responses), which is also every log line's ``correlation_id``.
 """
 
 from typing import Any
@@ -13,7 +15,8 @@ from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver
 from aws_lambda_powertools.logging import correlation_paths
 
-from functions.core import audit, deps, http
+from functions.core import audit, deps, http, tenants
+from functions.core.errors import ApiError, ServerError
 
 from . import errors
 from .routes import batches, files, models, uploads
@@ -37,18 +40,41 @@ def with_request_id(response: dict[str, Any], request_id: str | None) -> dict[st
     return response
 
 
-def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: str | None) -> None:
-    """The one audit hook of the API (docs/audit.md): after the route answered, append its
-    mutating action and outcome to the tenant's chain. The action already happened, so a failed
-    append is logged (``audit_append_failed``, alarmable) and the answer goes out unchanged."""
-    store = deps.stores().audit
+@deps.per_process
+def policies() -> tenants.PolicyCache:
+    return tenants.PolicyCache(deps.stores().tenants, deps.settings().policy_cache_seconds)
+
+
+def admission(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer to a request its tenant's policy refuses (429 over ``requests_per_minute``, 401
+    for a disabled tenant), or None to route it. Every request of a tenant is counted, whatever
+    its route (an unknown one too); a request without a tenant is left to the routes (401)."""
     tenant = ((event.get("requestContext") or {}).get("authorizer") or {}).get("tenant")
-    if store is None or not tenant:
+    if not tenant:
+        return None
+    try:
+        tenants.admit_request(deps.stores().tenants, policies().get(tenant), now=deps.now())
+    except ApiError as error:
+        return errors.proxy_response(error)
+    except Exception:  # noqa: BLE001 - answered as the app answers an unexpected error
+        logger.exception("unhandled error")
+        return errors.proxy_response(ServerError("The server had an error while processing your request."))
+    return None
+
+
+def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: str | None) -> None:
+    """The one audit hook of the API (docs/audit.md): after the route answered, send its mutating
+    action and outcome to the audit queue (the appender adds it to the tenant's chain moments
+    later). The action already happened, so a failed send is logged (``audit_append_failed``,
+    alarmable) and the answer goes out unchanged."""
+    log = deps.stores().audit
+    tenant = ((event.get("requestContext") or {}).get("authorizer") or {}).get("tenant")
+    if log is None or not tenant:
         return
     headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
     try:
         audit.record_api_request(
-            store, tenant, method=event.get("httpMethod") or "", path=event.get("path") or "",
+            log, tenant, method=event.get("httpMethod") or "", path=event.get("path") or "",
             status=int(response.get("statusCode") or 0),
             body=None if response.get("isBase64Encoded") else response.get("body"),
             authorization=headers.get(http.AUTH_HEADER.lower()), request_id=request_id, at=deps.now(),
@@ -60,6 +86,7 @@ def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: st
 @logger.inject_lambda_context(correlation_id_path=correlation_paths.API_GATEWAY_REST, clear_state=True)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     request_id = (event.get("requestContext") or {}).get("requestId")
-    response = app.resolve(event, context)
+    response = admission(event) or app.resolve(event, context)
+    # A refused request is audited as the refusal it is (its status and error code), like any other.
     record_audit(event, response, request_id)
     return with_request_id(response, request_id)

@@ -23,7 +23,7 @@ from functions.core.records import FileRecord, UploadPartRecord, UploadRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
 
-from .common import check_size, file_expiry
+from .common import check_size, check_storage, file_expiry, release_storage, within_quota
 from .protocol import CompleteUploadBody, CreateUploadBody
 
 
@@ -45,7 +45,10 @@ def create_upload(stores: Stores, settings: Settings, tenant: str, body: CreateU
         expires_at=now + limits.UPLOAD_EXPIRY_SECONDS,
         file_expires_after=file_expiry(body.purpose, body.expires_after),
     )
-    stores.uploads.create(record)
+    # The declared bytes are reserved with the upload (the File it becomes takes the reservation over).
+    quota = check_storage(stores, tenant, record.bytes)
+    with within_quota(stores, tenant, quota, record.bytes):
+        stores.uploads.create(record, max_stored_bytes=quota)
     return record.to_wire(now)
 
 
@@ -275,6 +278,8 @@ def cancel_upload(stores: Stores, tenant: str, upload_id: str, *, now: int) -> U
         record = stores.uploads.transition(record, "cancelled")
     except ConditionFailed:
         raise Conflict(f"Upload {upload_id} was completed or cancelled concurrently.", param="upload_id") from None
-    # Part bytes go now; the bucket's lifecycle rule on uploads/ removes any a crash leaves.
+    # Part bytes go here; the bucket's lifecycle rule on uploads/ removes any a crash leaves. Its
+    # reservation is released here too (if this call dies first: when the record's TTL removes it).
     stores.objects.delete_many(stores.objects.list_keys(schema.upload_prefix(tenant, upload_id)))
+    release_storage(stores, record)
     return record.to_wire(now)

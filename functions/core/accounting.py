@@ -1,57 +1,22 @@
-"""Chunk accounting and the batch lifecycle's vocabulary, shared by the API, ingest, the workflow,
-the GPU worker and the DLQ handler.
-
-- A chunk is counted exactly once, only while its batch accepts chunks; whoever counts the last one
-  (or a duplicate of it) signals the workflow.
-- ``Signal`` is what resumes a waiting workflow (its output is ``{"outcome": <signal>}``, which the
-  state machine reads at ``$.signal.outcome``).
-- Lifecycle events are named ``batch.<status>``: ``event_type`` is the one place that says so.
-"""
+"""Chunk accounting, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
+a chunk is started, run in attempts (its run record: poison budget, checkpoints) and counted
+exactly once, only while its batch accepts chunks; whoever counts the last one (or a duplicate of
+it) signals the workflow. The batch's own statuses and transitions are ``lifecycle``'s."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, Final
+from typing import Any
 
 from pydantic import BaseModel
 
-from . import audit
+from . import audit, lifecycle
 from .errors import ConditionFailed
+from .lifecycle import Signal
 from .messages import WorkMessage
-from .ports import Events, Stores, Workflows
+from .ports import Stores
 from .records import BatchRecord, ChunkRecord, ChunkRunRecord
 from .results import Parts
-
-#: The field of a signal's output that carries the signal (the state machine reads it).
-SIGNAL_FIELD: Final = "outcome"
-
-
-class Signal(StrEnum):
-    """Why a waiting batch workflow resumes."""
-
-    COMPLETE = "complete"
-    CANCEL = "cancel"
-    EXPIRE = "expire"
-
-    def output(self) -> dict[str, str]:
-        """The task output that carries this signal."""
-        return {SIGNAL_FIELD: self.value}
-
-
-def signal(workflows: Workflows, token: str, what: Signal) -> bool:
-    """Resume the workflow waiting on ``token``; False if it no longer waits on it."""
-    return workflows.signal(token, what.output())
-
-
-def event_type(status: str) -> str:
-    """The EventBridge detail-type of a batch reaching ``status``."""
-    return f"batch.{status}"
-
-
-def publish_status(events: Events, batch: BatchRecord) -> None:
-    """Publish the batch's current status (at least once: subscribers dedupe on id and status)."""
-    events.publish(event_type(batch.status), batch.event_detail())
-
+from .work import Spend
 
 @dataclass(frozen=True)
 class ChunkOutcome:
@@ -97,20 +62,19 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
     """Note that a worker started this chunk; None if the batch no longer takes new work
     (cancelled, expiring, finished), in which case the chunk is skipped."""
     try:
-        return stores.batches.update(
-            message.tenant, message.batch_id,
-            add={"started_chunks": {message.chunk}}, expect={"status": "in_progress", "accepting": True},
-        )
+        return stores.batches.transition(message.tenant, message.batch_id, lifecycle.note_chunk_started(message.chunk))
     except ConditionFailed:
         return None
 
 
 def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int,
-                 receipt: bool = True) -> ChunkOutcome:
+                 receipt: bool = True, spent: Spend = Spend()) -> ChunkOutcome:
     """Count a finished chunk (the attempt that wrote ``parts``) once; if every chunk is now
-    counted, resume the workflow; then append the chunk's audit receipt. ``receipt=False`` leaves
-    the receipt to the caller (``record_receipt``, e.g. after more urgent store calls: the GPU
-    worker runs it behind other chunks' commits)."""
+    counted, resume the workflow; then append the chunk's audit receipt. ``usage`` is the counted
+    lines' (the batch's usage); ``spent`` what the engine spent on the chunk in every attempt (its
+    budget charge; at least ``usage``). ``receipt=False`` leaves the receipt to the caller
+    (``record_receipt``, e.g. after more urgent store calls: the GPU worker runs it behind other
+    chunks' commits)."""
     marker = ChunkRecord(
         tenant=message.tenant,
         batch_id=message.batch_id,
@@ -121,6 +85,8 @@ def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: U
         recorded_at=now,
         expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
         budget_period=message.budget_period,
+        spent_output_tokens=spent.output_tokens,
+        spent_input_tokens=spent.input_tokens,
         **usage.model_dump(),
     )
     counted = stores.batches.count_chunk(marker)
@@ -161,7 +127,7 @@ def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:
     its token, ``register`` sees the counts and resumes itself)."""
     if not all_counted(batch) or not batch.task_token:
         return False
-    return signal(stores.workflows, batch.task_token, Signal.COMPLETE)
+    return lifecycle.signal(stores.workflows, batch.task_token, Signal.COMPLETE)
 
 
 # --- the chunk's run record: attempts, poison budget, checkpoints ------------------------------
@@ -238,11 +204,19 @@ def begin_run(stores: Stores, message: WorkMessage, attempt: str, *, max_strikes
     return RunStart(record, found["died"], exhausted)
 
 
-def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None) -> ChunkRunRecord:
+def _add_spend(run: ChunkRunRecord, spent: Spend) -> None:
+    run.spent_input_tokens += spent.input_tokens
+    run.spent_output_tokens += spent.output_tokens
+
+
+def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None,
+            spent: Spend = Spend()) -> ChunkRunRecord:
     """A benign end of attempt ``attempt`` (shutdown, an engine already down, a store error): it
-    does not spend the chunk's poison budget."""
+    does not spend the chunk's poison budget. ``spent``: what the engine spent on its lines since
+    it last recorded it (they run again: the budget is charged for both runs)."""
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        _add_spend(run, spent)
         if attempt in run.open:
             run.open = [a for a in run.open if a != attempt]
             run.benign += 1
@@ -267,12 +241,14 @@ def mark_in_flight(
 
 def add_segment(
     stores: Stores, message: WorkMessage, attempt: str, segment: tuple[int, int], current: ChunkRunRecord | None,
-    outcomes: str | None = None,
+    outcomes: str | None = None, spent: Spend = Spend(),
 ) -> ChunkRunRecord:
     """Record a checkpoint written (its object exists): its lines are never run again.
-    ``outcomes``: one character per line, "1" succeeded, "0" failed (the live progress)."""
+    ``outcomes``: one character per line, "1" succeeded, "0" failed (the live progress);
+    ``spent``: what the engine spent since the attempt last recorded it."""
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
+        _add_spend(run, spent)
         if list(segment) not in run.segments:
             run.segments.append(list(segment))
         if outcomes is not None:

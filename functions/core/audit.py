@@ -7,7 +7,13 @@ concurrent writers cannot fork the chain: the loser re-reads the head and tries 
 re-walks a chain and names the first broken link: an edited record (its hash no longer matches),
 a deleted one (a gap in the sequence, or a prev_hash that does not match), a reordered pair.
 
-Logic takes the ``AuditStore`` port; the DynamoDB adapter is ``functions.core.aws.audit``.
+Writers never append themselves: each sends an ``AuditIntent`` (what happened, for which tenant,
+with a dedupe key) through the ``AuditLog`` port to the audit queue, and the audit appender
+(``functions/audit_append``), the one role that may write the chains, turns intents into records,
+copies each to the WORM bucket and signs checkpoints of the heads (``functions.core.anchor``).
+
+Logic takes the ``AuditStore`` and ``AuditLog`` ports; the DynamoDB adapter is
+``functions.core.aws.audit``, the queue's ``functions.core.aws.sqs.SqsAuditLog``.
 """
 
 from __future__ import annotations
@@ -16,17 +22,17 @@ import hashlib
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from . import schema
 from .errors import ConditionFailed, Throttled
 from .messages import WorkMessage
-from .ports import AuditStore, Stores
-from .records import ChunkRecord
+from .ports import AuditLog, AuditStore, Stores
+from .records import ChunkRecord, check_tenant
 
 #: The prev_hash of a chain's first record.
 GENESIS: Final = "0" * 64
@@ -40,6 +46,8 @@ CHUNK_RECEIPT: Final = "chunk.receipt"
 #: The actor of records the operator's tools write (``batchctl``), and of the worker's receipts.
 OPERATOR: Final = "operator"
 WORKER: Final = "worker"
+#: The longest dedupe key an intent may carry (DynamoDB sort keys take 1 KiB; ours stay far below).
+DEDUPE_MAX_CHARS: Final = 200
 
 
 def receipt_key(batch_id: str, chunk: int) -> str:
@@ -47,13 +55,23 @@ def receipt_key(batch_id: str, chunk: int) -> str:
     return f"{CHUNK_RECEIPT}:{batch_id}:{chunk:06d}"
 
 
-class AuditRecord(BaseModel):
-    """One link of a tenant's chain."""
+def api_key(request_id: str) -> str:
+    """The dedupe key of an API action: API Gateway's request id, unique per request (a client's
+    retry is a new request, which the chain shows)."""
+    return f"api:{request_id}"
+
+
+def operator_key() -> str:
+    """The dedupe key of an operator's change: a fresh uuid per ``batchctl`` run of the change."""
+    return f"operator:{uuid.uuid4().hex}"
+
+
+class Content(BaseModel):
+    """What happened: the fields a record and the intent asking for it share."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tenant: str
-    seq: int = Field(ge=1)
     #: Unix seconds.
     at: int
     #: ``key:<first 12 hex of the key's sha256>``, ``operator`` or ``worker``.
@@ -65,6 +83,16 @@ class AuditRecord(BaseModel):
     #: The HTTP status (``"200"``, ``"429"``) or ``ok``.
     outcome: str
     details: dict[str, Any] = Field(default_factory=dict)
+
+    def content(self) -> dict[str, Any]:
+        """The ``Content`` fields only, as JSON values."""
+        return self.model_dump(mode="json", include=set(Content.model_fields))
+
+
+class AuditRecord(Content):
+    """One link of a tenant's chain."""
+
+    seq: int = Field(ge=1)
     prev_hash: str
     hash: str
 
@@ -76,8 +104,17 @@ class AuditRecord(BaseModel):
         return chain_hash(self.body())
 
     def to_json(self) -> str:
-        """The record as one canonical JSON line (what is stored and exported)."""
+        """The record as one canonical JSON line (what is stored and copied)."""
         return canonical(self.model_dump(mode="json"))
+
+
+class AuditIntent(Content):
+    """What a writer asks the appender to record: a record's content and a dedupe key, so that
+    however often the audit queue delivers it, the chain holds it once."""
+
+    dedupe: str = Field(min_length=1, max_length=DEDUPE_MAX_CHARS)
+
+    _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
 
 
 def canonical(value: Any) -> str:
@@ -100,6 +137,15 @@ def link(
     return draft.model_copy(update={"hash": draft.computed_hash()})
 
 
+#: Where the next record goes, given the chain's head: (seq, prev_hash). The default follows the
+#: head; the appender also skips seqs its WORM copy already holds (a cut tail).
+Position = Callable[["AuditRecord | None"], tuple[int, str]]
+
+
+def after(head: AuditRecord | None) -> tuple[int, str]:
+    return (head.seq + 1, head.hash) if head else (1, GENESIS)
+
+
 def append(
     store: AuditStore,
     tenant: str,
@@ -112,22 +158,25 @@ def append(
     request_id: str | None = None,
     details: dict[str, Any] | None = None,
     dedupe: str | None = None,
+    position: Position = after,
+    known_new: bool = False,
     attempts: int = APPEND_ATTEMPTS,
     sleep: Callable[[float], None] = time.sleep,
 ) -> AuditRecord | None:
-    """Append one record at the head of ``tenant``'s chain and return it.
+    """Append one record at the head of ``tenant``'s chain and return it (only the audit
+    appender calls this on a deployment: no other role may write the chains).
 
-    With ``dedupe``, the record is written in one transaction with a marker of that key, so
-    appending it again (a retried caller) writes nothing and returns None. Raises ``Throttled``
-    when other writers took the next sequence number ``attempts`` times in a row."""
+    With ``dedupe``, the record is written in one transaction with a marker of that key (which
+    remembers the record's seq), so appending it again writes nothing and returns None
+    (``known_new``: the caller has just read that the key is new, so the first attempt does not
+    read it again). Raises ``Throttled`` when other writers took the next sequence number
+    ``attempts`` times in a row."""
     for attempt in range(1, attempts + 1):
-        if dedupe is not None and store.deduped(tenant, dedupe):
+        if dedupe is not None and not (known_new and attempt == 1) and store.dedupe_seq(tenant, dedupe) is not None:
             return None
-        head = store.head(tenant)
-        record = link(
-            tenant, head.seq + 1 if head else 1, head.hash if head else GENESIS, at=at, actor=actor,
-            action=action, outcome=outcome, target=target, request_id=request_id, details=details,
-        )
+        seq, prev_hash = position(store.head(tenant))
+        record = link(tenant, seq, prev_hash, at=at, actor=actor, action=action, outcome=outcome, target=target,
+                      request_id=request_id, details=details)
         try:
             store.put(record, dedupe=dedupe)
             return record
@@ -135,6 +184,14 @@ def append(
             if attempt < attempts:
                 sleep(random.random() * min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 1)))
     raise Throttled(f"audit chain of tenant {tenant!r}: {attempts} appends lost to concurrent writers")
+
+
+def append_intent(store: AuditStore, intent: AuditIntent, *, position: Position = after, known_new: bool = False,
+                  sleep: Callable[[float], None] = time.sleep) -> AuditRecord | None:
+    """``append`` of an intent's content under its dedupe key."""
+    fields = intent.content()
+    tenant = fields.pop("tenant")
+    return append(store, tenant, **fields, dedupe=intent.dedupe, position=position, known_new=known_new, sleep=sleep)
 
 
 @dataclass(frozen=True)
@@ -166,47 +223,7 @@ def verify(records: Iterable[AuditRecord]) -> BrokenLink | None:
     return None
 
 
-# --- the WORM copy (docs/audit.md, "WORM copy") ----------------------------------------------
-#: Where the stream-driven export (functions/audit_export) writes each record in the Object Lock
-#: bucket: ``chain/<tenant>/<seq, 12 digits>.json``, the record's canonical JSON (``to_json``).
-WORM_PREFIX: Final = "chain/"
-
-
-def worm_key(tenant: str, seq: int) -> str:
-    return f"{WORM_PREFIX}{tenant}/{seq:012d}.json"
-
-
-def worm_prefix(tenant: str) -> str:
-    return f"{WORM_PREFIX}{tenant}/"
-
-
-@dataclass(frozen=True)
-class CopyCheck:
-    """The table's chain against its WORM copies: the first record that differs from its copy, or
-    whose copy exists but which the table no longer has (deleted, or the tail truncated), and how
-    many of the table's records have no copy yet (export lag, not a break)."""
-
-    broken: BrokenLink | None
-    copies: int
-    not_copied: int
-
-
-def compare_with_copies(records: list[AuditRecord], copies: dict[int, str]) -> CopyCheck:
-    """``copies``: seq -> the stored copy's JSON. A table that was rewritten from some record on
-    (every hash recomputed, so ``verify`` passes) still differs from the copies written when the
-    records were first appended, which nobody can change."""
-    table = {r.seq: r for r in records}
-    for position, seq in enumerate(sorted(copies), start=1):
-        record = table.get(seq)
-        if record is None:
-            return CopyCheck(BrokenLink(position, seq, "in the WORM copy but not in the table: deleted"),
-                             len(copies), 0)
-        if record.to_json() != copies[seq]:
-            return CopyCheck(BrokenLink(position, seq, "differs from its WORM copy: rewritten"), len(copies), 0)
-    return CopyCheck(None, len(copies), sum(1 for seq in table if seq not in copies))
-
-
-# --- what the API appends --------------------------------------------------------------------
+# --- what the API records --------------------------------------------------------------------
 #: (method, route) of every audited API action: the mutating ones. Reads are not audited (docs/audit.md).
 API_ACTIONS: Final = {
     ("POST", "/v1/files"): "files.create",
@@ -250,13 +267,13 @@ def key_actor(authorization: str | None) -> str:
     return f"key:{hashlib.sha256(token.encode()).hexdigest()[:ACTOR_KEY_HEX]}" if token else "key:none"
 
 
-def record_api_request(
-    store: AuditStore, tenant: str, *, method: str, path: str, status: int, body: str | None,
-    authorization: str | None, request_id: str | None, at: int,
-) -> AuditRecord | None:
-    """Append the record of one API request if its action is audited (None otherwise): the
-    target is the id in the path, else the id the answer names (a create); a refusal carries its
-    error code. API Gateway does not retry a Lambda proxy integration, so no dedupe key."""
+def api_intent(
+    tenant: str, *, method: str, path: str, status: int, body: str | None, authorization: str | None,
+    request_id: str | None, at: int,
+) -> AuditIntent | None:
+    """The intent of one API request if its action is audited (None otherwise): the target is the
+    id in the path, else the id the answer names (a create); a refusal carries its error code.
+    Keyed on the request id (a fresh uuid where there is none)."""
     found = api_action(method, path)
     if found is None:
         return None
@@ -272,42 +289,52 @@ def record_api_request(
         error = answer.get("error")
         if status >= 400 and isinstance(error, dict):
             details = {"error_code": error.get("code"), "error_type": error.get("type")}
-    return append(store, tenant, at=at, actor=key_actor(authorization), action=action, outcome=str(status),
-                  target=target, request_id=request_id, details=details)
+    return AuditIntent(tenant=tenant, at=at, actor=key_actor(authorization), action=action, outcome=str(status),
+                       target=target, request_id=request_id, details=details,
+                       dedupe=api_key(request_id or uuid.uuid4().hex))
+
+
+def record_api_request(log: AuditLog, tenant: str, **request: Any) -> AuditIntent | None:
+    """Send the intent of one API request (``api_intent``) if its action is audited."""
+    intent = api_intent(tenant, **request)
+    if intent is not None:
+        log.record(intent)
+    return intent
+
+
+def operator_intent(tenant: str, action: str, *, at: int, target: str | None = None,
+                    details: dict[str, Any] | None = None) -> AuditIntent:
+    """An operator's change (``batchctl keys|tenants``), keyed on a fresh uuid."""
+    return AuditIntent(tenant=tenant, at=at, actor=OPERATOR, action=action, outcome="ok", target=target,
+                       details=details or {}, dedupe=operator_key())
+
+
+#: What a receipt's sender names beside the chunk: its input lines and the parts' digests. The
+#: counts, usage and attempt the appender reads from the chunk's count marker itself.
+RECEIPT_DIGESTS: Final = ("out_sha256", "err_sha256")
+
+
+def receipt_intent(message: WorkMessage, marker: ChunkRecord, *, at: int,
+                   digests: dict[str, str | None] | None = None) -> AuditIntent:
+    """The receipt of a counted chunk (``marker``): its batch, chunk and input lines, and the
+    sha256 of each result part of the counted attempt when the sender has them (the counting
+    worker computed them while writing the parts, ``Parts.digests``); without them the appender
+    reads the parts back and hashes them."""
+    details: dict[str, Any] = {"batch": marker.batch_id, "chunk": marker.chunk,
+                               "first_line": message.first_line, "line_count": message.line_count}
+    if digests:
+        details |= {name: digests.get(name) for name in RECEIPT_DIGESTS}
+    return AuditIntent(tenant=marker.tenant, at=at, actor=WORKER, action=CHUNK_RECEIPT, outcome="ok",
+                       target=marker.batch_id, details=details, dedupe=receipt_key(marker.batch_id, marker.chunk))
 
 
 def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int,
-                   digests: dict[str, str] | None = None) -> AuditRecord | None:
-    """The receipt of a counted chunk (``marker``): its batch, chunk, input lines, the sha256 of
-    each result part of the counted attempt (the bytes the batch's output and error files are
-    made of), its counts and usage. Keyed on (batch, chunk): a chunk is counted once, so however
-    often this runs (a redelivered message, a retried worker) the chain holds one receipt. None
-    if already there, or if these stores append no receipts (``Stores.receipts`` None).
-    ``digests``: the parts' sha256 as the counting worker wrote them (``Parts.digests``); without
-    them (a redelivery re-signalling, the DLQ consumer) the parts are read back and hashed."""
+                   digests: dict[str, str] | None = None) -> AuditIntent | None:
+    """Send the receipt of a counted chunk (``receipt_intent``) to the audit queue; keyed on
+    (batch, chunk), so however often this runs (a redelivered message, a retried worker) the
+    chain holds one receipt. None if these stores record no receipts (``Stores.receipts`` None)."""
     if stores.receipts is None:
         return None
-    key = receipt_key(marker.batch_id, marker.chunk)
-    if not digests:
-        # Reading the parts back costs a LIST and two GETs: not for a receipt already there.
-        # (With the digests at hand, ``append``'s own dedupe check is the only read.)
-        if stores.receipts.deduped(marker.tenant, key):
-            return None
-        parts = {
-            kind: schema.chunk_part_key(marker.tenant, marker.batch_id, marker.chunk, marker.attempt, kind)
-            for kind in ("out", "err")
-        }
-        # One LIST of the attempt's parts, then a GET of each (a part that is not there: null).
-        stored = set(stores.objects.list_keys(parts["out"].rsplit(".", 2)[0] + "."))
-        digests = {
-            f"{kind}_sha256": hashlib.sha256(stores.objects.get(key)).hexdigest() if key in stored else None
-            for kind, key in parts.items()
-        }
-    details = {
-        "batch": marker.batch_id, "chunk": marker.chunk, "attempt": marker.attempt,
-        "first_line": message.first_line, "line_count": message.line_count,
-        "completed": marker.completed, "failed": marker.failed, **digests,
-        "usage": {k: getattr(marker, k) for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")},
-    }
-    return append(stores.receipts, marker.tenant, at=at, actor=WORKER, action=CHUNK_RECEIPT, outcome="ok",
-                  target=marker.batch_id, details=details, dedupe=key)
+    intent = receipt_intent(message, marker, at=at, digests=digests)
+    stores.receipts.record(intent)
+    return intent

@@ -29,6 +29,21 @@ class AuthenticationFailed(ApiError):
     default_code = "invalid_api_key"
 
 
+class AccountDeactivated(AuthenticationFailed):
+    """A key of a disabled tenant (``batchctl tenants disable``): OpenAI's answer for a key of a
+    deactivated account, 401 ``invalid_request_error`` with code ``account_deactivated``."""
+
+    default_code = "account_deactivated"
+
+
+#: OpenAI's words for a key of a deactivated account, with this deployment's operator in place of
+#: OpenAI's help center.
+DEACTIVATED_MESSAGE = (
+    "This key is associated with a deactivated account. If you feel this is an error, contact the "
+    "operator of this deployment."
+)
+
+
 class NotFound(ApiError):
     status = 404
 
@@ -53,6 +68,13 @@ class RateLimited(ApiError):
     def __init__(self, message: str, *, retry_after: int, param: str | None = None, code: str | None = None):
         super().__init__(message, param=param, code=code)
         self.retry_after = retry_after
+
+
+class RequestRateLimited(RateLimited):
+    """A tenant's ``requests_per_minute``: OpenAI's request-rate answer, 429 with ``type``
+    ``requests`` (its tokens-per-minute answer says ``tokens``) and code ``rate_limit_exceeded``."""
+
+    type = "requests"
 
 
 class QuotaExceeded(ApiError):
@@ -88,10 +110,22 @@ def not_found(kind: str, object_id: str, param: str = "id") -> NotFound:
     return NotFound(f"No such {kind} object: {object_id}", param=param)
 
 
+class StorageQuotaExceeded(InvalidRequest):
+    """A file or upload that would take the tenant past its ``max_stored_bytes``: OpenAI's answer
+    when an organization's file storage is full is a 400 ``invalid_request_error`` (with a null
+    code); the code here names the case."""
+
+    default_code = "storage_quota_exceeded"
+
+
 #: The body API Gateway (and the local front) answers when the authorizer rejects a request.
 UNAUTHORIZED_BODY = AuthenticationFailed(
     "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'."
 ).body()
+
+
+#: The body of the authorizer's Deny (a disabled tenant's key): API Gateway's ACCESS_DENIED.
+DEACTIVATED_BODY = AccountDeactivated(DEACTIVATED_MESSAGE).body()
 
 
 class ConditionFailed(Exception):

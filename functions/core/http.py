@@ -7,7 +7,7 @@ from typing import Final
 from urllib.parse import quote
 
 from . import limits
-from .errors import UNAUTHORIZED_BODY
+from .errors import DEACTIVATED_BODY, UNAUTHORIZED_BODY
 
 #: Every route lives under this path; clients use ``https://<host>[/<stage>]/v1`` as base_url.
 API_PREFIX: Final = "/v1"
@@ -96,6 +96,7 @@ class GatewayError:
 
 
 _UNAUTHORIZED = UNAUTHORIZED_BODY["error"]
+_DEACTIVATED = DEACTIVATED_BODY["error"]
 _KEY_CHECK_FAILED = "We could not check your API key. Retry the request in a moment."
 #: How long a client throttled by the stage's rate limit waits (the token bucket refills every second).
 THROTTLE_RETRY_AFTER_SECONDS: Final = 1
@@ -107,8 +108,9 @@ GATEWAY_ERRORS: Final = {
     for e in (
         # The authorizer raised "Unauthorized", or the Authorization header is missing.
         GatewayError("UNAUTHORIZED", 401, _UNAUTHORIZED["type"], _UNAUTHORIZED["code"], _UNAUTHORIZED["message"]),
-        # The authorizer returned a Deny policy: OpenAI answers a bad key with 401, not 403.
-        GatewayError("ACCESS_DENIED", 401, _UNAUTHORIZED["type"], _UNAUTHORIZED["code"], _UNAUTHORIZED["message"]),
+        # The authorizer returned a Deny policy, which it does only for a disabled tenant's key:
+        # OpenAI's answer for a key of a deactivated account (401, code account_deactivated).
+        GatewayError("ACCESS_DENIED", 401, _DEACTIVATED["type"], _DEACTIVATED["code"], _DEACTIVATED["message"]),
         # The authorizer failed (an exception other than "Unauthorized", a timeout, a bad policy).
         GatewayError("AUTHORIZER_FAILURE", 500, "server_error", None, _KEY_CHECK_FAILED),
         GatewayError("AUTHORIZER_CONFIGURATION_ERROR", 500, "server_error", None, _KEY_CHECK_FAILED),

@@ -127,6 +127,15 @@ def window_seconds(window: str) -> int:
 # --- Hostile content (this deployment's own bounds; OpenAI documents none of them) -------------
 #: A request's custom_id may be at most this many characters (OpenAI documents no limit).
 MAX_CUSTOM_ID_CHARS: Final = 512
+#: The work one line may ask by default (functions/core/work.py ``Bounds``): OpenAI's own maxima
+#: for ``n`` (128) and for an embeddings input list (2048 items), the latter for every list of
+#: inputs (completions prompts, rerank documents, score pairs).
+MAX_LINE_N: Final = 128
+MAX_LINE_INPUTS: Final = 2048
+#: What the budget charges per sequence for an engine answer the worker could not read (its usage
+#: unknown) of a line with no output limit: vLLM's default context of the small models it serves
+#: is 2048-4096 tokens; a deployment with larger contexts sets a line bound (``Bounds``) instead.
+UNKNOWN_OUTPUT_TOKENS_PER_SEQUENCE: Final = 4096
 #: A request line's JSON may nest at most this deep (the line's object is level 1). Deeper lines
 #: are invalid_json_line: Python's parser and pydantic's serializer have recursion limits.
 MAX_JSON_DEPTH: Final = 128
@@ -163,6 +172,10 @@ POLICY_CHECK_SECONDS: Final = 10.0
 #: ``policy_check_input_too_large`` without being checked. It is the largest answer the worker
 #: reads (MAX_ENGINE_RESPONSE_BYTES), far above the default line (DEFAULT_MAX_LINE_BYTES).
 POLICY_CHECK_MAX_INPUT_BYTES: Final = 8 * 1024 * 1024
+
+# --- Tenant policy (functions/core/tenants.py) --------------------------------------------------
+#: Seconds the API caches a tenant's policy for its per-request checks (``Settings.policy_cache_seconds``).
+DEFAULT_POLICY_CACHE_SECONDS: Final = 5.0
 
 
 def signal_wait_seconds(expires_at: int, now: int, reconcile_seconds: int) -> int:

@@ -3,6 +3,7 @@
 from pydantic import BaseModel, ConfigDict
 
 from . import schema
+from .budgets import BudgetCaps
 from .guard import GuardPolicy
 
 
@@ -28,10 +29,14 @@ class WorkMessage(BaseModel):
     #: The tenant's output-token budget period ("day"/"month") as ingest saw its policy: counting
     #: the chunk charges its output tokens to that period's budget item (None: no budget; absent).
     budget_period: str | None = None
-    #: The budget (output tokens per ``budget_period``) when the tenant's ``budget_action`` is
-    #: ``stop`` (None otherwise; absent): once the period's charged tokens reach it, the worker
-    #: sends no more of the batch's lines (each becomes a ``budget_exceeded`` error line).
-    budget_stop: int | None = None
+    #: The budgets (tokens per ``budget_period``) when the tenant's ``budget_action`` is ``stop``
+    #: (None otherwise; absent): once the period's charged tokens reach one, the worker sends no
+    #: more of the batch's lines (each becomes a ``budget_exceeded`` error line).
+    budget_stop: BudgetCaps | None = None
+    #: The most output tokens one line may generate, all its sequences together (the batch's
+    #: ``work.Bounds.max_output_tokens``; None: no bound, absent): a line that sets no output limit
+    #: of its own is sent with its share of it (``Bounds.output_cap``).
+    max_line_output_tokens: int | None = None
 
     def bound(self) -> bool:
         """Tenant binding (issue 13): the input this message names is its own tenant's batch
@@ -55,6 +60,8 @@ class Chunk(BaseModel):
 
 class ChunkManifest(BaseModel):
     chunks: list[Chunk]
-    #: The tenant's policy at validation (``guard.active``): every fan-out copies it into the work
-    #: messages, so a retried fan-out (ingest DLQ, sweeper) carries the same policy.
+    #: The tenant's policy at validation (``guard.active``) and the output bound of one line:
+    #: every fan-out copies them into the work messages, so a retried fan-out (ingest DLQ,
+    #: sweeper) carries the same policy.
     guard: GuardPolicy | None = None
+    max_line_output_tokens: int | None = None

@@ -11,14 +11,17 @@ retries. Anything else is a bug or an outage and propagates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .tenants import Reservation, TenantPolicy
+from .budgets import Spent
+from .tenants import TenantPolicy
 
 if TYPE_CHECKING:
-    from .audit import AuditRecord
+    from .anchor import WormObject
+    from .audit import AuditIntent, AuditRecord
+    from .lifecycle import Change
 from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
 
 
@@ -55,7 +58,11 @@ class Objects(Protocol):
 
 # --- State ------------------------------------------------------------------------------------
 class FileStore(Protocol):
-    def create(self, record: FileRecord) -> None: ...
+    def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
+        """Store a new File, only if its id is free. A store that keeps the stored-bytes ledger
+        (governance on) also reserves ``record.bytes`` on it in the same write (the record then
+        ``holds_storage``), only while the tenant's bytes stay at most ``max_stored_bytes`` (None:
+        no quota). ConditionFailed otherwise (nothing written)."""
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None: ...
     def delete(self, tenant: str, file_id: str) -> FileRecord | None: ...
     def list(
@@ -67,20 +74,36 @@ class FileStore(Protocol):
 
 
 class UploadStore(Protocol):
-    def create(self, record: UploadRecord) -> None: ...
+    def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
+        """Store a new Upload, reserving its declared bytes as ``FileStore.create`` does."""
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None: ...
     def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
         """Move a pending upload to ``status``; ConditionFailed if it is no longer pending."""
     def complete(self, record: UploadRecord, file: FileRecord) -> None:
-        """Atomically create the File and mark the pending upload completed with its id."""
+        """Atomically create the File and mark the pending upload completed with its id; an
+        upload that ``holds_storage`` hands its reservation to the File in the same write."""
     def add_part(self, part: UploadPartRecord) -> None: ...
     def parts(self, tenant: str, upload_id: str, part_ids: list[str]) -> dict[str, UploadPartRecord]: ...
 
 
 class KeyStore(Protocol):
-    def create(self, record: ApiKeyRecord) -> None: ...
+    """API keys by hash (what the authorizer reads), listed per tenant and found by id."""
+
+    def create(self, record: ApiKeyRecord) -> None:
+        """Store the key, its tenant listing and its id, in one write, only if none of them exists
+        and the tenant is not disabled (its policy's ``disabled``); ConditionFailed otherwise."""
     def get(self, key_hash: str) -> ApiKeyRecord | None: ...
-    def delete(self, key_hash: str) -> ApiKeyRecord | None: ...
+    def get_by_id(self, key_id: str) -> ApiKeyRecord | None: ...
+    def list(self, tenant: str) -> list[ApiKeyRecord]:
+        """The tenant's keys, by id (strongly consistent: a key just created is there)."""
+    def delete(self, key_hash: str) -> ApiKeyRecord | None:
+        """Remove the key with its listing and id; the removed key, or None if there was none."""
+    def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
+        """Mark (or unmark) the key and its listing disabled; False if the key is gone."""
+    def all_keys(self) -> list[ApiKeyRecord]:
+        """Every key (a table scan: for ``batchctl keys backfill`` only)."""
+    def add_listing(self, record: ApiKeyRecord) -> bool:
+        """Write the listing and id of a key stored without them; False if they exist."""
 
 
 class TenantStore(Protocol):
@@ -95,50 +118,83 @@ class TenantStore(Protocol):
         """Add one to the tenant's creation counter of the window starting at ``window_start``,
         only while it is below ``limit`` (atomic: concurrent creates never push it past the limit);
         True if counted, False if the window is full. The counter item expires at ``expires_at``."""
+    def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        """The same for the tenant's request counter of the minute window at ``window_start``
+        (``requests_per_minute``)."""
+
+
+class StoredBytes(Protocol):
+    """Tenants' stored-bytes ledgers (docs/governance.md, "Stored-bytes quota"): the bytes of the
+    files and uploads each tenant holds. Reservations are made with the record that holds them
+    (``FileStore.create``, ``UploadStore.create``, ``BatchStore.finish``)."""
+
+    def used(self, tenant: str) -> int: ...
+    def release(self, tenant: str, holder: str, size: int) -> bool:
+        """Subtract ``size`` for ``holder`` (``FileRecord.sort_key(id)`` / ``UploadRecord.sort_key(id)``)
+        once: True if this call released it, False if it was released before or never held."""
+
+
+class AuditLog(Protocol):
+    """Where writers send what the audit chains should record (the audit queue): every role but
+    the audit appender records through this, and none of them can write a chain (docs/audit.md)."""
+
+    def record(self, intent: "AuditIntent") -> None:
+        """Send ``intent``; the appender appends it once per dedupe key, some time later."""
 
 
 class AuditStore(Protocol):
-    """Tenants' audit chains (``functions.core.audit``): records keyed by (tenant, seq)."""
+    """Tenants' audit chains (``functions.core.audit``): records keyed by (tenant, seq), and the
+    dedupe markers beside them. Only the audit appender writes; ``batchctl audit`` reads."""
 
     def head(self, tenant: str) -> "AuditRecord | None":
         """The record with the highest seq (strongly consistent), None for an empty chain."""
     def put(self, record: "AuditRecord", *, dedupe: str | None = None) -> None:
         """Write ``record`` only if its seq is free (and, with ``dedupe``, together with a marker of
-        that key only if the key is new, in one transaction); ConditionFailed otherwise."""
-    def deduped(self, tenant: str, key: str) -> bool:
-        """Whether a record with the dedupe ``key`` was written."""
+        that key holding the seq, only if the key is new, in one transaction); ConditionFailed
+        otherwise."""
+    def dedupe_seq(self, tenant: str, key: str) -> int | None:
+        """The seq of the record written with the dedupe ``key``, None if there is none."""
+    def record(self, tenant: str, seq: int) -> "AuditRecord | None":
+        """The record ``seq`` of ``tenant``'s chain (strongly consistent), None if absent."""
     def records(self, tenant: str) -> list["AuditRecord"]:
         """The whole chain as stored, in sort key (seq) order."""
 
 
 class WormStore(Protocol):
-    """Write-once objects (an S3 bucket with Object Lock): the audit chains' WORM copy."""
+    """Write-once objects (an S3 bucket with Object Lock): the audit chains' WORM copies and
+    signed checkpoints (``functions.core.anchor``)."""
 
     def put_once(self, key: str, body: bytes) -> bool:
         """Write ``key`` only if no object has it; False (nothing written) if one does."""
-    def get(self, key: str) -> bytes: ...
-    def list_keys(self, prefix: str) -> list[str]: ...
+    def find(self, key: str) -> bytes | None:
+        """The current bytes of ``key``, None if there is no such object."""
+    def originals(self, prefix: str) -> dict[str, "WormObject"]:
+        """Every key under ``prefix`` with its first version (the bytes written first, which
+        Object Lock keeps), how many versions it has and whether a delete marker hides it."""
+
+
+class Signer(Protocol):
+    """An asymmetric signing key (ECDSA P-256, SHA-256; DER signatures): KMS in the cloud, a local
+    key file in the local deployment. The audit appender signs checkpoints with it."""
+
+    #: What names the key in a checkpoint (the KMS key ARN; ``local:<fingerprint>``).
+    key_id: str
+
+    def sign(self, message: bytes) -> bytes: ...
+    def public_key(self) -> bytes:
+        """The public key as DER SubjectPublicKeyInfo (what KMS GetPublicKey returns)."""
 
 
 class BatchStore(Protocol):
     def create(self, record: BatchRecord) -> None: ...
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...
     def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]: ...
-    def update(
-        self,
-        tenant: str,
-        batch_id: str,
-        *,
-        values: dict[str, Any] | None = None,
-        defaults: dict[str, Any] | None = None,
-        add: dict[str, Any] | None = None,
-        remove: tuple[str, ...] = (),
-        expect: dict[str, Any] | None = None,
-    ) -> BatchRecord:
-        """One conditional write: SET ``values``, SET ``defaults`` where absent, ADD ``add``
-        (numbers, or sets), REMOVE ``remove``; only if the batch exists and every ``expect``
-        attribute equals its value (a tuple: is one of them; None: is absent). Returns the batch
-        as now stored; ConditionFailed otherwise."""
+    def transition(self, tenant: str, batch_id: str, change: "Change", *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+        """Apply one lifecycle ``Change`` (``functions.core.lifecycle``) as one conditional write,
+        with ``files`` created and the change's enqueued-cap counter change in the same
+        transaction; a terminal change releases a held reservation (``lifecycle.settle``). Returns
+        the batch as now stored; ConditionFailed if the change's condition (or a cap) does not
+        hold (nothing written)."""
     def count_chunk(self, marker: ChunkRecord) -> bool:
         """Write the chunk's marker and add its counts to the batch in one transaction, only while
         the batch accepts chunks. True if this call counted it; False for a duplicate or a late
@@ -153,22 +209,11 @@ class BatchStore(Protocol):
     def save_chunk_run(self, record: ChunkRunRecord) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
         ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""
-    def finish(
-        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
-    ) -> None:
-        """Create the batch's output files and set its terminal state in one transaction."""
-    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
-                reservation: Reservation) -> BatchRecord:
-        """``update(values=..., expect=...)`` plus the enqueued-cap reservation (docs/governance.md)
-        in one transaction: ADD the reservation to the (tenant, model) counter only while it stays
-        within the caps, and record it on the batch (``holds_reservation``). ConditionFailed if
-        ``expect`` or a cap does not hold (nothing written). ``update`` and ``finish`` release it
-        (ADD the negatives, REMOVE ``holds_reservation``) with the write that makes the batch terminal."""
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""
-    def budget_used(self, tenant: str, period_sk: str) -> int:
-        """Output tokens charged to the tenant's budget item ``period_sk`` (``tenants.budget_sk``)
-        by counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
+    def budget_used(self, tenant: str, period_sk: str) -> Spent:
+        """The tokens charged to the tenant's budget item ``period_sk`` (``budgets.budget_sk``) by
+        counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
         never a table scan). Eventually consistent: a batch may show up moments after it ended."""
@@ -234,11 +279,13 @@ class Stores:
     workflows: Workflows
     events: Events
     tenants: TenantStore
-    #: The audit chains (None: this deployment keeps none; docs/audit.md).
-    audit: AuditStore | None = None
-    #: The same chains as the chunk counters (GPU worker, chunk DLQ consumer) reach them for chunk
-    #: receipts; None when governance is off (docs/audit.md).
-    receipts: AuditStore | None = None
+    stored: StoredBytes
+    #: Where the API records its actions for the audit chains (None: this deployment keeps none;
+    #: docs/audit.md).
+    audit: AuditLog | None = None
+    #: The same log as the chunk counters (GPU worker, chunk DLQ consumer) send chunk receipts to;
+    #: None when governance is off (docs/audit.md).
+    receipts: AuditLog | None = None
     #: Its adapters may be called from several threads at once (the GPU worker's AWS set,
     #: ``stores_from_settings(concurrent=True)``: boto3 clients are thread-safe, and its DynamoDB
     #: table is a boto3 resource per thread). The worker then makes several store calls at once
@@ -259,6 +306,8 @@ class EngineReply(Protocol):
     request_id: str
     error_code: str
     error_message: str
+    #: How often it was sent (timeouts and connection errors are retried).
+    attempts: int
 
 
 class Engine(Protocol):

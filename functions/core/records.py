@@ -7,7 +7,9 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from . import schema
+from .budgets import BudgetCaps, budget_sk
 from .messages import Chunk, WorkMessage
+from .work import Spend
 from .models import (
     Batch,
     BatchError,
@@ -78,6 +80,10 @@ class FileRecord(Record):
     #: failed (``status_details`` says why, e.g. an md5 mismatch).
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
+    #: True when ``bytes`` are counted on the tenant's stored-bytes ledger (``schema.stored_pk``,
+    #: docs/governance.md): the file's removal releases them (its marker makes that happen once).
+    #: Absent on files created while the deployment kept no ledger (governance off).
+    holds_storage: bool | None = None
 
     @staticmethod
     def sort_key(file_id: str) -> str:
@@ -127,6 +133,10 @@ class UploadRecord(Record):
     #: expires_after.seconds for the File the upload becomes.
     file_expires_after: int | None = None
     file_id: str | None = None
+    #: True while the upload's declared ``bytes`` are reserved on the tenant's stored-bytes ledger
+    #: (``FileRecord.holds_storage``): ``complete`` hands the reservation to its File (and removes
+    #: this), a cancel or the record's removal releases it.
+    holds_storage: bool | None = None
 
     #: Completed/cancelled uploads stay readable a day past their hour, then TTL removes them.
     RETENTION_SECONDS: ClassVar[int] = 86_400
@@ -180,18 +190,53 @@ class UploadPartRecord(Record):
         return UploadPart(id=self.id, created_at=self.created_at, upload_id=self.upload_id)
 
 
+#: How many hex digits of a key's sha256 make its id (``key:<hex>``, the audit chain's actor).
+KEY_ID_HEX = 12
+KEY_ID_PREFIX = "key:"
+
+
+def key_id(key_hash: str) -> str:
+    """A key's visible, stable id: ``key:`` + the first ``KEY_ID_HEX`` hex digits of its sha256,
+    the same string the audit chain names its requests' actor by (``audit.key_actor``)."""
+    return KEY_ID_PREFIX + key_hash[:KEY_ID_HEX]
+
+
 class ApiKeyRecord(Record):
-    """An API key, stored only as its SHA-256. ``hint`` is the key's last four characters."""
+    """An API key, stored only as its SHA-256. ``hint`` is the key's last four characters.
+    ``disabled``: its tenant is disabled (``batchctl tenants disable``), so the authorizer refuses
+    it; the authorizer reads this item and nothing else."""
 
     key_hash: str
     tenant: str
     created_at: int
     hint: str
+    disabled: bool | None = None
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
 
+    @property
+    def id(self) -> str:
+        return key_id(self.key_hash)
+
+    @property
+    def status(self) -> str:
+        return "disabled" if self.disabled else "active"
+
+    @staticmethod
+    def listing_sort_key(key_id: str) -> str:
+        return f"KEY#{key_id}"
+
     def keys(self) -> dict[str, str]:
         return {schema.PK: schema.key_pk(self.key_hash), schema.SK: "KEY"}
+
+    def listing_item(self) -> dict[str, Any]:
+        """The key's item in its tenant's key partition (``schema.tenant_keys_pk``): the same
+        fields, so a listing needs no read of the key items."""
+        return {**self.to_item(), schema.PK: schema.tenant_keys_pk(self.tenant), schema.SK: self.listing_sort_key(self.id)}
+
+    def id_item(self) -> dict[str, Any]:
+        """The id's lookup item (``schema.key_id_pk``): where ``revoke --id`` finds the key."""
+        return {schema.PK: schema.key_id_pk(self.id), schema.SK: "KEYID", "tenant": self.tenant, "key_hash": self.key_hash}
 
 
 class BatchRecord(Record):
@@ -254,9 +299,9 @@ class BatchRecord(Record):
     #: The tenant's output-token budget period when ingest moved the batch (None: no budget): its
     #: work messages carry it, so counting a chunk charges the budget with no policy read.
     budget_period: str | None = None
-    #: The budget when the tenant's ``budget_action`` was ``stop`` at ingest (None otherwise): its
-    #: work messages carry it, so workers stop sending its lines once the period's budget is used.
-    budget_stop: int | None = None
+    #: The budgets when the tenant's ``budget_action`` was ``stop`` at ingest (None otherwise): its
+    #: work messages carry them, so workers stop sending its lines once a period's budget is used.
+    budget_stop: BudgetCaps | None = None
 
     @staticmethod
     def sort_key(batch_id: str) -> str:
@@ -336,9 +381,13 @@ class ChunkRecord(Record):
     reasoning_tokens: int = 0
     recorded_at: int
     expires_at: int
-    #: Charge ``output_tokens`` to the tenant's budget of this period kind, in the count's
-    #: transaction (``WorkMessage.budget_period``; None: no budget).
+    #: Charge the tokens the engine spent on this chunk (``spent_*``) to the tenant's budget of
+    #: this period kind, in the count's transaction (``WorkMessage.budget_period``; None: no budget).
     budget_period: str | None = None
+    #: What the engine spent on the chunk's lines, every attempt's answers included (failed,
+    #: blocked, too large, timed out, run again after a crash): at least the counted usage above.
+    spent_output_tokens: int = 0
+    spent_input_tokens: int = 0
 
     PREFIX: ClassVar[str] = "CHUNK#"
 
@@ -363,6 +412,16 @@ class ChunkRecord(Record):
 
     def expiry(self) -> int | None:
         return self.expires_at
+
+    def budget_charge(self) -> tuple[str, dict[str, int]] | None:
+        """The budget item (its sort key) and what counting this chunk adds to it: what the engine
+        spent, never less than the counted usage (None: no budget)."""
+        if self.budget_period is None:
+            return None
+        return budget_sk(self.budget_period, self.recorded_at), {
+            "output_tokens": max(self.spent_output_tokens, self.output_tokens),
+            "input_tokens": max(self.spent_input_tokens, self.input_tokens),
+        }
 
 
 class ChunkRunRecord(Record):
@@ -404,6 +463,14 @@ class ChunkRunRecord(Record):
     suspects: list[int] = []
     #: Lines found alone in flight when their attempt died: they get ``engine_crashed``.
     blamed: list[int] = []
+    #: What the engine spent on the chunk's lines so far, as its attempts recorded it (with each
+    #: checkpoint and benign end): the count charges it to the budget (``ChunkRecord.spent_*``).
+    #: An attempt killed outright loses what it spent since its last record.
+    spent_input_tokens: int = 0
+    spent_output_tokens: int = 0
+
+    def spend(self) -> Spend:
+        return Spend(self.spent_input_tokens, self.spent_output_tokens)
     expires_at: int
 
     PREFIX: ClassVar[str] = "RUN#"

@@ -92,7 +92,44 @@ def chunks_pk(tenant: str, batch_id: str) -> str:
 
 
 def key_pk(key_hash: str) -> str:
+    """An API key's item (``records.ApiKeyRecord``): the only item the authorizer reads (its IAM
+    names ``KEY#*`` in ``dynamodb:LeadingKeys``), so it carries everything the authorizer decides on."""
     return f"KEY#{key_hash}"
+
+
+def tenant_keys_pk(tenant: str) -> str:
+    """The partition listing a tenant's keys: one item per key (sort key ``KEY#<key id>``), written
+    and deleted in one transaction with the key's ``key_pk`` item, so ``batchctl keys list`` and
+    ``tenants disable`` read one strongly consistent Query, never a scan."""
+    return f"{tenant_pk(tenant)}#KEYS"
+
+
+def key_id_pk(key_id: str) -> str:
+    """A key id's lookup item (its tenant and key hash), for ``batchctl keys revoke --id``. Not
+    under ``KEY#``: the authorizer cannot read it."""
+    return f"KEYID#{key_id}"
+
+
+def requests_pk(tenant: str) -> str:
+    """The partition of a tenant's request-rate counters (``requests_per_minute``): one item per
+    minute window (``MINUTE#<start>``), removed by TTL."""
+    return f"{tenant_pk(tenant)}#REQUESTS"
+
+
+def stored_pk(tenant: str) -> str:
+    """The partition of a tenant's stored-bytes ledger (``max_stored_bytes``, docs/governance.md):
+    the counter item (``STORED_USAGE_SK``, attribute ``bytes``) and one marker per file or upload
+    holding a reservation (``stored_marker_sk``), written with the reservation and deleted with its
+    release in one transaction, so a release happens once however often it is attempted."""
+    return f"{tenant_pk(tenant)}#STORAGE"
+
+
+STORED_USAGE_SK: Final = "USAGE"
+
+
+def stored_marker_sk(holder: str) -> str:
+    """The marker of one holder: ``FileRecord.sort_key(id)`` or ``UploadRecord.sort_key(id)``."""
+    return f"HOLD#{holder}"
 
 
 #: The one partition of every tenant's policy (``functions.core.tenants``): one item per tenant,

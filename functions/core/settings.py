@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.sources.utils import parse_env_vars
 
 from . import limits
+from .work import Bounds
 
 ENV_PREFIX = "BATCHAPI_"
 
@@ -99,6 +100,9 @@ class Settings(EnvSettings):
     models: dict[str, ModelRoute] = Field(default_factory=dict)
     max_batch_lines: int = Field(default=limits.DEFAULT_MAX_BATCH_LINES, gt=0)
     max_line_bytes: int = Field(default=limits.DEFAULT_MAX_LINE_BYTES, gt=0)
+    #: The most work one line may ask (``n``, inputs, output tokens; functions/core/work.py): every
+    #: tenant's lines, a tenant's policy may set lower bounds.
+    line_bounds: Bounds = Field(default_factory=Bounds)
     chunk_max_lines: int = Field(default=limits.DEFAULT_CHUNK_MAX_LINES, gt=0)
     chunk_max_bytes: int = Field(default=limits.DEFAULT_CHUNK_MAX_BYTES, gt=0)
     #: How long a cancelled or expired batch waits for chunks already running before finalizing.
@@ -114,18 +118,31 @@ class Settings(EnvSettings):
     enqueue_grace_seconds: int = Field(default=limits.DEFAULT_ENQUEUE_GRACE_SECONDS, ge=0)
     expiry_grace_seconds: int = Field(default=limits.DEFAULT_EXPIRY_GRACE_SECONDS, ge=0)
     state_machine_arn: str = ""
+    #: Where the batch lifecycle events are published: the stack's own bus (``names.event_bus_name``,
+    #: only the stack's publishers may put events on it), or the local deployment's of that name.
     event_bus_name: str = "default"
     #: Webhooks (docs/webhooks.md): the queue of events and deliveries; plain http to a loopback
     #: host is allowed only where this is set (the local deployment), never on AWS.
     webhook_queue_url: str = ""
+    #: Where a delivery whose schedule is spent goes (the webhook queue's dead-letter queue).
+    webhook_dead_letter_queue_url: str = ""
     webhook_allow_loopback_http: bool = False
     #: Governance (issue 13, docs/governance.md "The switch"): off, the deployment reads no tenant
     #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack
     #: grants nothing on the TENANTS partition. CDK: the config's ``governance``; local: on.
     governance: bool = True
-    #: The Object Lock bucket every audit record is copied to as it is appended (docs/audit.md,
-    #: "WORM copy"; functions/audit_export, on the table's stream); empty: no such bucket.
+    #: How long the API keeps a tenant's policy between reads for its per-request checks
+    #: (``requests_per_minute``, disabled): a policy change reaches every API process within this.
+    policy_cache_seconds: float = Field(default=limits.DEFAULT_POLICY_CACHE_SECONDS, ge=0)
+    #: The audit queue (FIFO): every writer sends its audit intents there (docs/audit.md); empty
+    #: with governance off (nothing is audited).
+    audit_queue_url: str = ""
+    #: The audit appender's own settings: the Object Lock bucket it copies every record and signs
+    #: every checkpoint into, and its signing key: a KMS key (ECC_NIST_P256) on AWS, or, in the
+    #: local deployment only, a PEM key file (functions.core.signing.FileSigner).
     audit_bucket_name: str = ""
+    audit_signing_key_id: str = ""
+    audit_local_key_file: str = ""
 
     def served_endpoints(self) -> tuple[str, ...]:
         """The endpoints a batch of this deployment may target: those allowed that at least one

@@ -13,26 +13,44 @@ Enforced now (docs/governance.md):
 - ``max_enqueued_requests`` / ``max_enqueued_tokens``: per (tenant, model), reserved at ingest in
   the move to in_progress (over a cap: the batch fails ``token_limit_exceeded``), released by the
   write that makes the batch terminal, exactly once (``aws.repos.BatchRepo``).
-- ``output_token_budget``: output tokens charged in each chunk's count transaction; at the budget
-  ``reject`` answers creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest
-  (``budget_exceeded``) and workers stop sending the lines of running ones (each a
-  ``budget_exceeded`` error line; ``gpu_worker/budget.py``).
+- ``output_token_budget`` / ``input_token_budget``: the engine's output and input tokens of every
+  attempt at a chunk's lines, charged when the chunk is counted; at a budget ``reject`` answers
+  creates 429 ``insufficient_quota``, ``stop`` fails new batches at ingest (``budget_exceeded``)
+  and workers stop sending the lines of running ones (each a ``budget_exceeded`` error line;
+  ``gpu_worker/budget.py``).
+- ``requests_per_minute``: every API request of the tenant (every route), counted by the API with
+  one conditional atomic counter item per (tenant, minute window); over the limit 429 type
+  ``requests``, code ``rate_limit_exceeded``, ``Retry-After`` (seconds to the window's end).
+- ``max_stored_bytes``: the bytes of the tenant's files and pending uploads, reserved with the
+  record that holds them, released once when it goes (``aws.stored``); over it a file or upload
+  create is a 400 ``storage_quota_exceeded``. A batch's output files are counted, never refused.
+- ``disabled``: ``batchctl tenants disable`` marks every key of the tenant, which the authorizer
+  then refuses (401 ``account_deactivated``); the API refuses the tenant's requests too.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import schema
-from .errors import QuotaExceeded, RateLimited
+from .errors import DEACTIVATED_MESSAGE, AccountDeactivated, QuotaExceeded, RateLimited, RequestRateLimited, StorageQuotaExceeded
+
+if TYPE_CHECKING:
+    from .ports import TenantStore
 from .guard import GuardPolicy
+from .budgets import BUDGET_KINDS, BudgetCaps, Spent, budget_sk
 from .records import check_tenant
+from .work import BYTES_PER_TOKEN, PolicyBounds, estimate_tokens  # noqa: F401 - estimate_tokens is part of this API
 
 #: The length of one creation-rate window (a clock hour, aligned to the epoch).
 HOUR_SECONDS = 3600
+#: The length of one request-rate window (a clock minute, aligned to the epoch).
+MINUTE_SECONDS = 60
 #: A counter item outlives its window by this much before DynamoDB's TTL removes it (a late
 #: reader of the window never sees it vanish early; the TTL deletion is lazy anyway).
 COUNTER_GRACE_SECONDS = 3600
@@ -63,9 +81,24 @@ class TenantPolicy(BaseModel):
     output_token_budget: int | None = Field(default=None, ge=0)
     budget_period: BudgetPeriod = "month"
     budget_action: BudgetAction = "reject"
+    #: Also reserve, on the token cap, the output tokens the batch's lines ask for (their output
+    #: limit times their sequences, or the line bound given to a line that sets none): the cap then
+    #: bounds what the enqueued work may generate, not only its prompts.
+    reserve_output_tokens: bool = False
+    #: Input (prompt) tokens per ``budget_period``, charged like the output budget; None: none.
+    input_token_budget: int | None = Field(default=None, ge=0)
+    #: Lower bounds than the deployment's on the work one line may ask (functions/core/work.py).
+    line_bounds: PolicyBounds | None = None
     #: Prompt secrets (refuse/redact) and output guardrails (functions/core/guard.py); None: none.
     #: Ingest snapshots it into the batch's work messages; the worker applies it to every line.
     guard: GuardPolicy | None = None
+    #: API requests per clock minute, every route; None: unlimited (the stage throttle is the only
+    #: bound). At least 1: a tenant to be shut out is disabled instead.
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    #: Bytes of files and pending uploads the tenant may hold at once; None: no quota.
+    max_stored_bytes: int | None = Field(default=None, ge=0)
+    #: Set by ``batchctl tenants disable`` (with every key of the tenant marked disabled).
+    disabled: bool = False
     updated_at: int = 0
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
@@ -115,8 +148,8 @@ def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = No
     ``BatchStore.budget_used``), only for such a tenant."""
     policy = tenants.get(tenant)
     if (policy is not None and policy.budget_action == "reject" and budget_used is not None
-            and over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now)))):
-        raise quota_exceeded(policy)
+            and (kind := over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now))))):
+        raise quota_exceeded(policy, kind)
     if policy is None or policy.batches_per_hour is None:
         return policy
     start = window_start(now)
@@ -132,18 +165,71 @@ def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = No
     return policy
 
 
+# --- Request rate (requests_per_minute) and the disabled state ----------------------------------
+def minute_start(now: int) -> int:
+    return now - now % MINUTE_SECONDS
+
+
+def admit_request(tenants: "TenantStore", policy: TenantPolicy | None, *, now: int) -> None:
+    """Admit one API request of ``policy``'s tenant at ``now`` (None: a tenant without a record,
+    admitted with nothing read or written): ``AccountDeactivated`` for a disabled tenant; with a
+    ``requests_per_minute``, one conditional ADD on the minute's counter (a refused request counts
+    nothing) and ``RequestRateLimited`` when the window is full, with ``Retry-After`` the seconds
+    to its end: the SDK's own retries then wait until requests are counted again."""
+    if policy is None:
+        return
+    if policy.disabled:
+        raise AccountDeactivated(DEACTIVATED_MESSAGE)
+    limit = policy.requests_per_minute
+    if limit is None:
+        return
+    start = minute_start(now)
+    if tenants.count_request(policy.tenant, start, limit=limit, expires_at=start + MINUTE_SECONDS + COUNTER_GRACE_SECONDS):
+        return
+    wait = max(1, start + MINUTE_SECONDS - now)
+    raise RequestRateLimited(
+        f"Rate limit reached for requests in organization {policy.tenant} on requests per min (RPM): "
+        f"Limit {limit}, Used {limit}, Requested 1. Please try again in {wait}s.",
+        retry_after=wait,
+    )
+
+
+class PolicyCache:
+    """Tenant policies as read at most ``seconds`` ago (by ``clock``, monotonic): the API checks
+    the policy on every request, so a process reads each tenant's policy at most once per
+    ``seconds`` and a policy change reaches it within that long (0: read every time)."""
+
+    def __init__(self, tenants: "TenantStore", seconds: float, clock: Callable[[], float] = time.monotonic):
+        self._tenants, self._seconds, self._clock = tenants, seconds, clock
+        self._read: dict[str, tuple[float, TenantPolicy | None]] = {}
+
+    def get(self, tenant: str) -> TenantPolicy | None:
+        now = self._clock()
+        hit = self._read.get(tenant)
+        if hit is not None and now - hit[0] < self._seconds:
+            return hit[1]
+        policy = self._tenants.get(tenant)
+        self._read[tenant] = (now, policy)
+        return policy
+
+
+# --- Stored bytes (max_stored_bytes) ------------------------------------------------------------
+def storage_quota(tenants: "TenantStore", tenant: str) -> int | None:
+    """The tenant's ``max_stored_bytes`` (one GetItem; None: no policy, no quota, governance off)."""
+    policy = tenants.get(tenant)
+    return policy.max_stored_bytes if policy is not None else None
+
+
+def storage_quota_exceeded(limit: int, used: int, size: int) -> StorageQuotaExceeded:
+    """OpenAI's words for a full file storage, with this tenant's numbers."""
+    return StorageQuotaExceeded(
+        f"You have exceeded your file storage quota. This organization is limited to {limit} bytes of files "
+        f"and holds {used} bytes; this one is {size} bytes. Please delete old files or attempt with a smaller "
+        "file size."
+    )
+
+
 # --- Enqueued caps (max_enqueued_requests / max_enqueued_tokens) --------------------------------
-#: Bytes of UTF-8 request body per estimated prompt token (docs/governance.md, "Enqueued caps").
-BYTES_PER_TOKEN = 4
-
-
-def estimate_tokens(body_bytes: int) -> int:
-    """The prompt-token estimate of one request line: ceil(UTF-8 bytes of the line / 4). No
-    tokenizer in the ingest Lambda (no model files, no heavy import on every cold start); the line's
-    JSON syntax makes it an overestimate, so a cap errs on the side of fewer tokens, never more."""
-    return -(-body_bytes // BYTES_PER_TOKEN)
-
-
 class Reservation(BaseModel):
     """What a batch reserves on its (tenant, model) counter, and the caps it must stay within
     (None: that dimension is not capped)."""
@@ -155,10 +241,21 @@ class Reservation(BaseModel):
     max_requests: int | None = None
     max_tokens: int | None = None
 
+    def bounds(self) -> list[tuple[str, int, int]]:
+        """(counter attribute, cap, amount) of each capped dimension: the reservation holds only
+        while every attribute stays within its cap after the addition (the DynamoDB adapter renders
+        this as its condition, the fake checks it as it is)."""
+        return [(attribute, cap, n) for attribute, cap, n in
+                (("requests", self.max_requests, self.requests), ("tokens", self.max_tokens, self.tokens))
+                if cap is not None]
+
+    def fits(self, requests: int, tokens: int) -> bool:
+        """Whether this reservation fits on a counter at (``requests``, ``tokens``)."""
+        held = {"requests": requests, "tokens": tokens}
+        return all(held[attribute] + n <= cap for attribute, cap, n in self.bounds())
+
     def fits_alone(self) -> bool:
-        return (self.max_requests is None or self.requests <= self.max_requests) and (
-            self.max_tokens is None or self.tokens <= self.max_tokens
-        )
+        return self.fits(0, 0)
 
     def exceeded(self, enqueued_requests: int, enqueued_tokens: int) -> str:
         """Which cap ``requests``/``tokens`` more would exceed: "requests" or "tokens" (tokens when
@@ -182,6 +279,15 @@ class Reservation(BaseModel):
         }
 
 
+class Release(BaseModel):
+    """What a batch's terminal write gives back to its (tenant, model) counter."""
+
+    tenant: str
+    model: str
+    requests: int
+    tokens: int
+
+
 def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: int) -> Reservation | None:
     """The reservation a batch of ``model`` must make under ``policy``; None when the tenant has no
     cap for that model (then nothing is counted: no extra write)."""
@@ -195,25 +301,28 @@ def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: 
                        max_requests=max_requests, max_tokens=max_tokens)
 
 
-# --- Output-token budget (output_token_budget / budget_period / budget_action) -------------------
-def budget_sk(period: str, now: int) -> str:
-    """The budget item of the ``period`` ("day"/"month") holding ``now`` (UTC calendar periods)."""
-    stamp = datetime.fromtimestamp(now, tz=UTC)
-    return stamp.strftime("DAY#%Y-%m-%d") if period == "day" else stamp.strftime("MONTH#%Y-%m")
+# --- Token budgets (output_token_budget, input_token_budget / budget_period / budget_action) -----
+def budget_caps(policy: TenantPolicy | None) -> BudgetCaps | None:
+    """The policy's token budgets (None: it has none: nothing is charged)."""
+    if policy is None or (policy.output_token_budget is None and policy.input_token_budget is None):
+        return None
+    return BudgetCaps(output_tokens=policy.output_token_budget, input_tokens=policy.input_token_budget)
 
 
-def over_budget(policy: TenantPolicy | None, used: Any) -> bool:
-    """True when ``policy`` has a budget and ``used(period_sk)`` (output tokens charged so far in
-    the current period) has reached it."""
-    if policy is None or policy.output_token_budget is None:
-        return False
-    return used() >= policy.output_token_budget
+def over_budget(policy: TenantPolicy | None, used: Callable[[], Spent]) -> str | None:
+    """The kind of token whose budget ``used()`` (what the current period's item has been charged)
+    has reached under ``policy`` (None: no budget, or room left; ``used`` is then not called
+    without a budget)."""
+    caps = budget_caps(policy)
+    return caps.reached(used()) if caps is not None else None
 
 
-def quota_exceeded(policy: TenantPolicy) -> QuotaExceeded:
+def quota_exceeded(policy: TenantPolicy, kind: str) -> QuotaExceeded:
+    caps = budget_caps(policy)
+    assert caps is not None
     return QuotaExceeded(
         "You exceeded your current quota, please check your plan and billing details: this organization's "
-        f"output-token budget of {policy.output_token_budget} tokens per {policy.budget_period} is used up."
+        f"{caps.describe(kind, policy.budget_period)} is used up."
     )
 
 
@@ -221,18 +330,20 @@ def quota_exceeded(policy: TenantPolicy) -> QuotaExceeded:
 BUDGET_EXCEEDED = "budget_exceeded"
 
 
-def budget_line_message(budget: int, period: str) -> str:
-    """The error message of a line a worker did not run because the budget was used up."""
-    return (f"The output-token budget of this organization ({budget} tokens per {period}) was used up "
-            f"while this batch ran; this request was not run. Retry it in the next {period}.")
+def budget_line_message(caps: BudgetCaps, kind: str, period: str) -> str:
+    """The error message of a line a worker did not run because a budget was used up."""
+    return (f"This organization's {caps.describe(kind, period)} was used up while this batch ran; this request was not run. "
+            f"Retry it in the next {period}.")
 
 
-#: The batch error of a batch refused at ingest under ``budget_action="stop"``.
-def budget_error(policy: TenantPolicy) -> dict[str, Any]:
+def budget_error(policy: TenantPolicy, kind: str) -> dict[str, Any]:
+    """The batch error of a batch refused at ingest under ``budget_action="stop"``."""
+    caps = budget_caps(policy)
+    assert caps is not None
     return {
         "code": BUDGET_EXCEEDED,
-        "message": f"The output-token budget of this organization ({policy.output_token_budget} tokens per "
-        f"{policy.budget_period}) is used up; no more requests run until the next {policy.budget_period}.",
+        "message": f"This organization's {caps.describe(kind, policy.budget_period)} is used up; no more requests run until the "
+        f"next {policy.budget_period}.",
         "param": None,
         "line": None,
     }

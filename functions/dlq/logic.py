@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from functions.core import accounting, results
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
+from functions.core.work import Spend
 
 #: The error code of a dead-lettered chunk's lines (OpenAI's code for a failure on its side).
 ERROR_CODE = "server_error"
@@ -48,5 +49,6 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterO
     for line in lines:
         usage.add_response(results.usage_of(line))  # None for the error lines
     parts = results.write_parts(stores.objects, message, lines)
-    outcome = accounting.record_chunk(stores, message, parts=parts, usage=usage, now=now)
+    spent = run.spend() if run is not None else Spend()  # what its attempts recorded (they never committed)
+    outcome = accounting.record_chunk(stores, message, parts=parts, usage=usage, now=now, spent=spent)
     return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", parts.failed, outcome.last)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, guard, limits, schema
-from functions.core.errors import ConditionFailed
+from functions.core import guard, lifecycle, limits, schema
 from functions.core.lines import LineError, check_request, iter_lines, parse_request, shown
 from functions.core.guard import GuardPolicy
 from functions.core.messages import Chunk, ChunkManifest
@@ -18,6 +17,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core import tenants
 from functions.core.tenants import TenantPolicy
+from functions.core.work import Bounds, work_of
 from functions.core.ports import Objects, Stores
 
 
@@ -32,16 +32,24 @@ class Validation:
     total: int = 0
     #: The prompt-token estimate of the valid lines (``tenants.estimate_tokens`` per line).
     tokens: int = 0
+    #: The engine sequences the valid lines make (``work.Work.sequences``: what the enqueued-request
+    #: cap counts), and the output tokens they may generate (their own limits, or the line bound a
+    #: line without one is given; what a token cap reserves with ``reserve_output_tokens``).
+    sequences: int = 0
+    output_tokens: int = 0
     chunks: list[Chunk] = field(default_factory=list)
     #: The tenant's prompt and output policy, snapshotted into the manifest (``guard.active``).
     guard: GuardPolicy | None = None
+    #: The bounds on one line's work (the deployment's, tightened by the tenant's policy).
+    bounds: Bounds = field(default_factory=Bounds)
 
 
 def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None = None) -> Validation:
     """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
     custom_ids (bounded by the line limit). ``policy`` is the tenant's (None: no record, every
     served model allowed)."""
-    result = Validation(guard=guard.active(policy.guard if policy is not None else None))
+    result = Validation(guard=guard.active(policy.guard if policy is not None else None),
+                        bounds=settings.line_bounds.tighter(policy.line_bounds if policy is not None else None))
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
         result.errors.append({"code": code, "message": message, "param": param, "line": line})
@@ -65,7 +73,8 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
             fail("too_many_tasks", f"The batch has more than {settings.max_batch_lines} requests.", line=line.number)
             break
         try:
-            custom_id, model = check_request(parse_request(line), endpoint=batch.endpoint)
+            request = parse_request(line)
+            custom_id, model = check_request(request, endpoint=batch.endpoint)
             if custom_id in seen:
                 raise LineError("duplicate_custom_id", f"The custom_id {shown(custom_id)} appears more than once.", "custom_id")
             seen.add(custom_id)
@@ -91,6 +100,8 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
                     "a batch uses one model.",
                     "body.model",
                 )
+            asked = work_of(batch.endpoint, request["body"])
+            result.bounds.check(asked, batch.endpoint)
         except LineError as error:
             if fail(error.code, error.message, error.param, line.number):
                 break
@@ -98,6 +109,9 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
         if result.errors:
             continue  # keep validating, but no chunks will be sent
         result.tokens += tenants.estimate_tokens(line.end - line.start)
+        result.sequences += asked.sequences
+        cap = result.bounds.output_cap(asked)
+        result.output_tokens += asked.output_tokens or (cap * asked.sequences if cap is not None else 0)
         if current is not None and (
             current["line_count"] >= settings.chunk_max_lines or line.end - current["byte_start"] > settings.chunk_max_bytes
         ):
@@ -189,16 +203,7 @@ def fail_validating(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord
     """End a batch stuck ``validating`` as ``failed`` with ``INGEST_FAILED_ERROR`` and publish its
     status (only the writer that moved it publishes). A batch no longer validating is returned as
     stored, untouched: safe to call twice, and against a concurrent ingest."""
-    try:
-        failed = stores.batches.update(
-            batch.tenant, batch.id,
-            values={"status": "failed", "failed_at": now, "errors": [dict(INGEST_FAILED_ERROR)]},
-            expect={"status": "validating"},
-        )
-    except ConditionFailed:
-        return _reread(stores, batch)
-    accounting.publish_status(stores.events, failed)
-    return failed
+    return lifecycle.apply(stores, batch, lifecycle.refuse(now, [INGEST_FAILED_ERROR])).batch
 
 
 def resume(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> str:
@@ -218,67 +223,44 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
     result = validate(stores.objects, settings, batch, policy)
     if result.errors:
         return _fail_validation(stores, batch, result.errors, now)
-    if (policy is not None and policy.budget_action == "stop" and tenants.over_budget(
+    if policy is not None and policy.budget_action == "stop" and (kind := tenants.over_budget(
             policy, lambda: stores.batches.budget_used(batch.tenant, tenants.budget_sk(policy.budget_period, now)))):
-        return _fail_validation(stores, batch, [tenants.budget_error(policy)], now)  # nothing of it runs
+        return _fail_validation(stores, batch, [tenants.budget_error(policy, kind)], now)  # nothing of it runs
     # The manifest is deterministic: a repeated ingest writes the same bytes.
-    manifest = ChunkManifest(chunks=result.chunks, guard=result.guard).model_dump_json(exclude_none=True).encode()
+    manifest = ChunkManifest(chunks=result.chunks, guard=result.guard,
+                             max_line_output_tokens=result.bounds.max_output_tokens).model_dump_json(exclude_none=True).encode()
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
-    values = {
-        "status": "in_progress",
-        "in_progress_at": now,
-        "model": result.model,
-        "total": result.total,
-        "chunk_count": len(result.chunks),
-        "accepting": True,
-    }
-    if policy is not None and policy.output_token_budget is not None:  # its chunks charge the budget
+    values: dict[str, Any] = {"model": result.model, "total": result.total, "chunk_count": len(result.chunks)}
+    if (caps := tenants.budget_caps(policy)) is not None:  # its chunks charge the budget
+        assert policy is not None
         values["budget_period"] = policy.budget_period
         if policy.budget_action == "stop":  # and its workers stop its lines at the budget
-            values["budget_stop"] = policy.output_token_budget
+            values["budget_stop"] = caps.model_dump()
     assert result.model is not None
-    held = tenants.reservation(policy, result.model, result.total, result.tokens)
-    try:
-        if held is None:  # no cap for this model: no counter write
-            return stores.batches.update(batch.tenant, batch.id, values=values, expect={"status": "validating"})
-        # The reservation and the move in one transaction: a duplicate ingest reserves nothing twice.
-        return stores.batches.reserve(batch.tenant, batch.id, values=values, expect={"status": "validating"},
-                                      reservation=held)
-    except ConditionFailed:
-        current = _reread(stores, batch)
-        if held is None or current.status != "validating":
-            return current  # another ingest moved it (or it was cancelled): as stored
+    reserved_tokens = result.tokens + (result.output_tokens if policy is not None and policy.reserve_output_tokens else 0)
+    held = tenants.reservation(policy, result.model, result.sequences, reserved_tokens)  # None: no cap, no counter write
+    # The reservation and the move in one transaction: a duplicate ingest reserves nothing twice.
+    started = lifecycle.apply(stores, batch, lifecycle.start(now, values=values, reservation=held))
+    if started.moved or held is None or started.batch.status != "validating":
+        return started.batch  # moved, or another ingest moved it (or it was cancelled): as stored
     # Still validating: a cap refused the reservation.
     which = held.exceeded(*stores.batches.enqueued(batch.tenant, held.model))
     return _fail_validation(stores, batch, [held.error(which)], now)
 
 
 def _fail_validation(stores: Stores, batch: BatchRecord, errors: list[dict[str, Any]], now: int) -> BatchRecord:
-    try:
-        failed = stores.batches.update(
-            batch.tenant, batch.id, values={"status": "failed", "failed_at": now, "errors": errors}, expect={"status": "validating"}
-        )
-    except ConditionFailed:
-        return _reread(stores, batch)
-    accounting.publish_status(stores.events, failed)
-    return failed
+    return lifecycle.apply(stores, batch, lifecycle.refuse(now, errors)).batch
 
 
 def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
-    try:
-        cancelled = stores.batches.update(
-            batch.tenant, batch.id, values={"status": "cancelled", "cancelled_at": now}, expect={"status": "cancelling", "in_progress_at": None}
-        )
-    except ConditionFailed:
-        return _reread(stores, batch).status
-    accounting.publish_status(stores.events, cancelled)
-    return cancelled.status
+    return lifecycle.apply(stores, batch, lifecycle.cancel_unstarted(now)).batch.status
 
 
 def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
     if batch.status == "in_progress":
         manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
-        messages = [batch.work_message(c).model_copy(update={"guard": manifest.guard}).model_dump_json(exclude_none=True)
+        snapshot = {"guard": manifest.guard, "max_line_output_tokens": manifest.max_line_output_tokens}
+        messages = [batch.work_message(c).model_copy(update=snapshot).model_dump_json(exclude_none=True)
                     for c in manifest.chunks]  # the policy rides along (None: left out)
         stores.queues.queue(settings.models[batch.model].queue_url).send(messages)
     stores.workflows.start(
@@ -291,11 +273,5 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
             "reconcile_seconds": settings.reconcile_seconds,
         },
     )
-    stores.batches.update(batch.tenant, batch.id, values={"enqueued": True})
-
-
-def _reread(stores: Stores, batch: BatchRecord) -> BatchRecord:
-    current = stores.batches.get(batch.tenant, batch.id)
-    assert current is not None
-    return current
+    stores.batches.transition(batch.tenant, batch.id, lifecycle.note_enqueued())
 

@@ -1,5 +1,7 @@
-"""Removes the bytes of files whose records are gone: DynamoDB stream REMOVE events, whether the
-item was deleted by the API or expired by TTL. Idempotent (deleting a missing S3 key is a no-op)."""
+"""Removes the bytes of files whose records are gone and releases what removed files and uploads
+held on their tenant's stored-bytes ledger: DynamoDB stream REMOVE events, whether the item was
+deleted by the API or expired by TTL. Idempotent (deleting a missing S3 key is a no-op; a release
+deletes its marker in the same transaction)."""
 
 from typing import Any
 
@@ -9,7 +11,7 @@ from aws_lambda_powertools.utilities.data_classes.dynamo_db_stream_event import 
 
 from functions.core import deps
 
-from .logic import purge_removed
+from .logic import purge_removed, release_removed
 
 logger = Logger(service="batch-api-reaper")
 
@@ -22,5 +24,7 @@ def handler(event: DynamoDBStreamEvent, context: Any) -> None:
         for record in event.records
         if record.event_name == DynamoDBRecordEventName.REMOVE and record.dynamodb and record.dynamodb.old_image
     ]
-    removed = purge_removed(deps.stores().objects, old)
-    logger.info("purged", extra={"keys": len(removed)})
+    stores = deps.stores()
+    removed = purge_removed(stores.objects, old)
+    released = release_removed(stores.stored, old)
+    logger.info("purged", extra={"keys": len(removed), "released": released})

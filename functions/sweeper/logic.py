@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from functions.core import accounting
-from functions.core.accounting import Signal
-from functions.core.models import TERMINAL_STATUSES
+from functions.core.lifecycle import Signal, is_terminal
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
@@ -78,7 +77,7 @@ def sweep(stores: Stores, settings: Settings, *, now: int) -> Sweep:
 def sweep_batch(stores: Stores, settings: Settings, tenant: str, batch_id: str, *, now: int) -> str:
     """Act on one open batch if it is overdue; returns the action taken (``NOTHING`` if none)."""
     batch = stores.batches.get(tenant, batch_id)
-    if batch is None or batch.status in TERMINAL_STATUSES:
+    if batch is None or is_terminal(batch.status):
         return NOTHING  # the index lags the table
     expiry_deadline = batch.expires_at + settings.expiry_grace_seconds
     if batch.status == "validating":

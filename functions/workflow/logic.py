@@ -7,11 +7,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, ids, limits, results, schema
-from functions.core.accounting import SIGNAL_FIELD, Signal
+from functions.core import accounting, ids, lifecycle, limits, results, schema
 from functions.core.errors import ConditionFailed, Throttled
+from functions.core.lifecycle import CLOSABLE, SIGNAL_FIELD, Signal, is_terminal
 from functions.core.messages import Chunk, ChunkManifest
-from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import ObjectWriter, Stores
@@ -29,11 +28,8 @@ NEVER_RAN: dict[str, tuple[str, str]] = {
     Signal.COMPLETE: ("batch_incomplete", "This request was not run."),
     "fail": ("batch_failed", "The batch failed because of an internal error before this request ran."),
 }
-TERMINAL: dict[Signal, tuple[str, str]] = {
-    Signal.COMPLETE: ("completed", "completed_at"),
-    Signal.CANCEL: ("cancelled", "cancelled_at"),
-    Signal.EXPIRE: ("expired", "expired_at"),
-}
+#: The terminal status a batch closed for a signal ends in.
+TERMINAL: dict[Signal, str] = {Signal.COMPLETE: "completed", Signal.CANCEL: "cancelled", Signal.EXPIRE: "expired"}
 
 
 def run(task: Register | Check | Drain | Finalize | Fail, stores: Stores, settings: Settings, *, now: int) -> dict[str, Any]:
@@ -62,13 +58,9 @@ def _batch(stores: Stores, tenant: str, batch_id: str) -> BatchRecord:
 def register(stores: Stores, tenant: str, batch_id: str, token: str) -> dict[str, Any]:
     """Store the token the workflow waits on. If the batch is already done or cancelling (its
     signal may have come before there was a token to signal), resume the workflow now."""
-    batch = _batch(stores, tenant, batch_id)
-    try:
-        batch = stores.batches.update(batch.tenant, batch.id, values={"task_token": token}, expect={"status": ("in_progress", "cancelling")})
-    except ConditionFailed:
-        batch = _batch(stores, tenant, batch_id)
+    batch = lifecycle.apply(stores, _batch(stores, tenant, batch_id), lifecycle.note_token(token)).batch
     if (owed := _owed(batch)) is not None:
-        accounting.signal(stores.workflows, token, owed)
+        lifecycle.signal(stores.workflows, token, owed)
     return {"registered": True}
 
 
@@ -107,22 +99,13 @@ def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signal
     was cancelled or expired; an expiring batch shows ``finalizing`` meanwhile and takes no new
     chunks. Returns {"drained": bool, "reason": ...}."""
     batch = _batch(stores, tenant, batch_id)
-    if batch.status in TERMINAL_STATUSES:
+    if is_terminal(batch.status):
         return {"drained": True, "reason": reason_for(batch, signalled)}
     reason = reason_for(batch, signalled)
     if reason == Signal.COMPLETE:
         return {"drained": True, "reason": reason}
-    values: dict[str, Any] = {}
-    defaults: dict[str, Any] = {"drain_deadline": now + settings.drain_grace_seconds}
-    if reason == Signal.EXPIRE:
-        values["status"] = "finalizing"
-        defaults["finalizing_at"] = now
-    try:
-        batch = stores.batches.update(
-            batch.tenant, batch.id, values=values, defaults=defaults, expect={"status": ("in_progress", "finalizing", "cancelling")}
-        )
-    except ConditionFailed:
-        batch = _batch(stores, tenant, batch_id)
+    begin = lifecycle.drain(now, expiring=reason == Signal.EXPIRE, grace_seconds=settings.drain_grace_seconds)
+    batch = lifecycle.apply(stores, batch, begin).batch
     running = len(batch.started_chunks or ()) > batch.chunks_done
     drained = not running or now >= (batch.drain_deadline or 0)
     return {"drained": drained, "reason": reason_for(batch, signalled)}
@@ -134,43 +117,32 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: Signal, now:
     The first task to close the batch decides why (``closed_for``): a retry, or a ``fail`` that
     closed it first, ends it the same way with the same files."""
     batch = _batch(stores, tenant, batch_id)
-    if batch.status in TERMINAL_STATUSES:
-        accounting.publish_status(stores.events, batch)  # at-least-once
+    if is_terminal(batch.status):
+        lifecycle.publish_status(stores.events, batch)  # at-least-once
         return {"status": batch.status}
     reason = reason_for(batch, signalled)
-    batch = _close(stores, batch, str(reason), finalizing_at=None if reason == Signal.CANCEL else now)
+    batch = _close(stores, batch, str(reason), finalizing=reason != Signal.CANCEL, now=now)
     assembled = assemble(stores, batch, now)
     if batch.closed_for == FAIL:  # a fail closed it and did not finish: end it as fail would
-        final = _failed_values(assembled, now)
+        status, values = "failed", _failed_values(assembled)
     else:
-        status, stamp = TERMINAL[Signal(batch.closed_for)]
-        final = {"status": status, stamp: now, **assembled.values()}
-    batch = _finish(stores, batch, assembled, final)
-    accounting.publish_status(stores.events, batch)
+        status, values = TERMINAL[Signal(batch.closed_for)], assembled.values()
+    batch = _finish(stores, batch, assembled, status, values, now)
+    lifecycle.publish_status(stores.events, batch)
     return {"status": batch.status}
 
 
 #: ``closed_for`` of a batch that the workflow's failure path closed.
 FAIL = "fail"
-#: The states a workflow task may close a batch from.
-_CLOSABLE = ("in_progress", "finalizing", "cancelling")
 
 
-def _close(stores: Stores, batch: BatchRecord, closed_for: str, *, finalizing_at: int | None) -> BatchRecord:
-    """Stop the batch taking chunks (and show it ``finalizing`` if ``finalizing_at`` is given) and
-    plan its files. The planned file ids and ``closed_for`` are set only where absent, so every
-    retry and every concurrent task writes the same files. ConditionFailed if the batch is no
-    longer closable (another task finished it)."""
-    values: dict[str, Any] = {"accepting": False}
-    defaults: dict[str, Any] = {
-        "planned_output_file_id": ids.new_id(ids.FILE),
-        "planned_error_file_id": ids.new_id(ids.FILE),
-        "closed_for": closed_for,
-    }
-    if finalizing_at is not None:
-        values["status"] = "finalizing"
-        defaults["finalizing_at"] = finalizing_at
-    return stores.batches.update(batch.tenant, batch.id, values=values, defaults=defaults, expect={"status": _CLOSABLE})
+def _close(stores: Stores, batch: BatchRecord, closed_for: str, *, finalizing: bool, now: int) -> BatchRecord:
+    """Stop the batch taking chunks (and show it ``finalizing`` if asked) and plan its files
+    (``lifecycle.close``: every retry and every concurrent task writes the same files).
+    ConditionFailed if the batch is no longer closable (another task finished it)."""
+    change = lifecycle.close(now, closed_for=closed_for, finalizing=finalizing,
+                             planned_output_file_id=ids.new_id(ids.FILE), planned_error_file_id=ids.new_id(ids.FILE))
+    return stores.batches.transition(batch.tenant, batch.id, change)
 
 
 @dataclass(frozen=True)
@@ -261,14 +233,13 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     )
 
 
-def _finish(stores: Stores, batch: BatchRecord, assembled: Assembled, final: dict[str, Any]) -> BatchRecord:
+def _finish(stores: Stores, batch: BatchRecord, assembled: Assembled, status: str, values: dict[str, Any],
+            now: int) -> BatchRecord:
     """Create the files and set the terminal state in one transaction, only if the batch is still
-    as this task closed it; returns the batch as stored after (finished by us or by another)."""
-    try:
-        stores.batches.finish(batch.tenant, batch.id, assembled.files, final, expect={"status": batch.status, "accepting": False})
-    except ConditionFailed:
-        pass  # a concurrent task finished it (or moved it on: the caller reads what is stored)
-    return _batch(stores, batch.tenant, batch.id)
+    as this task closed it; returns the batch as stored after (finished by us or by another: the
+    caller publishes its status either way)."""
+    change = lifecycle.finish(now, status=status, closed_from=batch.status, values=values)
+    return lifecycle.apply(stores, batch, change, files=assembled.files, publish=False).batch
 
 
 def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
@@ -354,7 +325,7 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int,
                "status": batch.status},
     )
     for _ in range(FAIL_ATTEMPTS):
-        if batch.status in TERMINAL_STATUSES or batch.status not in _CLOSABLE:
+        if is_terminal(batch.status) or batch.status not in CLOSABLE:
             break
         try:
             batch = _fail_keeping_results(stores, batch, now)
@@ -373,33 +344,20 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int,
                 exc_info=True, extra={"tenant": tenant, "batch_id": batch_id},
             )
             break
-    if batch.status not in TERMINAL_STATUSES:
-        batch = _fail_without_files(stores, batch, now)
-    accounting.publish_status(stores.events, batch)
+    if not is_terminal(batch.status):
+        batch = lifecycle.apply(stores, batch, lifecycle.fail_without_files(now, [FAILED_ERROR]), publish=False).batch
+    lifecycle.publish_status(stores.events, batch)
     return {"status": batch.status}
 
 
 def _fail_keeping_results(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord:
     try:
-        batch = _close(stores, batch, FAIL, finalizing_at=None)
+        batch = _close(stores, batch, FAIL, finalizing=False, now=now)
     except ConditionFailed:
         return _batch(stores, batch.tenant, batch.id)  # finished meanwhile
     assembled = assemble(stores, batch, now)
-    return _finish(stores, batch, assembled, _failed_values(assembled, now))
+    return _finish(stores, batch, assembled, "failed", _failed_values(assembled), now)
 
 
-def _failed_values(assembled: Assembled, now: int) -> dict[str, Any]:
-    return {"status": "failed", "failed_at": now, "errors": [dict(FAILED_WITH_FILES_ERROR)], **assembled.values()}
-
-
-def _fail_without_files(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord:
-    """Today's last resort: ``failed`` with ``FAILED_ERROR`` and no files (a ``validating`` batch
-    too, although no workflow runs before ingest moved it on)."""
-    try:
-        return stores.batches.update(
-            batch.tenant, batch.id,
-            values={"status": "failed", "failed_at": now, "accepting": False, "errors": [dict(FAILED_ERROR)]},
-            expect={"status": ("validating", *_CLOSABLE)},
-        )
-    except ConditionFailed:
-        return _batch(stores, batch.tenant, batch.id)
+def _failed_values(assembled: Assembled) -> dict[str, Any]:
+    return {"errors": [dict(FAILED_WITH_FILES_ERROR)], **assembled.values()}

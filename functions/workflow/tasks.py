@@ -5,7 +5,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from functions.core.accounting import Signal
+from functions.core.lifecycle import Signal
 
 
 class _Task(BaseModel):

@@ -10,7 +10,6 @@ import json
 import aws_cdk as cdk
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_certificatemanager as acm
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
@@ -20,7 +19,7 @@ from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig
 
-from .common import acknowledge, acknowledge_wildcards, arn_in_findings, log_group
+from .common import KEY_ITEMS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_api_writes, grant_items, log_group
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -54,8 +53,9 @@ def access_log_format() -> apigw.AccessLogFormat:
 
 
 class Api(Construct):
-    """``rest_api``, ``api_function`` (read/write table and bucket), ``authorizer_function`` (reads
-    API keys only), ``url`` (the ``base_url`` clients use, ending in ``/v1``)."""
+    """``rest_api``, ``api_function`` (reads the table, writes its own partitions; reads and writes
+    the bucket), ``authorizer_function`` (reads API key items only), ``url`` (the ``base_url``
+    clients use, ending in ``/v1``)."""
 
     def __init__(
         self,
@@ -80,7 +80,10 @@ class Api(Construct):
             memory_size=1024,  # multipart parsing of parts up to MAX_UPLOAD_PART_BYTES
             timeout=INTEGRATION_TIMEOUT,
         )
-        storage.table.grant_read_write_data(self.api_function)
+        # Reads anywhere but writes only its own partitions (``common.grant_api_writes``): never an
+        # API key or a tenant policy, which are the operator's (batchctl, admin credentials).
+        storage.table.grant_read_data(self.api_function)
+        grant_api_writes(self.api_function, storage)
         storage.bucket.grant_read_write(self.api_function)
         bucket, table = arn_in_findings(storage.bucket), arn_in_findings(storage.table)
         objects = "grant_read_write's action groups, on this one bucket's objects only"
@@ -104,13 +107,10 @@ class Api(Construct):
             memory_size=256,
             timeout=cdk.Duration.seconds(10),
         )
-        # A key lookup is one GetItem by the key's hash: nothing else, no index, no writes
-        # (table.grant() would add the table's indexes too).
-        iam.Grant.add_to_principal(
-            grantee=self.authorizer_function,
-            actions=["dynamodb:GetItem"],
-            resource_arns=[storage.table.table_arn],
-        )
+        # A key lookup is one GetItem of the key's item (``KEY#<sha256>``): no other item (not a
+        # key's listing, its id or a tenant policy: the disabled state is on the key item), no
+        # index, no writes.
+        grant_items(self.authorizer_function, storage, ("dynamodb:GetItem",), (KEY_ITEMS,))
 
         self.rest_api = self._rest_api(config)
         authorizer = apigw.RequestAuthorizer(

@@ -30,10 +30,10 @@ def log_group(scope: Construct, id: str, config: DeployConfig) -> logs.LogGroup:
 
 
 def consume_table_stream(scope: Construct, function: Any, table: Any, *, of: str, pattern: dict, batching_seconds: int,
-                         retry_attempts: int) -> sqs.Queue:
+                         retry_attempts: int, also: tuple[dict, ...] = ()) -> sqs.Queue:
     """``function`` reads the table's stream, invoked only for the records ``pattern`` (an event
-    filter) passes; batches of up to 100, bisected on error, retried, then sent to a new
-    dead-letter queue (returned; ``of`` says whose). The reaper and the audit exporter."""
+    filter) or one of ``also`` passes; batches of up to 100, bisected on error, retried, then sent
+    to a new dead-letter queue (returned; ``of`` says whose). The reaper and the audit exporter."""
     dead_letters = dead_letter_queue(scope, "DeadLetters", of=f"the on-failure destination of {of}")
     function.add_event_source(
         sources.DynamoEventSource(
@@ -44,7 +44,7 @@ def consume_table_stream(scope: Construct, function: Any, table: Any, *, of: str
             bisect_batch_on_error=True,
             retry_attempts=retry_attempts,
             on_failure=sources.SqsDlq(dead_letters),
-            filters=[lambda_.FilterCriteria.filter(pattern)],
+            filters=[lambda_.FilterCriteria.filter(p) for p in (pattern, *also)],
         )
     )
     return dead_letters
@@ -132,12 +132,25 @@ TENANT_POLICIES = schema.TENANTS_PK
 ENQUEUED_PARTITIONS = schema.enqueued_pk("*")
 #: Every tenant's output-token budget items (``T#*#BUDGET``): a counted chunk ADDs to them.
 BUDGET_PARTITIONS = schema.budget_pk("*")
-#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): where chunk receipts are appended.
+#: Every tenant's audit chain (``AUDIT#*``, docs/audit.md): only the audit appender writes there
+#: (infra/constructs/audit.py).
 AUDIT_PARTITIONS = schema.audit_pk("*")
-#: What appending a receipt takes (``functions.core.aws.audit.AuditRepo``): GetItem (its dedupe
-#: marker), Query (the chain's head) and PutItem (the record and its marker, in one
-#: TransactWriteItems, authorized item by item). No update, delete or index: a chain is append-only.
-RECEIPT_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
+#: Every tenant's stored-bytes ledger (``T#*#STORAGE``, docs/governance.md): its counter and markers.
+STORED_PARTITIONS = schema.stored_pk("*")
+#: API key items (``KEY#<sha256>``): the only items the authorizer reads.
+KEY_ITEMS = schema.key_pk("*")
+#: The API's writes (``grant_api_writes``): a tenant's own partition (files, uploads, parts; a
+#: tenant name has no ``#``, so ``T#*`` minus ``T#*#*`` is exactly those), and these partitions:
+#: batches, creation and request counters, the stored-bytes ledger and powertools'
+#: idempotency records (its audit records go to the audit queue). Never ``KEY#``, a tenant's key listing, ``KEYID#`` or
+#: ``TENANTS`` (keys and policies are the operator's, ``batchctl``), budgets, enqueued counters,
+#: chunk partitions or webhook records.
+API_OWN_PARTITIONS = schema.tenant_pk("*")
+NOT_OWN_PARTITIONS = schema.tenant_pk("*#*")
+API_WRITE_PARTITIONS = (
+    schema.batches_pk("*"), schema.creations_pk("*"), schema.requests_pk("*"), STORED_PARTITIONS, "IDEMPOTENCY#*",
+)
+API_WRITE_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
 
 def grant_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
@@ -163,11 +176,28 @@ def grant_charge_and_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStat
     return grant_items(role, storage, ("dynamodb:GetItem", "dynamodb:UpdateItem"), (BUDGET_PARTITIONS,))
 
 
-def grant_receipts(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
-    """A chunk counter (GPU worker, chunk DLQ consumer) appends chunk receipts to the tenant's
-    audit chain (``Stores.receipts``, on when governance is). The receipt's S3 reads (one LIST of
-    the attempt's parts, a GET of each) are covered by the role's ``grant_read`` on the parts."""
-    return grant_items(role, storage, RECEIPT_ACTIONS, (AUDIT_PARTITIONS,))
+def grant_storage_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """A role that removes files or uploads (the reaper, on the stream) releases what they held
+    on the tenant's stored-bytes ledger: DeleteItem (the marker) and UpdateItem (the counter's ADD)
+    on ``T#*#STORAGE``, in one transaction. Granted whether or not governance is on: what a record
+    holds may predate a switch of the deployment's config."""
+    return grant_items(role, storage, ("dynamodb:DeleteItem", "dynamodb:UpdateItem"), (STORED_PARTITIONS,))
+
+
+def grant_storage_charge(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """A role that creates a batch's output files (the workflow's finalize) counts them on the
+    tenant's stored-bytes ledger in the same transaction: PutItem (their markers) and UpdateItem
+    (the counter's ADD) on ``T#*#STORAGE``."""
+    return grant_items(role, storage, ("dynamodb:PutItem", "dynamodb:UpdateItem"), (STORED_PARTITIONS,))
+
+
+def grant_api_writes(role: iam.IGrantable, storage: Any) -> list[iam.PolicyStatement]:
+    """The API's table writes (``API_WRITE_PARTITIONS``, its own partitions); its reads are
+    ``grant_read_data``'s, its audit records are sends to the audit queue."""
+    return [
+        grant_items(role, storage, API_WRITE_ACTIONS, (API_OWN_PARTITIONS,), excluding=(NOT_OWN_PARTITIONS,)),
+        grant_items(role, storage, API_WRITE_ACTIONS, API_WRITE_PARTITIONS),
+    ]
 
 
 def grant_items(

@@ -23,7 +23,7 @@ from infra.config import DeployConfig
 
 from .common import (
     BATCH_PARTITIONS, BUDGET_PARTITIONS, CHUNK_PARTITIONS, ENQUEUED_PARTITIONS, TENANT_POLICIES, acknowledge,
-    acknowledge_data_grants, grant_charge, grant_items, grant_receipts, grant_release, resource_prefix, state_machine_arn,
+    acknowledge_data_grants, grant_charge, grant_items, grant_release, resource_prefix, state_machine_arn,
 )
 from .lambdas import Lambdas
 from .storage import Storage
@@ -109,6 +109,8 @@ class Ingest(Construct):
             bucket_name=storage.bucket.bucket_name,
             queue_urls={name: q.queue_url for name, q in self.work_queues.items()},
             state_machine_arn=state_machine_arn(self),
+            # The bus infra/constructs/events.py creates under this name (docs/webhooks.md).
+            event_bus_name=names.event_bus_name(prefix),
         )
         env = self.settings.to_env()
 
@@ -168,8 +170,6 @@ class Ingest(Construct):
         grant_items(self.dlq_function, storage, CHUNK_COUNT_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
         # Its count charges the tenant's output-token budget in the same transaction (UpdateItem).
         grant_charge(self.dlq_function, storage)
-        if self.settings.governance:  # its counted chunks get receipts (Stores.receipts)
-            grant_receipts(self.dlq_function, storage)
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
         storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept

@@ -25,9 +25,10 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from functions.core.accounting import event_type
+from functions.core.lifecycle import event_type
 from functions.core.models import TERMINAL_STATUSES
-from functions.core.names import EVENT_SOURCE
+from functions.core.names import EVENT_SOURCE, METRICS_NAMESPACE
+from functions.webhooks.logic import DROPPED_METRIC as WEBHOOK_DROPS_METRIC
 from infra.config import DeployConfig
 
 from .common import log_group
@@ -45,7 +46,7 @@ WORK_AGE_THRESHOLD = cdk.Duration.hours(3)
 #: A dead-lettered chunk not handled within this long means the DLQ handler is failing.
 DEAD_LETTER_AGE_THRESHOLD = cdk.Duration.minutes(15)
 #: Custom metrics of the stack (batches by status).
-NAMESPACE = "BatchApi"
+NAMESPACE = METRICS_NAMESPACE
 BATCHES_METRIC = "Batches"
 #: The worker's EMF metric names (gpu_worker/metrics.py: Totals fields and engine counters in
 #: CamelCase; tests/infra checks these against it).
@@ -203,6 +204,22 @@ class Monitoring(Construct):
             visible,
             threshold=1,
             description=f"Messages in the {label} dead-letter queue: work that failed every retry.",
+        )
+
+    def watch_webhook_drops(self) -> None:
+        """Events the webhook fan-out dropped because the table does not bear them out (no such
+        batch under that tenant, or not in that status: ``functions.webhooks.logic.verified_batch``).
+        The stack's publishers never send one, so any is an alarm: someone forged an event."""
+        dropped = cw.Metric(
+            namespace=NAMESPACE, metric_name=WEBHOOK_DROPS_METRIC, dimensions_map={"service": "webhooks"},
+            period=PERIOD, statistic="Sum",
+        )
+        self.row("Webhooks: dropped events", self.graph("Events", dropped, width=_WIDTH))
+        self.alarm(
+            "WebhookEventsDropped", dropped, threshold=1,
+            description="The webhook fan-out dropped a batch event the table does not bear out (a batch that does "
+            "not exist under that tenant or is not in that status): a forged event. The webhook Lambda's log line "
+            "'webhook event dropped' names it; check who may put events on the batch event bus.",
         )
 
     def watch_queue(self, label: str, queue: sqs.IQueue) -> None:

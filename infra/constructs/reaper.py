@@ -1,8 +1,10 @@
 """The reaper: removes a file's S3 bytes when its DynamoDB record goes (API delete or TTL expiry).
 
 It reads the table's stream (OLD_IMAGE), filtered at the event source mapping to REMOVE events of
-file items, so it is invoked only for what it acts on. Records it cannot process after retries are
-sent to a dead-letter queue (watched by monitoring) instead of being dropped with the stream.
+file items and of uploads that still held stored bytes, so it is invoked only for what it acts on:
+a file's bytes go, and what a file or upload held on its tenant's stored-bytes ledger is released
+(once: the release deletes the holder's marker). Records it cannot process after retries are sent
+to a dead-letter queue (watched by monitoring) instead of being dropped with the stream.
 """
 
 import aws_cdk as cdk
@@ -10,11 +12,11 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from functions.core import schema
-from functions.core.records import FileRecord
+from functions.core.records import FileRecord, UploadRecord
 from functions.core.settings import Settings
 from infra.config import DeployConfig
 
-from .common import acknowledge_wildcards, arn_in_findings, consume_table_stream
+from .common import acknowledge_wildcards, arn_in_findings, consume_table_stream, grant_storage_release
 from .lambdas import Lambdas
 from .storage import Storage
 
@@ -24,6 +26,18 @@ def stream_filter() -> dict:
     return {
         "eventName": lambda_.FilterRule.is_equal("REMOVE"),
         "dynamodb": {"OldImage": {schema.SK: {"S": lambda_.FilterRule.begins_with(FileRecord.sort_key(""))}}},
+    }
+
+
+def upload_filter() -> dict:
+    """REMOVE events of upload items that still held stored bytes (expired or cancelled: a completed
+    upload handed its reservation to its File, and its record says ``holds_storage`` no more)."""
+    return {
+        "eventName": lambda_.FilterRule.is_equal("REMOVE"),
+        "dynamodb": {"OldImage": {
+            schema.SK: {"S": lambda_.FilterRule.begins_with(UploadRecord.sort_key(""))},
+            "holds_storage": {"BOOL": [True]},
+        }},
     }
 
 
@@ -57,5 +71,8 @@ class Reaper(Construct):
             "DeleteObjectTagging...), on this bucket's objects only.",
         })
 
+        grant_storage_release(self.function, storage)  # the ledger's marker and counter (T#*#STORAGE)
+
         self.dead_letters = consume_table_stream(self, self.function, storage.table, of="the reaper's stream mapping",
-                                                 pattern=stream_filter(), batching_seconds=5, retry_attempts=5)
+                                                 pattern=stream_filter(), also=(upload_filter(),), batching_seconds=5,
+                                                 retry_attempts=5)

@@ -27,8 +27,8 @@ and a batch's chunk partition ``T#<tenant>#B#<batch>`` (``WORKER_LEADING_KEYS``)
 own partition ``T#<tenant>`` (file and upload records), its webhook records, an API key's item (``KEY#...``),
 the scaler's state (``SCALER#...``) or an idempotency record; never a scan, a query, a delete or
 an index. Besides: UpdateItem on the output-token budget items (``T#*#BUDGET``: a count charges the
-budget in its transaction) and, with governance on, GetItem/PutItem/Query on the audit chains
-(``AUDIT#*``: a counted chunk's receipt), both through ``common``'s grants.
+budget in its transaction), through ``common``'s grants; with governance on, the stack grants it
+``sqs:SendMessage`` on the audit queue (a counted chunk's receipt) and no audit item.
 """
 
 from collections.abc import Mapping
@@ -54,7 +54,7 @@ from infra.config import DeployConfig, ModelConfig, NetworkConfig
 from .common import (
     dead_letter_queue,
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_charge_and_watch, grant_items,
-    grant_receipts, log_group,
+    log_group,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
 from .lambdas import Lambdas
@@ -229,7 +229,17 @@ class ModelWorker(Construct):
             network_mode=ecs.NetworkMode.BRIDGE,  # egress through the host; nothing listens outside
             volumes=[ecs.Volume(name="cache", host=ecs.Host(source_path=CACHE_HOST_PATH))],
         )
-        secrets = {}
+        # The tenants' prefix-cache salts are HMACs under this secret (gpu_worker/shaping.py): the
+        # container gets it, the engine beside the worker never does (gpu_worker/entrypoint.sh).
+        self.cache_salt_secret = secretsmanager.Secret(
+            self, "CacheSaltSecret", description=f"Prefix-cache salt key of the {model.name} workers",
+            generate_secret_string=secretsmanager.SecretStringGenerator(password_length=64, exclude_punctuation=True),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        acknowledge(self.cache_salt_secret, "AwsSolutions-SMG4",
+                    "The cache-salt key protects no data: a rotation only makes every tenant's cached prefixes miss "
+                    "once; the engine's cache is lost on every task restart anyway.")
+        secrets = {"WORKER_CACHE_SALT_SECRET": ecs.Secret.from_secrets_manager(self.cache_salt_secret)}
         if model.hf_token_secret_arn:
             token = secretsmanager.Secret.from_secret_complete_arn(self, "HfToken", model.hf_token_secret_arn)
             secrets["HF_TOKEN"] = ecs.Secret.from_secrets_manager(token)
@@ -239,7 +249,7 @@ class ModelWorker(Construct):
             gpu_count=model.gpu_count,
             memory_reservation_mib=model.memory_reservation_mib,
             environment=container_environment(model, settings),
-            secrets=secrets or None,
+            secrets=secrets,
             linux_parameters=ecs.LinuxParameters(self, "Linux", shared_memory_size=model.shared_memory_mib),
             logging=ecs.LogDrivers.aws_logs(stream_prefix="worker", log_group=log_group(self, "Logs", config)),
             stop_timeout=stop_timeout(model),
@@ -346,8 +356,6 @@ class ModelWorker(Construct):
         grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
         # The count charges the tenant's output-token budget, and a `stop` budget is read (T#*#BUDGET).
         grant_charge_and_watch(role, storage)
-        if settings.governance:  # a counted chunk's receipt on the tenant's audit chain (AUDIT#*)
-            grant_receipts(role, storage)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow
         # Metrics are CloudWatch EMF lines on stdout (the awslogs driver ships them): no
         # cloudwatch:PutMetricData needed.

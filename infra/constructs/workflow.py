@@ -8,7 +8,6 @@ as every other function without a circular reference.
 """
 
 import aws_cdk as cdk
-from aws_cdk import aws_events as events
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
@@ -21,8 +20,9 @@ from infra.config import DeployConfig
 
 from .common import (
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge_data_grants, acknowledge_wildcards, arn_in_findings, grant_items,
-    grant_release, log_group, resource_prefix,
+    grant_release, grant_storage_charge, log_group, resource_prefix,
 )
+from .events import BatchEvents
 from .ingest import BATCH_KEYS
 from .lambdas import Lambdas
 from .storage import Storage
@@ -47,8 +47,9 @@ NOT_FILE_PARTITIONS = schema.tenant_pk("*#*")
 
 
 class Workflow(Construct):
-    """``state_machine``, ``function`` (the workflow Lambda), ``event_bus`` (where batch events go),
-    and the grants other parts need: ``grant_start``, ``grant_signal``, ``grant_publish``."""
+    """``state_machine``, ``function`` (the workflow Lambda), ``event_bus`` (where batch events go:
+    ``batch_events``' bus), and the grants other parts need: ``grant_start``, ``grant_signal``,
+    ``grant_publish``."""
 
     def __init__(
         self,
@@ -59,10 +60,12 @@ class Workflow(Construct):
         storage: Storage,
         lambdas: Lambdas,
         settings: Settings,
+        batch_events: BatchEvents,
     ) -> None:
         super().__init__(scope, id)
         self.settings = settings
-        self.event_bus = events.EventBus.from_event_bus_name(self, "EventBus", settings.event_bus_name)
+        self._batch_events = batch_events
+        self.event_bus = batch_events.bus
 
         self.function = lambdas.function(
             self,
@@ -77,6 +80,8 @@ class Workflow(Construct):
         grant_items(self.function, storage, WORKFLOW_FILE_ACTIONS, (FILE_PARTITIONS,),  # output and error File records
                     excluding=(NOT_FILE_PARTITIONS,))
         grant_release(self.function, storage)  # finalize/fail release the batch's enqueued-cap reservation
+        if settings.governance:  # the output files are counted on the stored-bytes ledger (docs/governance.md)
+            grant_storage_charge(self.function, storage)
         storage.bucket.grant_read(self.function, BATCH_KEYS)  # input (never-ran lines), manifest, parts
         storage.bucket.grant_put(self.function, FILE_KEYS)  # output and error files (multipart)
         self.grant_publish(self.function)
@@ -121,9 +126,10 @@ class Workflow(Construct):
         """Resume a waiting execution with its task token (cancel, the last chunk's worker or DLQ handler)."""
         return self.state_machine.grant(grantee, SIGNAL)
 
-    def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Put batch lifecycle events (source ``batch-api``) on the deployment's event bus."""
-        return self.event_bus.grant_put_events_to(grantee)
+    def grant_publish(self, function: lambda_.IFunction) -> iam.Grant:
+        """Put batch lifecycle events (source ``batch-api``) on the deployment's event bus (whose
+        policy then admits the function's role)."""
+        return self._batch_events.grant_publish(function)
 
     @property
     def functions(self) -> dict[str, lambda_.Function]:

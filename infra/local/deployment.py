@@ -22,6 +22,7 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
 from functions.api import handler as api_handler
 from functions.assembler import handler as assembler_handler
+from functions.audit_append import handler as audit_append_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.dlq import handler as dlq_handler
 from functions.ingest import dlq_handler as ingest_dlq_handler
@@ -29,7 +30,7 @@ from functions.ingest import handler as ingest_handler
 from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
 from functions.webhooks import handler as webhooks_handler
-from functions.core import auth, clients, deps, http, limits
+from functions.core import auth, clients, deps, http, limits, signing
 from functions.core.settings import Settings
 from infra import names
 
@@ -214,6 +215,30 @@ class Resources:
         pass  # they live in moto and go with it
 
 
+class AuditSigningKey:
+    """The local stand-in for the stack's KMS key that signs the audit checkpoints (docs/audit.md):
+    a P-256 key file in the state directory (made on first start, mode 0600; outside moto, so
+    access to moto alone cannot sign), and its public half beside it for ``batchctl audit
+    verify``. Only the appender's settings name the private key (the workers' environment drops it)."""
+
+    name = "audit-signing-key"
+
+    def __init__(self, environ: MutableMapping[str, str], directory: Path, *, enabled: bool):
+        self._environ, self._enabled = environ, enabled
+        self.private = directory / names.LOCAL_AUDIT_KEY_FILE
+        self.public = directory / names.LOCAL_AUDIT_PUBLIC_KEY_FILE
+
+    def start(self) -> None:
+        if not self._enabled:  # governance off: no audit chain, no key
+            return
+        self.public.write_bytes(signing.FileSigner(self.private).public_pem())
+        self._environ[Settings.env_name("audit_local_key_file")] = str(self.private)
+        deps.reset()
+
+    def stop(self) -> None:
+        pass  # kept: the next start signs with the same key
+
+
 class TtlSweeper:
     """DynamoDB TTL + the stream-triggered reaper, which moto does not run."""
 
@@ -227,7 +252,8 @@ class TtlSweeper:
     def start(self) -> None:
         self._stop.clear()
         table = clients.dynamodb_table(self._settings.table_name)
-        self._thread = start_sweeper(table, deps.stores().objects, self._clock, self._stop, every=self._every)
+        stores = deps.stores()
+        self._thread = start_sweeper(table, stores.objects, self._clock, self._stop, every=self._every, stored=stores.stored)
 
     def stop(self) -> None:
         self._stop.set()
@@ -260,6 +286,12 @@ class AssemblyQueue:
         pass  # it lives in moto and goes with it
 
 
+#: Concurrent rounds on the webhook queue, as its event source mapping invokes the webhook Lambda
+#: concurrently on AWS: a round attempts its deliveries at once and lasts up to one POST deadline,
+#: so a message arriving meanwhile is taken by another round instead of waiting for it.
+WEBHOOK_POLLERS = 4
+
+
 class WebhookQueue:
     """The webhook queue and the EventBridge rule feeding it (infra/constructs/webhooks.py,
     docs/webhooks.md); like the stack's output, its URL goes into the handlers' settings."""
@@ -274,9 +306,9 @@ class WebhookQueue:
         return self._environ[Settings.env_name("webhook_queue_url")]
 
     def start(self) -> None:
-        self._environ[Settings.env_name("webhook_queue_url")] = create_webhook_queue(
-            clients.client, prefix=self._prefix, event_bus=self._event_bus
-        )
+        url, dead_letters = create_webhook_queue(clients.client, prefix=self._prefix, event_bus=self._event_bus)
+        self._environ[Settings.env_name("webhook_queue_url")] = url
+        self._environ[Settings.env_name("webhook_dead_letter_queue_url")] = dead_letters
         deps.reset()
 
     def stop(self) -> None:
@@ -381,6 +413,8 @@ class LocalConfig:
     settings: Settings = Settings(
         table_name=names.LOCAL_TABLE,
         bucket_name=names.LOCAL_BUCKET,
+        # The batch events go to a bus of the stack's name, not the default bus (docs/webhooks.md).
+        event_bus_name=names.event_bus_name(names.LOCAL_PREFIX),
         models=names.LOCAL_MODELS,
         completion_windows=names.LOCAL_COMPLETION_WINDOWS,
         # Small chunks and a short drain: on one CPU engine a batch spans several chunks, so
@@ -423,6 +457,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         {f"{config.prefix}-workflow": workflow_handler.handler},
     )
     front = HttpFront(config.host, config.api_port)
+    audit_key = AuditSigningKey(environ, config.state_path.parent, enabled=config.settings.governance)
     state_file = StateFile(
         config.state_path,
         lambda: state.LocalState(
@@ -431,6 +466,9 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             table_name=config.settings.table_name,
             bucket_name=config.settings.bucket_name,
             pid=os.getpid(),
+            audit_queue_url=environ.get(Settings.env_name("audit_queue_url"), ""),
+            audit_bucket_name=environ.get(Settings.env_name("audit_bucket_name"), ""),
+            audit_public_key_file=str(audit_key.public) if config.settings.governance else "",
         ),
     )
     deployment = Deployment([
@@ -438,6 +476,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         lambdas,
         AwsEnvironment(environ, moto, lambdas, config.settings),
         Resources(environ, config.settings, prefix=config.prefix, tenant=config.tenant, key=config.key),
+        audit_key,
         TtlSweeper(config.settings, every=config.ttl_sweep_seconds),
         Poller(
             "ingest", lambda: clients.client("sqs"), lambda: ingest_queue_url(clients.client, config.prefix),
@@ -450,8 +489,10 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         assembly := AssemblyQueue(environ, config.prefix),
         Poller("assembler", lambda: clients.client("sqs"), lambda: assembly.url, assembler_handler.handler),
         webhook_queue := WebhookQueue(environ, config.prefix, config.settings.event_bus_name),
-        Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler),
+        Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler,
+               threads=WEBHOOK_POLLERS),
         Sweeper(config.settings.sweep_seconds),
+        *audit_appender(config, environ),
         *(
             Poller(
                 f"dlq-{model}", lambda: clients.client("sqs"),
@@ -464,6 +505,15 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         state_file,
     ])
     return Local(deployment=deployment, moto=moto, front=front, state_file=state_file)
+
+
+def audit_appender(config: LocalConfig, environ: MutableMapping[str, str]) -> list[Component]:
+    """The audit appender on the audit queue, as its event source mapping runs it (governance
+    off: no queue, no appender)."""
+    if not config.settings.governance:
+        return []
+    return [Poller("audit-append", lambda: clients.client("sqs"),
+                   lambda: environ[Settings.env_name("audit_queue_url")], audit_append_handler.handler)]
 
 
 def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) -> list[Component]:

@@ -79,45 +79,56 @@ STOP_HANDLER_SECONDS = 30
 
 
 class Poller:
-    """A background thread long-polling one queue into one handler (a local component)."""
+    """Background threads long-polling one queue into one handler (a local component): one by
+    default; ``threads`` run that many receive-and-invoke rounds at once, as an event source
+    mapping runs concurrent invocations (the webhook queue's: a slow receiver in one round does
+    not hold up the next message)."""
 
-    def __init__(self, name: str, sqs_factory: Callable[[], Any], queue_url: Callable[[], str], handler: Handler):
+    def __init__(self, name: str, sqs_factory: Callable[[], Any], queue_url: Callable[[], str], handler: Handler,
+                 *, threads: int = 1):
         self.name = name
         self._sqs_factory, self._queue_url, self._handler = sqs_factory, queue_url, handler
+        self._threads_wanted = threads
         self._stop = threading.Event()
-        #: Set while the thread runs the handler (not while it waits in a receive).
-        self._handling = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _handle(self, event: dict[str, Any], context: Any) -> Any:
-        self._handling.set()
-        return self._handler(event, context)
+        #: Per thread, set while it runs the handler (not while it waits in a receive).
+        self._handling: list[threading.Event] = []
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         self._stop.clear()
         sqs, url = self._sqs_factory(), self._queue_url()
         arn = queue_arn_of(sqs, url)
 
-        def run() -> None:
+        def run(handling: threading.Event) -> None:
+            def handle(event: dict[str, Any], context: Any) -> Any:
+                handling.set()
+                return self._handler(event, context)
+
             while not self._stop.is_set():
                 try:
-                    self._handling.clear()
-                    poll_once(sqs, url, self._handle, name=self.name, wait_seconds=POLL_WAIT_SECONDS, queue_arn=arn)
+                    handling.clear()
+                    poll_once(sqs, url, handle, name=self.name, wait_seconds=POLL_WAIT_SECONDS, queue_arn=arn)
                 except Exception:
                     if self._stop.is_set():
                         return  # moto stopped under a receive in progress: the deployment is stopping
                     log.exception("%s poller error", self.name)
                     self._stop.wait(1.0)
 
-        self._thread = threading.Thread(target=run, name=f"poller-{self.name}", daemon=True)
-        self._thread.start()
+        self._handling = [threading.Event() for _ in range(self._threads_wanted)]
+        many = self._threads_wanted > 1
+        self._threads = [
+            threading.Thread(target=run, args=(handling,), name=f"poller-{self.name}" + (f"-{i}" if many else ""), daemon=True)
+            for i, handling in enumerate(self._handling)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        """Ask the thread to stop. A handler in progress is waited for (its messages then end as
+        """Ask the threads to stop. A handler in progress is waited for (its messages then end as
         they would); a thread waiting in a receive is not (a daemon thread: a receive cut short by
         moto's stop ends it quietly), so six idle pollers stop at once, not 0.5 s each."""
         self._stop.set()
-        if self._thread is not None:
-            if self._handling.is_set():
-                self._thread.join(timeout=STOP_HANDLER_SECONDS)
-            self._thread = None
+        for thread, handling in zip(self._threads, self._handling, strict=True):
+            if handling.is_set():
+                thread.join(timeout=STOP_HANDLER_SECONDS)
+        self._threads, self._handling = [], []

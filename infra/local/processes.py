@@ -14,6 +14,7 @@ is restarted alone: its worker keeps running, releases its chunks (EngineDown) a
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,6 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from functions.core.settings import Settings
+from infra.local import state
 
 log = logging.getLogger("infra.local.processes")
 
@@ -139,8 +143,24 @@ def healthy(url: str) -> bool:
         return False
 
 
+#: What an engine's environment never holds, locally and in the GPU task (gpu_worker/entrypoint.sh
+#: withholds the same): vLLM parses tenant input, so it gets no AWS credentials or endpoints, none
+#: of the worker's or the deployment's settings (the cache-salt secret among them).
+ENGINE_WITHHELD_PREFIXES = ("AWS_", "ECS_CONTAINER_METADATA_URI", "WORKER_", "BATCHAPI_")
+
+
+def engine_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without what an engine must not see (``ENGINE_WITHHELD_PREFIXES``), marked with
+    the deployment's state directory (``state.ENGINE_MARK_ENV``) when it has one."""
+    kept = {k: v for k, v in environ.items() if not k.startswith(ENGINE_WITHHELD_PREFIXES)}
+    if state.STATE_DIR_ENV in environ:
+        kept[state.ENGINE_MARK_ENV] = environ[state.STATE_DIR_ENV]
+    return kept
+
+
 class Engines:
-    """All engines, started together (each takes ~20-40 s to load on the CPU) and awaited."""
+    """All engines, started together (each takes ~20-40 s to load on the CPU) and awaited, each
+    with ``engine_environment``."""
 
     name = "engines"
 
@@ -150,7 +170,7 @@ class Engines:
         self._children = [
             ChildProcess(
                 f"engine-{s.model}", ["bash", str(SERVE), s.model, str(s.port), "--max-num-seqs", str(s.max_num_seqs)],
-                lambda: os.environ, log_dir / f"engine-{s.model}.log",
+                lambda: engine_environment(os.environ), log_dir / f"engine-{s.model}.log",
             )
             for s in self.specs
         ]
@@ -200,13 +220,18 @@ class Workers:
     name = "workers"
 
     def __init__(self, specs: Sequence[EngineSpec], log_dir: Path, environ: Mapping[str, str]):
+        # The tenants' prefix-cache salts are derived from one secret per run (the state is moto's
+        # memory, gone when the run stops); one the environment sets wins.
+        salt_secret = {"WORKER_CACHE_SALT_SECRET": secrets.token_hex(32)}
         self._children = [
             ChildProcess(
                 f"worker-{s.model}",
                 [sys.executable, "-m", "gpu_worker"],
                 lambda s=s: {
                     **LOCAL_WORKER_DEFAULTS,
-                    **environ,
+                    **salt_secret,
+                    # The deployment's, but the audit signing key's path: only the appender signs.
+                    **{k: v for k, v in environ.items() if k != Settings.env_name("audit_local_key_file")},
                     "WORKER_MODEL": s.model,
                     "WORKER_ENGINE_URL": s.url,
                     # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so

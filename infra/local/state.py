@@ -17,6 +17,9 @@ from infra import names
 
 #: Overrides the state directory (default: <repo>/.local-state).
 STATE_DIR_ENV = "BATCHAPI_LOCAL_STATE_DIR"
+#: The state directory again, in each engine's environment (which holds no BATCHAPI_ setting): only
+#: names the deployment that started it, so its processes can be found (and none left running).
+ENGINE_MARK_ENV = "LOCAL_BATCH_DEPLOYMENT"
 #: moto accepts any credentials; the deployment and batchctl use these so they share one account.
 REGION = "us-east-1"
 ACCESS_KEY_ID = "testing"
@@ -34,6 +37,11 @@ class LocalState(BaseModel):
     bucket_name: str
     region: str = REGION
     pid: int
+    #: The audit queue, the Object Lock bucket of the chains' anchors and the public key of the
+    #: checkpoints' signatures (docs/audit.md); empty with governance off.
+    audit_queue_url: str = ""
+    audit_bucket_name: str = ""
+    audit_public_key_file: str = ""
 
     def write(self, path: Path) -> None:
         """Write atomically: a reader sees the old file, no file, or the whole new one."""

@@ -9,14 +9,15 @@ from typing import Any
 from boto3.dynamodb.conditions import Attr
 
 from functions.core import schema
-from functions.core.ports import Objects
-from functions.reaper.logic import purge_removed
+from functions.core.ports import Objects, StoredBytes
+from functions.reaper.logic import purge_removed, release_removed
 
 log = logging.getLogger("infra.local.ttl")
 
 
-def expire_once(table: Any, objects: Objects, now: int) -> int:
-    """Delete every item whose TTL has passed; returns how many were removed."""
+def expire_once(table: Any, objects: Objects, now: int, stored: StoredBytes | None = None) -> int:
+    """Delete every item whose TTL has passed; returns how many were removed. With ``stored``,
+    what the removed files and uploads held is released, as the stream's reaper does."""
     kwargs: dict[str, Any] = {"FilterExpression": Attr(schema.TTL).lte(now)}
     removed: list[dict[str, Any]] = []
     while True:
@@ -31,16 +32,19 @@ def expire_once(table: Any, objects: Objects, now: int) -> int:
             break
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
     purge_removed(objects, removed)
+    if stored is not None:
+        release_removed(stored, removed)
     return len(removed)
 
 
 def start_sweeper(
-    table: Any, objects: Objects, clock: Callable[[], int], stop: threading.Event, every: float = 30.0
+    table: Any, objects: Objects, clock: Callable[[], int], stop: threading.Event, every: float = 30.0,
+    stored: StoredBytes | None = None,
 ) -> threading.Thread:
     def run() -> None:
         while not stop.wait(every):
             try:
-                expire_once(table, objects, clock())
+                expire_once(table, objects, clock(), stored)
             except Exception:  # a moto hiccup must not end the sweeper for the rest of the run
                 log.exception("TTL sweep failed; retrying in %ss", every)
 

@@ -1,7 +1,7 @@
 """Checkpoints of a running chunk: what they cost (extra S3 PUTs and DynamoDB writes per chunk) and
 what they save (lines not sent again when the chunk is delivered again after its worker died).
 
-Counted, not timed: the real chunk path (``gpu_worker.chunk.process_chunk``) on the in-memory
+Counted, not timed: the real chunk path (``gpu_worker.chunk.ChunkRunner``) on the in-memory
 stores of tests/fakes, with an in-process engine whose line i answers at step i (lines finish in
 input order, as they roughly do in one chunk sent at once) and that dies at step k, for every k in
 1..n-1. The second delivery runs with a healthy engine; its engine requests are the lines re-sent.
@@ -15,8 +15,9 @@ import argparse
 import asyncio
 import logging
 
-from gpu_worker.chunk import RunPolicy, process_chunk
-from gpu_worker.engine import EngineDown, Reply
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.engine_client import EngineDown, Reply
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed

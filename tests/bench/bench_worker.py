@@ -116,7 +116,7 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
 # --- our worker, on a warm vllm serve -----------------------------------------------------------
 def bench_offline(url: str, input_path: Path) -> dict:
     from gpu_worker.config import WorkerConfig
-    from gpu_worker.engine import EngineClient
+    from gpu_worker.engine_client import EngineClient
     from gpu_worker.offline import run_file
 
     async def go():
@@ -160,7 +160,7 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
     from functions.core.records import BatchRecord
     from functions.core.settings import ModelRoute, Settings
     from functions.core.aws import stores_from_settings
-    from gpu_worker.engine import EngineClient
+    from gpu_worker.engine_client import EngineClient
     from gpu_worker.loop import Worker
     from gpu_worker.metrics import WorkerMetrics, make_logger
     from functions.core.aws.sqs import SqsQueue

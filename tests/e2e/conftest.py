@@ -119,16 +119,21 @@ class LocalDeployment:
             self.process.wait()
             pytest.fail(f"the local deployment did not stop within {STOP_TIMEOUT}s of signal {signum}:\n{self.log()}")
 
+    def _markers(self) -> set[bytes]:
+        """What this deployment's processes carry in their environment: workers its state
+        directory setting, engines (which get no BATCHAPI_ setting) its engine mark."""
+        return {f"{name}={self.state_dir}".encode() for name in (local_state.STATE_DIR_ENV, local_state.ENGINE_MARK_ENV)}
+
     def leftovers(self) -> list[str]:
         """Processes still running that this deployment started (its engines and workers run in
         process groups of their own; they carry its state directory in their environment)."""
-        marker = f"{local_state.STATE_DIR_ENV}={self.state_dir}".encode()
+        markers = self._markers()
         found = []
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit() or int(proc.name) == os.getpid():
                 continue
             try:
-                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                if markers & set((proc / "environ").read_bytes().split(b"\0")):
                     found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 continue
@@ -137,7 +142,7 @@ class LocalDeployment:
     def child_group(self, kind: str, model: str) -> int | None:
         """The process group of this deployment's ``kind`` ("engine" or "worker") for ``model``: its
         leader's pid (engines and workers each lead a group of their own), None if none runs now."""
-        marker = f"{local_state.STATE_DIR_ENV}={self.state_dir}".encode()
+        markers = self._markers()
         for proc in Path("/proc").iterdir():
             if not proc.name.isdigit():
                 continue
@@ -150,7 +155,7 @@ class LocalDeployment:
                 state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except (OSError, IndexError):
                 continue
-            if marker not in environ or state == "Z":
+            if not markers & set(environ) or state == "Z":
                 continue
             worker = b"gpu_worker" in argv
             if kind == "worker" and worker and f"WORKER_MODEL={model}".encode() in environ:

@@ -54,8 +54,9 @@ def batchctl(local: LocalDeployment, *argv: str) -> str:
     return out.getvalue()
 
 
-def deliveries(local: LocalDeployment, tenant: str) -> list[dict]:
-    return [json.loads(line) for line in batchctl(local, "webhooks", "deliveries", "--tenant", tenant).splitlines()]
+def deliveries(local: LocalDeployment, tenant: str, limit: int = 20) -> list[dict]:
+    return [json.loads(line) for line in batchctl(
+        local, "webhooks", "deliveries", "--tenant", tenant, "--limit", str(limit)).splitlines()]
 
 
 def wait_for(what: str, check, timeout: float) -> object:

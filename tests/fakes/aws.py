@@ -5,7 +5,7 @@ is counted once and only while its batch accepts chunks, an unknown token is not
 writer that wrote nothing leaves no object) and can be told to fail the ways AWS fails:
 
     stores = fake_stores()
-    stores.faults.fail("batches.update", throttle())            # the next update throttles
+    stores.faults.fail("batches.transition", throttle())        # the next transition throttles
     stores.faults.fail("objects.put", TimeoutError(), times=2)  # the next two puts time out
     stores.faults.fail("workflows.signal", conflict())          # a lost signal
     queue.drop_next(1); queue.duplicate_next(1)                  # a lost / duplicated message
@@ -20,14 +20,17 @@ import copy
 import itertools
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from functions.core import lifecycle
 from functions.core.audit import AuditRecord
+from functions.core.lifecycle import Change
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
-from functions.core.tenants import TenantPolicy
+from functions.core.budgets import BUDGET_KINDS, Spent
+from functions.core.tenants import Reservation, TenantPolicy
 from functions.core.records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
 )
@@ -52,20 +55,21 @@ class Faults:
     """Scripted failures by operation name ("<port>.<method>", e.g. "batches.count_chunk")."""
 
     def __init__(self) -> None:
-        self._plan: dict[str, list[BaseException]] = defaultdict(list)
+        self._plan: dict[str, list[BaseException | None]] = defaultdict(list)
         self.calls: Counter[str] = Counter()
 
-    def fail(self, op: str, error: BaseException, times: int = 1) -> None:
-        """The next ``times`` calls of ``op`` raise ``error`` (before doing anything)."""
-        self._plan[op].extend([error] * times)
+    def fail(self, op: str, error: BaseException, times: int = 1, *, skip: int = 0) -> None:
+        """After ``skip`` more calls of ``op`` that pass, the next ``times`` calls raise ``error``
+        (before doing anything)."""
+        self._plan[op].extend([None] * skip + [error] * times)
 
     def pending(self, op: str) -> int:
-        return len(self._plan[op])
+        return sum(1 for error in self._plan[op] if error is not None)
 
     def check(self, op: str) -> None:
         self.calls[op] += 1
-        if self._plan[op]:
-            raise self._plan[op].pop(0)
+        if self._plan[op] and (error := self._plan[op].pop(0)) is not None:
+            raise error
 
 
 class _Port:
@@ -206,17 +210,61 @@ def _apply(item: dict[str, Any], values: dict, defaults: dict, add: dict, remove
     return item
 
 
+class FakeStored(_Port):
+    """The stored-bytes ledgers: a counter per tenant and a marker per holder, as the adapter keeps
+    them (``aws.stored``). ``track``: the stores keep a ledger (governance on); a release works
+    either way. The other fakes reserve and charge through ``hold``/``charge`` (no fault of
+    their own: a reservation fails with the record's write)."""
+
+    name = "stored"
+
+    def __init__(self, faults: Faults, *, track: bool = True):
+        super().__init__(faults)
+        self.track = track
+        self.counters: dict[str, int] = {}
+        self.markers: dict[tuple[str, str], int] = {}
+
+    def used(self, tenant: str) -> int:
+        self._op("used")
+        return self.counters.get(tenant, 0)
+
+    def release(self, tenant: str, holder: str, size: int) -> bool:
+        self._op("release")
+        if self.markers.pop((tenant, holder), None) is None:
+            return False
+        self.counters[tenant] = self.counters.get(tenant, 0) - size
+        return True
+
+    def check_hold(self, tenant: str, holder: str, size: int, limit: int | None) -> None:
+        """ConditionFailed if the reservation would not fit (or the holder has one)."""
+        if (tenant, holder) in self.markers or (limit is not None and self.counters.get(tenant, 0) + size > limit):
+            raise condition_failed()
+
+    def hold(self, tenant: str, holder: str, size: int) -> None:
+        self.markers[(tenant, holder)] = size
+        self.counters[tenant] = self.counters.get(tenant, 0) + size
+
+    def move(self, tenant: str, old: str, new: str) -> None:
+        self.markers[(tenant, new)] = self.markers.pop((tenant, old))
+
+
 class FakeFiles(_Port):
     name = "files"
 
-    def __init__(self, faults: Faults):
+    def __init__(self, faults: Faults, stored: FakeStored | None = None):
         super().__init__(faults)
         self.items: dict[tuple[str, str], FileRecord] = {}
+        self.stored = stored or FakeStored(faults, track=False)
 
-    def create(self, record: FileRecord) -> None:
+    def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
         self._op("create")
         if (record.tenant, record.id) in self.items:
             raise condition_failed()
+        if self.stored.track:
+            holder = FileRecord.sort_key(record.id)
+            self.stored.check_hold(record.tenant, holder, record.bytes, max_stored_bytes)
+            self.stored.hold(record.tenant, holder, record.bytes)
+            record = record.model_copy(update={"holds_storage": True})
         self.items[(record.tenant, record.id)] = record
 
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
@@ -259,10 +307,16 @@ class FakeUploads(_Port):
         self.part_items: dict[tuple[str, str, str], UploadPartRecord] = {}
         self._files = files
 
-    def create(self, record: UploadRecord) -> None:
+    def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
         self._op("create")
         if (record.tenant, record.id) in self.items:
             raise condition_failed()
+        stored = self._files.stored
+        if stored.track:
+            holder = UploadRecord.sort_key(record.id)
+            stored.check_hold(record.tenant, holder, record.bytes, max_stored_bytes)
+            stored.hold(record.tenant, holder, record.bytes)
+            record = record.model_copy(update={"holds_storage": True})
         self.items[(record.tenant, record.id)] = record
 
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
@@ -283,8 +337,15 @@ class FakeUploads(_Port):
         current = self.items.get((record.tenant, record.id))
         if current is None or current.status != "pending" or (file.tenant, file.id) in self._files.items:
             raise condition_failed()
+        update: dict[str, Any] = {"status": "completed", "file_id": file.id}
+        if record.holds_storage:  # the reservation becomes the File's
+            if not current.holds_storage:
+                raise condition_failed()
+            self._files.stored.move(record.tenant, UploadRecord.sort_key(record.id), FileRecord.sort_key(file.id))
+            file = file.model_copy(update={"holds_storage": True})
+            update["holds_storage"] = None
         self._files.items[(file.tenant, file.id)] = file
-        self.items[(record.tenant, record.id)] = current.model_copy(update={"status": "completed", "file_id": file.id})
+        self.items[(record.tenant, record.id)] = current.model_copy(update=update)
 
     def add_part(self, part: UploadPartRecord) -> None:
         self._op("add_part")
@@ -299,25 +360,73 @@ class FakeUploads(_Port):
 
 
 class FakeKeys(_Port):
+    """Keys with their tenant listings and ids, kept together as the adapter's transactions keep
+    them; ``put_unlisted`` stores a key as keys stored before ids were (no listing, no id)."""
+
     name = "keys"
 
-    def __init__(self, faults: Faults):
+    def __init__(self, faults: Faults, tenants: FakeTenants | None = None):
         super().__init__(faults)
         self.items: dict[str, ApiKeyRecord] = {}
+        self.listed: dict[tuple[str, str], str] = {}  # (tenant, key id) -> key hash
+        self.ids: dict[str, str] = {}  # key id -> key hash
+        self._tenants = tenants
 
     def create(self, record: ApiKeyRecord) -> None:
         self._op("create")
-        if record.key_hash in self.items:
+        policy = self._tenants.policies.get(record.tenant) if self._tenants else None
+        if (record.key_hash in self.items or record.id in self.ids or (record.tenant, record.id) in self.listed
+                or (policy is not None and policy.disabled)):
             raise condition_failed()
+        self.items[record.key_hash] = record
+        self.listed[(record.tenant, record.id)] = record.key_hash
+        self.ids[record.id] = record.key_hash
+
+    def put_unlisted(self, record: ApiKeyRecord) -> None:
+        """Test setup: a key item alone."""
         self.items[record.key_hash] = record
 
     def get(self, key_hash: str) -> ApiKeyRecord | None:
         self._op("get")
         return self.items.get(key_hash)
 
+    def get_by_id(self, key_id: str) -> ApiKeyRecord | None:
+        self._op("get_by_id")
+        key_hash = self.ids.get(key_id)
+        return self.items.get(key_hash) if key_hash else None
+
+    def list(self, tenant: str) -> list[ApiKeyRecord]:
+        self._op("list")
+        return [self.items[h] for (t, _), h in sorted(self.listed.items()) if t == tenant]
+
     def delete(self, key_hash: str) -> ApiKeyRecord | None:
         self._op("delete")
-        return self.items.pop(key_hash, None)
+        record = self.items.pop(key_hash, None)
+        if record is not None:
+            if self.listed.get((record.tenant, record.id)) == key_hash:
+                del self.listed[(record.tenant, record.id)]
+            if self.ids.get(record.id) == key_hash:
+                del self.ids[record.id]
+        return record
+
+    def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
+        self._op("set_disabled")
+        if record.key_hash not in self.items:
+            return False
+        self.items[record.key_hash] = self.items[record.key_hash].model_copy(update={"disabled": True if disabled else None})
+        return True
+
+    def all_keys(self) -> list[ApiKeyRecord]:
+        self._op("all_keys")
+        return list(self.items.values())
+
+    def add_listing(self, record: ApiKeyRecord) -> bool:
+        self._op("add_listing")
+        if (record.tenant, record.id) in self.listed or record.id in self.ids:
+            return False
+        self.listed[(record.tenant, record.id)] = record.key_hash
+        self.ids[record.id] = record.key_hash
+        return True
 
 
 class FakeTenants(_Port):
@@ -327,6 +436,8 @@ class FakeTenants(_Port):
         super().__init__(faults)
         self.policies: dict[str, TenantPolicy] = {}
         self.counters: dict[tuple[str, int], int] = {}
+        #: The request-rate counters: (tenant, minute window start) -> requests counted.
+        self.requests: dict[tuple[str, int], int] = {}
 
     def get(self, tenant: str) -> TenantPolicy | None:
         self._op("get")
@@ -343,10 +454,18 @@ class FakeTenants(_Port):
 
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         self._op("count_creation")
-        count = self.counters.get((tenant, window_start), 0)
+        return self._count(self.counters, (tenant, window_start), limit)
+
+    def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        self._op("count_request")
+        return self._count(self.requests, (tenant, window_start), limit)
+
+    @staticmethod
+    def _count(counters: dict[tuple[str, int], int], key: tuple[str, int], limit: int) -> bool:
+        count = counters.get(key, 0)
         if count >= limit:
             return False
-        self.counters[(tenant, window_start)] = count + 1
+        counters[key] = count + 1
         return True
 
 
@@ -354,7 +473,7 @@ class FakeAudit(_Port):
     """Audit chains with the adapter's conditions: a seq is written once, a dedupe key once, the
     two atomically (a lock: threads may race on it as Lambdas race on DynamoDB)."""
 
-    name = "audit"
+    name = "chain"
 
     def __init__(self, faults: Faults):
         super().__init__(faults)
@@ -378,16 +497,76 @@ class FakeAudit(_Port):
             if dedupe is not None:
                 self.dedupe[(record.tenant, dedupe)] = record.seq
 
-    def deduped(self, tenant: str, key: str) -> bool:
-        self._op("deduped")
+    def dedupe_seq(self, tenant: str, key: str) -> int | None:
+        self._op("dedupe_seq")
         with self._lock:
-            return (tenant, key) in self.dedupe
+            return self.dedupe.get((tenant, key))
+
+    def record(self, tenant: str, seq: int) -> AuditRecord | None:
+        self._op("record")
+        with self._lock:
+            return (self.chains.get(tenant) or {}).get(seq)
 
     def records(self, tenant: str) -> list[AuditRecord]:
         self._op("records")
         with self._lock:
             chain = self.chains.get(tenant) or {}
             return [chain[seq] for seq in sorted(chain)]
+
+
+class KeySigner:
+    """The ``Signer`` port on an in-memory ECDSA P-256 key (what KMS and the local key file do)."""
+
+    def __init__(self, key_id: str = "test-key") -> None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        self.key_id = key_id
+        self._key = ec.generate_private_key(ec.SECP256R1())
+
+    def sign(self, message: bytes) -> bytes:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return self._key.sign(message, ec.ECDSA(hashes.SHA256()))
+
+    def public_key(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self._key.public_key().public_bytes(serialization.Encoding.DER,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+class FakeAuditLog(_Port):
+    """``AuditLog`` that runs the audit appender's logic synchronously on every intent (a chain,
+    a WORM store and a signing key of its own; the stores' batches and objects for receipts), then
+    signs the tenant's checkpoint, as the appender does after its batch: unit tests read the
+    chain right after the call. ``intents``: everything sent, in order."""
+
+    name = "audit"
+
+    def __init__(self, faults: Faults, batches: Any, objects: Any) -> None:
+        from functions.audit_append.logic import AppenderStores
+
+        super().__init__(faults)
+        self.chain = FakeAudit(faults)
+        self.worm = FakeWorm(faults)
+        self.signer = KeySigner()
+        self.stores = AppenderStores(chain=self.chain, worm=self.worm, signer=self.signer, batches=batches,
+                                     objects=objects)
+        self.intents: list[Any] = []
+
+    def record(self, intent: Any) -> None:
+        from functions.audit_append.logic import Invocation
+
+        self._op("record")
+        self.intents.append(intent)
+        run = Invocation(self.stores, now=lambda: intent.at, sleep=lambda _: None)
+        run.take(intent)
+        for tenant in run.heads:
+            run.checkpoint(tenant)
+
+    def records(self, tenant: str) -> list[AuditRecord]:
+        return self.chain.records(tenant)
 
 
 class FakeBatches(_Port):
@@ -401,8 +580,8 @@ class FakeBatches(_Port):
         self._files = files
         #: The enqueued-cap counters: (tenant, model) -> {"requests": n, "tokens": n}.
         self.counters: dict[tuple[str, str], dict[str, int]] = {}
-        #: The output-token budget items: (tenant, period sk) -> output tokens charged.
-        self.budgets: dict[tuple[str, str], int] = {}
+        #: The token budget items: (tenant, period sk) -> what each kind of token was charged.
+        self.budgets: dict[tuple[str, str], Spent] = {}
 
     def put(self, record: BatchRecord) -> None:
         """Test setup: store a batch as it is (no fault, no condition)."""
@@ -426,65 +605,62 @@ class FakeBatches(_Port):
             ids = [i for i in ids if i < after]
         return [BatchRecord.model_validate(copy.deepcopy(self.items[(tenant, i)])) for i in ids[:limit]], len(ids) > limit
 
-    def _update(self, tenant: str, batch_id: str, values: dict, defaults: dict, add: dict, remove: tuple, expect: dict) -> BatchRecord:
-        item = self.items.get((tenant, batch_id))
-        if not _matches(item, expect):
-            raise condition_failed()
-        assert item is not None
-        from functions.core.models import TERMINAL_STATUSES
-
-        if values.get("status") in TERMINAL_STATUSES and item.get("holds_reservation"):
-            # As the adapter: the terminal write releases the reservation, once (it removes the flag).
-            counter = self.counters.setdefault((tenant, item["reserved_model"]), {"requests": 0, "tokens": 0})
-            counter["requests"] -= item["reserved_requests"]
-            counter["tokens"] -= item["reserved_tokens"]
-            remove = (*remove, "holds_reservation")
-        new = _apply(item, values, defaults, add, remove)
-        record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
+    def set(self, tenant: str, batch_id: str, **values: Any) -> BatchRecord:
+        """Test setup: set attributes of a stored batch as they are (no fault, no condition, no
+        lifecycle rule)."""
+        record = BatchRecord.model_validate({**self.items[(tenant, batch_id)], **values})
         self.items[(tenant, batch_id)] = record.model_dump()
         return record
 
-    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
-                reservation: Any) -> BatchRecord:
-        self._op("reserve")
-        if not _matches(self.items.get((tenant, batch_id)), {**expect, "holds_reservation": None}):
+    def _write(self, tenant: str, batch_id: str, change: Change, files: Sequence[FileRecord]) -> BatchRecord:
+        """One conditional write or transaction, as the adapter renders it: the batch's update,
+        its counter change (a reservation within its caps), the files; all or nothing."""
+        item = self.items.get((tenant, batch_id))
+        if not _matches(item, dict(change.expect)):
             raise condition_failed()
-        counter = self.counters.get((tenant, reservation.model), {"requests": 0, "tokens": 0})
-        for name, cap, n in (("requests", reservation.max_requests, reservation.requests),
-                             ("tokens", reservation.max_tokens, reservation.tokens)):
-            if cap is not None and counter[name] + n > cap:
+        assert item is not None
+        counter = change.counter
+        if counter is not None:
+            stored = self.counters.get((counter.tenant, counter.model), {"requests": 0, "tokens": 0})
+            if isinstance(counter, Reservation) and not counter.fits(stored["requests"], stored["tokens"]):
                 raise condition_failed()
-        record = self._update(tenant, batch_id, {
-            **values, "reserved_model": reservation.model, "reserved_requests": reservation.requests,
-            "reserved_tokens": reservation.tokens, "holds_reservation": True,
-        }, {}, {}, (), expect)
-        self.counters[(tenant, reservation.model)] = {
-            "requests": counter["requests"] + reservation.requests, "tokens": counter["tokens"] + reservation.tokens,
-        }
+            sign = 1 if isinstance(counter, Reservation) else -1
+            self.counters[(counter.tenant, counter.model)] = {
+                "requests": stored["requests"] + sign * counter.requests, "tokens": stored["tokens"] + sign * counter.tokens,
+            }
+        new = _apply(item, dict(change.values), dict(change.defaults), dict(change.add), change.remove)
+        record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
+        self.items[(tenant, batch_id)] = record.model_dump()
+        ledger = self._files.stored
+        for f in files:
+            if ledger.track:  # counted, never refused (as the adapter)
+                ledger.hold(f.tenant, FileRecord.sort_key(f.id), f.bytes)
+                f = f.model_copy(update={"holds_storage": True})
+            self._files.items[(f.tenant, f.id)] = f
         return record
 
-    def budget_used(self, tenant: str, period_sk: str) -> int:
+    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+        self._op("transition")
+        return lifecycle.settle(change, lambda c: self._write(tenant, batch_id, c, files),
+                                lambda: self._peek(tenant, batch_id))
+
+    def _peek(self, tenant: str, batch_id: str) -> BatchRecord | None:
+        item = self.items.get((tenant, batch_id))
+        return BatchRecord.model_validate(copy.deepcopy(item)) if item is not None else None
+
+    def budget_used(self, tenant: str, period_sk: str) -> Spent:
         self._op("budget_used")
-        return self.budgets.get((tenant, period_sk), 0)
+        return self.budgets.get((tenant, period_sk), Spent())
+
+    def charge(self, tenant: str, period_sk: str, **tokens: int) -> None:
+        """Test setup: add ``tokens`` (by kind) to a budget item (no fault)."""
+        spent = self.budgets.get((tenant, period_sk), Spent())
+        self.budgets[(tenant, period_sk)] = Spent(**{k: getattr(spent, k) + tokens.get(k, 0) for k in BUDGET_KINDS})
 
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         self._op("enqueued")
         counter = self.counters.get((tenant, model), {"requests": 0, "tokens": 0})
         return counter["requests"], counter["tokens"]
-
-    def update(
-        self,
-        tenant: str,
-        batch_id: str,
-        *,
-        values: dict[str, Any] | None = None,
-        defaults: dict[str, Any] | None = None,
-        add: dict[str, Any] | None = None,
-        remove: tuple[str, ...] = (),
-        expect: dict[str, Any] | None = None,
-    ) -> BatchRecord:
-        self._op("update")
-        return self._update(tenant, batch_id, values or {}, defaults or {}, add or {}, remove, expect or {})
 
     def count_chunk(self, marker: ChunkRecord) -> bool:
         self._op("count_chunk")
@@ -492,13 +668,10 @@ class FakeBatches(_Port):
         item = self.items.get((marker.tenant, marker.batch_id))
         if key in self.markers or not _matches(item, {"accepting": True}):
             return False
-        self._update(marker.tenant, marker.batch_id, {}, {}, marker.batch_counters(), (), {"accepting": True})
+        self._write(marker.tenant, marker.batch_id, Change(add=marker.batch_counters(), expect={"accepting": True}), ())
         self.markers[key] = marker
-        if marker.budget_period is not None:  # as the adapter: in the count's transaction
-            from functions.core.tenants import budget_sk
-
-            sk = budget_sk(marker.budget_period, marker.recorded_at)
-            self.budgets[(marker.tenant, sk)] = self.budgets.get((marker.tenant, sk), 0) + marker.output_tokens
+        if (charge := marker.budget_charge()) is not None:  # as the adapter: in the count's transaction
+            self.charge(marker.tenant, charge[0], **charge[1])
         return True
 
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:
@@ -528,16 +701,6 @@ class FakeBatches(_Port):
         if (stored.version if stored is not None else 0) != record.version - 1:
             raise condition_failed()
         self.runs[key] = record.model_copy(deep=True)
-
-    def finish(
-        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
-    ) -> None:
-        self._op("finish")
-        if not _matches(self.items.get((tenant, batch_id)), expect):
-            raise condition_failed()
-        for f in files:
-            self._files.items[(f.tenant, f.id)] = f
-        self._update(tenant, batch_id, values, {}, {}, (), expect)
 
     def open_batches(self) -> list[tuple[str, str]]:
         """As the sparse index: every batch not terminal, by expiry."""
@@ -690,20 +853,25 @@ class FakeStores(Stores):
     faults: Faults = field(default_factory=Faults)
 
 
-def fake_stores() -> FakeStores:
+def fake_stores(*, track_storage: bool = True) -> FakeStores:
+    """``track_storage``: the stores keep the stored-bytes ledger (governance on, the default)."""
     faults = Faults()
-    files = FakeFiles(faults)
-    audit = FakeAudit(faults)
+    stored = FakeStored(faults, track=track_storage)
+    files = FakeFiles(faults, stored)
+    objects, batches = FakeObjects(faults), FakeBatches(faults, files)
+    audit = FakeAuditLog(faults, batches, objects)
+    tenants = FakeTenants(faults)
     return FakeStores(
-        objects=FakeObjects(faults),
+        objects=objects,
         files=files,
         uploads=FakeUploads(faults, files),
-        keys=FakeKeys(faults),
-        batches=FakeBatches(faults, files),
+        keys=FakeKeys(faults, tenants),
+        batches=batches,
         queues=FakeQueues(faults),
         workflows=FakeWorkflows(faults),
         events=FakeEvents(faults),
-        tenants=FakeTenants(faults),
+        tenants=tenants,
+        stored=stored,
         audit=audit,
         receipts=audit,
         faults=faults,
@@ -712,26 +880,44 @@ def fake_stores() -> FakeStores:
 
 class FakeWorm(_Port):
     """``WormStore``: write-once keys, as S3 conditional PUTs (If-None-Match: *) on an Object Lock
-    bucket; ``overwrite`` is for tests that play a tamperer who cannot exist (it must not be able
-    to: the contract test shows S3 refuses)."""
+    bucket, each key with its versions. ``overwrite`` and ``hide`` play a tamperer with PutObject
+    without If-None-Match (a new version) or DeleteObject (a delete marker), which the bucket
+    policy refuses and Object Lock cannot: the first version stays, and ``originals`` shows both."""
 
     name = "worm"
 
     def __init__(self, faults: Faults | None = None):
         super().__init__(faults or Faults())
-        self.objects: dict[str, bytes] = {}
+        self.versions: dict[str, list[bytes]] = {}
+        self.hidden: set[str] = set()
+
+    @property
+    def objects(self) -> dict[str, bytes]:
+        """The current bytes of each key not hidden."""
+        return {k: v[-1] for k, v in self.versions.items() if k not in self.hidden}
 
     def put_once(self, key: str, body: bytes) -> bool:
         self._op("put_once")
-        if key in self.objects:
+        if key in self.versions and key not in self.hidden:
             return False
-        self.objects[key] = bytes(body)
+        self.versions.setdefault(key, []).append(bytes(body))
+        self.hidden.discard(key)
         return True
 
-    def get(self, key: str) -> bytes:
-        self._op("get")
-        return self.objects[key]
+    def find(self, key: str) -> bytes | None:
+        self._op("find")
+        return self.objects.get(key)
 
-    def list_keys(self, prefix: str) -> list[str]:
-        self._op("list_keys")
-        return sorted(k for k in self.objects if k.startswith(prefix))
+    def originals(self, prefix: str) -> dict[str, Any]:
+        from functions.core.anchor import WormObject
+
+        self._op("originals")
+        return {k: WormObject(body=v[0], versions=len(v), hidden=k in self.hidden)
+                for k, v in sorted(self.versions.items()) if k.startswith(prefix)}
+
+    def overwrite(self, key: str, body: bytes) -> None:
+        self.versions.setdefault(key, []).append(bytes(body))
+        self.hidden.discard(key)
+
+    def hide(self, key: str) -> None:
+        self.hidden.add(key)

@@ -9,7 +9,7 @@ with the same body (so "fail the first k attempts" is easy). Every request is re
 what ``GET /health`` and ``GET /v1/models`` answer; ``probes`` records those GETs.
 
 ``InProcessEngine`` is the same ``respond`` behind ``functions.core.ports.Engine`` with no HTTP
-at all: what chunk-level tests hand to ``gpu_worker.chunk.process_chunk``.
+at all: what chunk-level tests hand to ``gpu_worker.chunk.ChunkRunner``.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ class InProcessEngine:
     base_url = "in-process"
 
     def __init__(self, respond: Respond = default_respond, *, max_in_flight: int = 64):
-        from gpu_worker.engine import EngineStats
+        from gpu_worker.engine_client import EngineStats
 
         self.respond = respond
         self.max_in_flight = max_in_flight
@@ -223,7 +223,7 @@ class InProcessEngine:
         return 0.0
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        from gpu_worker.engine import Reply
+        from gpu_worker.engine_client import Reply
 
         key = json.dumps(body, sort_keys=True)
         self.requests.append((path, body))
@@ -276,7 +276,7 @@ class CrashingEngine(InProcessEngine):
             self._open.remove(content(body))
 
     async def _answer(self, body: dict[str, Any]) -> Any:
-        from gpu_worker.engine import EngineDown
+        from gpu_worker.engine_client import EngineDown
 
         if self.down:
             raise EngineDown("the engine is down")

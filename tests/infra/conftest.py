@@ -1,7 +1,7 @@
 """One CDK synth per test session: the app as ``cdk synth`` builds it (cdk-nag on) into a
 temporary cloud assembly, with a config that exercises what the default one does not (two models,
 one on Spot with an On-Demand base, an embeddings model, a Hugging Face token secret, the audit
-chains' Object Lock bucket and its stream exporter). ``make synth``
+chains' Object Lock bucket with a short retention). ``make synth``
 checks the default config (cdk-nag, cfn-lint). Every infra test reads this one result."""
 
 import json

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from functions.core import http
-from functions.core.errors import UNAUTHORIZED_BODY
+from functions.core.errors import DEACTIVATED_BODY, UNAUTHORIZED_BODY
 from infra import names
 
 
@@ -46,14 +46,16 @@ def test_every_v1_route_goes_through_the_authorizer_to_the_api_lambda(synth):
 
 def test_gateway_rejections_answer_openai_401_envelope(synth):
     responses = {r["Properties"]["ResponseType"]: r["Properties"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()}
-    for kind in ("UNAUTHORIZED", "ACCESS_DENIED"):
+    # A Deny comes only for a disabled tenant's key: OpenAI's deactivated-account answer.
+    for kind, body in (("UNAUTHORIZED", UNAUTHORIZED_BODY), ("ACCESS_DENIED", DEACTIVATED_BODY)):
         assert responses[kind]["StatusCode"] == "401"
-        assert json.loads(responses[kind]["ResponseTemplates"]["application/json"]) == UNAUTHORIZED_BODY
+        assert json.loads(responses[kind]["ResponseTemplates"]["application/json"]) == body
         assert responses[kind]["ResponseParameters"] == {
             "gatewayresponse.header.Content-Type": "'application/json'",
             "gatewayresponse.header.x-request-id": "context.requestId",
         }
     assert UNAUTHORIZED_BODY["error"]["code"] == "invalid_api_key"
+    assert DEACTIVATED_BODY["error"]["code"] == "account_deactivated"
 
 
 def test_other_gateway_errors_use_the_openai_envelope_too(synth):

@@ -61,8 +61,8 @@ def test_every_queue_is_encrypted_and_tls_only(synth):
     queues = _queues(synth)
     # ingest + DLQ, work + DLQ per model, reaper DLQ, sweeper DLQ (undelivered schedule ticks),
     # scaler DLQ (undelivered scaler invocations), the upload assembler's queue + DLQ, the
-    # webhook queue + DLQ, the audit exporter's DLQ (the session synth sets audit_object_lock)
-    assert len(queues) == 2 + 2 * len(synth.config.models) + 1 + 1 + 1 + 2 + 2 + 1
+    # webhook queue + DLQ, the audit queue + DLQ (governance on)
+    assert len(queues) == 2 + 2 * len(synth.config.models) + 1 + 1 + 1 + 2 + 2 + 2
     denied = set()
     for policy in synth.resources("AWS::SQS::QueuePolicy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:

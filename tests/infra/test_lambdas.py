@@ -25,7 +25,7 @@ HANDLERS = {
     "scaler": "functions.scaler.handler.handler",
     "assembler": "functions.assembler.handler.handler",
     "webhooks": "functions.webhooks.handler.handler",
-    "audit_export": "functions.audit_export.handler.handler",
+    "audit_append": "functions.audit_append.handler.handler",
 }
 #: CDK's own function that writes the bucket's notification configuration at deploy time.
 CDK_NOTIFICATIONS_HANDLER = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
@@ -55,9 +55,12 @@ def expected_settings_env(synth) -> dict[str, str]:
         bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
         queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
         state_machine_arn=arn,
+        event_bus_name=names.event_bus_name(names.STACK_NAME),  # the stack's bus, by its name
     ).model_copy(update={
         "assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>",
         "webhook_queue_url": f"<{synth.logical_id(synth.stack.webhooks.queue)}>",
+        "webhook_dead_letter_queue_url": f"<{synth.logical_id(synth.stack.webhooks.dead_letters)}>",
+        "audit_queue_url": f"<{synth.logical_id(synth.stack.audit.queue)}>",
     }).to_env()
 
 
@@ -82,9 +85,10 @@ def test_environment_is_exactly_settings_to_env(synth):
         if label == "scaler":  # its own two variables (tests/infra/test_scaler.py)
             continue
         env = {k: synth.render(v) for k, v in props["Environment"]["Variables"].items()}
-        if label == "audit_export":  # the one function that knows the locked bucket
+        if label == "audit_append":  # the one function that knows the locked bucket and the signing key
             assert env.pop(Settings.env_name("audit_bucket_name")) == f"<{synth.logical_id(synth.stack.audit.bucket)}>"
-            env[Settings.env_name("audit_bucket_name")] = ""
+            assert env.pop(Settings.env_name("audit_signing_key_id")) == f"<{synth.logical_id(synth.stack.audit.key)}.Arn>"
+            env[Settings.env_name("audit_bucket_name")] = env[Settings.env_name("audit_signing_key_id")] = ""
         assert env == expected, label
 
 
@@ -114,19 +118,21 @@ def test_code_asset_is_functions_package_with_aarch64_dependencies(synth):
     assert not (asset / "moto").exists() and not (asset / "aws_cdk").exists(), "only run-time dependencies"
 
 
-def test_reaper_reads_remove_events_of_file_items_only(synth):
+def test_reaper_reads_remove_events_of_file_items_and_of_uploads_holding_stored_bytes(synth):
     (props,) = [
         m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
         if m["Properties"]["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
     ]
     assert props["EventSourceArn"] == {"Fn::GetAtt": [synth.one("AWS::DynamoDB::Table")[0], "StreamArn"]}
     assert props["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
-    (flt,) = props["FilterCriteria"]["Filters"]
+    flt, uploads = props["FilterCriteria"]["Filters"]
     assert json.loads(flt["Pattern"]) == {
         "eventName": ["REMOVE"],
         "dynamodb": {"OldImage": {"sk": {"S": [{"prefix": FileRecord.sort_key("")}]}}},
     }
     assert json.loads(flt["Pattern"]) == json.loads(json.dumps(synth.stack.resolve(stream_filter())))
+    # An upload that still held stored bytes when its record went (expired, or cancelled): its release.
+    assert json.loads(uploads["Pattern"])["dynamodb"]["OldImage"]["holds_storage"] == {"BOOL": [True]}
     assert props["BisectBatchOnFunctionError"] is True
     assert props["DestinationConfig"]["OnFailure"]["Destination"] == {
         "Fn::GetAtt": [synth.logical_id(synth.stack.reaper.dead_letters), "Arn"]
@@ -178,8 +184,12 @@ def test_api_lambda_reads_and_writes_table_and_bucket(synth, ids):
     assert _on(pairs, "dynamodb") == table_actions
     assert {r for a, r in pairs if a.startswith("s3:")} == {_objects(ids["bucket"]), _ref(ids["bucket"])}
     assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "states", "logs", "xray", "sqs"}
-    # sqs: only handing a large upload to the assembler (docs/uploads.md)
-    assert {r for a, r in pairs if a.startswith("sqs:")} == {json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]})}
+    # sqs: handing a large upload to the assembler (docs/uploads.md), and sending its audit
+    # intents (docs/audit.md: SendMessage only)
+    audit_queue = _ref(synth.logical_id(synth.stack.audit.queue))
+    assert {r for a, r in pairs if a.startswith("sqs:")} == {
+        json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]}), audit_queue}
+    assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
     assert "s3:PutObjectAcl" not in object_actions
 
 
@@ -190,7 +200,7 @@ def test_authorizer_can_only_read_api_keys(synth, ids):
     _log_and_trace_only(pairs, _functions(synth)["authorizer"][1]["LoggingConfig"]["LogGroup"]["Ref"])
 
 
-def test_reaper_can_only_delete_objects(synth, ids):
+def test_reaper_can_only_delete_objects_and_release_stored_bytes(synth, ids):
     pairs = _permissions(synth, "reaper")
     assert {(a, r) for a, r in pairs if a.startswith("s3:")} == {("s3:DeleteObject*", _objects(ids["bucket"]))}
     stream = _ref(ids["table"], "StreamArn")
@@ -198,6 +208,8 @@ def test_reaper_can_only_delete_objects(synth, ids):
     assert dynamo == {
         ("dynamodb:DescribeStream", stream), ("dynamodb:GetRecords", stream), ("dynamodb:GetShardIterator", stream),
         ("dynamodb:ListStreams", '"*"'),  # no resource-level permissions for ListStreams
+        # A release on the stored-bytes ledger (items of T#*#STORAGE only: tests/infra/test_api_access.py).
+        ("dynamodb:DeleteItem", _ref(ids["table"], "Arn")), ("dynamodb:UpdateItem", _ref(ids["table"], "Arn")),
     }
     dlq = _ref(synth.logical_id(synth.stack.reaper.dead_letters))
     assert {r for a, r in pairs if a.startswith("sqs:")} == {dlq}
@@ -215,9 +227,10 @@ def _keys(bucket_id: str, pattern: str) -> str:
     return json.dumps({"Fn::Join": ["", [{"Fn::GetAtt": [bucket_id, "Arn"]}, "/" + pattern]]})
 
 
-def _default_bus(pairs) -> set[str]:
+def _batch_bus(synth, pairs) -> set[str]:
+    """Where the role may put events: the stack's batch event bus, nowhere else."""
     resources = {r for a, r in pairs if a == "events:PutEvents"}
-    assert all(r.endswith(':event-bus/default"]]}') for r in resources), resources
+    assert resources == {_ref(synth.logical_id(synth.stack.events.bus))}, resources
     return resources
 
 
@@ -273,7 +286,7 @@ def test_ingest_consumes_its_queue_enqueues_chunks_starts_and_publishes(synth):
     assert {r for a, r in pairs if a == "sqs:ReceiveMessage"} == {ingest_queue}
     assert {a for a, r in pairs if r in work_queues} == {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
-    assert len(_default_bus(pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
+    assert len(_batch_bus(synth, pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
 
 
 def test_workflow_signals_by_the_state_machines_name_and_publishes(synth):
@@ -285,15 +298,17 @@ def test_workflow_signals_by_the_state_machines_name_and_publishes(synth):
         "arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:"
         + names.state_machine_name(names.STACK_NAME)
     )
-    assert len(_default_bus(pairs)) == 1
+    assert len(_batch_bus(synth, pairs)) == 1
     assert "s3:DeleteObject*" not in _on(pairs, "s3")
 
 
 def test_dlq_handler_consumes_the_work_dlqs_and_signals(synth):
     pairs = _permissions(synth, "dlq")
     dead_letters = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_dead_letters.values()}
-    assert {r for a, r in pairs if a.startswith("sqs:")} == dead_letters
-    assert "sqs:SendMessage" not in _on(pairs, "sqs")
+    audit_queue = _ref(synth.logical_id(synth.stack.audit.queue))  # a counted chunk's receipt: SendMessage only
+    assert {r for a, r in pairs if a.startswith("sqs:")} == dead_letters | {audit_queue}
+    assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
+    assert "sqs:SendMessage" not in {a for a, r in pairs if r in dead_letters}
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", _state_machine(synth))}
 
 
@@ -307,7 +322,7 @@ def test_ingest_dlq_handler_consumes_the_ingest_dlq_reads_manifests_enqueues_and
     work_queues = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_queues.values()}
     assert {r for a, r in pairs if a == "sqs:SendMessage"} == work_queues
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
-    assert len(_default_bus(pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
+    assert len(_batch_bus(synth, pairs)) == 1 and _on(pairs, "events") == {"events:PutEvents"}
     assert {a.split(":")[0] for a, _ in pairs} == {"dynamodb", "s3", "sqs", "states", "events", "logs", "xray"}
 
 
@@ -317,7 +332,7 @@ def test_sweeper_enqueues_starts_and_publishes_but_never_consumes_or_signals(syn
     assert {r for a, r in pairs if a.startswith("sqs:")} == work_queues
     assert "sqs:ReceiveMessage" not in _on(pairs, "sqs")
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}
-    assert len(_default_bus(pairs)) == 1
+    assert len(_batch_bus(synth, pairs)) == 1
     assert "s3:DeleteObject*" not in _on(pairs, "s3")
 
 

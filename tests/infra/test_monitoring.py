@@ -7,7 +7,7 @@ import json
 
 from functions.core.models import TERMINAL_STATUSES
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineStats
+from gpu_worker.engine_client import EngineStats
 from gpu_worker.metrics import WorkerMetrics, make_logger
 
 from .test_lambdas import HANDLERS, ours
@@ -56,7 +56,7 @@ def test_dead_letter_queues_alarm_on_their_first_message(synth):
         synth.logical_id(synth.stack.ingest.ingest_dead_letters), synth.logical_id(synth.stack.reaper.dead_letters),
         synth.logical_id(synth.stack.sweeper.dead_letters),  # schedule ticks that never reached the sweeper
         synth.logical_id(synth.stack.workers.scaler.dead_letters),  # scaler invocations never delivered
-        synth.logical_id(synth.stack.audit.dead_letters),  # audit records never copied to the WORM bucket
+        synth.logical_id(synth.stack.audit.dead_letters),  # audit intents the appender gave up on
         synth.logical_id(synth.stack.uploads.dead_letters),  # uploads the assembler gave up on
         synth.logical_id(synth.stack.webhooks.dead_letters),  # webhook deliveries past their schedule
     }
@@ -106,7 +106,7 @@ def _batch_events_rule(synth):
 def test_terminal_batch_events_are_logged_and_counted_by_status(synth):
     rule_id, rule = _batch_events_rule(synth)
     props = rule["Properties"]
-    assert props["EventBusName"] == "default"
+    assert props["EventBusName"] == {"Ref": synth.logical_id(synth.stack.events.bus)}  # the batch event bus
     assert props["EventPattern"] == {
         "source": ["batch-api"], "detail-type": [f"batch.{s}" for s in TERMINAL_STATUSES],
     }
@@ -199,3 +199,13 @@ def test_dashboard_shows_queues_backlog_throughput_tasks_and_batches(synth):
         "ExecutionsStarted",
     ):
         assert needle in body, needle
+
+
+def test_a_dropped_webhook_event_alarms(synth):
+    """The webhook fan-out's count of events the table does not bear out (forged): any alarms."""
+    from functions.webhooks.logic import DROPPED_METRIC
+
+    [props] = [p for p in _alarms(synth).values() if p.get("MetricName") == DROPPED_METRIC]
+    assert (props["Namespace"], props["Statistic"], props["Threshold"]) == ("BatchApi", "Sum", 1)
+    assert props["Dimensions"] == [{"Name": "service", "Value": "webhooks"}]
+    assert props["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"

@@ -1,9 +1,11 @@
 """Who may touch which table items: the GPU worker's task role reaches exactly the partitions it
 uses (a tenant's batch partition and a batch's chunk partitions) through GetItem/PutItem/UpdateItem,
 and never a tenant's file, upload or webhook records, an API key, the scaler's state or an
-idempotency record (issue 11). Issue 13 adds, per role, exactly: the budget charge and (governance
-on) the audit chain's receipts for the chunk counters, the reservation's release for the roles that
-make a batch terminal, ingest's policy, counter and budget reads (``LAMBDA_RIGHTS``, ``WORKER_RIGHTS``).
+idempotency record (issue 11). Issue 13 adds, per role, exactly: the budget charge for the chunk
+counters, the reservation's release for the roles that make a batch terminal, ingest's policy,
+counter and budget reads (``LAMBDA_RIGHTS``, ``WORKER_RIGHTS``). The audit chains (``AUDIT#*``) are
+the audit appender's alone: no other role is granted them, and the table's resource policy denies
+every other principal a write there (``test_only_the_appender_may_write_audit_items``).
 
 The synthesized policy is evaluated the way IAM evaluates it: ``ForAllValues:StringLike`` on
 ``dynamodb:LeadingKeys`` (every partition key a request names must match one pattern; IAM's ``*``
@@ -60,12 +62,13 @@ def _worker_statements(synth) -> dict[str, list[dict]]:
 
 def _lambda_statements(synth, label: str) -> list[dict]:
     """The DynamoDB statements of a narrow Lambda: ``ingest``, ``dlq`` (dead-lettered chunks),
-    ``ingest_dlq`` (dead-lettered ingest events) or ``workflow``."""
+    ``ingest_dlq`` (dead-lettered ingest events), ``workflow`` or ``audit_append`` (the appender)."""
     function = {
         "ingest": synth.stack.ingest.function,
         "dlq": synth.stack.ingest.dlq_function,
         "ingest_dlq": synth.stack.ingest.ingest_dlq_function,
         "workflow": synth.stack.workflow.function,
+        "audit_append": synth.stack.audit.function,
     }[label]
     return _table_statements(synth, synth.logical_id(function.role))
 
@@ -101,16 +104,19 @@ def allows_any(statements: list[dict], action: str, partition_keys: list[str]) -
 
 
 #: Beside its chunk path, a chunk counter (the worker, the chunk DLQ consumer) charges the tenant's
-#: output-token budget in the count's transaction (UpdateItem on ``T#*#BUDGET``) and, governance
-#: on (the session synth), appends the chunk's receipt to the tenant's audit chain (GetItem the
-#: dedupe marker, Query the head, PutItem the record and its marker: ``AUDIT#*``).
+#: output-token budget in the count's transaction (UpdateItem on ``T#*#BUDGET``); its chunk's
+#: receipt goes to the audit queue (sqs:SendMessage), never to the table.
 CHARGE = (["dynamodb:UpdateItem"], ["T#*#BUDGET"])
-RECEIPTS = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"])
+#: The audit appender: GetItem a dedupe marker or a record, Query a head, PutItem the record and
+#: its marker (``AUDIT#*``); GetItem a chunk's count marker (a receipt's numbers).
+APPEND = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"])
 #: A role that makes a batch terminal releases its enqueued-cap reservation in that transaction.
 RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
+#: The workflow's finalize counts the output files it creates: their markers and the counter's ADD.
+STORAGE_CHARGE = (["dynamodb:PutItem", "dynamodb:UpdateItem"], ["T#*#STORAGE"])
 #: The worker also reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
 CHARGE_AND_WATCH = (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BUDGET"])
-WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE_AND_WATCH, RECEIPTS]
+WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE_AND_WATCH]
 
 
 def _rights(statements: list[dict]) -> list[tuple]:
@@ -140,19 +146,22 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
 #: queries its chunk markers, and puts the output File records in the tenant's partition.
 #: Issue 13 adds: ingest reads a tenant's policy, reserves on its enqueued counters and reads its
 #: budget item; the ingest DLQ consumer and the workflow release a reservation (their terminal
-#: writes); the chunk DLQ consumer charges the budget and appends receipts, as the worker does.
+#: writes); the chunk DLQ consumer charges the budget, as the worker does. The audit appender
+#: appends to the chains and reads count markers.
 LAMBDA_RIGHTS = {
     "ingest": [
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), (["dynamodb:GetItem"], ["TENANTS"]),
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]), (["dynamodb:GetItem"], ["T#*#BUDGET"]),
     ],
     "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), RELEASE],
-    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE, RECEIPTS],  # the worker's, without the budget read
+    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE],  # the worker's, without the budget read
     "workflow": [
         (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
         (["dynamodb:PutItem"], ["T#*"], ["T#*#*"]),  # a tenant's own partition only (its File records)
         RELEASE,
+        STORAGE_CHARGE,  # its output files counted on the tenant's stored-bytes ledger (governance on)
     ],
+    "audit_append": [APPEND, (["dynamodb:GetItem"], ["T#*#B#*"])],
 }
 
 
@@ -220,16 +229,14 @@ def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth
         # A transaction naming a file and the batch is denied as a whole (ForAllValues).
         assert not allows_any(statements, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
         # The budget item: charged (an ADD) and read (a stop budget), never put, deleted or
-        # queried; the audit chain: read and
-        # appended to, never updated or deleted (append-only); the enqueued counters: never.
+        # queried; the audit chain: never (its receipts go to the audit queue); the enqueued
+        # counters: never.
         budget, chain = schema.budget_pk(tenant), schema.audit_pk(tenant)
         assert allows_any(statements, "dynamodb:UpdateItem", [budget])
         assert allows_any(statements, "dynamodb:GetItem", [budget])
         for action in ("dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query"):
             assert not allows_any(statements, action, [budget]), (name, action)
-        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
-            assert allows_any(statements, action, [chain]), (name, action)
-        for action in ("dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
             assert not allows_any(statements, action, [chain]), (name, action)
         for action in WORKER_ACTIONS:
             assert not allows_any(statements, action, [schema.enqueued_pk(tenant)]), (name, action)
@@ -350,12 +357,12 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
     requests = [pair for operation, params in calls for pair in _operation_keys(operation, params)]
     operations = {operation for operation, _ in calls}
     # The worker's path made every kind of call it has: item reads, writes, updates, the count
-    # transaction, and the receipts' Query of the chain's head (governance on: the local wiring).
-    assert operations == {"GetItem", "PutItem", "UpdateItem", "TransactWriteItems", "Query"}, operations
-    assert {k for _, keys in requests for k in keys} == {
-        schema.batches_pk(tenant), schema.chunks_pk(tenant, batch_id), schema.audit_pk(tenant)
-    }
-    assert len(stores.receipts.records(tenant)) == 2  # one receipt per counted chunk
+    # transaction; none on the audit chain (its receipts went to the audit queue).
+    assert operations == {"GetItem", "PutItem", "UpdateItem", "TransactWriteItems"}, operations
+    assert {k for _, keys in requests for k in keys} == {schema.batches_pk(tenant), schema.chunks_pk(tenant, batch_id)}
+    sqs = clients.client("sqs")
+    sent = sqs.get_queue_attributes(QueueUrl=settings.audit_queue_url, AttributeNames=["ApproximateNumberOfMessages"])
+    assert int(sent["Attributes"]["ApproximateNumberOfMessages"]) == 2  # one receipt per counted chunk
     for name, statements in _worker_statements(synth).items():
         denied = [(a, k) for a, k in requests if not allows_any(statements, a, k)]
         assert denied == [], (name, denied)
@@ -432,6 +439,12 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     assert drain_queue(sqs, ingest_dlq_url(clients.client, PREFIX), ingest_dlq_handler.handler, name="ingest-dlq") >= 1
     recorder.role = "setup"
     assert stores.batches.get("acme", other.id).status != "validating"
+    # The API's actions and the chunks' receipts, appended by the audit appender.
+    from functions.audit_append import handler as append_handler
+
+    recorder.role = "audit_append"
+    assert drain_queue(sqs, deployed.audit_queue_url, append_handler.handler, name="audit-append") >= 1
+    recorder.role = "setup"
 
     policies = {label: _lambda_statements(synth, label) for label in LAMBDA_RIGHTS}
     policies.update({f"worker {name}": s for name, s in _worker_statements(synth).items()})
@@ -440,8 +453,85 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
         assert requests, f"{role} made no table request"
         denied = [(a, k) for a, k in requests if not allows_any(statements, a, k)]
         assert denied == [], (role, denied)
-    # The paths made the calls these rights exist for (the workflow's Query and its File put).
+    # The paths made the calls these rights exist for (the workflow's Query and its File put; the
+    # appender's head Query, its record transaction and a receipt's count marker).
+    appended = recorder.requests("audit_append")
+    assert ("dynamodb:Query", [schema.audit_pk("acme")]) in appended
+    assert ("dynamodb:PutItem", [schema.audit_pk("acme")]) in appended
+    assert ("dynamodb:GetItem", [schema.chunks_pk("acme", batch.id)]) in appended
+    assert not any(schema.audit_pk("acme") in keys for role in ("ingest", "worker", "dlq", "workflow", "ingest_dlq")
+                   for _, keys in recorder.requests(role))
     assert ("dynamodb:Query", [schema.chunks_pk("acme", batch.id)]) in recorder.requests("workflow")
     assert ("dynamodb:PutItem", [schema.tenant_pk("acme")]) in recorder.requests("workflow")
-    # The API (full table rights) wrote the tenant's files in T#acme: the partition the others never touch.
+    # The API wrote the tenant's files in T#acme: the partition the others never touch.
     assert any(schema.tenant_pk("acme") in keys for _, keys in recorder.requests("setup"))
+
+
+# --- the audit chains: the appender's alone (infra/constructs/audit.py) ---------------------------
+def _table_resource_statements(synth) -> list[dict]:
+    (_, table) = synth.one("AWS::DynamoDB::Table")
+    return table["Properties"]["ResourcePolicy"]["PolicyDocument"]["Statement"]
+
+
+def denied_by_table(synth, role_id: str, action: str, partition_keys: list[str]) -> bool:
+    """The table's resource policy (Deny statements only) for a request of the role ``role_id``:
+    ``ForAnyValue:StringLike`` on the keys, ``ArnNotEquals`` on ``aws:PrincipalArn`` (the role)."""
+    for statement in _table_resource_statements(synth):
+        assert statement["Effect"] == "Deny" and statement["Principal"] == {"AWS": "*"} and statement["Resource"] == "*"
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        condition = statement["Condition"]
+        assert set(condition) <= {"ForAnyValue:StringLike", "ArnNotEquals"}
+        patterns = condition["ForAnyValue:StringLike"]["dynamodb:LeadingKeys"]
+        exempt = condition.get("ArnNotEquals", {}).get("aws:PrincipalArn")
+        if (action in actions and any(fnmatch.fnmatchcase(k, p) for p in patterns for k in partition_keys)
+                and (exempt is None or exempt != {"Fn::GetAtt": [role_id, "Arn"]})):
+            return True
+    return False
+
+
+def test_only_the_appender_may_write_audit_items(synth):
+    """Whatever a role's identity policy grants (the API's full table rights, an operator's admin
+    role), the table denies every principal but the appender a PutItem of an AUDIT# item, and
+    everyone, the appender too, an update or delete there; nothing outside AUDIT# is denied."""
+    appender = synth.logical_id(synth.stack.audit.function.role)
+    writes = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem")
+    chain = [schema.audit_pk("acme")]
+    roles = set(synth.resources("AWS::IAM::Role")) | {"an operator's admin role"}
+    assert appender in roles
+    for role in roles:
+        for action in writes:
+            expected = not (role == appender and action == "dynamodb:PutItem")
+            assert denied_by_table(synth, role, action, chain) == expected, (role, action)
+            assert not denied_by_table(synth, role, action, [schema.batches_pk("acme")]), (role, action)
+        # A transaction naming an audit item among others is denied as a whole (ForAnyValue).
+        assert denied_by_table(synth, role, "dynamodb:PutItem", [schema.tenant_pk("acme"), chain[0]]) == (role != appender)
+    for statements in (_lambda_statements(synth, label) for label in LAMBDA_RIGHTS if label != "audit_append"):
+        assert not allows_any(statements, "dynamodb:PutItem", chain)
+    assert allows_any(_lambda_statements(synth, "audit_append"), "dynamodb:PutItem", chain)
+
+
+def _statements_on(synth, resource: str) -> dict[str, set[str]]:
+    """Role logical id -> the actions its policies allow on ``resource`` (a rendered ARN)."""
+    out: dict[str, set[str]] = {}
+    for policy in synth.resources("AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            if resource in [synth.render(r) for r in resources]:
+                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                for role in policy["Properties"]["Roles"]:
+                    out.setdefault(role["Ref"], set()).update(actions)
+    return out
+
+
+def test_writers_may_only_send_to_the_audit_queue_and_only_the_appender_signs(synth):
+    audit = synth.stack.audit
+    queue = f"<{synth.logical_id(audit.queue)}.Arn>"
+    writers = {synth.logical_id(synth.stack.api.api_function.role), synth.logical_id(synth.stack.ingest.dlq_function.role),
+               *(synth.logical_id(w.task_definition.task_role) for w in synth.stack.workers.workers.values())}
+    on_queue = _statements_on(synth, queue)
+    appender = synth.logical_id(audit.function.role)
+    assert {role: actions for role, actions in on_queue.items() if role != appender} == {
+        role: {"sqs:SendMessage"} for role in writers}
+    assert "sqs:SendMessage" not in on_queue[appender] and "sqs:ReceiveMessage" in on_queue[appender]
+    on_key = _statements_on(synth, f"<{synth.logical_id(audit.key)}.Arn>")
+    assert on_key == {appender: {"kms:Sign"}}

@@ -2,8 +2,8 @@
 partition) and nothing more there: no write, no Query (no listing of every tenant's policy), and
 the pattern has no wildcard, so it opens no other partition. Every role that makes a batch terminal
 may release its enqueued-cap reservation (UpdateItem on ``T#*#ENQUEUED``); the chunk counters (GPU
-worker, chunk DLQ consumer) charge the output-token budget (``T#*#BUDGET``) and, governance on,
-append chunk receipts to the audit chains (``AUDIT#*``)."""
+worker, chunk DLQ consumer) charge the output-token budget (``T#*#BUDGET``) and send their chunk
+receipts to the audit queue; only the audit appender reaches the audit chains (``AUDIT#*``)."""
 
 import fnmatch
 
@@ -68,34 +68,36 @@ def test_every_terminal_writer_may_release_a_reservation_and_nothing_more_there(
     assert not allows_any(_lambda_statements(synth, "dlq"), "dynamodb:UpdateItem", [counter_pk])
 
 
-def test_the_chunk_counters_may_charge_the_budget_and_append_receipts(synth):
+def test_the_chunk_counters_may_charge_the_budget_and_never_reach_the_chains(synth):
     """The worker's task roles and the chunk DLQ consumer (both count chunks): UpdateItem on the
-    budget items; GetItem/PutItem/Query on the audit chains, which no other narrow role reaches."""
+    budget items; nothing on the audit chains, which only the appender reaches (append-only: no
+    update or delete there either; a transaction naming the chain and a file record is denied)."""
     from tests.infra.test_table_access import _worker_statements
 
     budget_pk, chain_pk = schema.budget_pk("acme"), schema.audit_pk("acme")
     counters = {"dlq": _lambda_statements(synth, "dlq"), **{f"worker {n}": s for n, s in _worker_statements(synth).items()}}
     for label, statements in counters.items():
         assert allows_any(statements, "dynamodb:UpdateItem", [budget_pk]), label
-        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
-            assert allows_any(statements, action, [chain_pk]), (label, action)
-        # A chain is append-only: no update or delete of a record; a receipt's transaction naming
-        # the chain and anything else (a file record) is denied as a whole.
-        for action in ("dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
             assert not allows_any(statements, action, [chain_pk]), (label, action)
-        assert not allows_any(statements, "dynamodb:PutItem", [chain_pk, schema.tenant_pk("acme")]), label
+    appender = _lambda_statements(synth, "audit_append")
+    for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
+        assert allows_any(appender, action, [chain_pk]), action
+    for action in ("dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+        assert not allows_any(appender, action, [chain_pk]), action
+    assert not allows_any(appender, "dynamodb:PutItem", [chain_pk, schema.tenant_pk("acme")])
     for label in ("ingest", "ingest_dlq", "workflow"):
         assert not allows_any(_lambda_statements(synth, label), "dynamodb:Query", [chain_pk]), label
 
 
-def test_a_receipt_s_part_reads_are_granted_to_the_chunk_counters(synth):
-    """A receipt LISTs the counted attempt's parts (ListBucket with its prefix) and GETs each: the
-    worker and the chunk DLQ consumer have ``grant_read`` on the parts (ListBucket on the bucket,
+def test_a_receipt_s_part_reads_are_granted_to_the_appender(synth):
+    """A receipt sent without digests LISTs the counted attempt's parts (ListBucket with its
+    prefix) and GETs each, in the appender: ``grant_read`` on the parts (ListBucket on the bucket,
     GetObject on ``batches/*/*/parts/*``)."""
     from infra.constructs.ingest import PART_KEYS
 
     bucket = f"<{synth.logical_id(synth.stack.storage.bucket)}.Arn>"
-    roles = [synth.stack.ingest.dlq_function.role, *(w.task_definition.task_role for w in synth.stack.workers.workers.values())]
+    roles = [synth.stack.audit.function.role]
     for role in roles:
         statements = [
             st for policy in synth.resources("AWS::IAM::Policy").values()
@@ -116,9 +118,17 @@ def test_a_receipt_s_part_reads_are_granted_to_the_chunk_counters(synth):
 
 
 def test_governance_off_grants_no_receipts(ungoverned):
-    """Off, the stores append no receipts (``stores_from_settings``) and no role is granted the chains."""
+    """Off, the stores send no intents (``stores_from_settings``): no audit queue, appender, key or
+    Object Lock bucket, no role reaches the chains, the table has no resource policy."""
     from tests.infra.test_table_access import _worker_statements
 
+    audit = ungoverned.stack.audit
+    assert (audit.queue, audit.function, audit.key, audit.bucket) == (None, None, None, None)
+    assert not ungoverned.resources("AWS::KMS::Key")
+    assert not [b for b in ungoverned.resources("AWS::S3::Bucket").values() if "ObjectLockEnabled" in b["Properties"]]
+    (_, table) = ungoverned.one("AWS::DynamoDB::Table")
+    assert "ResourcePolicy" not in table["Properties"]
+    assert not [q for q in ungoverned.resources("AWS::SQS::Queue").values() if q["Properties"].get("FifoQueue")]
     chain_pk = schema.audit_pk("acme")
     counters = [_lambda_statements(ungoverned, "dlq"), *_worker_statements(ungoverned).values()]
     for statements in counters:

@@ -79,7 +79,8 @@ def _finish_executions(state_machine_arn: str) -> None:
 
 
 @pytest.fixture
-def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Settings]:
+def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """moto in decorator mode with the deployment's resources, and handlers configured for them.
     Yields the settings pointing at the created queues and state machine."""
     execute = request.node.get_closest_marker("workflow") is not None
@@ -96,6 +97,9 @@ def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.Fix
         )
         # Configuring the bucket notification sent an s3:TestEvent; start from an empty queue.
         clients.client("sqs").purge_queue(QueueUrl=ingest_queue_url(clients.client, PREFIX))
+        # The audit appender signs with a key file, as in the local deployment (docs/audit.md).
+        key_file = tmp_path_factory.mktemp("audit-key") / "audit-signing-key.pem"
+        concrete = concrete.model_copy(update={"audit_local_key_file": str(key_file)})
         for name, value in concrete.to_env().items():
             monkeypatch.setenv(name, value)
         deps.reset()
@@ -117,6 +121,42 @@ def deployed(aws: Settings) -> Settings:
 @pytest.fixture
 def stores(aws: Settings):
     return deps.stores()
+
+
+class AuditAppender:
+    """The audit appender as its event source mapping runs it (the real handler on the audit
+    queue), and the chains it writes, read from the table."""
+
+    def __init__(self, settings: Settings):
+        from functions.core.aws.audit import AuditRepo
+        from functions.core.aws.dynamodb import Table
+        from functions.core.aws.s3 import WormObjects
+
+        self.settings = settings
+        self.chain = AuditRepo(Table(clients.dynamodb_table(settings.table_name)))
+        self.worm = WormObjects(clients.client("s3"), settings.audit_bucket_name)
+
+    def drain(self) -> int:
+        """Append every intent waiting in the audit queue; how many were handled."""
+        from functions.audit_append import handler
+        from infra.local.pollers import drain_queue
+
+        return drain_queue(clients.client("sqs"), self.settings.audit_queue_url, handler.handler, name="audit-append")
+
+    def records(self, tenant: str):
+        """``tenant``'s chain once every intent sent so far is appended."""
+        self.drain()
+        return self.chain.records(tenant)
+
+    def public_key(self) -> bytes:
+        from functions.audit_append.handler import signer
+
+        return signer(self.settings).public_key()
+
+
+@pytest.fixture
+def appender(aws: Settings) -> AuditAppender:
+    return AuditAppender(aws)
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The API's audit hook through the official SDK, on moto: every mutating action (and a refusal)
-appends one record to the tenant's chain with the request's id; reads append nothing."""
+sends one intent to the audit queue, which the appender (the real handler) turns into one record
+of the tenant's chain with the request's id; reads send nothing."""
 
 import io
 
@@ -10,7 +11,7 @@ from functions.core import audit
 from tests.integration.batch_helpers import line
 
 
-def test_api_actions_are_chained_with_request_ids(client, other_client, keys, stores):
+def test_api_actions_are_chained_with_request_ids(client, other_client, keys, appender):
     created = client.files.with_raw_response.create(file=("in.jsonl", io.BytesIO((line(1) + "\n").encode())),
                                                       purpose="batch")
     file = created.parse()
@@ -24,7 +25,7 @@ def test_api_actions_are_chained_with_request_ids(client, other_client, keys, st
     with pytest.raises(openai.NotFoundError) as refused:
         client.batches.cancel("batch_nope")
 
-    records = stores.audit.records("acme")
+    records = appender.records("acme")
     assert [(r.action, r.target, r.outcome) for r in records] == [
         ("files.create", file.id, "200"),
         ("batches.create", batch_id, "200"),
@@ -39,4 +40,5 @@ def test_api_actions_are_chained_with_request_ids(client, other_client, keys, st
     assert records[3].details["error_code"] == refused.value.code
     assert {r.actor for r in records} == {audit.key_actor(f"Bearer {keys['acme']}")}
     assert audit.verify(records) is None
-    assert stores.audit.records("globex") == []  # one chain per tenant
+    assert appender.records("globex") == []  # one chain per tenant
+    assert appender.drain() == 0  # each intent appended once

@@ -7,20 +7,19 @@ import pytest
 
 from functions.core import audit
 from functions.core.errors import ConditionFailed
-from functions.core.ports import Stores
-from tests.fakes.aws import fake_stores
+from functions.core.ports import AuditStore
+from tests.fakes.aws import FakeAudit, Faults
 
 
 @pytest.fixture(params=["moto", "fake"])
-def ports(request: pytest.FixtureRequest) -> Stores:
+def store(request: pytest.FixtureRequest) -> AuditStore:
     if request.param == "fake":
-        return fake_stores()
-    return request.getfixturevalue("stores")
+        return FakeAudit(Faults())
+    return request.getfixturevalue("appender").chain
 
 
-def test_audit_store_conditions(ports: Stores):
-    store = ports.audit
-    assert store is not None and store.head("acme") is None and store.records("acme") == []
+def test_audit_store_conditions(store: AuditStore):
+    assert store.head("acme") is None and store.records("acme") == [] and store.record("acme", 1) is None
     first = audit.append(store, "acme", at=1, actor="key:abc", action="files.create", outcome="200",
                          details={"bytes": 12, "name": "ünïcode.jsonl"})
     assert store.head("acme") == first
@@ -28,7 +27,8 @@ def test_audit_store_conditions(ports: Stores):
         store.put(audit.link("acme", 1, audit.GENESIS, at=9, actor="x", action="y", outcome="ok"))
     key = audit.receipt_key("batch_1", 0)
     second = audit.append(store, "acme", at=2, actor="worker", action=audit.CHUNK_RECEIPT, outcome="ok", dedupe=key)
-    assert second is not None and store.deduped("acme", key) and not store.deduped("globex", key)
+    assert second is not None and store.dedupe_seq("acme", key) == 2 and store.dedupe_seq("globex", key) is None
+    assert store.record("acme", 2) == second and store.record("globex", 2) is None
     with pytest.raises(ConditionFailed):  # a free seq, a used dedupe key: nothing written
         store.put(audit.link("acme", 3, second.hash, at=3, actor="worker", action="x", outcome="ok"), dedupe=key)
     assert store.head("acme") == second
@@ -57,8 +57,8 @@ def atomic_moto(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(DynamoDBBackend, name, locked)
 
 
-def test_concurrent_appends_on_dynamodb_never_fork(stores: Stores, atomic_moto: None):
-    store = stores.audit
+def test_concurrent_appends_on_dynamodb_never_fork(appender, atomic_moto: None):
+    store = appender.chain
     threads, per_thread = 4, 8
     barrier = threading.Barrier(threads)
     errors: list[BaseException] = []

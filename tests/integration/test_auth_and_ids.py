@@ -6,7 +6,8 @@ import time
 import pytest
 
 from functions.authorizer import handler as authorizer
-from functions.core import auth, ids
+from functions.core import auth, ids, schema
+from functions.core.records import key_id
 from functions.core.errors import AuthenticationFailed
 from infra.local.lambda_context import LocalLambdaContext
 
@@ -19,9 +20,13 @@ def test_keys_are_stored_only_as_hashes(stores, settings):
     key = auth.create_key(stores.keys, "acme", now=1)
     assert key.startswith("sk-") and len(key) > 40
     items = clients.dynamodb_table(settings.table_name).scan()["Items"]
-    assert len(items) == 1
+    # The key item, its listing in the tenant's key partition and its id's lookup item.
+    assert sorted(i["pk"] for i in items) == sorted([
+        schema.key_pk(auth.hash_key(key)), schema.tenant_keys_pk("acme"), schema.key_id_pk(key_id(auth.hash_key(key)))
+    ])
     assert key not in str(items)
-    assert items[0]["key_hash"] == auth.hash_key(key) and items[0]["hint"] == key[-4:]
+    (item,) = [i for i in items if i["pk"] == schema.key_pk(auth.hash_key(key))]
+    assert item["key_hash"] == auth.hash_key(key) and item["hint"] == key[-4:]
 
 
 def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores, clock):

@@ -21,6 +21,7 @@ import pytest
 from functions.core.aws.dynamodb import Table
 from functions.core.aws.repos import BatchRepo
 from functions.core.errors import Throttled, TransactionConflict
+from functions.core.lifecycle import Change
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, ChunkRecord
 from functions.core.settings import Settings
@@ -152,7 +153,7 @@ def test_a_transaction_cancelled_by_its_condition_is_not_retried(faulty: Faulty)
 def test_a_conditional_update_retries_a_conflict_and_applies_once(faulty: Faulty):
     faulty.stores.batches.create(new_batch())
     faulty.faults.fail("UpdateItem", conflict(), times=2)
-    updated = faulty.stores.batches.update("acme", "batch_f1", add={"completed": 3}, expect={"status": "in_progress"})
+    updated = faulty.stores.batches.transition("acme", "batch_f1", Change(add={"completed": 3}, expect={"status": "in_progress"}))
     assert updated.completed == 3 and faulty.faults.calls["UpdateItem"] == 3 and len(faulty.sleeps) == 2
 
 

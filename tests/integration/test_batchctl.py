@@ -32,10 +32,15 @@ def create_stack(name: str, outputs: dict[str, str]) -> None:
 
 
 def stack_outputs(settings: Settings) -> dict[str, str]:
+    """The outputs of a stack of ``settings`` (with governance on, its audit queue, Object Lock
+    bucket and, where the settings name one, KMS signing key)."""
+    audit = {names.OUTPUT_AUDIT_QUEUE: settings.audit_queue_url, names.OUTPUT_AUDIT_BUCKET: settings.audit_bucket_name,
+             names.OUTPUT_AUDIT_KEY: settings.audit_signing_key_id}
     return {
         names.OUTPUT_TABLE: settings.table_name,
         names.OUTPUT_BUCKET: settings.bucket_name,
         names.OUTPUT_API_URL: "https://api.example/prod/",
+        **{name: value for name, value in audit.items() if value},
     }
 
 
@@ -46,9 +51,9 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def stack(aws: None, settings: Settings) -> None:
+def stack(aws: Settings) -> None:
     """The deployed stack (on moto): its outputs name the table the API uses."""
-    create_stack(names.STACK_NAME, stack_outputs(settings))
+    create_stack(names.STACK_NAME, stack_outputs(aws))
 
 
 def sdk(api_url: str, key: str) -> OpenAI:

@@ -9,6 +9,8 @@ from openai.types import Batch, Model
 
 from functions.core import schema
 from tests.helpers import assert_error, assert_openai_shape
+from functions.core.lifecycle import Change
+from tests.builders import set_batch
 
 CHAT = "/v1/chat/completions"
 
@@ -240,7 +242,7 @@ def signals(stores, monkeypatch):
 
 def test_cancel_in_progress_signals_the_workflow_once(client, stores, batch_file, signals):
     batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
-    stores.batches.update("acme", batch.id, values={"status": "in_progress", "task_token": "token-1"})
+    set_batch(stores, "acme", batch.id, status="in_progress", task_token="token-1")
     cancelled = client.batches.cancel(batch.id)
     assert cancelled.status == "cancelling" and cancelled.cancelling_at is not None
     assert signals == [("token-1", {"outcome": "cancel"})]
@@ -251,7 +253,7 @@ def test_cancel_in_progress_signals_the_workflow_once(client, stores, batch_file
 @pytest.mark.parametrize("status", ["cancelling", "finalizing", "completed", "failed", "expired", "cancelled"])
 def test_cancel_of_a_finalizing_or_terminal_batch_returns_it_unchanged(client, stores, batch_file, signals, status):
     batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
-    stores.batches.update("acme", batch.id, values={"status": status, "task_token": "token-1"})
+    set_batch(stores, "acme", batch.id, status=status, task_token="token-1")
     before = client.batches.retrieve(batch.id)
     assert before.status == status
     assert client.batches.cancel(batch.id) == before
@@ -262,17 +264,17 @@ def test_cancel_of_a_finalizing_or_terminal_batch_returns_it_unchanged(client, s
 def test_cancel_racing_the_workflow_returns_the_batch_as_it_moved_on(client, stores, batch_file, signals, monkeypatch):
     """The batch moves to finalizing (expiry) between cancel's read and its conditional write."""
     batch = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h")
-    stores.batches.update("acme", batch.id, values={"status": "in_progress", "task_token": "token-1"})
-    update = stores.batches.update
+    set_batch(stores, "acme", batch.id, status="in_progress", task_token="token-1")
+    transition = stores.batches.transition
 
-    def racing(tenant, batch_id, **kwargs):
-        update(tenant, batch_id, values={"status": "finalizing", "finalizing_at": 1_234})
-        return update(tenant, batch_id, **kwargs)
+    def racing(tenant, batch_id, change, **kwargs):
+        transition(tenant, batch_id, Change(values={"status": "finalizing", "finalizing_at": 1_234}))  # the expiry's
+        return transition(tenant, batch_id, change, **kwargs)
 
-    monkeypatch.setattr(stores.batches, "update", racing)
+    monkeypatch.setattr(stores.batches, "transition", racing)
     answer = client.batches.cancel(batch.id)
     assert answer.status == "finalizing" and answer.finalizing_at == 1_234 and answer.cancelling_at is None
-    monkeypatch.setattr(stores.batches, "update", update)
+    monkeypatch.setattr(stores.batches, "transition", transition)
     assert client.batches.retrieve(batch.id) == answer
     assert signals == []
 

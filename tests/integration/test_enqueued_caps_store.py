@@ -1,13 +1,14 @@
 """The enqueued-cap transactions (docs/governance.md) on the DynamoDB adapter (moto) and the fake,
-held to one contract: ``reserve`` moves the batch and ADDs to its (tenant, model) counter in one
-transaction, never past a cap and never twice; the write that makes the batch terminal (``update``
-or ``finish``) releases the reservation in the same transaction, exactly once; a batch without a
-reservation ends as before."""
+held to one contract: ``lifecycle.start`` with a reservation moves the batch and ADDs to its
+(tenant, model) counter in one transaction, never past a cap and never twice; the write that makes
+the batch terminal (a lone one, or one with its files) releases the reservation in the same
+transaction, exactly once (``lifecycle.settle``); a batch without a reservation ends as before."""
 
 import pytest
 
-from functions.core import schema
+from functions.core import lifecycle, schema
 from functions.core.errors import ConditionFailed
+from functions.core.lifecycle import Change
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.tenants import Reservation
@@ -34,70 +35,71 @@ def held(requests: int, tokens: int) -> Reservation:
     return Reservation(tenant="acme", model="m", requests=requests, tokens=tokens, max_requests=10, max_tokens=1000)
 
 
-MOVE = {"status": "in_progress", "in_progress_at": 150, "model": "m", "accepting": True}
+def reserve(ports: Stores, batch_id: str, reservation: Reservation) -> BatchRecord:
+    return ports.batches.transition("acme", batch_id, lifecycle.start(150, values={"model": "m"}, reservation=reservation))
 
 
 def test_reserve_moves_and_counts_in_one_transaction_and_never_twice(ports: Stores):
     ports.batches.create(new_batch("b1"))
-    moved = ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    moved = reserve(ports, "b1", held(4, 600))
     assert (moved.status, moved.reserved_model, moved.reserved_requests, moved.reserved_tokens, moved.holds_reservation) == (
         "in_progress", "m", 4, 600, True)
     assert ports.batches.enqueued("acme", "m") == (4, 600)
     with pytest.raises(ConditionFailed):  # a duplicate ingest: the batch is no longer validating
-        ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+        reserve(ports, "b1", held(4, 600))
     assert ports.batches.enqueued("acme", "m") == (4, 600)
 
 
 def test_reserve_never_passes_a_cap_and_a_refusal_writes_nothing(ports: Stores):
     ports.batches.create(new_batch("b1"))
     ports.batches.create(new_batch("b2"))
-    ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
+    reserve(ports, "b1", held(4, 600))
     with pytest.raises(ConditionFailed):  # 600 + 401 > 1000
-        ports.batches.reserve("acme", "b2", values=MOVE, expect={"status": "validating"}, reservation=held(1, 401))
+        reserve(ports, "b2", held(1, 401))
     with pytest.raises(ConditionFailed):  # 4 + 7 > 10
-        ports.batches.reserve("acme", "b2", values=MOVE, expect={"status": "validating"}, reservation=held(7, 1))
+        reserve(ports, "b2", held(7, 1))
     assert ports.batches.get("acme", "b2").status == "validating"
     assert ports.batches.enqueued("acme", "m") == (4, 600)
-    ports.batches.reserve("acme", "b2", values=MOVE, expect={"status": "validating"}, reservation=held(6, 400))  # exactly at both caps
+    reserve(ports, "b2", held(6, 400))  # exactly at both caps
     assert ports.batches.enqueued("acme", "m") == (10, 1000)
 
 
 def test_a_terminal_update_releases_once(ports: Stores):
     ports.batches.create(new_batch("b1"))
-    ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
-    done = ports.batches.update("acme", "b1", values={"status": "failed", "failed_at": 160, "accepting": False},
-                                expect={"status": ("in_progress", "cancelling", "finalizing")})
+    reserve(ports, "b1", held(4, 600))
+    done = ports.batches.transition("acme", "b1", lifecycle.fail_without_files(160, []))
     assert (done.status, done.holds_reservation, done.reserved_tokens) == ("failed", None, 600)
     assert ports.batches.enqueued("acme", "m") == (0, 0)
     with pytest.raises(ConditionFailed):  # its own condition still decides
-        ports.batches.update("acme", "b1", values={"status": "failed", "failed_at": 170},
-                             expect={"status": ("in_progress", "cancelling", "finalizing")})
+        ports.batches.transition("acme", "b1", lifecycle.fail_without_files(170, []))
     # a terminal write without a status condition: written, nothing released again
-    ports.batches.update("acme", "b1", values={"status": "failed", "failed_at": 180})
+    ports.batches.transition("acme", "b1", Change(values={"status": "failed"}, defaults={"failed_at": 180}))
     assert ports.batches.enqueued("acme", "m") == (0, 0)
 
 
 def test_finish_creates_the_files_and_releases_once(ports: Stores):
     ports.batches.create(new_batch("b1"))
-    ports.batches.reserve("acme", "b1", values=MOVE, expect={"status": "validating"}, reservation=held(4, 600))
-    ports.batches.update("acme", "b1", values={"status": "finalizing", "accepting": False}, expect={"status": "in_progress"})
+    reserve(ports, "b1", held(4, 600))
+    ports.batches.transition("acme", "b1", lifecycle.close(160, closed_for="complete", planned_output_file_id="file-out",
+                                                           planned_error_file_id="file-err", finalizing=True))
     out = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3, created_at=1,
                      s3_key=schema.file_key("acme", "file-out"))
-    final = {"status": "completed", "completed_at": 170, "output_file_id": "file-out"}
-    ports.batches.finish("acme", "b1", [out], final, expect={"status": "finalizing", "accepting": False})
+    final = lifecycle.finish(170, status="completed", closed_from="finalizing", values={"output_file_id": "file-out"})
+    ports.batches.transition("acme", "b1", final, files=[out])
     assert ports.batches.enqueued("acme", "m") == (0, 0)
     assert ports.files.get("acme", "file-out", now=2) is not None
-    ports.batches.finish("acme", "b1", [out], final, expect={"status": ("finalizing", "completed")})  # a retried finish
+    retried = Change(values=final.values, expect={"status": ("finalizing", "completed")})  # a retried finish
+    ports.batches.transition("acme", "b1", retried, files=[out])
     assert ports.batches.enqueued("acme", "m") == (0, 0)
     assert ports.batches.get("acme", "b1").status == "completed"
 
 
 def test_a_batch_without_a_reservation_ends_as_before(ports: Stores):
     ports.batches.create(new_batch("b1", status="in_progress"))
-    done = ports.batches.update("acme", "b1", values={"status": "cancelled", "cancelled_at": 9}, expect={"status": "in_progress"})
-    assert done.status == "cancelled" and ports.batches.enqueued("acme", "m") == (0, 0)
+    done = ports.batches.transition("acme", "b1", lifecycle.fail_without_files(9, []))
+    assert done.status == "failed" and ports.batches.enqueued("acme", "m") == (0, 0)
     with pytest.raises(ConditionFailed):
-        ports.batches.update("acme", "b1", values={"status": "cancelled"}, expect={"status": "in_progress"})
+        ports.batches.transition("acme", "b1", lifecycle.fail_without_files(10, []))
 
 
 def test_count_chunk_charges_the_budget_in_the_same_transaction_once(ports: Stores):
@@ -112,8 +114,8 @@ def test_count_chunk_charges_the_budget_in_the_same_transaction_once(ports: Stor
     assert ports.batches.count_chunk(marker(0))
     assert not ports.batches.count_chunk(marker(0))  # a duplicate: neither counted nor charged
     assert ports.batches.count_chunk(marker(1, budget=None))  # no budget: not charged
-    assert ports.batches.budget_used("acme", "MONTH#2026-12") == 30
-    ports.batches.update("acme", "b1", values={"accepting": False})
+    assert ports.batches.budget_used("acme", "MONTH#2026-12").output_tokens == 30
+    ports.batches.transition("acme", "b1", Change(values={"accepting": False}))
     assert not ports.batches.count_chunk(marker(2))  # a late chunk: not charged either
-    assert ports.batches.budget_used("acme", "MONTH#2026-12") == 30
+    assert ports.batches.budget_used("acme", "MONTH#2026-12").output_tokens == 30
     assert ports.batches.get("acme", "b1").output_tokens == 60

@@ -31,6 +31,7 @@ from tests.fakes.engine import InProcessEngine
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 from tests.integration.test_aws_faults import cancelled
 from tests.integration.worker.harness import run_one_chunk
+from tests.builders import set_batch
 
 
 class BotocoreFaults:
@@ -65,7 +66,7 @@ def one_chunk_batch(client: Any, stores: Stores, deployed: Any, token: str | Non
     run_ingest()
     (message,) = take_work(deployed)
     if token is not None:
-        stores.batches.update("acme", batch.id, values={"task_token": token})
+        set_batch(stores, "acme", batch.id, task_token=token)
     return batch, message
 
 
@@ -113,17 +114,17 @@ def test_ingest_redelivered_after_the_start_meets_execution_already_exists_and_f
     batch = submit(client, (line(0) + "\n" + line(1) + "\n").encode())
     # The first ingest moves the batch on, sends its work and starts its workflow, then dies
     # before marking the batch enqueued (a non-transient error on that last write).
-    real_update = stores.batches.update
+    real_transition = stores.batches.transition
     calls = Counter()
 
-    def update(*args: Any, **kwargs: Any):
-        if (kwargs.get("values") or {}).get("enqueued"):
+    def transition(tenant: str, batch_id: str, change: Any, **kwargs: Any):
+        if change.values.get("enqueued"):
             calls["enqueued"] += 1
             if calls["enqueued"] == 1:
                 raise RuntimeError("the ingest Lambda died here")
-        return real_update(*args, **kwargs)
+        return real_transition(tenant, batch_id, change, **kwargs)
 
-    stores.batches.update = update  # type: ignore[method-assign]
+    stores.batches.transition = transition  # type: ignore[method-assign]
     try:
         with pytest.raises(RuntimeError):
             ingest_logic.ingest(stores, deployed, "acme", batch.id, now=batch.created_at + 1)
@@ -132,7 +133,7 @@ def test_ingest_redelivered_after_the_start_meets_execution_already_exists_and_f
         sfn.error("StartExecution", "ExecutionAlreadyExists", f"Execution Already Exists: '{batch.id}'")
         status = ingest_logic.ingest(stores, deployed, "acme", batch.id, now=batch.created_at + 120)
     finally:
-        stores.batches.update = real_update  # type: ignore[method-assign]
+        stores.batches.transition = real_transition  # type: ignore[method-assign]
     assert status == "in_progress"
     assert sfn.calls["StartExecution"] == 2 and table.calls["UpdateItem"] >= 1
     record = stores.batches.get("acme", batch.id)

@@ -45,7 +45,7 @@ def test_a_used_up_budget_with_reject_is_429_insufficient_quota(client, other_cl
     assert stores.batches.count_chunk(ChunkRecord(tenant="acme", batch_id="b0", chunk=0, attempt="a", completed=1,
                                                   failed=0, output_tokens=10, recorded_at=NOW, expires_at=10**10,
                                                   budget_period="month"))
-    assert stores.batches.budget_used("acme", budget_sk("month", NOW)) == 10
+    assert stores.batches.budget_used("acme", budget_sk("month", NOW)).output_tokens == 10
 
     with pytest.raises(openai.RateLimitError) as info:
         submit(client, content)

@@ -120,7 +120,7 @@ class HttpEngine:
         self.url = url
 
     async def post(self, path, body):
-        from gpu_worker.engine import EngineClient
+        from gpu_worker.engine_client import EngineClient
 
         async with EngineClient(self.url, max_in_flight=4) as engine:
             return await engine.post(path, body)

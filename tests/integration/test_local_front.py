@@ -286,7 +286,8 @@ def broken(event, context):
     [
         (allow, [], 401, "invalid_request_error", "invalid_api_key"),  # no identity source: no authorizer call
         (unauthorized, [("Authorization", "Bearer bad")], 401, "invalid_request_error", "invalid_api_key"),
-        (deny, [("Authorization", "Bearer bad")], 401, "invalid_request_error", "invalid_api_key"),
+        # The authorizer denies only a disabled tenant's key: OpenAI's deactivated-account answer.
+        (deny, [("Authorization", "Bearer bad")], 401, "invalid_request_error", "account_deactivated"),
         (broken, [("Authorization", "Bearer k")], 500, "server_error", None),
     ],
     ids=["missing", "unauthorized", "deny", "authorizer-fails"],

@@ -4,7 +4,9 @@ behind, queue receipts). A fake that is kinder than the adapter fails here."""
 
 import pytest
 
+from functions.core import lifecycle
 from functions.core.errors import ConditionFailed
+from functions.core.lifecycle import Change
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, ChunkRecord, FileRecord
 from tests.fakes.aws import fake_stores
@@ -38,26 +40,26 @@ def marker(chunk: int, completed: int = 2) -> ChunkRecord:
                        input_tokens=7, recorded_at=1, expires_at=10**10)
 
 
-def test_batch_update_conditions(ports: Stores):
+def test_batch_transition_conditions(ports: Stores):
     ports.batches.create(new_batch())
     with pytest.raises(ConditionFailed):
         ports.batches.create(new_batch())
-    updated = ports.batches.update("acme", "batch_c1", values={"status": "cancelling"}, defaults={"cancelling_at": 5},
-                                   expect={"status": ("in_progress", "validating")})
+    updated = ports.batches.transition("acme", "batch_c1", Change(values={"status": "cancelling"}, defaults={"cancelling_at": 5},
+                                                                  expect={"status": ("in_progress", "validating")}))
     assert (updated.status, updated.cancelling_at) == ("cancelling", 5)
-    again = ports.batches.update("acme", "batch_c1", defaults={"cancelling_at": 9}, add={"started_chunks": {1}})
+    again = ports.batches.transition("acme", "batch_c1", Change(defaults={"cancelling_at": 9}, add={"started_chunks": {1}}))
     assert again.cancelling_at == 5 and again.started_chunks == {1}
-    again = ports.batches.update("acme", "batch_c1", add={"started_chunks": {1, 2}, "completed": 3})
+    again = ports.batches.transition("acme", "batch_c1", Change(add={"started_chunks": {1, 2}, "completed": 3}))
     assert again.started_chunks == {1, 2} and again.completed == 3
     with pytest.raises(ConditionFailed):
-        ports.batches.update("acme", "batch_c1", values={"status": "failed"}, expect={"status": "in_progress"})
+        ports.batches.transition("acme", "batch_c1", Change(values={"status": "failed"}, expect={"status": "in_progress"}))
     with pytest.raises(ConditionFailed):  # absent attribute expected, present
-        ports.batches.update("acme", "batch_c1", values={"model": "x"}, expect={"cancelling_at": None})
-    with pytest.raises(ConditionFailed):  # no such batch: never created by an update
-        ports.batches.update("acme", "nope", values={"status": "failed"})
+        ports.batches.transition("acme", "batch_c1", Change(values={"model": "x"}, expect={"cancelling_at": None}))
+    with pytest.raises(ConditionFailed):  # no such batch: never created by a transition
+        ports.batches.transition("acme", "nope", Change(values={"status": "failed"}))
     assert ports.batches.get("acme", "nope") is None
     assert ports.batches.get("globex", "batch_c1") is None  # keyed by tenant
-    removed = ports.batches.update("acme", "batch_c1", remove=("cancelling_at",), expect={"cancelling_at": 5})
+    removed = ports.batches.transition("acme", "batch_c1", Change(remove=("cancelling_at",), expect={"cancelling_at": 5}))
     assert removed.cancelling_at is None
 
 
@@ -69,7 +71,7 @@ def test_a_chunk_counts_once_and_only_while_accepting(ports: Stores):
     assert (batch.completed, batch.failed, batch.input_tokens, batch.chunks_done) == (2, 1, 7, 1)
     assert ports.batches.counted_chunk("acme", "batch_c1", 0).completed == 2
     assert ports.batches.counted_chunk("acme", "batch_c1", 1) is None
-    ports.batches.update("acme", "batch_c1", values={"accepting": False})
+    ports.batches.transition("acme", "batch_c1", Change(values={"accepting": False}))
     assert not ports.batches.count_chunk(marker(1))
     assert ports.batches.counted_chunk("acme", "batch_c1", 1) is None  # the marker rolled back with it
     assert set(ports.batches.counted_chunks("acme", "batch_c1")) == {0}
@@ -97,9 +99,11 @@ def test_finish_is_atomic(ports: Stores):
     f = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3,
                    created_at=1, expires_at=10**10, s3_key="files/acme/file-out")
     with pytest.raises(ConditionFailed):
-        ports.batches.finish("acme", "batch_c1", [f], {"status": "completed"}, expect={"status": "finalizing"})
+        ports.batches.transition("acme", "batch_c1", lifecycle.finish(1, status="completed", closed_from="finalizing", values={}),
+                                 files=[f])
     assert ports.files.get("acme", "file-out", now=2) is None  # no file without the status
-    ports.batches.finish("acme", "batch_c1", [f], {"status": "completed"}, expect={"status": "in_progress"})
+    ports.batches.transition("acme", "batch_c1", lifecycle.finish(1, status="completed", closed_from="in_progress", values={}),
+                             files=[f])
     assert ports.files.get("acme", "file-out", now=2) is not None
     assert ports.batches.get("acme", "batch_c1").status == "completed"
 
@@ -186,7 +190,7 @@ def test_a_chunk_run_record_is_written_optimistically(ports: Stores):
 
 def test_open_batches_lists_exactly_the_batches_not_terminal(ports: Stores):
     """The sweeper's index: a batch is listed from its creation until the write that makes it
-    terminal, whether that is an update (ingest, cancel, fail) or a finish (finalize)."""
+    terminal, whether a lone write (ingest, cancel, fail) or one with its files (finalize)."""
     ports.batches.create(new_batch(id="batch_v", status="validating", expires_at=300))
     ports.batches.create(new_batch(id="batch_r", expires_at=100))
     ports.batches.create(new_batch(id="batch_f", accepting=False))
@@ -194,11 +198,11 @@ def test_open_batches_lists_exactly_the_batches_not_terminal(ports: Stores):
     ports.batches.create(new_batch(id="batch_done", status="completed"))  # created terminal: never listed
     # oldest expiry first: 100, 200, 250, 300
     assert ports.batches.open_batches() == [("acme", "batch_r"), ("acme", "batch_f"), ("globex", "batch_g"), ("acme", "batch_v")]
-    ports.batches.update("acme", "batch_r", values={"accepting": False})  # not terminal: still listed
-    ports.batches.update("acme", "batch_v", values={"status": "failed", "failed_at": 1}, expect={"status": "validating"})
-    ports.batches.finish("acme", "batch_f", [], {"status": "completed", "completed_at": 2}, {"accepting": False})
+    ports.batches.transition("acme", "batch_r", Change(values={"accepting": False}))  # not terminal: still listed
+    ports.batches.transition("acme", "batch_v", lifecycle.refuse(1, []))
+    ports.batches.transition("acme", "batch_f", lifecycle.finish(2, status="completed", closed_from="in_progress", values={}))
     assert ports.batches.open_batches() == [("acme", "batch_r"), ("globex", "batch_g")]
-    ports.batches.update("globex", "batch_g", values={"status": "cancelled", "cancelled_at": 3})
+    ports.batches.transition("globex", "batch_g", lifecycle.fail_without_files(3, []))
     assert ports.batches.open_batches() == [("acme", "batch_r")]
     # a terminal batch read back carries none of the index's attributes as fields
     assert ports.batches.get("acme", "batch_v").status == "failed"

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from gpu_worker.chunk import RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine, rejecting
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 

@@ -1,7 +1,7 @@
 """Chunk receipts under the AWS wiring (``stores_from_settings`` on moto, the local deployment's
-stores): governance on, a counted chunk appends one ``chunk.receipt`` to its tenant's audit chain,
-and a redelivery of it appends none; governance off, the stores keep no chain and nothing is
-appended (docs/audit.md)."""
+stores): governance on, a counted chunk sends one ``chunk.receipt`` intent to the audit queue and
+the appender (the real handler) appends it to its tenant's chain, once however often the chunk is
+delivered; governance off, the stores keep no chain and nothing is sent (docs/audit.md)."""
 
 import hashlib
 
@@ -23,12 +23,13 @@ TENANT, BATCH, NOW = "acme", "batch_abc", 1_000
 
 @pytest.fixture
 def deployed_settings():
+    """The resources as the local deployment creates them with governance off."""
     from infra.local.resources import create_resources
 
     with mock_aws():
         clients.reset()
         yield create_resources(
-            TEST_SETTINGS, clients.client, prefix=PREFIX,
+            TEST_SETTINGS.model_copy(update={"governance": False}), clients.client, prefix=PREFIX,
             workflow_function_arn="arn:aws:lambda:us-east-1:123456789012:function:batch-api-test-workflow",
         )
         clients.reset()
@@ -49,28 +50,32 @@ def _one_chunk_batch(settings: Settings) -> tuple[WorkMessage, "object"]:
     return message, stores
 
 
-def test_governance_on_a_counted_chunk_appends_one_receipt(deployed_settings):
-    assert deployed_settings.governance  # the local deployment's default
-    message, stores = _one_chunk_batch(deployed_settings)
+def test_governance_on_a_counted_chunk_appends_one_receipt(aws, appender):
+    assert aws.governance  # the local deployment's default
+    message, stores = _one_chunk_batch(aws)
     assert stores.receipts is not None
     assert run_one_chunk(stores, message).outcome.counted
-    assert run_one_chunk(stores, message).skipped  # a redelivery: no second receipt
+    assert run_one_chunk(stores, message).skipped  # a redelivery: its receipt is sent again, appended once
 
-    (receipt,) = stores.receipts.records(TENANT)
+    (receipt,) = appender.records(TENANT)
     assert audit.verify([receipt]) is None
     assert (receipt.action, receipt.actor, receipt.target) == (audit.CHUNK_RECEIPT, audit.WORKER, BATCH)
     marker = stores.batches.counted_chunk(TENANT, BATCH, 0)
     assert receipt.details["attempt"] == marker.attempt and receipt.details["completed"] == 2
     out = stores.objects.get(schema.chunk_part_key(TENANT, BATCH, 0, marker.attempt, "out"))
     assert receipt.details["out_sha256"] == hashlib.sha256(out).hexdigest()
-    # The API's chain is the same one (one chain per tenant).
-    assert stores.audit.records(TENANT) == [receipt]
+    # The API's log is the same one (one chain per tenant).
+    assert stores.audit is stores.receipts
 
 
 def test_governance_off_appends_no_receipt(deployed_settings):
+    from functions.core.aws.audit import AuditRepo
+    from functions.core.aws.dynamodb import Table
+
     settings = deployed_settings.model_copy(update={"governance": False})
+    assert settings.audit_queue_url == ""  # created with governance off: no audit queue
     message, stores = _one_chunk_batch(settings)
     assert stores.receipts is None and stores.audit is None
     assert run_one_chunk(stores, message).outcome.counted
-    # Nothing in the audit partition (read with the governed wiring's repo, on the same table).
-    assert stores_from_settings(deployed_settings).audit.records(TENANT) == []
+    # Nothing in the audit partition.
+    assert AuditRepo(Table(clients.dynamodb_table(settings.table_name))).records(TENANT) == []

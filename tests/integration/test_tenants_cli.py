@@ -28,8 +28,8 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def stack(aws: None, settings) -> None:
-    create_stack(names.STACK_NAME, stack_outputs(settings))
+def stack(aws) -> None:
+    create_stack(names.STACK_NAME, stack_outputs(aws))
 
 
 def test_get_without_a_record_prints_the_defaults(stack: None, env: dict[str, str]) -> None:
@@ -95,3 +95,26 @@ def test_bad_values_exit_2(argv: list[str], env: dict[str, str], capsys) -> None
         cli.main(["tenants", "set", "--tenant", "acme", *argv], env=env)
     assert info.value.code == 2
     assert capsys.readouterr().err
+
+
+def test_set_takes_the_line_bounds_the_input_budget_and_the_output_reservation(stack: None, env: dict[str, str], stores) -> None:
+    code, out, err = run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "4", "--line-max-output-tokens", "2048",
+                             "--input-token-budget", "500000", "--reserve-output-tokens", "on", env=env)
+    assert code == 0, err
+    policy = stores.tenants.get("acme")
+    assert (policy.line_bounds.max_n, policy.line_bounds.max_output_tokens, policy.line_bounds.max_inputs) == (4, 2048, None)
+    assert (policy.input_token_budget, policy.reserve_output_tokens) == (500_000, True)
+    run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "none", "--line-max-inputs", "16", env=env)
+    bounds = stores.tenants.get("acme").line_bounds
+    assert (bounds.max_n, bounds.max_inputs, bounds.max_output_tokens) == (None, 16, 2048)  # only what was given changed
+
+
+def test_a_zero_line_bound_is_an_invalid_policy(env: dict[str, str], stack: None) -> None:
+    code, _, err = run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "0", env=env)
+    assert code == 2 and "invalid policy" in err
+
+
+def test_reserve_output_tokens_takes_on_or_off_only(env: dict[str, str], capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["tenants", "set", "--tenant", "acme", "--reserve-output-tokens", "yes"], env=env)
+    assert info.value.code == 2 and "expected on or off" in capsys.readouterr().err

@@ -5,6 +5,7 @@ read from the counter items the API, ingest and the count write (moto)."""
 import json
 import time
 
+from functions.core import lifecycle
 from functions.core.records import BatchRecord, ChunkRecord
 from functions.core.tenants import Reservation, TenantPolicy, budget_sk
 from tests.integration.test_tenants_cli import env, run_cli, stack  # noqa: F401 (fixtures)
@@ -14,9 +15,8 @@ def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], s
     stores.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"test-chat": 5000}, output_token_budget=900))
     stores.batches.create(BatchRecord(tenant="acme", id="b1", input_file_id="f", endpoint="/v1/chat/completions",
                                       completion_window="24h", created_at=1, expires_at=10**10, input_key="k"))
-    stores.batches.reserve("acme", "b1", values={"status": "in_progress", "accepting": True, "chunk_count": 1},
-                           expect={"status": "validating"},
-                           reservation=Reservation(tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000))
+    stores.batches.transition("acme", "b1", lifecycle.start(1, values={"chunk_count": 1}, reservation=Reservation(
+        tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000)))
     now = int(time.time())
     stores.batches.count_chunk(ChunkRecord(tenant="acme", batch_id="b1", chunk=0, attempt="a", completed=3, failed=0,
                                            output_tokens=42, recorded_at=now, expires_at=10**10, budget_period="month"))
@@ -24,10 +24,11 @@ def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], s
     assert code == 0, err
     usage = json.loads(out)["usage"]
     assert usage["enqueued"] == {"test-chat": {"requests": 3, "tokens": 120}}
-    assert usage["budget"] == {"period": budget_sk("month", now), "output_tokens": 42}
+    assert usage["budget"] == {"period": budget_sk("month", now), "output_tokens": 42, "input_tokens": 0}
 
 
-def test_get_of_a_tenant_without_limits_reads_no_counter(stack: None, env: dict[str, str]) -> None:  # noqa: F811
+def test_get_of_a_tenant_without_limits_shows_only_its_stored_bytes(stack: None, env: dict[str, str]) -> None:  # noqa: F811
+    # Every tenant's stored bytes are counted (a quota set later starts from what it holds).
     code, out, err = run_cli("tenants", "get", "--tenant", "nobody", env=env)
     assert code == 0, err
-    assert json.loads(out)["usage"] == {"enqueued": {}}
+    assert json.loads(out)["usage"] == {"enqueued": {}, "stored_bytes": 0}

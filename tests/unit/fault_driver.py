@@ -5,7 +5,7 @@ assert where the batch ends:
 - ingest (``functions.ingest.logic.ingest``) runs on the S3 event; SQS redelivers an event whose
   processing raised or was killed, up to ``names.INGEST_MAX_RECEIVES`` receives, then
   dead-letters it to the ingest DLQ's consumer (``functions.ingest.dead_letters``);
-- the GPU worker's chunk path (``gpu_worker.chunk.process_chunk``) runs message by message off the
+- the GPU worker's chunk path (``gpu_worker.chunk.ChunkRunner``) runs message by message off the
   fake work queue, as the worker loop does: delete on success, release on an exception, nothing on
   a SIGKILL (the message comes back when its visibility ends); after ``names.WORK_MAX_RECEIVES``
   receives SQS dead-letters it and the DLQ handler (``functions.dlq.logic.fail_chunk``) fails it;
@@ -44,7 +44,7 @@ from functions.ingest.dead_letters import handle_dead_letter
 from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.aws import FakeStores, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 

@@ -3,8 +3,9 @@ chunks; the last chunk (or its duplicate) signals; faults at the store propagate
 
 import pytest
 
+from functions.core import lifecycle
 from functions.core import accounting
-from functions.core.accounting import Signal
+from functions.core.lifecycle import Signal
 from functions.core.errors import Throttled
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
@@ -88,7 +89,7 @@ def test_start_chunk_is_one_conditional_write():
     stores.batches.put(batch())
     started = accounting.start_chunk(stores, message(1))
     assert started is not None and started.started_chunks == {1}
-    assert stores.faults.calls["batches.update"] == 1 and stores.faults.calls["batches.get"] == 0
+    assert stores.faults.calls["batches.transition"] == 1 and stores.faults.calls["batches.get"] == 0
     stores.batches.put(batch(status="cancelling"))
     assert accounting.start_chunk(stores, message(0)) is None
     assert accounting.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is None
@@ -107,7 +108,7 @@ def test_a_store_fault_while_counting_propagates_and_counts_nothing(fault):
 
 def test_signal_vocabulary():
     assert [s.output() for s in Signal] == [{"outcome": "complete"}, {"outcome": "cancel"}, {"outcome": "expire"}]
-    assert accounting.event_type("completed") == "batch.completed"
+    assert lifecycle.event_type("completed") == "batch.completed"
 
 
 # --- the chunk's run record: its poison budget ----------------------------------------------------

@@ -245,7 +245,7 @@ def test_endpoint_and_window_come_from_the_settings(stores, change, param):
 
 
 def set_status(stores, batch_id, status, token="token-1"):
-    stores.batches.update("acme", batch_id, values={"status": status, "task_token": token})
+    stores.batches.set("acme", batch_id, status=status, task_token=token)
 
 
 @pytest.mark.parametrize("status", ["validating", "in_progress"])
@@ -272,19 +272,19 @@ def test_cancel_returns_a_finalizing_or_terminal_batch_unchanged(stores, status)
     assert batches.cancel_batch(stores, "acme", batch.id, now=NOW) == before
     assert batches.get_batch(stores, "acme", batch.id) == before
     assert stores.workflows.signals == []
-    assert stores.faults.calls["batches.update"] == 1  # only set_status wrote
+    assert stores.faults.calls["batches.transition"] == 0  # nothing written (set_status is setup)
 
 
 def test_cancel_losing_its_conditional_write_returns_the_batch_as_it_is(stores, monkeypatch):
     batch = new_batch(stores)
     set_status(stores, batch.id, "in_progress")
-    update = stores.batches.update
+    transition = stores.batches.transition
 
-    def expired_meanwhile(tenant, batch_id, **kwargs):
-        update(tenant, batch_id, values={"status": "finalizing", "finalizing_at": NOW + 1})
-        return update(tenant, batch_id, **kwargs)
+    def expired_meanwhile(tenant, batch_id, change, **kwargs):
+        stores.batches.set(tenant, batch_id, status="finalizing", finalizing_at=NOW + 1)
+        return transition(tenant, batch_id, change, **kwargs)
 
-    monkeypatch.setattr(stores.batches, "update", expired_meanwhile)
+    monkeypatch.setattr(stores.batches, "transition", expired_meanwhile)
     answer = batches.cancel_batch(stores, "acme", batch.id, now=NOW + 2)
     assert (answer.status, answer.finalizing_at, answer.cancelling_at) == ("finalizing", NOW + 1, None)
     assert stores.workflows.signals == []

@@ -1,6 +1,7 @@
-"""Chunk receipts (functions.core.audit.append_receipt via accounting): one per counted chunk,
-however often the chunk is recorded or redelivered; an append that fails after the count keeps
-the count, and the redelivered message appends the receipt."""
+"""Chunk receipts (functions.core.audit.append_receipt via accounting, appended by the appender's
+logic in the fake audit log): one per counted chunk, however often the chunk is recorded or
+redelivered; a send that fails after the count keeps the count, and the redelivered message sends
+the receipt again."""
 
 import hashlib
 
@@ -53,10 +54,10 @@ def test_a_chunk_not_counted_gets_no_receipt():
     assert receipts(stores) == []
 
 
-def test_a_failed_append_keeps_the_count_and_the_redelivery_appends_the_receipt():
+def test_a_failed_send_keeps_the_count_and_the_redelivery_sends_the_receipt():
     stores = fake_stores()
     stores.batches.put(batch(chunk_count=1))
-    stores.faults.fail("audit.put", throttle())  # DynamoDB throttled past the SDK retries
+    stores.faults.fail("audit.record", throttle())  # SQS throttled past the SDK retries
     with pytest.raises(Throttled):
         accounting.record_chunk(stores, message(0), parts=write_parts(stores, 0, "a0"), usage=accounting.Usage(),
                                 now=5)

@@ -7,12 +7,14 @@ never sent; the chunk is still counted exactly once and charges only what ran.""
 import asyncio
 import json
 
+from functions.core.budgets import BudgetCaps
 from functions.core import schema, tenants
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.tenants import TenantPolicy
 from gpu_worker.budget import BudgetWatch
-from gpu_worker.chunk import Admission, process_chunk
+from gpu_worker.admission import Admission
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
 from tests.unit.test_output_budget import MONTH, NOW, ingested
@@ -25,6 +27,7 @@ async def direct(fn, *args, **kwargs):
 
 
 def seed(stores, n: int, *, budget_stop: int | None, batch_id: str = "batch_1") -> WorkMessage:
+    caps = BudgetCaps(output_tokens=budget_stop) if budget_stop is not None else None
     lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
                          "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"line {i}"}]}}) + "\n"
              for i in range(n)]
@@ -34,11 +37,11 @@ def seed(stores, n: int, *, budget_stop: int | None, batch_id: str = "batch_1") 
     stores.batches.put(BatchRecord(
         tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
         created_at=NOW, expires_at=NOW + 86_400, status="in_progress", accepting=True, enqueued=True,
-        total=n, chunk_count=1, input_key=key, model="test-chat", budget_period="month", budget_stop=budget_stop,
+        total=n, chunk_count=1, input_key=key, model="test-chat", budget_period="month", budget_stop=caps,
     ))
     message = WorkMessage(batch_id=batch_id, tenant="acme", chunk=0, input_key=key, byte_start=0, byte_end=len(data),
                           first_line=1, line_count=n, endpoint=CHAT, model="test-chat", expires_at=NOW + 86_400,
-                          budget_period="month", budget_stop=budget_stop)
+                          budget_period="month", budget_stop=caps)
     return WorkMessage.model_validate_json(message.model_dump_json(exclude_none=True))  # as SQS delivers it
 
 
@@ -60,8 +63,8 @@ def test_ingest_snapshots_a_stop_budget_into_the_work_messages_and_a_reject_budg
     stores = fake_stores()
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=500, budget_action="stop"))
     batch = ingested(stores)
-    assert batch.budget_stop == 500
-    assert {WorkMessage.model_validate_json(b).budget_stop for b in stores.queues.queue("q-m").bodies()} == {500}
+    assert batch.budget_stop == BudgetCaps(output_tokens=500)
+    assert {WorkMessage.model_validate_json(b).budget_stop for b in stores.queues.queue("q-m").bodies()} == {BudgetCaps(output_tokens=500)}
 
     stores = fake_stores()
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=500, budget_action="reject"))
@@ -71,7 +74,7 @@ def test_ingest_snapshots_a_stop_budget_into_the_work_messages_and_a_reject_budg
 
 def test_a_used_up_budget_sends_no_line_and_the_chunk_still_counts_once():
     stores = fake_stores()
-    stores.batches.budgets[("acme", MONTH)] = 100
+    stores.batches.charge("acme", MONTH, output_tokens=100)
     message = seed(stores, 4, budget_stop=100)
     engine = InProcessEngine()
     report = run(stores, message, engine, BudgetWatch(stores, direct, now=lambda: NOW))
@@ -80,7 +83,7 @@ def test_a_used_up_budget_sends_no_line_and_the_chunk_still_counts_once():
     err = parts(stores)["err"]
     assert [(e["custom_id"], e["error"]["code"]) for e in err] == [(f"req-{i}", tenants.BUDGET_EXCEEDED) for i in range(4)]
     assert "100 tokens per month" in err[0]["error"]["message"]
-    assert stores.batches.budget_used("acme", MONTH) == 100  # nothing ran, nothing charged
+    assert stores.batches.budget_used("acme", MONTH).output_tokens == 100  # nothing ran, nothing charged
 
 
 def test_the_budget_reached_while_a_chunk_runs_stops_its_remaining_lines():
@@ -90,7 +93,7 @@ def test_the_budget_reached_while_a_chunk_runs_stops_its_remaining_lines():
     message = seed(stores, 8, budget_stop=100)
 
     def respond(path, body, seen):
-        stores.batches.budgets[("acme", MONTH)] = stores.batches.budgets.get(("acme", MONTH), 0) + 30
+        stores.batches.charge("acme", MONTH, output_tokens=30)
         return 200, chat_answer(body, completion_tokens=5)
 
     engine = InProcessEngine(respond)

@@ -45,6 +45,6 @@ def test_every_fault_row_releases_the_reservation_once(case):
 @pytest.mark.parametrize("error", [conflict, access_denied, Killed], ids=["transient", "persistent", "killed"])
 @pytest.mark.parametrize("times", [1, 10_000], ids=["once", "every-attempt"])
 def test_a_fault_at_the_reservation_itself_ends_the_batch_with_nothing_held(error, times):
-    d = run_capped(lambda d: d.faults.append(Fault("ingest", "batches.reserve", error, times=times)))
+    d = run_capped(lambda d: d.faults.append(Fault("ingest", "batches.transition", error, times=times)))
     assert d.faults[0].raised
     assert_released(d)

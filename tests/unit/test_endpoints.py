@@ -14,7 +14,7 @@ from functions.core.accounting import Usage
 from functions.core.errors import InvalidRequest, NotFound
 from functions.core.lines import LineError, RawLine, check_request
 from functions.core.settings import ModelRoute, Settings
-from gpu_worker.chunk import run_line
+from gpu_worker.line_runner import run_line
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine
 from tests.unit.test_entrypoint import run  # noqa: F401 - the entrypoint fixture

@@ -14,7 +14,7 @@ import pytest
 import batchctl
 from functions.core.accounting import Usage
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineClient, EngineDown, RetryPolicy
+from gpu_worker.engine_client import EngineClient, EngineDown, RetryPolicy
 from gpu_worker.offline import run_file
 from tests.fakes.engine import DROP, FakeEngine, Streamed, chat_answer, content
 
@@ -463,12 +463,12 @@ def test_run_batch_with_no_engine_fails_clearly(tmp_path):
 
 
 def test_the_client_is_the_engine_port():
-    """gpu_worker.engine.EngineClient provides functions.core.ports.Engine (what the chunk path
+    """gpu_worker.engine_client.EngineClient provides functions.core.ports.Engine (what the chunk path
     is typed against), and its Reply everything ports.EngineReply names."""
     import inspect
 
     from functions.core.ports import Engine, EngineReply
-    from gpu_worker.engine import Reply
+    from gpu_worker.engine_client import Reply
 
     for name in ("healthy", "wait_healthy", "post"):
         port, impl = getattr(Engine, name), getattr(EngineClient, name)

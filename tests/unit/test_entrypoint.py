@@ -1,11 +1,13 @@
 """gpu_worker/entrypoint.sh with stand-in commands for vLLM and the worker (the image itself cannot
 be built here: no Docker): the engine command line from the environment, one max-num-seqs for both
-sides, either process dying fails the task, SIGTERM drains the worker before the engine stops."""
+sides, the engine without the worker's credentials and settings and as its own user, either process
+dying fails the task, SIGTERM drains the worker before the engine stops."""
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +24,8 @@ def note(text):
     with open(log, "a") as f:
         f.write(f"{name} {text}\n")
 note("argv " + " ".join(sys.argv[2:]))
-note("env " + " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("WORKER_")))
+note("env " + " ".join(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(("WORKER_", "AWS_", "BATCHAPI_", "ECS_"))))
+note(f"uid {os.getuid()}")
 def term(*_):
     note("TERM")
     if os.environ.get(f"{name.upper()}_IGNORE_TERM"):
@@ -45,14 +48,17 @@ while True:
 def run(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text(FAKE)
-    log = tmp_path / "log.txt"
+    shared = Path(tempfile.mkdtemp(prefix="entrypoint-log-"))  # an engine run as another user writes here too
+    shared.chmod(0o755)
+    log = shared / "log.txt"
     log.touch()
+    log.chmod(0o666)
 
     def start(**env):
         full = {
             "PATH": os.environ["PATH"], "LOG": str(log), "ENGINE_MODEL": "org/weights",
             "ENGINE_CMD": f"{sys.executable} {fake} engine", "WORKER_CMD": f"{sys.executable} {fake} worker",
-            "ENGINE_STOP_SECONDS": "2", **env,
+            "ENGINE_STOP_SECONDS": "2", "ENGINE_USER": "", **env,
         }
         process = subprocess.Popen(["bash", str(ENTRYPOINT)], env=full, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10
@@ -133,3 +139,51 @@ def test_the_worker_dying_fails_the_task_and_stops_the_engine(run):
 def test_engine_model_is_required(run, tmp_path):
     p = subprocess.run(["bash", str(ENTRYPOINT)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
     assert p.returncode != 0 and "ENGINE_MODEL" in p.stderr
+
+
+#: A shell stand-in for the engine (any user can run bash; the test's Python may live where only
+#: root can read): logs its uid and environment, exits on SIGTERM.
+SHELL_ENGINE = r"""
+echo "engine uid $(id -u)" >> "$LOG"
+echo "engine env $(env | grep -E '^(AWS_|ECS_|WORKER_|BATCHAPI_)' | sort | tr '\n' ' ')" >> "$LOG"
+trap 'exit 0' TERM
+while true; do sleep 0.05; done
+"""
+
+
+def test_the_engine_gets_none_of_the_credentials_or_settings_and_runs_as_its_own_user(run):
+    start, lines = run
+    secret_env = {
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/abc", "AWS_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/x",
+        "WORKER_CACHE_SALT_SECRET": "salt-secret", "BATCHAPI_TABLE_NAME": "t",
+    }
+    shared = Path(tempfile.mkdtemp(prefix="entrypoint-"))  # readable by the engine's user
+    shared.chmod(0o755)
+    (shared / "engine.sh").write_text(SHELL_ENGINE)
+    user = "nobody" if os.getuid() == 0 else ""  # switching user needs root (the GPU task's entrypoint is root)
+    p = start(**secret_env, ENGINE_USER=user, HF_HOME=str(shared / "hf"), ENGINE_CMD=f"bash {shared / 'engine.sh'}")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    assert next(l for l in lines() if l.startswith("engine env")).strip() == "engine env"  # nothing of the above
+    worker_env = next(l for l in lines() if l.startswith("worker env"))
+    for name, value in secret_env.items():
+        assert f"{name}={value}" in worker_env  # the worker keeps all of it
+    if user:
+        import pwd
+
+        uid = pwd.getpwnam(user).pw_uid
+        assert f"engine uid {uid}" in lines()
+        assert (shared / "hf").stat().st_uid == uid  # its cache is its own to write
+
+
+def test_the_local_engines_withhold_what_the_gpu_tasks_engine_withholds():
+    from infra.local.processes import ENGINE_WITHHELD_PREFIXES, engine_environment
+
+    line = next(l for l in ENTRYPOINT.read_text().splitlines() if l.startswith("ENGINE_WITHHELD_PREFIXES="))
+    assert tuple(line.split("=", 1)[1].strip('"').split()) == ENGINE_WITHHELD_PREFIXES
+    kept = engine_environment({"AWS_SECRET_ACCESS_KEY": "x", "AWS_ENDPOINT_URL": "http://moto", "WORKER_CACHE_SALT_SECRET": "s",
+                               "BATCHAPI_TABLE_NAME": "t", "PATH": "/bin", "ENGINE_DTYPE": "float32", "HF_HUB_OFFLINE": "1"})
+    assert kept == {"PATH": "/bin", "ENGINE_DTYPE": "float32", "HF_HUB_OFFLINE": "1"}
+    marked = engine_environment({"BATCHAPI_LOCAL_STATE_DIR": "/s", "BATCHAPI_TABLE_NAME": "t"})
+    assert marked == {"LOCAL_BATCH_DEPLOYMENT": "/s"}  # only which deployment started it

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpu_worker.chunk import ORDER_FILE, ORDER_SMART, Admission
+from gpu_worker.admission import ORDER_FILE, ORDER_SMART, Admission
 
 
 def entries(order: str, arrivals: list[tuple[str, int]]) -> list[tuple[str, int]]:

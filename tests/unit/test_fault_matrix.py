@@ -35,7 +35,7 @@ from botocore.exceptions import ClientError
 
 from functions.api.batches import cancel_batch
 from functions.core.models import TERMINAL_STATUSES
-from gpu_worker.engine import EngineDown
+from gpu_worker.engine_client import EngineDown
 from tests.agreement import assert_stores_agree
 from tests.fakes.aws import conflict, throttle
 from tests.fakes.engine import REJECTED, chat_answer, content
@@ -178,11 +178,11 @@ INGEST_STEPS = [
     ("size-input", "size the input", "objects.get", 0),
     ("read-input", "read the input to validate it", "objects.get", 1),
     ("write-manifest", "write the chunk manifest", "objects.put", 0),
-    ("to-in-progress", "move the batch to in_progress", "batches.update", 0),
+    ("to-in-progress", "move the batch to in_progress", "batches.transition", 0),
     ("read-manifest", "read the manifest back", "objects.get", 2),
     ("send-work", "send the work messages", "queue.send", 0),
     ("start-workflow", "start the workflow", "workflows.start", 0),
-    ("mark-enqueued", "mark the batch enqueued", "batches.update", 1),
+    ("mark-enqueued", "mark the batch enqueued", "batches.transition", 1),
 ]
 
 
@@ -222,7 +222,7 @@ CASES += [
 # --- the chunk path: every store call of a chunk, in order (the fault hits chunk 0, or the last chunk
 # for the signal) ----------------------------------------------------------------------------------------
 CHUNK_STEPS = [
-    ("start", "mark the chunk started", "batches.update", 0),
+    ("start", "mark the chunk started", "batches.transition", 0),
     ("marker", "look for its count marker", "batches.counted_chunk", 0),
     ("read-lines", "read its lines (ranged GET)", "objects.get", 0),
     ("run-record", "read its run record (poison budget)", "batches.chunk_run", 0),
@@ -260,11 +260,11 @@ CASES += [
     Case("chunk-message-lost", "chunk", "the work message (SQS)", "chunk 0's message lost",
          lambda d: d.queue.drop_next(1), ("expired",), output=but(0, 1),
          errors={0: "batch_expired", 1: "batch_expired"}, late=True),
-    Case("chunk-message-lost-drain-conflict", "chunk", "the work message lost; at expiry, drain shows the batch finalizing (`batches.update`)",
-         "TransactionConflict once", lambda d: (d.queue.drop_next(1), d.fail("drain", "batches.update", conflict)),
+    Case("chunk-message-lost-drain-conflict", "chunk", "the work message lost; at expiry, drain shows the batch finalizing (`batches.transition`)",
+         "TransactionConflict once", lambda d: (d.queue.drop_next(1), d.fail("drain", "batches.transition", conflict)),
          ("expired",), output=but(0, 1), errors={0: "batch_expired", 1: "batch_expired"}, late=True),
-    Case("chunk-message-lost-finalize-killed", "chunk", "the work message lost; at expiry, finalize's transaction (`batches.finish`)",
-         "SIGKILL before it", lambda d: (d.queue.drop_next(1), d.fail("finalize", "batches.finish", Killed)),
+    Case("chunk-message-lost-finalize-killed", "chunk", "the work message lost; at expiry, finalize's transaction (`batches.transition`)",
+         "SIGKILL before it", lambda d: (d.queue.drop_next(1), d.fail("finalize", "batches.transition", Killed)),
          ("expired",), output=but(0, 1), errors={0: "batch_expired", 1: "batch_expired"}, late=True),
     Case("chunk-message-duplicated", "chunk", "the work message (SQS)", "chunk 0's message delivered twice",
          lambda d: d.queue.duplicate_next(1), COMPLETED, once=True),
@@ -314,13 +314,13 @@ _CANCELLED = {"status": ("cancelled",), "output": (0, 1), "errors": {i: "batch_c
 _FAILED_KEEPING = {"status": FAILED}
 
 CASES += [
-    Case("workflow-register-conflict", "workflow", "register the wait token (`batches.update`)", "TransactionConflict once",
-         lambda d: d.fail("register", "batches.update", conflict), COMPLETED),
+    Case("workflow-register-conflict", "workflow", "register the wait token (`batches.transition`)", "TransactionConflict once",
+         lambda d: d.fail("register", "batches.transition", conflict), COMPLETED),
     Case("workflow-register-throttled", "workflow", "register the wait token (`batches.get`)", "throttled twice",
          lambda d: d.fail("register", "batches.get", throttle, times=2), COMPLETED),
-    Case("workflow-register-persistent", "workflow", "register the wait token (`batches.update`)",
+    Case("workflow-register-persistent", "workflow", "register the wait token (`batches.transition`)",
          "AccessDenied on every attempt (chunks already counted)",
-         lambda d: d.fail("register", "batches.update", access_denied, times=EVERY), FAILED, order="work_first"),
+         lambda d: d.fail("register", "batches.transition", access_denied, times=EVERY), FAILED, order="work_first"),
     Case("workflow-register-killed", "workflow", "register, after storing the token (`workflows.signal`)",
          "SIGKILL before it signals itself (chunks already counted)",
          lambda d: d.fail("register", "workflows.signal", Killed), COMPLETED, order="work_first"),
@@ -351,22 +351,21 @@ CASES += [
     Case("workflow-cancel-while-a-chunk-hangs", "workflow", "drain a cancelled batch while chunk 1 runs",
          "its worker hangs: drain waits out its grace",
          lambda d: (_cancel_at(2)(d), setattr(d, "hang_chunk", 1)), waits=DRAIN_GRACE, **_CANCELLED),
-    Case("workflow-cancel-drain-conflict", "workflow", "drain a cancelled batch (`batches.update`)", "TransactionConflict once",
-         lambda d: (_cancel_at(1)(d), d.fail("drain", "batches.update", conflict)), **_CANCELLED),
+    Case("workflow-cancel-drain-conflict", "workflow", "drain a cancelled batch (`batches.transition`)", "TransactionConflict once",
+         lambda d: (_cancel_at(1)(d), d.fail("drain", "batches.transition", conflict)), **_CANCELLED),
 ]
 
 # --- finalize: every store call, in order (line 3 answered 400, so both files are written) ---------------
 FINALIZE_STEPS = [
     ("read-batch", "read the batch", "batches.get", 0),
-    ("close", "close it to late chunks", "batches.update", 0),
+    ("close", "close it to late chunks", "batches.transition", 0),
     ("markers", "read the count markers", "batches.counted_chunks", 0),
     ("manifest", "read the manifest", "objects.get", 0),
     ("read-part", "read a result part", "objects.get", 1),
     ("write", "write to the output file", "objects.writer.write", 0),
     ("complete-output", "complete the output file", "objects.writer.complete", 0),
     ("complete-error", "complete the error file", "objects.writer.complete", 1),
-    ("finish", "create the files and set the state (transaction)", "batches.finish", 0),
-    ("reread", "read the batch after finishing", "batches.get", 1),
+    ("finish", "create the files and set the state (transaction)", "batches.transition", 1),
     ("publish", "publish batch.completed", "events.publish", 0),
 ]
 _FINAL_OUTPUT = {"output": but(3), "errors": {3: "400"}, "respond": "reject-3"}
@@ -375,8 +374,8 @@ _FINAL = _FINAL_OUTPUT
 
 def _finalize_persistent(slug: str) -> dict:
     # After the retries the execution goes to Fail, which assembles the same files: failed, nothing
-    # lost. Once the terminal state is set (re-read, publish) the batch stays completed.
-    return {**_FINAL, "status": COMPLETED if slug in ("reread", "publish") else FAILED}
+    # lost. Once the terminal state is set (publish) the batch stays completed.
+    return {**_FINAL, "status": COMPLETED if slug == "publish" else FAILED}
 
 
 CASES += [
@@ -393,9 +392,9 @@ CASES += rows("finalize", FINALIZE_STEPS, {
 
 # --- fail: the last resort, itself faulted (the execution reached Fail: drain denied every time) -----------
 FAIL_STEPS = [
-    ("close", "close the batch", "batches.update", 0),
+    ("close", "close the batch", "batches.transition", 0),
     ("complete-output", "complete the output file", "objects.writer.complete", 0),
-    ("finish", "create the files and set failed (transaction)", "batches.finish", 0),
+    ("finish", "create the files and set failed (transaction)", "batches.transition", 1),
 ]
 
 

@@ -24,7 +24,7 @@ from functions.core.records import BatchRecord
 from functions.core.tenants import TenantPolicy
 from functions.ingest import logic as ingest_logic
 from gpu_worker import offline
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
 from tests.unit.test_tenants import SETTINGS
@@ -258,7 +258,7 @@ def test_ingest_snapshots_the_policy_into_the_manifest_and_every_work_message():
     # A later change of the tenant's policy does not change this batch's: a retried fan-out (the
     # ingest DLQ, the sweeper) re-reads the manifest, not the tenant record.
     stores.tenants.put(TenantPolicy(tenant="acme"))
-    stores.batches.update("acme", "batch_1", values={"enqueued": False})
+    stores.batches.set("acme", "batch_1", enqueued=False)
     batch = stores.batches.get("acme", "batch_1")
     ingest_logic.resume(stores, SETTINGS, batch, NOW)
     again = [WorkMessage.model_validate_json(b) for b in stores.queues.queue("q-m").bodies()][len(messages):]

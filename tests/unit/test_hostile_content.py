@@ -251,7 +251,7 @@ def test_unrun_lines_of_a_chunk_of_hostile_lines_are_all_writable():
 
 
 def test_the_worker_turns_each_hostile_line_into_one_writable_result_line():
-    from gpu_worker.chunk import run_line
+    from gpu_worker.line_runner import run_line
 
     engine = InProcessEngine()
 
@@ -271,7 +271,7 @@ def test_the_worker_turns_each_hostile_line_into_one_writable_result_line():
 
 def test_every_line_error_message_is_capped_even_where_a_value_is_echoed_whole():
     # Offline mode (batchctl run-batch) names a line's own url in its message with !r.
-    from gpu_worker.chunk import run_line
+    from gpu_worker.line_runner import run_line
 
     huge = text(request(url="/v1/" + "q" * 300_000))
     result = asyncio.run(run_line(InProcessEngine(), raw(huge), endpoint=None, endpoints=[CHAT]))

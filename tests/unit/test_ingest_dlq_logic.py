@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from functions.core import schema
+from functions.core import lifecycle, schema
 from functions.core.errors import Throttled
 from functions.core.messages import Chunk, ChunkManifest, WorkMessage
 from functions.core.records import BatchRecord
@@ -136,7 +136,7 @@ def test_a_store_error_reading_the_batch_propagates_so_the_message_is_redelivere
 def test_failing_a_stale_validating_record_never_overwrites_a_batch_ingest_moved_on():
     stores = setup()
     stale = current(stores)
-    stores.batches.update("acme", "batch_1", values={"status": "in_progress", "in_progress_at": NOW}, expect={"status": "validating"})
+    stores.batches.transition("acme", "batch_1", lifecycle.start(NOW, values={}))
     assert logic.fail_validating(stores, stale, NOW).status == "in_progress"
     assert current(stores).errors is None and stores.events.published == []
 

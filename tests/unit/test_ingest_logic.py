@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from functions.core import schema
+from functions.core import lifecycle, schema
 from functions.core.errors import Throttled
 from functions.core.messages import ChunkManifest, WorkMessage
 from functions.core.records import BatchRecord
@@ -190,7 +190,7 @@ def test_a_duplicate_event_racing_the_first_moves_the_state_once(lines):
     assert stores.faults.calls["queue.send"] == (0 if after.status == "failed" else 1)
 
 
-@pytest.mark.parametrize("op", ["queue.send", "workflows.start", "batches.update"])
+@pytest.mark.parametrize("op", ["queue.send", "workflows.start", "batches.transition"])
 def test_a_throttled_step_raises_and_the_redelivery_resumes(op):
     stores = setup([line(i) for i in range(3)])
     stores.faults.fail(op, throttle())
@@ -229,7 +229,7 @@ def test_cancel_between_validation_and_fan_out_still_starts_the_workflow_without
     with pytest.raises(Throttled):
         run(stores)
     assert current(stores).status == "in_progress" and stores.workflows.started == {}
-    stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": NOW + 1})  # the API's cancel
+    lifecycle.request_cancel(stores, current(stores), NOW + 1)  # the API's cancel
     assert run(stores) == "cancelling"
     assert sent(stores) == []
     assert "batch_1" in stores.workflows.started and current(stores).enqueued
@@ -246,7 +246,7 @@ def test_cancel_during_fan_out_leaves_work_the_workers_skip():
 
     def send_then_cancel(bodies):
         real_send(bodies)
-        stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": NOW + 1})
+        lifecycle.request_cancel(stores, current(stores), NOW + 1)
 
     queue.send = send_then_cancel
     run(stores)

@@ -13,7 +13,8 @@ from functions.core import results, schema
 from functions.core.records import BatchRecord, ChunkRunRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic as ingest
-from gpu_worker.chunk import RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed
@@ -183,7 +184,7 @@ def test_a_terminal_batch_shows_its_own_counts_without_reading_the_chunks():
     stores = fake_stores()
     first, _ = seed(stores, 12, per_chunk=6)
     run(stores, first, InProcessEngine(), [])
-    stores.batches.update("acme", "batch_1", values={"status": "completed", "completed": 12})
+    stores.batches.set("acme", "batch_1", status="completed", completed=12)
     stores.faults.fail("batches.chunk_states", RuntimeError("not read"))
     assert counts(stores) == (12, 0)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from functions.core import schema
+from functions.core import lifecycle, schema
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
@@ -187,7 +187,7 @@ def test_an_all_counted_cancelling_batch_ends_cancelled_with_every_answer():
     stores = setup(**RUNNING, enqueued=True)
     run_chunk(stores, 0, now=CREATED + 100)
     run_chunk(stores, 1, now=CREATED + 200)
-    stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": CREATED + 300})
+    stores.batches.set("acme", "batch_1", status="cancelling", cancelling_at=CREATED + 300)
     assert sweep(stores, CREATED + 300 + COMPLETION_GRACE - 1).actions == {}  # the cancel restarts the wait
     assert sweep(stores, CREATED + 300 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
     assert current(stores).status == "cancelled"
@@ -201,7 +201,14 @@ def test_a_batch_whose_fail_ran_out_of_retries_ends_failed_with_its_files():
     stores = setup(**RUNNING, enqueued=True)
     run_chunk(stores, 0, now=CREATED + 100)
     run_chunk(stores, 1, now=CREATED + 200)
-    stores.faults.fail("batches.finish", throttle(), times=4)
+    real_transition, throttled = stores.batches.transition, iter(range(4))
+
+    def transition(tenant, batch_id, change, **kwargs):  # the terminal write throttles 4 times
+        if change.terminal and next(throttled, None) is not None:
+            raise throttle()
+        return real_transition(tenant, batch_id, change, **kwargs)
+
+    stores.batches.transition = transition
     for attempt in range(4):  # the Fail task and its 3 retries
         with pytest.raises(Throttled):
             workflow.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), CREATED + 210 + attempt)
@@ -267,7 +274,7 @@ def test_a_batch_ended_between_the_index_read_and_its_read_is_left_alone():
     real_get = stores.batches.get
 
     def ended_meanwhile(tenant, batch_id):
-        stores.batches.update(tenant, batch_id, values={"status": "failed", "failed_at": 1}, expect={"status": "validating"})
+        stores.batches.transition(tenant, batch_id, lifecycle.refuse(1, []))
         return real_get(tenant, batch_id)
 
     stores.batches.get = ended_meanwhile

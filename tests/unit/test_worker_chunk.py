@@ -1,4 +1,4 @@
-"""One chunk through ``gpu_worker.chunk.process_chunk`` against the in-memory stores and an
+"""One chunk through ``gpu_worker.chunk.ChunkRunner`` against the in-memory stores and an
 in-process engine: usage totals (cached and reasoning tokens included) reach the chunk's marker
 and the batch; a chunk already counted, or of a stopped batch, runs nothing; the commit (parts +
 count) is not interrupted by a cancelled caller."""
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from functions.core.accounting import Usage
-from gpu_worker.chunk import process_chunk
+from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.fakes.aws import fake_stores
 from tests.unit.test_worker_loop import seed
@@ -56,7 +56,7 @@ def test_a_chunk_already_counted_is_skipped_without_running_a_line():
 def test_a_chunk_of_a_batch_that_stopped_taking_work_is_skipped():
     stores = fake_stores()
     (message,) = seed(stores, 2, per_chunk=2)
-    stores.batches.update("acme", "batch_1", values={"status": "cancelling"})
+    stores.batches.set("acme", "batch_1", status="cancelling")
     engine = InProcessEngine()
     report = run(stores, message, engine)
     assert report.skipped and engine.requests == [] and stores.batches.counted_chunk("acme", "batch_1", 0) is None
@@ -68,7 +68,7 @@ def test_a_stopped_batch_s_chunk_is_skipped_even_if_its_input_can_no_longer_be_r
     anyway (its batch stopped, its input perhaps already gone) is not the chunk's failure."""
     stores = fake_stores()
     (message,) = seed(stores, 2, per_chunk=2)
-    stores.batches.update("acme", "batch_1", values={"status": "cancelling"})
+    stores.batches.set("acme", "batch_1", status="cancelling")
     stores.faults.fail("objects.get", KeyError("the input is gone"))
     engine = InProcessEngine()
     assert run(stores, message, engine).skipped and engine.requests == []
@@ -119,7 +119,7 @@ def test_a_redelivered_last_chunk_signals_the_workflow_its_first_delivery_did_no
     no line (the chunk is counted) but resumes the workflow, or the batch would wait for expiry."""
     stores = fake_stores()
     first, last = seed(stores, 4, per_chunk=2)
-    stores.batches.update("acme", "batch_1", values={"task_token": "token-1"})
+    stores.batches.set("acme", "batch_1", task_token="token-1")
     assert run(stores, first, InProcessEngine()).outcome.counted
     stores.faults.fail("workflows.signal", RuntimeError("the worker died here"))
     try:
@@ -136,7 +136,7 @@ def test_a_redelivered_last_chunk_signals_the_workflow_its_first_delivery_did_no
 def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
     stores = fake_stores()
     first, _ = seed(stores, 4, per_chunk=2)
-    stores.batches.update("acme", "batch_1", values={"task_token": "token-1"})
+    stores.batches.set("acme", "batch_1", task_token="token-1")
     run(stores, first, InProcessEngine())
     assert run(stores, first, InProcessEngine()).skipped and stores.workflows.signals == []
 
@@ -146,8 +146,9 @@ import pytest
 
 from functions.core import schema
 from functions.core.models import BatchOutputLine
-from gpu_worker.chunk import EngineGate, RunPolicy
-from gpu_worker.engine import EngineDown
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.engine_gate import EngineGate
+from gpu_worker.engine_client import EngineDown
 from tests.fakes.engine import CrashingEngine
 
 

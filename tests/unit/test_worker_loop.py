@@ -174,7 +174,7 @@ def test_a_malformed_message_is_released_for_a_later_retry_and_the_loop_goes_on(
 def test_a_chunk_that_fails_is_released_after_the_retry_delay_and_the_loop_survives():
     rig = Rig(max_open_chunks=1)
     first, second = seed(rig.stores, 4, per_chunk=2)
-    rig.stores.faults.fail("batches.update", RuntimeError("the store broke"))  # the first chunk's first write
+    rig.stores.faults.fail("batches.transition", RuntimeError("the store broke"))  # the first chunk's first write
     rig.queue.send([first.model_dump_json(), second.model_dump_json()])
     failed = rig.queue.messages[0]
     rig.run_until(lambda: rig.counted(1) and rig.queue.deleted, "the next chunk counted")
@@ -266,7 +266,7 @@ def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
 
 
 def test_engine_down_releases_the_chunk_at_once_and_waits_for_health_before_taking_more():
-    from gpu_worker.engine import EngineDown
+    from gpu_worker.engine_client import EngineDown
 
     def respond(path, body, seen):
         if seen == 0:
@@ -328,7 +328,7 @@ def test_chunks_that_end_together_write_their_parts_side_by_side():
     both are counted only if they ran side by side (one thread: the first waits for ever, its
     barrier breaks and the chunk fails)."""
     rig = Rig(concurrent=True, max_open_chunks=2, store_threads=4)
-    assert rig.worker._store_thread.threads == 4
+    assert rig.worker._store_pool.threads == 4
     first, second = seed(rig.stores, 4, per_chunk=2)
     both = threading.Barrier(2, timeout=PATIENCE)
     put = rig.stores.objects.put
@@ -344,5 +344,5 @@ def test_chunks_that_end_together_write_their_parts_side_by_side():
     assert not both.broken and rig.metrics.totals.chunks_done == 2
 
 
-def test_stores_that_do_not_allow_it_get_one_store_thread():
-    assert Rig(store_threads=4).worker._store_thread.threads == 1
+def test_stores_that_do_not_allow_it_get_one_store_pool():
+    assert Rig(store_threads=4).worker._store_pool.threads == 1

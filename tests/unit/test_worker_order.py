@@ -1,4 +1,4 @@
-"""The order lines enter the engine (``gpu_worker.chunk.Admission``, ``WorkerConfig.order``) on
+"""The order lines enter the engine (``gpu_worker.admission.Admission``, ``WorkerConfig.order``) on
 the in-memory fakes: ``smart`` sends the longest expected output first and lines sharing a first
 message together, across the chunks a worker has open; ``file`` keeps arrival order. Either way
 each chunk's result parts keep input order and the chunk counts exactly once (a duplicate
@@ -15,9 +15,11 @@ from functions.core import schema
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
-from gpu_worker.chunk import Admission, RunPolicy, expected_output, length_class, prefix_of, process_chunk
+from gpu_worker.admission import Admission, expected_output, length_class, prefix_of
+from gpu_worker.attempt import RunPolicy
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineDown
+from gpu_worker.engine_client import EngineDown
+from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import NOW, PATIENCE, Rig, seed, until

@@ -9,7 +9,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from functions.core import accounting, results, schema
-from functions.core.accounting import Signal
+from functions.core.lifecycle import Signal
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
@@ -126,7 +126,7 @@ def test_check_waits_again_for_the_reconcile_period_or_until_expiry():
     stores = setup(chunks_done=1)
     assert logic.check(stores, "acme", "batch_1", 300, NOW) == {"outcome": "wait", "timeout_seconds": 300}
     assert logic.check(stores, "acme", "batch_1", 300, EXPIRES - 120) == {"outcome": "wait", "timeout_seconds": 120}
-    assert stores.workflows.signals == [] and stores.faults.calls["batches.update"] == 0  # reads only
+    assert stores.workflows.signals == [] and stores.faults.calls["batches.transition"] == 0  # reads only
 
 
 def test_check_on_a_batch_past_waiting_moves_on():
@@ -138,7 +138,7 @@ def test_check_on_a_batch_past_waiting_moves_on():
 def test_a_complete_signal_drains_at_once():
     stores = setup()
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {"drained": True, "reason": Signal.COMPLETE}
-    assert stores.faults.calls["batches.update"] == 0
+    assert stores.faults.calls["batches.transition"] == 0
 
 
 def test_a_cancel_waits_for_running_chunks_within_the_grace_period_only():
@@ -154,7 +154,7 @@ def test_a_cancel_waits_for_running_chunks_within_the_grace_period_only():
 def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
     stores = setup(status="cancelling", cancelling_at=300)
     started = current(stores)
-    stores.batches.update("acme", "batch_1", add={"started_chunks": {0}})
+    stores.batches.set("acme", "batch_1", started_chunks={0})
     assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)["drained"]
     message = started.work_message(ChunkManifest.model_validate_json(
         stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0])
@@ -208,7 +208,7 @@ def test_a_finalize_retried_after_a_crash_writes_the_planned_files_once():
     stores = setup()
     run_chunk(stores, 0)
     run_chunk(stores, 1)
-    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    stores.faults.fail("batches.transition", TimeoutError("lost"), skip=1)  # the finish (after the close)
     with pytest.raises(TimeoutError):
         logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW)
     planned = current(stores).planned_output_file_id
@@ -222,13 +222,15 @@ def test_a_concurrent_finish_converges():
     stores = setup()
     run_chunk(stores, 0)
     run_chunk(stores, 1)
-    real_finish = stores.batches.finish
+    real_transition = stores.batches.transition
 
-    def finish(tenant, batch_id, files, values, expect):
-        real_finish(tenant, batch_id, files, values, expect)  # the concurrent finalizer's
+    def transition(tenant, batch_id, change, files=()):
+        if not change.terminal:
+            return real_transition(tenant, batch_id, change, files=files)
+        real_transition(tenant, batch_id, change, files=files)  # the concurrent finalizer's
         raise condition_failed()  # ours
 
-    stores.batches.finish = finish
+    stores.batches.transition = transition
     assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
     assert current(stores).status == "completed" and stores.events.types() == ["batch.completed"]
 
@@ -324,7 +326,7 @@ def test_fail_twice_converges_to_one_outcome():
 def test_fail_after_a_finalize_that_crashed_writes_the_planned_files_saying_why_the_batch_closed():
     stores = setup(lines=4, status="cancelling", cancelling_at=300)
     run_chunk(stores, 1)
-    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    stores.faults.fail("batches.transition", TimeoutError("lost"), skip=1)  # the finish (after the close)
     with pytest.raises(TimeoutError):
         logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW)
     planned = current(stores)
@@ -365,14 +367,15 @@ def test_fail_loses_its_finish_to_a_concurrent_finalize():
     stores = setup(lines=4)
     run_chunk(stores, 0)
     run_chunk(stores, 1)
-    real_finish = stores.batches.finish
+    real_transition = stores.batches.transition
 
-    def finish(tenant, batch_id, files, values, expect):
-        stores.batches.finish = real_finish
-        logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 1)  # lands first
-        real_finish(tenant, batch_id, files, values, expect)
+    def transition(tenant, batch_id, change, files=()):
+        if change.terminal:
+            stores.batches.transition = real_transition
+            logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 1)  # lands first
+        return real_transition(tenant, batch_id, change, files=files)
 
-    stores.batches.finish = finish
+    stores.batches.transition = transition
     assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "failed"}
     assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
 
@@ -382,14 +385,14 @@ def test_fail_assembles_again_when_a_finalize_moved_the_batch_on_under_it():
     finish: fail's finish loses its condition, so it assembles again rather than drop the files."""
     stores = setup(lines=4)
     run_chunk(stores, 0)
-    real_finish, moved = stores.batches.finish, []
+    real_transition, moved = stores.batches.transition, []
 
-    def finish(tenant, batch_id, files, values, expect):
-        if not moved:
-            moved.append(stores.batches.update(tenant, batch_id, values={"status": "finalizing", "finalizing_at": NOW}))
-        real_finish(tenant, batch_id, files, values, expect)
+    def transition(tenant, batch_id, change, files=()):
+        if change.terminal and not moved:  # the terminal write of fail: a finalize moved it on first
+            moved.append(stores.batches.set(tenant, batch_id, status="finalizing", finalizing_at=NOW))
+        return real_transition(tenant, batch_id, change, files=files)
 
-    stores.batches.finish = finish
+    stores.batches.transition = transition
     assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW) == {"status": "failed"}
     batch = current(stores)
     assert batch.output_file_id is not None and batch.errors == [logic.FAILED_WITH_FILES_ERROR]
@@ -411,7 +414,7 @@ def test_redelivered_chunks_and_a_retried_finalize_keep_the_counts_in_agreement(
     run_chunk(stores, 0)
     assert not run_chunk(stores, 0).counted  # delivered twice: its second parts are never counted
     run_chunk(stores, 1)
-    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    stores.faults.fail("batches.transition", TimeoutError("lost"), skip=1)  # the finish (after the close)
     with pytest.raises(TimeoutError):
         logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW)
     assert not run_chunk(stores, 2).counted  # too late: the batch is closed
@@ -424,7 +427,7 @@ def test_the_counts_are_the_files_lines_when_the_counters_disagree(caplog):
     stores = setup(lines=4)
     run_chunk(stores, 0)
     run_chunk(stores, 1)
-    stores.batches.update("acme", "batch_1", add={"completed": 1})  # a counter drifted (it never should)
+    stores.batches.set("acme", "batch_1", completed=current(stores).completed + 1)  # a counter drifted (it never should)
     with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
         assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
     assert current(stores).completed == 4
@@ -476,7 +479,7 @@ def end_batch(stores, how: str) -> str:
         logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW)
         return logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW)["status"]
     if how == "cancel":
-        stores.batches.update("acme", "batch_1", values={"status": "cancelling", "cancelling_at": NOW - 10})
+        stores.batches.set("acme", "batch_1", status="cancelling", cancelling_at=NOW - 10)
         return logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW)["status"]
     return logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), NOW)["status"]
 
@@ -507,7 +510,7 @@ def test_a_batch_ending_mid_chunk_keeps_the_chunks_checkpointed_lines(how, statu
 def test_a_retried_finalize_keeps_the_checkpointed_lines_once():
     stores = setup(lines=4, per_chunk=4)
     checkpoint(stores, 0, [200, 200])
-    stores.faults.fail("batches.finish", TimeoutError("lost"))
+    stores.faults.fail("batches.transition", TimeoutError("lost"), skip=1)  # the finish (after the close)
     with pytest.raises(TimeoutError):
         logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW)
     assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW + 1) == {"status": "expired"}
@@ -521,14 +524,14 @@ def test_a_chunk_counted_just_before_the_close_is_read_from_its_parts_not_its_ch
     # closing the batch: the count lands first, so the chunk's parts hold all its lines.
     stores = setup(lines=4, per_chunk=4)
     checkpoint(stores, 0, [200, 200])
-    real_update = stores.batches.update
+    real_transition = stores.batches.transition
 
-    def update(tenant, batch_id, **kw):
-        if kw.get("values", {}).get("accepting") is False and not current(stores).chunks_done:
+    def transition(tenant, batch_id, change, **kw):
+        if change.values.get("accepting") is False and not current(stores).chunks_done:
             assert run_with_usage(stores, 0).counted  # the racing count, just before the close
-        return real_update(tenant, batch_id, **kw)
+        return real_transition(tenant, batch_id, change, **kw)
 
-    stores.batches.update = update
+    stores.batches.transition = transition
     assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
     assert ([l.custom_id for l in out], err) == ([f"req-{i}" for i in range(4)], [])
@@ -572,16 +575,16 @@ def test_the_dead_letter_consumer_and_finalize_keep_checkpoints_through_one_code
 
 
 # --- fail: a transient error is retried by the Fail state ---------------------------------------------
-@pytest.mark.parametrize(("op", "error"), [
-    ("batches.update", conflict()),  # the close
-    ("objects.writer.complete", TimeoutError("S3 did not answer")),
-    ("batches.finish", throttle()),
-    ("batches.counted_chunks", ConnectionError("connection reset")),
+@pytest.mark.parametrize(("op", "error", "skip"), [
+    ("batches.transition", conflict(), 0),  # the close
+    ("objects.writer.complete", TimeoutError("S3 did not answer"), 0),
+    ("batches.transition", throttle(), 1),  # the finish
+    ("batches.counted_chunks", ConnectionError("connection reset"), 0),
 ], ids=["close-conflict", "complete-timeout", "finish-throttled", "read-connection-reset"])
-def test_fail_raises_a_transient_error_so_its_retry_keeps_the_files(op, error):
+def test_fail_raises_a_transient_error_so_its_retry_keeps_the_files(op, error, skip):
     stores = setup(lines=4)
     run_chunk(stores, 0)
-    stores.faults.fail(op, error)
+    stores.faults.fail(op, error, skip=skip)
     with pytest.raises(type(error)):
         logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), NOW)
     assert current(stores).status not in ("failed",) and current(stores).errors is None

@@ -8,12 +8,12 @@ from .. import clients
 from ..ports import Stores
 from ..tenants import TenantPolicy
 from ..settings import Settings
-from .audit import AuditRepo
 from .dynamodb import Table
 from .eventbridge import EventBridge
 from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
 from .s3 import ObjectStore
-from .sqs import SqsQueues
+from .sqs import SqsAuditLog, SqsQueues
+from .stored import StoredBytesRepo
 from .stepfunctions import StepFunctions
 from .tenants import TenantRepo
 
@@ -35,6 +35,9 @@ class NoPolicy:
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         return True
 
+    def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
+        return True
+
 
 def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Stores:
     """Every port on AWS, for the deployment ``settings`` describe. ``concurrent``: a set that may
@@ -46,19 +49,23 @@ def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Sto
         table = Table(per_thread=functools.partial(clients.thread_dynamodb_table, settings.table_name))
     else:
         table = Table(clients.dynamodb_table(settings.table_name))
-    chains = AuditRepo(table) if settings.governance else None  # off: no audit chain, no receipts
+    # Off: no audit chain, no receipts. On: intents go to the audit queue; no role but the audit
+    # appender writes the chains (functions/audit_append builds its own stores).
+    audit_log = SqsAuditLog(clients.client("sqs"), settings.audit_queue_url) if settings.governance else None
+    track = settings.governance  # the stored-bytes ledger (releases happen whatever the switch says)
     return Stores(
         objects=ObjectStore(clients.client("s3"), settings.bucket_name),
-        files=FileRepo(table),
-        uploads=UploadRepo(table),
+        files=FileRepo(table, track_storage=track),
+        uploads=UploadRepo(table, track_storage=track),
         keys=KeyRepo(table),
-        batches=BatchRepo(table),
+        batches=BatchRepo(table, track_storage=track),
         queues=SqsQueues(clients.client("sqs")),
         workflows=StepFunctions(clients.client("stepfunctions"), settings.state_machine_arn),
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
-        audit=chains,
-        receipts=chains,  # chunk receipts (worker, chunk DLQ consumer: granted AUDIT#*, infra/constructs/common.py)
+        stored=StoredBytesRepo(table),
+        audit=audit_log,
+        receipts=audit_log,  # chunk receipts (worker, chunk DLQ consumer: granted sqs:SendMessage on the queue only)
         concurrent=concurrent,
         prepare=table.prepare if concurrent else None,
     )

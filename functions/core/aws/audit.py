@@ -1,7 +1,8 @@
 """The ``AuditStore`` port on the deployment's table: a tenant's chain in its ``schema.audit_pk``
 partition, one item per record (sort key = zero-padded seq, written with ``attribute_not_exists``
 so a seq is taken once), the record itself as its canonical JSON (no number conversions between
-what was hashed and what is read back)."""
+what was hashed and what is read back), and a dedupe marker per intent holding its record's seq.
+Only the audit appender's role may write these items (infra/constructs/audit.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,13 @@ class AuditRepo:
         marker = {schema.PK: pk, schema.SK: schema.AUDIT_DEDUPE_PREFIX + dedupe, "seq": record.seq}
         self._table.transact([Put(item, if_absent=True), Put(marker, if_absent=True)])
 
-    def deduped(self, tenant: str, key: str) -> bool:
-        return self._table.get(schema.audit_pk(tenant), schema.AUDIT_DEDUPE_PREFIX + key) is not None
+    def dedupe_seq(self, tenant: str, key: str) -> int | None:
+        item = self._table.get(schema.audit_pk(tenant), schema.AUDIT_DEDUPE_PREFIX + key)
+        return int(item["seq"]) if item is not None else None
+
+    def record(self, tenant: str, seq: int) -> AuditRecord | None:
+        item = self._table.get(schema.audit_pk(tenant), schema.audit_seq_sk(seq))
+        return AuditRecord.model_validate_json(item["record"]) if item is not None else None
 
     def records(self, tenant: str) -> list[AuditRecord]:
         items, _ = self._table.query_page(

@@ -173,6 +173,19 @@ class Table:
                 return out
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    def scan_prefix(self, pk_prefix: str) -> list[dict[str, Any]]:
+        """Every item whose partition key starts with ``pk_prefix`` (all pages). A Scan reads the
+        whole table: for one-off operator commands only (``batchctl keys backfill``), never a
+        request path."""
+        kwargs: dict[str, Any] = {"FilterExpression": Attr(schema.PK).begins_with(pk_prefix), "ConsistentRead": True}
+        out: list[dict[str, Any]] = []
+        while True:
+            resp = self._call(self._table.scan, **kwargs)
+            out.extend(resp["Items"])
+            if "LastEvaluatedKey" not in resp:
+                return out
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
     def batch_get(self, keys: list[tuple[str, str]]) -> list[dict[str, Any]]:
         """Items for the given (pk, sk) keys, in no particular order (missing ones left out)."""
         out: list[dict[str, Any]] = []
@@ -189,7 +202,7 @@ class Table:
                 request = resp.get("UnprocessedKeys") or {}
         return out
 
-    def transact(self, ops: list["Put | Update"]) -> None:
+    def transact(self, ops: list[Any]) -> None:
         """Apply all ``ops`` atomically; ConditionFailed if any condition does not hold.
         (The resource's client serializes native values, as for every other call here.) A
         cancelled transaction applied nothing, so retrying one that conflicted is safe."""
@@ -219,6 +232,47 @@ class Put:
             body["ConditionExpression"] = _render(Attr(schema.PK).not_exists(), names, values)
             body["ExpressionAttributeNames"] = names
         return {"Put": body}
+
+
+@dataclass(frozen=True)
+class Delete:
+    """A transactional delete; with ``condition`` (a boto3 ``Attr`` condition) only if it holds."""
+
+    pk: str
+    sk: str
+    condition: Any = None
+
+    def render(self, table: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk}}
+        if self.condition is not None:
+            names: dict[str, str] = {}
+            values: dict[str, Any] = {}
+            body["ConditionExpression"] = _render(self.condition, names, values)
+            body["ExpressionAttributeNames"] = names
+            if values:
+                body["ExpressionAttributeValues"] = values
+        return {"Delete": body}
+
+
+@dataclass(frozen=True)
+class Check:
+    """A transactional ConditionCheck: ``condition`` (a boto3 ``Attr`` condition) must hold on the
+    item, which need not exist (an absent item has no attributes)."""
+
+    pk: str
+    sk: str
+    condition: Any
+
+    def render(self, table: str) -> dict[str, Any]:
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        body: dict[str, Any] = {
+            "TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk},
+            "ConditionExpression": _render(self.condition, names, values), "ExpressionAttributeNames": names,
+        }
+        if values:
+            body["ExpressionAttributeValues"] = values
+        return {"ConditionCheck": body}
 
 
 def _expect(expect: dict[str, Any]) -> Any:

@@ -3,6 +3,7 @@ one DynamoDB table: every key built by ``schema`` and the records, every read ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -12,19 +13,38 @@ from ..errors import ConditionFailed
 from ..records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
 )
-from ..models import TERMINAL_STATUSES
-from ..tenants import Reservation, budget_sk
-from .dynamodb import Put, Table, Update, _render
+from .. import lifecycle
+from ..lifecycle import Change
+from ..budgets import BUDGET_KINDS, Spent
+from ..tenants import Release, Reservation
+from . import stored
+from .dynamodb import Check, Delete, Put, Table, Update, _render
 
-#: The batch attribute that says its enqueued-cap reservation is still held (``BatchRecord``).
-HOLDS = "holds_reservation"
+#: The file and upload attribute that says its bytes are on the tenant's stored-bytes ledger.
+HOLDS_STORAGE = "holds_storage"
+
+def _create_holding(table: Table, track: bool, record: FileRecord | UploadRecord, max_stored_bytes: int | None) -> None:
+    """Put a new file or upload record (only if its id is free); with ``track``, with its bytes
+    reserved on the tenant's stored-bytes ledger in the same transaction (``stored.hold``)."""
+    if not track:
+        table.put(record.to_item(), if_absent=True)
+        return
+    table.transact([
+        Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
+        *stored.hold(record.tenant, record.sort_key(record.id), record.bytes, max_stored_bytes),
+    ])
+
 
 class FileRepo:
-    def __init__(self, table: Table):
-        self._table = table
+    """``track_storage``: count each new file's bytes on its tenant's stored-bytes ledger
+    (``stored``; on when governance is)."""
 
-    def create(self, record: FileRecord) -> None:
-        self._table.put(record.to_item(), if_absent=True)
+    def __init__(self, table: Table, *, track_storage: bool = False):
+        self._table = table
+        self._track = track_storage
+
+    def create(self, record: FileRecord, *, max_stored_bytes: int | None = None) -> None:
+        _create_holding(self._table, self._track, record, max_stored_bytes)
 
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None:
         item = self._table.get(schema.tenant_pk(tenant), FileRecord.sort_key(file_id))
@@ -65,11 +85,15 @@ class FileRepo:
 
 
 class UploadRepo:
-    def __init__(self, table: Table):
-        self._table = table
+    """``track_storage``: reserve each new upload's declared bytes on its tenant's stored-bytes
+    ledger (``FileRepo``)."""
 
-    def create(self, record: UploadRecord) -> None:
-        self._table.put(record.to_item(), if_absent=True)
+    def __init__(self, table: Table, *, track_storage: bool = False):
+        self._table = table
+        self._track = track_storage
+
+    def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
+        _create_holding(self._table, self._track, record, max_stored_bytes)
 
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None:
         item = self._table.get(schema.tenant_pk(tenant), UploadRecord.sort_key(upload_id))
@@ -84,13 +108,26 @@ class UploadRepo:
         return UploadRecord.from_item(item)
 
     def complete(self, record: UploadRecord, file: FileRecord) -> None:
-        """Atomically create the File and mark the pending upload completed with its id."""
+        """Atomically create the File and mark the pending upload completed with its id (an upload
+        holding stored bytes hands them to the File: its marker becomes the File's)."""
+        if not record.holds_storage:
+            self._table.transact([
+                Put(file.to_item(), if_absent=True),
+                Update(
+                    schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
+                    values={"status": "completed", "file_id": file.id}, expect={"status": "pending"},
+                ),
+            ])
+            return
+        tenant, upload_sk, file_sk = record.tenant, UploadRecord.sort_key(record.id), FileRecord.sort_key(file.id)
         self._table.transact([
-            Put(file.to_item(), if_absent=True),
+            Put({**file.to_item(), HOLDS_STORAGE: True}, if_absent=True),
             Update(
-                schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
-                values={"status": "completed", "file_id": file.id}, expect={"status": "pending"},
+                schema.tenant_pk(tenant), upload_sk, values={"status": "completed", "file_id": file.id},
+                remove=(HOLDS_STORAGE,), expect={"status": "pending", HOLDS_STORAGE: True},
             ),
+            Delete(schema.stored_pk(tenant), schema.stored_marker_sk(upload_sk), condition=Attr(schema.PK).exists()),
+            Put(stored.marker(tenant, file_sk, file.bytes), if_absent=True),
         ])
 
     def add_part(self, part: UploadPartRecord) -> None:
@@ -104,24 +141,85 @@ class UploadRepo:
 
 
 class KeyRepo:
+    """A key is three items written and deleted together: the key item (``schema.key_pk``, what
+    the authorizer reads), its listing in the tenant's key partition and its id's lookup item."""
+
     def __init__(self, table: Table):
         self._table = table
 
     def create(self, record: ApiKeyRecord) -> None:
-        self._table.put(record.to_item(), if_absent=True)
+        self._table.transact([
+            Put(record.to_item(), if_absent=True),
+            Put(record.listing_item(), if_absent=True),
+            Put(record.id_item(), if_absent=True),
+            # Serialized with ``tenants disable``, which writes the policy before it lists the keys
+            # to mark: a key created after that write is refused, one created before is listed.
+            Check(schema.TENANTS_PK, schema.tenant_policy_sk(record.tenant),
+                  Attr("disabled").not_exists() | Attr("disabled").ne(True)),
+        ])
 
     def get(self, key_hash: str) -> ApiKeyRecord | None:
         item = self._table.get(schema.key_pk(key_hash), "KEY")
         return ApiKeyRecord.from_item(item) if item else None
 
+    def get_by_id(self, key_id: str) -> ApiKeyRecord | None:
+        item = self._table.get(schema.key_id_pk(key_id), "KEYID")
+        return self.get(item["key_hash"]) if item else None
+
+    def list(self, tenant: str) -> list[ApiKeyRecord]:
+        items, _ = self._table.query_page(
+            pk=schema.tenant_keys_pk(tenant), prefix=ApiKeyRecord.listing_sort_key(""), after=None, ascending=True,
+            limit=10**9,
+        )
+        return [ApiKeyRecord.from_item(i) for i in items]
+
     def delete(self, key_hash: str) -> ApiKeyRecord | None:
-        old = self._table.delete(schema.key_pk(key_hash), "KEY")
-        return ApiKeyRecord.from_item(old) if old else None
+        record = self.get(key_hash)
+        if record is None:
+            return None
+        ops: list[Any] = [Delete(schema.key_pk(key_hash), "KEY", condition=Attr(schema.PK).exists())]
+        # Its listing and id items go with it if they are this key's: a key stored before ids
+        # existed has none (``batchctl keys backfill`` adds them), and another key may hold its id.
+        for pk, sk in ((schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id)),
+                       (schema.key_id_pk(record.id), "KEYID")):
+            if (self._table.get(pk, sk) or {}).get("key_hash") == key_hash:
+                ops.append(Delete(pk, sk, condition=Attr("key_hash").eq(key_hash)))
+        try:
+            self._table.transact(ops)
+        except ConditionFailed:  # revoked concurrently
+            return None
+        return record
+
+    def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
+        values, remove = ({"disabled": True}, ()) if disabled else ({}, ("disabled",))
+        try:
+            self._table.transact([
+                Update(schema.key_pk(record.key_hash), "KEY", values=values, remove=remove),
+                Update(schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id),
+                       values=values, remove=remove),
+            ])
+        except ConditionFailed:  # revoked meanwhile
+            return False
+        return True
+
+    def all_keys(self) -> list[ApiKeyRecord]:
+        return [ApiKeyRecord.from_item(i) for i in self._table.scan_prefix(schema.key_pk("")) if i[schema.SK] == "KEY"]
+
+    def add_listing(self, record: ApiKeyRecord) -> bool:
+        try:
+            self._table.transact([Put(record.listing_item(), if_absent=True), Put(record.id_item(), if_absent=True)])
+        except ConditionFailed:
+            return False
+        return True
 
 
 class BatchRepo:
-    def __init__(self, table: Table):
+    """``track_storage``: the output and error files ``finish`` creates are counted on the
+    tenant's stored-bytes ledger, never refused (a batch always ends)."""
+
+    def __init__(self, table: Table, *, track_storage: bool = False):
         self._table = table
+        self._track = track_storage
 
     def create(self, record: BatchRecord) -> None:
         self._table.put(record.to_item(), if_absent=True)
@@ -136,86 +234,32 @@ class BatchRepo:
         )
         return [BatchRecord.from_item(i) for i in items], more
 
-    def update(
-        self,
-        tenant: str,
-        batch_id: str,
-        *,
-        values: dict[str, Any] | None = None,
-        defaults: dict[str, Any] | None = None,
-        add: dict[str, Any] | None = None,
-        remove: tuple[str, ...] = (),
-        expect: dict[str, Any] | None = None,
-    ) -> BatchRecord:
-        """Conditionally update a batch; returns it as now stored (ConditionFailed otherwise).
-        A write that makes the batch terminal also takes it out of the open-batch index."""
-        op = Update(
-            schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
-            values=values or {}, defaults=defaults or {}, add=add or {}, remove=_closing(values, remove),
-            expect=expect or {},
-        )
-        if _terminal(values):
-            item = self._releasing(op) or self._table.get(op.pk, op.sk)
-            assert item is not None
-            return BatchRecord.from_item(item)
-        return BatchRecord.from_item(self._table.update(op))
+    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+        """Apply a lifecycle change (``functions.core.lifecycle``): the batch's conditional update,
+        its counter change and ``files`` in one transaction (a lone update when there is nothing
+        else); the terminal write's reservation release is ``lifecycle.settle``'s."""
+        pk, sk = schema.batches_pk(tenant), BatchRecord.sort_key(batch_id)
 
-    def _releasing(self, op: Update, others: tuple[Put, ...] = ()) -> dict[str, Any] | None:
-        """Apply the terminal write ``op`` (with ``others`` in the same transaction) and release
-        the batch's enqueued-cap reservation if it holds one, exactly once: first as a write
-        conditioned on holding none (a batch without a reservation pays nothing more); if that
-        condition fails, read the reservation and write again with the counter's release in the
-        same transaction, conditioned on still holding it (and removing it). Returns the new item
-        when a lone update wrote it (None: read it if needed)."""
-        again = True  # one more plain attempt after a concurrent release (then the condition decides)
-        for _ in range(3):
-            plain = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add, remove=op.remove,
-                           expect={**op.expect, HOLDS: None})
-            try:
-                if others:
-                    self._table.transact([*others, plain])
-                    return None
-                return self._table.update(plain)
-            except ConditionFailed:
-                item = self._table.get(op.pk, op.sk)
-                if item is None or not item.get(HOLDS):
-                    if not again:
-                        raise
-                    again = False
-                    continue  # the caller's own condition failed, or a concurrent release: once more
-            held = BatchRecord.from_item(item)
-            assert held.reserved_model is not None
-            release = _Add(schema.enqueued_pk(held.tenant), schema.enqueued_sk(held.reserved_model),
-                           {"requests": -held.reserved_requests, "tokens": -held.reserved_tokens})
-            batch = Update(op.pk, op.sk, values=op.values, defaults=op.defaults, add=op.add,
-                           remove=(*op.remove, HOLDS), expect={**op.expect, HOLDS: True})
-            try:
-                self._table.transact([*others, release, batch])
-                return None
-            except ConditionFailed:
-                continue
-        raise ConditionFailed("the batch's condition does not hold")
+        def write(c: Change) -> dict[str, Any] | None:
+            if isinstance(c.counter, Reservation) and not c.counter.fits_alone():
+                raise ConditionFailed("the batch alone exceeds the enqueued cap")
+            update = Update(pk, sk, values=dict(c.values), defaults=dict(c.defaults), add=dict(c.add),
+                            remove=c.remove, expect=dict(c.expect))
+            others = self._file_ops(tenant, files)
+            if c.counter is not None:
+                others.append(_Counter(c.counter))
+            if not others:
+                return self._table.update(update)
+            self._table.transact([*others, update])
+            return None
 
-    def reserve(self, tenant: str, batch_id: str, *, values: dict[str, Any], expect: dict[str, Any],
-                reservation: Reservation) -> BatchRecord:
-        if not reservation.fits_alone():
-            raise ConditionFailed("the batch alone exceeds the enqueued cap")
-        self._table.transact([
-            _Reserve(reservation),
-            Update(
-                schema.batches_pk(tenant), BatchRecord.sort_key(batch_id),
-                values={**values, "reserved_model": reservation.model, "reserved_requests": reservation.requests,
-                        "reserved_tokens": reservation.tokens, HOLDS: True},
-                expect={**expect, HOLDS: None},
-            ),
-        ])
-        item = self._table.get(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id))
+        item = lifecycle.settle(change, write, lambda: self.get(tenant, batch_id)) or self._table.get(pk, sk)
         assert item is not None
         return BatchRecord.from_item(item)
 
-    def budget_used(self, tenant: str, period_sk: str) -> int:
+    def budget_used(self, tenant: str, period_sk: str) -> Spent:
         item = self._table.get(schema.budget_pk(tenant), period_sk) or {}
-        return int(item.get("output_tokens", 0))
+        return Spent(**{kind: int(item.get(kind, 0)) for kind in BUDGET_KINDS})
 
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         item = self._table.get(schema.enqueued_pk(tenant), schema.enqueued_sk(model)) or {}
@@ -233,9 +277,8 @@ class BatchRepo:
                 add=marker.batch_counters(), expect={"accepting": True},
             ),
         ]
-        if marker.budget_period is not None:  # the tenant's output-token budget, charged once with the count
-            ops.append(_Add(schema.budget_pk(marker.tenant), budget_sk(marker.budget_period, marker.recorded_at),
-                            {"output_tokens": marker.output_tokens}))
+        if (charge := marker.budget_charge()) is not None:  # the tenant's budget, charged once with the count
+            ops.append(_Add(schema.budget_pk(marker.tenant), charge[0], charge[1]))
         try:
             self._table.transact(ops)
         except ConditionFailed:
@@ -287,18 +330,15 @@ class BatchRepo:
         self._table.update(Update(keys[schema.PK], keys[schema.SK], values=values, remove=absent,
                                   expect={"version": record.version - 1}))
 
-    def finish(
-        self, tenant: str, batch_id: str, files: list[FileRecord], values: dict[str, Any], expect: dict[str, Any]
-    ) -> None:
-        """Create the batch's output files and set its terminal state in one transaction (with the
-        release of its enqueued-cap reservation, if it holds one)."""
-        op = Update(schema.batches_pk(tenant), BatchRecord.sort_key(batch_id), values=values, expect=expect,
-                    remove=_closing(values, ()))
-        files_ops = tuple(Put(f.to_item()) for f in files)
-        if _terminal(values):
-            self._releasing(op, files_ops)
-        else:
-            self._table.transact([*files_ops, op])
+    def _file_ops(self, tenant: str, files: Sequence[FileRecord]) -> list[Any]:
+        """The puts of a finished batch's files, and (keeping the ledger) their bytes added to the
+        tenant's stored bytes without a condition: a batch always ends."""
+        if not self._track:
+            return [Put(f.to_item()) for f in files]
+        return [
+            *(Put({**f.to_item(), HOLDS_STORAGE: True}) for f in files),
+            *stored.charge(tenant, [(FileRecord.sort_key(f.id), f.bytes) for f in files]),
+        ]
 
     def open_batches(self) -> list[tuple[str, str]]:
         """(tenant, batch_id) of every open (non-terminal) batch: one Query of the sparse
@@ -309,17 +349,6 @@ class BatchRepo:
             (schema.tenant_of_batches_pk(item[schema.PK]), item[schema.SK].removeprefix(BatchRecord.sort_key("")))
             for item in items
         ]
-
-
-def _closing(values: dict[str, Any] | None, remove: tuple[str, ...]) -> tuple[str, ...]:
-    """``remove``, plus the open-index attributes when ``values`` make the batch terminal."""
-    if (values or {}).get("status") in TERMINAL_STATUSES:
-        return (*remove, *(a for a in BatchRecord.OPEN_ATTRIBUTES if a not in remove))
-    return remove
-
-
-def _terminal(values: dict[str, Any] | None) -> bool:
-    return (values or {}).get("status") in TERMINAL_STATUSES
 
 
 class _Add:
@@ -339,30 +368,30 @@ class _Add:
         }}
 
 
-class _Reserve:
-    """A transactional ADD of a reservation to its (tenant, model) counter, only while every capped
-    dimension stays within its cap after the addition (the item is created by the first one)."""
+class _Counter:
+    """A transactional ADD to a (tenant, model) enqueued-cap counter (created by the first one): a
+    ``Reservation`` only while every capped dimension stays within its cap after the addition
+    (``Reservation.bounds``), a ``Release`` unconditionally."""
 
-    def __init__(self, reservation: Reservation):
-        self.r = reservation
+    def __init__(self, counter: Reservation | Release):
+        self.counter = counter
 
     def render(self, table: str) -> dict[str, Any]:
-        r = self.r
-        parts = []
-        for attribute, cap, n in (("requests", r.max_requests, r.requests), ("tokens", r.max_tokens, r.tokens)):
-            if cap is not None:
-                parts.append(Attr(attribute).not_exists() | Attr(attribute).lte(cap - n))
-        condition = parts[0]
-        for part in parts[1:]:
-            condition &= part
+        c = self.counter
+        sign = 1 if isinstance(c, Reservation) else -1
         names: dict[str, str] = {"#q": "requests", "#t": "tokens"}
-        values: dict[str, Any] = {":q": r.requests, ":t": r.tokens}
-        expression = _render(condition, names, values)
-        return {"Update": {
+        values: dict[str, Any] = {":q": sign * c.requests, ":t": sign * c.tokens}
+        request: dict[str, Any] = {
             "TableName": table,
-            "Key": {schema.PK: schema.enqueued_pk(r.tenant), schema.SK: schema.enqueued_sk(r.model)},
+            "Key": {schema.PK: schema.enqueued_pk(c.tenant), schema.SK: schema.enqueued_sk(c.model)},
             "UpdateExpression": "ADD #q :q, #t :t",
-            "ConditionExpression": expression,
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": values,
-        }}
+        }
+        if isinstance(c, Reservation) and (bounds := c.bounds()):
+            condition = None
+            for attribute, cap, n in bounds:
+                part = Attr(attribute).not_exists() | Attr(attribute).lte(cap - n)
+                condition = part if condition is None else condition & part
+            request["ConditionExpression"] = _render(condition, names, values)
+        return {"Update": request}

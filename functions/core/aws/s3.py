@@ -8,6 +8,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from .. import http, limits
+from ..anchor import WormObject
 from .errors import translate
 
 class ObjectStore:
@@ -168,12 +169,14 @@ PRECONDITION_FAILED = "PreconditionFailed"
 class WormObjects:
     """The ``WormStore`` port on an S3 bucket with Object Lock (infra/constructs/audit.py). A key
     is written once: ``If-None-Match: *`` (S3 conditional writes) refuses a second PUT of it, so a
-    redelivered record never adds a locked version. Every PUT carries a SHA-256 checksum, which
-    Object Lock requires of PUTs (a Content-MD5 or an x-amz-checksum)."""
+    redelivered intent never adds a version, and the bucket policy refuses any PUT without the
+    header. Every PUT carries a SHA-256 checksum, which Object Lock requires of PUTs (a
+    Content-MD5 or an x-amz-checksum). ``originals`` reads each key's first version: a later
+    version (a PUT without If-None-Match) or a delete marker cannot replace what was written first,
+    which the lock keeps."""
 
     def __init__(self, s3: Any, bucket: str):
         self._s3, self.bucket = s3, bucket
-        self._store = ObjectStore(s3, bucket)
 
     def put_once(self, key: str, body: bytes) -> bool:
         try:
@@ -186,8 +189,34 @@ class WormObjects:
             raise
         return True
 
-    def get(self, key: str) -> bytes:
-        return self._store.get(key)
+    def find(self, key: str) -> bytes | None:
+        try:
+            with translate():
+                return self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _ABSENT:
+                return None
+            raise
 
-    def list_keys(self, prefix: str) -> list[str]:
-        return self._store.list_keys(prefix)
+    def originals(self, prefix: str) -> dict[str, WormObject]:
+        """One ListObjectVersions walk of ``prefix``, then a GET of each key's first version. S3
+        lists versions by key, then from most to least recent (the ListVersions reference), so a
+        key's last listed version is the one written first."""
+        versions: dict[str, list[str]] = {}
+        hidden: set[str] = set()
+        paginator = self._s3.get_paginator("list_object_versions")
+        with translate():
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for version in page.get("Versions", []):
+                    versions.setdefault(version["Key"], []).append(version["VersionId"])
+                hidden |= {m["Key"] for m in page.get("DeleteMarkers", []) if m.get("IsLatest")}
+        out = {}
+        for key, ids in versions.items():
+            with translate():
+                body = self._s3.get_object(Bucket=self.bucket, Key=key, VersionId=ids[-1])["Body"].read()
+            out[key] = WormObject(body=body, versions=len(ids), hidden=key in hidden)
+        return out
+
+
+#: Error codes of a GET whose key does not exist (or only as a delete marker).
+_ABSENT = frozenset({"NoSuchKey", "404", "NotFound"})

@@ -10,14 +10,20 @@ disproportionate share of the in-flight messages, SQS delivers the other tenants
 Setting it here, in the one send path, covers ingest's fan-out and the sweeper's re-enqueue (which
 re-runs ingest); SQS's own DLQ moves keep a message's group."""
 
+from __future__ import annotations
+
+import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
 from ..errors import Throttled
 from ..ports import Received
 from .errors import translate
+
+if TYPE_CHECKING:
+    from ..audit import AuditIntent
 
 #: SQS's SendMessageBatch and ReceiveMessage take at most 10 messages.
 SQS_BATCH_MAX = 10
@@ -109,3 +115,22 @@ class SqsQueues:
 
     def queue(self, url: str) -> SqsQueue:
         return SqsQueue(self._sqs, url)
+
+
+class SqsAuditLog:
+    """The ``AuditLog`` port on the audit queue (FIFO, infra/constructs/audit.py): one message per
+    intent, its group the tenant (the appender works on one tenant's intents in order, one batch
+    at a time, so a tenant's chain never sees two appenders race), its deduplication id the
+    intent's dedupe key (SQS drops a resend within five minutes; the appender's marker keeps the
+    chain from holding it twice after that)."""
+
+    def __init__(self, sqs: Any, url: str):
+        self._sqs, self.url = sqs, url
+
+    def record(self, intent: "AuditIntent") -> None:
+        with translate():
+            self._sqs.send_message(
+                QueueUrl=self.url, MessageBody=intent.model_dump_json(), MessageGroupId=intent.tenant,
+                # At most 128 characters of [A-Za-z0-9] and punctuation: a digest of the key.
+                MessageDeduplicationId=hashlib.sha256(intent.dedupe.encode()).hexdigest(),
+            )

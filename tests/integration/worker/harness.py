@@ -17,11 +17,13 @@ from functions.core.aws.sqs import SqsQueue
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 from functions.core.settings import Settings
-from gpu_worker.chunk import ChunkReport, RunPolicy, process_chunk
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.chunk import ChunkReport
 from gpu_worker.config import WorkerConfig
-from gpu_worker.engine import EngineClient
+from gpu_worker.engine_client import EngineClient
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
+from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine
 
 
@@ -133,7 +135,7 @@ def run_one_chunk(
     started: bool = False,
     policy: RunPolicy = RunPolicy(),
 ) -> ChunkReport:
-    """One chunk through the worker's real path (``gpu_worker.chunk.process_chunk``: skip it if
+    """One chunk through the worker's real path (``gpu_worker.chunk.ChunkRunner``: skip it if
     the batch stopped or the chunk is already counted, read it, every line through the engine,
     the parts and the count in one shielded commit; the last chunk signals the workflow),
     called synchronously. ``engine`` answers the lines in-process (default: every line a chat

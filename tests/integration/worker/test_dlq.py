@@ -10,6 +10,7 @@ from functions.dlq.logic import fail_chunk
 from infra.local.pollers import drain_queue
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 from tests.integration.worker.harness import dlq_url, queue_depth, run_one_chunk
+from tests.builders import set_batch
 
 pytestmark = pytest.mark.settings(chunk_max_lines=2)
 
@@ -45,7 +46,7 @@ def test_a_closed_batch_is_left_alone(client, stores, deployed):
     batch = submit(client, (line(0) + "\n").encode())
     run_ingest()
     (only,) = take_work(deployed)
-    stores.batches.update("acme", batch.id, values={"accepting": False})
+    set_batch(stores, "acme", batch.id, accepting=False)
     assert fail_chunk(stores, only, now=0).action == "batch_closed"
     assert stores.objects.list_keys(schema.batch_prefix("acme", batch.id) + "parts/") == []
 
@@ -60,8 +61,8 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     import pytest as _pytest
 
     from functions.core.models import BatchOutputLine
-    from gpu_worker.chunk import RunPolicy
-    from gpu_worker.engine import EngineDown
+    from gpu_worker.attempt import RunPolicy
+    from gpu_worker.engine_client import EngineDown
     from tests.fakes.engine import CrashingEngine
 
     batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())

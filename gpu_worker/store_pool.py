@@ -1,15 +1,16 @@
-"""The worker's threads for blocking store calls (S3, DynamoDB), with two priorities: a chunk's
-path to the engine and its commit (start, ranged GET, run record, parts, the count and the signal)
-go before background calls (checkpoints, which are live progress; audit receipts, which follow a
-count already made). When several chunks end together, the last one's count and signal no longer
-wait behind the others' receipts and checkpoints (docs/benchmarks.md, "Fixed overhead"). Calls are
-taken in priority order, then in the order they came; at most one background call runs at a time.
+"""The worker's pool of threads for blocking store calls (S3, DynamoDB), with two priorities: a
+chunk's path to the engine and its commit (start, ranged GET, run record, parts, the count and the
+signal) go before background calls (checkpoints, which are live progress; audit receipts, which
+follow a count already made). When several chunks end together, the last one's count and signal
+do not wait behind the others' receipts and checkpoints (docs/benchmarks.md, "Fixed overhead").
+Calls are taken in priority order, then in the order they came; at most one background call runs
+at a time.
 
 ``threads`` calls run at once (``WorkerConfig.store_threads``), so chunks that end together commit
 side by side instead of one after another (docs/worker.md, "Concurrency"). Only stores that say
 they may be called from several threads at once (``Stores.concurrent``: the worker's AWS set,
 whose DynamoDB table is a boto3 resource per thread, boto3 clients being thread-safe) get more
-than one; the worker gives any other store set (the in-memory fakes) one thread, as before."""
+than one; the worker gives any other store set (the in-memory fakes) one thread."""
 
 from __future__ import annotations
 
@@ -18,14 +19,19 @@ import heapq
 import itertools
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
 
 URGENT, BACKGROUND = 0, 1
 
+#: Runs one blocking store call off the event loop and returns its answer: a ``StorePool`` call
+#: with its priority (and rank) bound, or any coroutine function of that shape (the tests' direct
+#: call).
+Io = Callable[..., Awaitable[Any]]
 
-class StoreThread:
+
+class StorePool:
     """``threads`` threads taking calls urgent first (by rank: the worker ranks a chunk's calls by
     the order its message came, so the first chunk of a batch reaches the engine after its own
     few calls, not after every chunk's), then in the order they came; at most one background call

@@ -1,5 +1,6 @@
 """An async client of the OpenAI-compatible engine in the same task (vLLM's ``vllm serve``), on
-loopback.
+loopback. (The local CPU engine itself, its install and serve scripts, is ``gpu_worker/engine/``:
+docs/engine.md.)
 
 - One global cap on requests in flight (a semaphore shared by every chunk), so the engine's
   continuous batching stays full without an unbounded queue in front of it.
@@ -33,6 +34,9 @@ from functions.core import limits
 from .config import WorkerConfig
 
 OVERLOAD_STATUSES = frozenset({429, 503})
+#: The error codes of a line whose request reached the engine but whose answer was never read.
+ENGINE_TIMEOUT, ENGINE_CONNECTION_ERROR, RESPONSE_TOO_LARGE = "engine_timeout", "engine_connection_error", "response_too_large"
+UNREAD_ANSWERS = frozenset({ENGINE_TIMEOUT, ENGINE_CONNECTION_ERROR, RESPONSE_TOO_LARGE})
 #: How much of an answer is read at a time.
 READ_CHUNK_BYTES = 64 * 1024
 
@@ -235,18 +239,18 @@ class EngineClient:
             except TimeoutError:
                 self.stats.timeouts += 1
                 failures += 1
-                problem = ("engine_timeout", f"The engine did not answer within {self._timeout.total:.0f} s")
+                problem = (ENGINE_TIMEOUT, f"The engine did not answer within {self._timeout.total:.0f} s")
             except ResponseTooLarge as exc:
                 self.stats.answered[exc.status] = self.stats.answered.get(exc.status, 0) + 1
                 self.stats.too_large += 1
-                return Reply(None, None, request_id, attempts, "response_too_large", (
+                return Reply(None, None, request_id, attempts, RESPONSE_TOO_LARGE, (
                     f"The engine answered with status {exc.status} and a body larger than {exc.limit} bytes, "
                     "the most this deployment reads of one answer; the request was not retried."
                 ))
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 self.stats.connection_errors += 1
                 failures += 1
-                problem = ("engine_connection_error", f"The connection to the engine failed: {type(exc).__name__}")
+                problem = (ENGINE_CONNECTION_ERROR, f"The connection to the engine failed: {type(exc).__name__}")
             else:
                 self.stats.answered[status] = self.stats.answered.get(status, 0) + 1
                 request_id = headers.get("x-request-id") or request_id
