@@ -13,7 +13,9 @@ After the batch it signs one checkpoint per tenant it appended to (the last reco
 confirmed for that tenant) and writes it to ``anchor.checkpoint_key`` (once). A chunk receipt is
 built from the chunk's count marker, read here (its attempt, counts, usage and time), never from
 the sender's numbers; only its input lines and part digests come from the message (and the
-digests are computed here from the parts when the sender had none).
+digests are computed here from the parts when the sender had none). The receipt's append also
+charges the tenant's token budget from that marker (``ChunkRecord.budget_charge``), in the same
+transaction: a chunk is charged exactly once, by this role alone.
 
 Logic takes its stores (``AppenderStores``); the handler builds them.
 """
@@ -29,6 +31,7 @@ from typing import Any, Literal
 from functions.core import anchor, audit, schema
 from functions.core.anchor import Checkpoint
 from functions.core.audit import AuditIntent, AuditRecord
+from functions.core.budgets import Charge
 from functions.core.ports import AuditStore, BatchStore, Objects, Signer, WormStore
 
 #: A sha256 hex digest.
@@ -90,9 +93,19 @@ def _chunk_of(intent: AuditIntent) -> tuple[str, int] | None:
     return batch_id, chunk
 
 
-def receipt(stores: AppenderStores, intent: AuditIntent) -> AuditIntent | str:
-    """The receipt intent as the appender records it, or why it refuses it: batch, chunk, input
-    lines and digests from the sender, everything counted from the chunk's own count marker."""
+@dataclass(frozen=True)
+class Receipt:
+    """A chunk receipt as the appender appends it: the intent built from the count marker, and
+    the budget charge its append writes (None: the chunk's batch has no budget)."""
+
+    intent: AuditIntent
+    charge: Charge | None
+
+
+def receipt(stores: AppenderStores, intent: AuditIntent) -> Receipt | str:
+    """The receipt as the appender records it, or why it refuses it: batch, chunk, input lines
+    and digests from the sender, everything counted (and charged) from the chunk's own count
+    marker."""
     named = _chunk_of(intent)
     if named is None:
         return "a receipt must name its batch and chunk"
@@ -109,7 +122,7 @@ def receipt(stores: AppenderStores, intent: AuditIntent) -> AuditIntent | str:
         return f"chunk {chunk} of batch {batch_id} is not counted"
     if all(v is None for v in digests.values()):
         digests = _part_digests(stores.objects, intent.tenant, batch_id, chunk, marker.attempt)
-    return AuditIntent(
+    return Receipt(AuditIntent(
         tenant=intent.tenant, at=marker.recorded_at, actor=audit.WORKER, action=audit.CHUNK_RECEIPT, outcome="ok",
         target=batch_id, dedupe=audit.receipt_key(batch_id, chunk),
         details={
@@ -117,7 +130,7 @@ def receipt(stores: AppenderStores, intent: AuditIntent) -> AuditIntent | str:
             "completed": marker.completed, "failed": marker.failed, **digests,
             "usage": {k: getattr(marker, k) for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")},
         },
-    )
+    ), marker.budget_charge())
 
 
 def dedupe_key(intent: AuditIntent) -> str | None:
@@ -162,11 +175,12 @@ class Invocation:
                 return self._note(Taken("conflict", record, f"the table's record at seq {seq} is not this intent's"))
             outcome: Outcome = "duplicate"
         else:
+            charge = None
             if intent.action == audit.CHUNK_RECEIPT:
                 built = receipt(self.stores, intent)
                 if isinstance(built, str):
                     return Taken("refused", reason=built)
-                intent = built
+                intent, charge = built.intent, built.charge
 
             def position(head: AuditRecord | None) -> tuple[int, str]:
                 """After the head, past every seq the WORM copy already holds (a cut tail)."""
@@ -177,7 +191,8 @@ class Invocation:
                     seq, prev = seq + 1, AuditRecord.model_validate_json(copy).hash
                 return seq, prev
 
-            appended = audit.append_intent(chain, intent, position=position, known_new=True, sleep=self.sleep)
+            appended = audit.append_intent(chain, intent, charge=charge, position=position, known_new=True,
+                                           sleep=self.sleep)
             if appended is None:  # appended meanwhile under the same key: confirm that one
                 return self.take(intent)
             record, outcome = appended, "appended"

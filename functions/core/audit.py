@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .budgets import Charge
 from .errors import ConditionFailed, Throttled
 from .messages import WorkMessage
 from .ports import AuditLog, AuditStore, Stores
@@ -158,6 +159,7 @@ def append(
     request_id: str | None = None,
     details: dict[str, Any] | None = None,
     dedupe: str | None = None,
+    charge: Charge | None = None,
     position: Position = after,
     known_new: bool = False,
     attempts: int = APPEND_ATTEMPTS,
@@ -169,7 +171,8 @@ def append(
     With ``dedupe``, the record is written in one transaction with a marker of that key (which
     remembers the record's seq), so appending it again writes nothing and returns None
     (``known_new``: the caller has just read that the key is new, so the first attempt does not
-    read it again). Raises ``Throttled`` when other writers took the next sequence number
+    read it again). ``charge``: a budget charge written in the same transaction (a chunk receipt's;
+    needs ``dedupe``, so it is charged once). Raises ``Throttled`` when other writers took the next sequence number
     ``attempts`` times in a row."""
     for attempt in range(1, attempts + 1):
         if dedupe is not None and not (known_new and attempt == 1) and store.dedupe_seq(tenant, dedupe) is not None:
@@ -178,7 +181,7 @@ def append(
         record = link(tenant, seq, prev_hash, at=at, actor=actor, action=action, outcome=outcome, target=target,
                       request_id=request_id, details=details)
         try:
-            store.put(record, dedupe=dedupe)
+            store.put(record, dedupe=dedupe, charge=charge)
             return record
         except ConditionFailed:  # another writer took this seq (or this dedupe key): re-read
             if attempt < attempts:
@@ -186,12 +189,13 @@ def append(
     raise Throttled(f"audit chain of tenant {tenant!r}: {attempts} appends lost to concurrent writers")
 
 
-def append_intent(store: AuditStore, intent: AuditIntent, *, position: Position = after, known_new: bool = False,
-                  sleep: Callable[[float], None] = time.sleep) -> AuditRecord | None:
+def append_intent(store: AuditStore, intent: AuditIntent, *, charge: Charge | None = None, position: Position = after,
+                  known_new: bool = False, sleep: Callable[[float], None] = time.sleep) -> AuditRecord | None:
     """``append`` of an intent's content under its dedupe key."""
     fields = intent.content()
     tenant = fields.pop("tenant")
-    return append(store, tenant, **fields, dedupe=intent.dedupe, position=position, known_new=known_new, sleep=sleep)
+    return append(store, tenant, **fields, dedupe=intent.dedupe, charge=charge, position=position, known_new=known_new,
+                  sleep=sleep)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,11 @@ class BudgetCaps(BaseModel):
         return f"{what}-token budget ({getattr(self, kind)} tokens per {period})"
 
 
+#: What counting one chunk adds to its tenant's budget: the budget item's sort key (``budget_sk``)
+#: and the tokens by kind (``ChunkRecord.budget_charge``).
+Charge = tuple[str, dict[str, int]]
+
+
 class Spent(BaseModel):
     """What a tenant's budget item of one period has been charged (``BatchStore.budget_used``)."""
 

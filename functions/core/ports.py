@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .budgets import Spent
+from .budgets import Charge, Spent
 from .tenants import TenantPolicy
 
 if TYPE_CHECKING:
@@ -148,10 +148,10 @@ class AuditStore(Protocol):
 
     def head(self, tenant: str) -> "AuditRecord | None":
         """The record with the highest seq (strongly consistent), None for an empty chain."""
-    def put(self, record: "AuditRecord", *, dedupe: str | None = None) -> None:
+    def put(self, record: "AuditRecord", *, dedupe: str | None = None, charge: Charge | None = None) -> None:
         """Write ``record`` only if its seq is free (and, with ``dedupe``, together with a marker of
-        that key holding the seq, only if the key is new, in one transaction); ConditionFailed
-        otherwise."""
+        that key holding the seq, only if the key is new, and with ``charge``, its ADD to the
+        tenant's budget item, in one transaction); ConditionFailed otherwise."""
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         """The seq of the record written with the dedupe ``key``, None if there is none."""
     def record(self, tenant: str, seq: int) -> "AuditRecord | None":

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from . import schema
-from .budgets import BudgetCaps, budget_sk
+from .budgets import BudgetCaps, Charge, budget_sk
 from .messages import Chunk, WorkMessage
 from .work import Spend
 from .models import (
@@ -413,7 +413,7 @@ class ChunkRecord(Record):
     def expiry(self) -> int | None:
         return self.expires_at
 
-    def budget_charge(self) -> tuple[str, dict[str, int]] | None:
+    def budget_charge(self) -> Charge | None:
         """The budget item (its sort key) and what counting this chunk adds to it: what the engine
         spent, never less than the counted usage (None: no budget)."""
         if self.budget_period is None:

@@ -8,8 +8,10 @@ bucket of the chains' anchors and the key that signs them; with governance off, 
   table's ``AUDIT#*`` items: GetItem, PutItem and Query there by ``dynamodb:LeadingKeys``, and the
   table's resource policy denies every other principal any write of them (and everyone, the
   appender too, UpdateItem, DeleteItem and BatchWriteItem: the chains are append-only). It reads a
-  chunk's count marker (GetItem on ``T#*#B#*``) and its parts (receipts without digests), puts and
-  reads ``chain/*`` and ``checkpoints/*`` of the bucket, and is the only one granted ``kms:Sign``.
+  chunk's count marker (GetItem on ``T#*#B#*``) and its parts (receipts without digests), charges
+  the chunk's tenant budget from that marker with the receipt (UpdateItem on ``T#*#BUDGET``, which
+  the table's policy denies every other principal any write of), puts and reads ``chain/*`` and
+  ``checkpoints/*`` of the bucket, and is the only one granted ``kms:Sign``.
 - ``bucket``: Object Lock (the config's mode and retention on every version), versioned,
   access-logged, retained on stack deletion; its policy denies any PUT without If-None-Match (a
   key is written once), any delete, a version's retention change and bypassing governance
@@ -35,8 +37,8 @@ from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig
 
-from .common import AUDIT_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_data_grants, acknowledge_wildcards, \
-    arn_in_findings, grant_items
+from .common import AUDIT_PARTITIONS, BUDGET_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_data_grants, \
+    acknowledge_wildcards, arn_in_findings, grant_charge, grant_items
 from .ingest import PART_KEYS
 
 #: The appender's table actions on ``AUDIT#*`` (``functions.core.aws.audit.AuditRepo``): GetItem (a
@@ -47,6 +49,8 @@ APPEND_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
 #: every principal (``OTHERS_DENIED``), and these to everyone (``ALL_DENIED``).
 OTHERS_DENIED = ("dynamodb:PutItem",)
 ALL_DENIED = ("dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem")
+#: The writes of a budget item denied to every principal but the appender.
+BUDGET_DENIED = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem")
 #: The bucket policy's denials to every principal (docs/audit.md, "What an attacker can still do").
 BUCKET_DENIED = ("s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObjectRetention", "s3:BypassGovernanceRetention")
 #: Intents per invocation: SQS's FIFO maximum; one checkpoint per tenant per invocation.
@@ -149,6 +153,7 @@ class Audit(Construct):
         role = self.function.role
         grant_items(self.function, storage, APPEND_ACTIONS, (AUDIT_PARTITIONS,))
         grant_items(self.function, storage, ("dynamodb:GetItem",), (CHUNK_PARTITIONS,))  # a chunk's count marker
+        grant_charge(self.function, storage)  # the counted chunk's budget, with its receipt
         storage.bucket.grant_read(self.function, PART_KEYS)  # a receipt without digests hashes the parts
         # Put (once) and read back its two prefixes; ListBucket so a missing key answers 404, not 403.
         prefixes = [self.bucket.arn_for_objects(f"{p}*") for p in (anchor.CHAIN_PREFIX, anchor.CHECKPOINT_PREFIX)]
@@ -177,6 +182,14 @@ class Audit(Construct):
         storage.table.add_to_resource_policy(iam.PolicyStatement(
             sid="AuditAppendOnly", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=list(ALL_DENIED),
             resources=["*"], conditions=audit_items,
+        ))
+        # Nobody else writes a budget item either: what a tenant spent is charged by this role only,
+        # from count markers, once per chunk (a receipt's transaction).
+        storage.table.add_to_resource_policy(iam.PolicyStatement(
+            sid="BudgetsAppenderOnly", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()],
+            actions=list(BUDGET_DENIED), resources=["*"],
+            conditions={"ForAnyValue:StringLike": {"dynamodb:LeadingKeys": [BUDGET_PARTITIONS]},
+                        "ArnNotEquals": {"aws:PrincipalArn": role.role_arn}},
         ))
 
     def grant_send(self, grantee: iam.IGrantable) -> None:

@@ -162,18 +162,17 @@ def grant_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
 
 
 def grant_charge(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
-    """A role that counts chunks (``BatchRepo.count_chunk``) charges the tenant's output-token
-    budget in the count's transaction when the chunk's message carries a ``budget_period``:
-    UpdateItem (an ADD) on ``T#*#BUDGET``. Unconditional for the same reason as ``grant_release``."""
+    """The audit appender charges a counted chunk's budget with its receipt
+    (``AuditStore.put``): UpdateItem (an ADD) on ``T#*#BUDGET``. No other role writes budget
+    items (the table's policy denies it, ``infra/constructs/audit.py``)."""
     return grant_items(role, storage, ("dynamodb:UpdateItem",), (BUDGET_PARTITIONS,))
 
 
-def grant_charge_and_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
-    """``grant_charge``, and the GPU worker also reads a tenant's budget item (GetItem on
-    ``T#*#BUDGET``) to stop the lines of a batch whose ``stop`` budget is used up
-    (``gpu_worker/budget.py``). Unconditional for the same reason as ``grant_release``: a message
-    may carry a ``budget_stop`` from before the switch."""
-    return grant_items(role, storage, ("dynamodb:GetItem", "dynamodb:UpdateItem"), (BUDGET_PARTITIONS,))
+def grant_watch(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:
+    """The GPU worker reads a tenant's budget item (GetItem on ``T#*#BUDGET``) to stop the lines
+    of a batch whose ``stop`` budget is used up (``gpu_worker/budget.py``). Unconditional for the
+    same reason as ``grant_release``: a message may carry a ``budget_stop`` from before the switch."""
+    return grant_items(role, storage, ("dynamodb:GetItem",), (BUDGET_PARTITIONS,))
 
 
 def grant_storage_release(role: iam.IGrantable, storage: Any) -> iam.PolicyStatement:

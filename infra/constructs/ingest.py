@@ -23,7 +23,7 @@ from infra.config import DeployConfig
 
 from .common import (
     BATCH_PARTITIONS, BUDGET_PARTITIONS, CHUNK_PARTITIONS, ENQUEUED_PARTITIONS, TENANT_POLICIES, acknowledge,
-    acknowledge_data_grants, grant_charge, grant_items, grant_release, resource_prefix, state_machine_arn,
+    acknowledge_data_grants, grant_items, grant_release, resource_prefix, state_machine_arn,
 )
 from .lambdas import Lambdas
 from .storage import Storage
@@ -168,8 +168,6 @@ class Ingest(Construct):
         # What the worker has: the batch item and the chunk's marker and run record (the count is a
         # TransactWriteItems, authorized item by item).
         grant_items(self.dlq_function, storage, CHUNK_COUNT_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
-        # Its count charges the tenant's output-token budget in the same transaction (UpdateItem).
-        grant_charge(self.dlq_function, storage)
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
         storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept

@@ -26,9 +26,10 @@ two partition shapes (``dynamodb:LeadingKeys``): a tenant's batch partition ``T#
 and a batch's chunk partition ``T#<tenant>#B#<batch>`` (``WORKER_LEADING_KEYS``). Never a tenant's
 own partition ``T#<tenant>`` (file and upload records), its webhook records, an API key's item (``KEY#...``),
 the scaler's state (``SCALER#...``) or an idempotency record; never a scan, a query, a delete or
-an index. Besides: UpdateItem on the output-token budget items (``T#*#BUDGET``: a count charges the
-budget in its transaction), through ``common``'s grants; with governance on, the stack grants it
-``sqs:SendMessage`` on the audit queue (a counted chunk's receipt) and no audit item.
+an index. Besides: GetItem on the token budget items (``T#*#BUDGET``: a ``stop`` budget is
+watched), never a write of them (the audit appender charges a counted chunk, from its marker,
+with its receipt); with governance on, the stack grants it ``sqs:SendMessage`` on the audit queue
+(a counted chunk's receipt) and no audit item.
 """
 
 from collections.abc import Mapping
@@ -53,7 +54,7 @@ from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
 from .common import (
     dead_letter_queue,
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_charge_and_watch, grant_items,
+    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_items, grant_watch,
     log_group,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
@@ -354,8 +355,8 @@ class ModelWorker(Construct):
         storage.bucket.grant_put(role, PART_KEYS)  # the chunk's output and error parts
         storage.bucket.grant_read(role, PART_KEYS)  # a redelivered chunk reads its checkpoints
         grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
-        # The count charges the tenant's output-token budget, and a `stop` budget is read (T#*#BUDGET).
-        grant_charge_and_watch(role, storage)
+        # A `stop` budget is read (T#*#BUDGET); the appender charges it, not this role.
+        grant_watch(role, storage)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow
         # Metrics are CloudWatch EMF lines on stdout (the awslogs driver ships them): no
         # cloudwatch:PutMetricData needed.

@@ -29,7 +29,7 @@ from functions.core.audit import AuditRecord
 from functions.core.lifecycle import Change
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.ports import Received, Stores
-from functions.core.budgets import BUDGET_KINDS, Spent
+from functions.core.budgets import BUDGET_KINDS, Charge, Spent
 from functions.core.tenants import Reservation, TenantPolicy
 from functions.core.records import (
     ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
@@ -471,12 +471,14 @@ class FakeTenants(_Port):
 
 class FakeAudit(_Port):
     """Audit chains with the adapter's conditions: a seq is written once, a dedupe key once, the
-    two atomically (a lock: threads may race on it as Lambdas race on DynamoDB)."""
+    two (and a receipt's budget charge, into ``budgets``' items) atomically (a lock: threads may
+    race on it as Lambdas race on DynamoDB)."""
 
     name = "chain"
 
-    def __init__(self, faults: Faults):
+    def __init__(self, faults: Faults, budgets: "FakeBatches | None" = None):
         super().__init__(faults)
+        self._budgets = budgets
         self.chains: dict[str, dict[int, AuditRecord]] = {}
         self.dedupe: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -487,7 +489,7 @@ class FakeAudit(_Port):
             chain = self.chains.get(tenant) or {}
             return chain[max(chain)] if chain else None
 
-    def put(self, record: AuditRecord, *, dedupe: str | None = None) -> None:
+    def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
         self._op("put")
         with self._lock:
             chain = self.chains.setdefault(record.tenant, {})
@@ -496,6 +498,8 @@ class FakeAudit(_Port):
             chain[record.seq] = record
             if dedupe is not None:
                 self.dedupe[(record.tenant, dedupe)] = record.seq
+                if charge is not None and self._budgets is not None:
+                    self._budgets.charge(record.tenant, charge[0], **charge[1])
 
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         self._op("dedupe_seq")
@@ -548,7 +552,7 @@ class FakeAuditLog(_Port):
         from functions.audit_append.logic import AppenderStores
 
         super().__init__(faults)
-        self.chain = FakeAudit(faults)
+        self.chain = FakeAudit(faults, batches)
         self.worm = FakeWorm(faults)
         self.signer = KeySigner()
         self.stores = AppenderStores(chain=self.chain, worm=self.worm, signer=self.signer, batches=batches,
@@ -670,8 +674,6 @@ class FakeBatches(_Port):
             return False
         self._write(marker.tenant, marker.batch_id, Change(add=marker.batch_counters(), expect={"accepting": True}), ())
         self.markers[key] = marker
-        if (charge := marker.budget_charge()) is not None:  # as the adapter: in the count's transaction
-            self.charge(marker.tenant, charge[0], **charge[1])
         return True
 
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:

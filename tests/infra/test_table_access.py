@@ -103,9 +103,9 @@ def allows_any(statements: list[dict], action: str, partition_keys: list[str]) -
     return any(allows(s, action, partition_keys) for s in statements)
 
 
-#: Beside its chunk path, a chunk counter (the worker, the chunk DLQ consumer) charges the tenant's
-#: output-token budget in the count's transaction (UpdateItem on ``T#*#BUDGET``); its chunk's
-#: receipt goes to the audit queue (sqs:SendMessage), never to the table.
+#: The audit appender charges a counted chunk's token budget with its receipt (UpdateItem on
+#: ``T#*#BUDGET``); the chunk counters (the worker, the chunk DLQ consumer) write no budget item
+#: and send their receipts to the audit queue (sqs:SendMessage), never to the table.
 CHARGE = (["dynamodb:UpdateItem"], ["T#*#BUDGET"])
 #: The audit appender: GetItem a dedupe marker or a record, Query a head, PutItem the record and
 #: its marker (``AUDIT#*``); GetItem a chunk's count marker (a receipt's numbers).
@@ -114,9 +114,9 @@ APPEND = (["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"], ["AUDIT#*"
 RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
 #: The workflow's finalize counts the output files it creates: their markers and the counter's ADD.
 STORAGE_CHARGE = (["dynamodb:PutItem", "dynamodb:UpdateItem"], ["T#*#STORAGE"])
-#: The worker also reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
-CHARGE_AND_WATCH = (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BUDGET"])
-WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE_AND_WATCH]
+#: The worker reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
+WATCH = (["dynamodb:GetItem"], ["T#*#BUDGET"])
+WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), WATCH]
 
 
 def _rights(statements: list[dict]) -> list[tuple]:
@@ -144,24 +144,23 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
 #: patterns) per statement: ingest and the ingest DLQ consumer read a batch and update it; the
 #: chunk DLQ consumer counts a chunk as the worker does; the workflow reads and updates the batch,
 #: queries its chunk markers, and puts the output File records in the tenant's partition.
-#: Issue 13 adds: ingest reads a tenant's policy, reserves on its enqueued counters and reads its
+#: With governance: ingest reads a tenant's policy, reserves on its enqueued counters and reads its
 #: budget item; the ingest DLQ consumer and the workflow release a reservation (their terminal
-#: writes); the chunk DLQ consumer charges the budget, as the worker does. The audit appender
-#: appends to the chains and reads count markers.
+#: writes). The audit appender appends to the chains, reads count markers and charges budgets.
 LAMBDA_RIGHTS = {
     "ingest": [
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), (["dynamodb:GetItem"], ["TENANTS"]),
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]), (["dynamodb:GetItem"], ["T#*#BUDGET"]),
     ],
     "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), RELEASE],
-    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS), CHARGE],  # the worker's, without the budget read
+    "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS)],  # the worker's, without the budget read
     "workflow": [
         (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
         (["dynamodb:PutItem"], ["T#*"], ["T#*#*"]),  # a tenant's own partition only (its File records)
         RELEASE,
         STORAGE_CHARGE,  # its output files counted on the tenant's stored-bytes ledger (governance on)
     ],
-    "audit_append": [APPEND, (["dynamodb:GetItem"], ["T#*#B#*"])],
+    "audit_append": [APPEND, (["dynamodb:GetItem"], ["T#*#B#*"]), CHARGE],
 }
 
 
@@ -228,13 +227,12 @@ def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth
                 assert allows_any(statements, action, [keys[schema.PK]]) == (kind in ALLOWED_KINDS), (name, kind, keys)
         # A transaction naming a file and the batch is denied as a whole (ForAllValues).
         assert not allows_any(statements, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
-        # The budget item: charged (an ADD) and read (a stop budget), never put, deleted or
+        # The budget item: read (a stop budget), never written (the appender charges it) or
         # queried; the audit chain: never (its receipts go to the audit queue); the enqueued
         # counters: never.
         budget, chain = schema.budget_pk(tenant), schema.audit_pk(tenant)
-        assert allows_any(statements, "dynamodb:UpdateItem", [budget])
         assert allows_any(statements, "dynamodb:GetItem", [budget])
-        for action in ("dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query"):
+        for action in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"):
             assert not allows_any(statements, action, [budget]), (name, action)
         for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
             assert not allows_any(statements, action, [chain]), (name, action)
@@ -508,6 +506,23 @@ def test_only_the_appender_may_write_audit_items(synth):
     for statements in (_lambda_statements(synth, label) for label in LAMBDA_RIGHTS if label != "audit_append"):
         assert not allows_any(statements, "dynamodb:PutItem", chain)
     assert allows_any(_lambda_statements(synth, "audit_append"), "dynamodb:PutItem", chain)
+
+
+def test_only_the_appender_may_write_budget_items(synth):
+    """What a tenant spent is the appender's to charge (with a counted chunk's receipt): the table
+    denies every other principal, whatever its identity policy grants, any write of a budget item,
+    alone or in a transaction; reads stay with the identity policies (ingest, the worker)."""
+    appender = synth.logical_id(synth.stack.audit.function.role)
+    budget = [schema.budget_pk("acme")]
+    roles = set(synth.resources("AWS::IAM::Role")) | {"an operator's admin role"}
+    for role in roles:
+        for action in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"):
+            assert denied_by_table(synth, role, action, budget) == (role != appender), (role, action)
+        assert denied_by_table(synth, role, "dynamodb:UpdateItem", [schema.batches_pk("acme"), budget[0]]) == (
+            role != appender)
+        assert not denied_by_table(synth, role, "dynamodb:GetItem", budget)
+    for label in LAMBDA_RIGHTS:
+        assert allows_any(_lambda_statements(synth, label), "dynamodb:UpdateItem", budget) == (label == "audit_append")
 
 
 def _statements_on(synth, resource: str) -> dict[str, set[str]]:

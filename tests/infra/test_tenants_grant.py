@@ -1,9 +1,10 @@
-"""The table rights issue 13 adds. Ingest may read a tenant policy (GetItem on the ``TENANTS``
+"""The table rights of governance. Ingest may read a tenant policy (GetItem on the ``TENANTS``
 partition) and nothing more there: no write, no Query (no listing of every tenant's policy), and
 the pattern has no wildcard, so it opens no other partition. Every role that makes a batch terminal
 may release its enqueued-cap reservation (UpdateItem on ``T#*#ENQUEUED``); the chunk counters (GPU
-worker, chunk DLQ consumer) charge the output-token budget (``T#*#BUDGET``) and send their chunk
-receipts to the audit queue; only the audit appender reaches the audit chains (``AUDIT#*``)."""
+worker, chunk DLQ consumer) write no budget item and send their chunk receipts to the audit queue;
+only the audit appender reaches the audit chains (``AUDIT#*``) and charges the token budgets
+(``T#*#BUDGET``), and the table's policy denies every other principal a budget write."""
 
 import fnmatch
 
@@ -38,14 +39,19 @@ def test_ingest_may_reserve_on_the_enqueued_counters_only(synth):
         assert not allows_any(statements, "dynamodb:UpdateItem", [pk]), pk
 
 
-def test_the_budget_items_ingest_reads_and_the_chunk_dlq_consumer_charges(synth):
+def test_the_budget_items_ingest_reads_and_only_the_appender_charges(synth):
     budget_pk = schema.budget_pk("acme")
     ingest, dlq = _lambda_statements(synth, "ingest"), _lambda_statements(synth, "dlq")
+    appender = _lambda_statements(synth, "audit_append")
     assert allows_any(ingest, "dynamodb:GetItem", [budget_pk])
     assert not allows_any(ingest, "dynamodb:UpdateItem", [budget_pk])  # ingest never charges
-    assert allows_any(dlq, "dynamodb:UpdateItem", [budget_pk])
+    assert not allows_any(dlq, "dynamodb:UpdateItem", [budget_pk])  # nor the chunk DLQ consumer
+    assert allows_any(appender, "dynamodb:UpdateItem", [budget_pk])
+    for action in ("dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:Query"):
+        assert not allows_any(appender, action, [budget_pk]), action
     for pk in (schema.tenant_pk("acme"), schema.enqueued_pk("acme"), "TENANTS"):
-        assert not allows_any(dlq, "dynamodb:UpdateItem", [pk]), pk
+        assert not allows_any(appender, "dynamodb:UpdateItem", [pk]), pk
+
 
 
 #: Every role that makes a batch terminal (``BatchRepo.update``/``finish`` with a terminal status),
@@ -68,16 +74,16 @@ def test_every_terminal_writer_may_release_a_reservation_and_nothing_more_there(
     assert not allows_any(_lambda_statements(synth, "dlq"), "dynamodb:UpdateItem", [counter_pk])
 
 
-def test_the_chunk_counters_may_charge_the_budget_and_never_reach_the_chains(synth):
-    """The worker's task roles and the chunk DLQ consumer (both count chunks): UpdateItem on the
-    budget items; nothing on the audit chains, which only the appender reaches (append-only: no
-    update or delete there either; a transaction naming the chain and a file record is denied)."""
+def test_the_chunk_counters_never_charge_a_budget_nor_reach_the_chains(synth):
+    """The worker's task roles and the chunk DLQ consumer (both count chunks): no write of a budget
+    item; nothing on the audit chains, which only the appender reaches (append-only: no update or
+    delete there either; a transaction naming the chain and a file record is denied)."""
     from tests.infra.test_table_access import _worker_statements
 
     budget_pk, chain_pk = schema.budget_pk("acme"), schema.audit_pk("acme")
     counters = {"dlq": _lambda_statements(synth, "dlq"), **{f"worker {n}": s for n, s in _worker_statements(synth).items()}}
     for label, statements in counters.items():
-        assert allows_any(statements, "dynamodb:UpdateItem", [budget_pk]), label
+        assert not allows_any(statements, "dynamodb:UpdateItem", [budget_pk]), label
         for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
             assert not allows_any(statements, action, [chain_pk]), (label, action)
     appender = _lambda_statements(synth, "audit_append")

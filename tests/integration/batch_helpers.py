@@ -3,8 +3,10 @@
 import json
 from typing import Any
 
-from functions.core import clients
+from functions.core import audit, clients
+from functions.core.records import ChunkRecord
 from functions.core.messages import WorkMessage
+from functions.core.ports import Stores
 from functions.core.settings import Settings
 from functions.ingest import handler as ingest_handler
 from infra.local.pollers import drain_queue
@@ -22,6 +24,18 @@ def line(i: int, model: str = "test-chat", url: str = CHAT, **extra: Any) -> str
 def submit(client, content: bytes, endpoint: str = CHAT, window: str = "24h", **kwargs: Any):
     f = client.files.create(file=("in.jsonl", content), purpose="batch")
     return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window=window, **kwargs)
+
+
+def count_and_charge(stores: Stores, appender: Any, marker: ChunkRecord) -> bool:
+    """Count a chunk as a worker does and append its receipt (the appender charges the tenant's
+    budget from the marker with it); whether the count was new."""
+    counted = stores.batches.count_chunk(marker)
+    message = WorkMessage(batch_id=marker.batch_id, tenant=marker.tenant, chunk=marker.chunk, input_key="k",
+                          byte_start=0, byte_end=1, first_line=1, line_count=marker.completed + marker.failed,
+                          endpoint=CHAT, model="test-chat", expires_at=marker.expires_at)
+    audit.append_receipt(stores, message, marker, at=marker.recorded_at)
+    appender.drain()
+    return counted
 
 
 def run_ingest() -> int:
@@ -47,7 +61,6 @@ def executions(settings: Settings) -> list[dict[str, Any]]:
 
 import time as _time
 
-from functions.core.ports import Stores
 
 
 def wait_for_execution(settings: Settings, batch_id: str, timeout: float = 90.0) -> dict[str, Any]:

@@ -1,14 +1,16 @@
-"""The enqueued-cap transactions (docs/governance.md) on the DynamoDB adapter (moto) and the fake,
-held to one contract: ``lifecycle.start`` with a reservation moves the batch and ADDs to its
-(tenant, model) counter in one transaction, never past a cap and never twice; the write that makes
-the batch terminal (a lone one, or one with its files) releases the reservation in the same
-transaction, exactly once (``lifecycle.settle``); a batch without a reservation ends as before."""
+"""The enqueued-cap and budget transactions (docs/governance.md) on the DynamoDB adapter (moto) and
+the fake, held to one contract: ``lifecycle.start`` with a reservation moves the batch and ADDs to
+its (tenant, model) counter in one transaction, never past a cap and never twice; the write that
+makes the batch terminal (a lone one, or one with its files) releases the reservation in the same
+transaction, exactly once (``lifecycle.settle``); a batch without a reservation ends as before; a
+counted chunk's budget charge is written with its audit receipt, once."""
 
 import pytest
 
 from functions.core import lifecycle, schema
 from functions.core.errors import ConditionFailed
 from functions.core.lifecycle import Change
+from functions.core.budgets import Spent
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.tenants import Reservation
@@ -102,20 +104,37 @@ def test_a_batch_without_a_reservation_ends_as_before(ports: Stores):
         ports.batches.transition("acme", "b1", lifecycle.fail_without_files(10, []))
 
 
-def test_count_chunk_charges_the_budget_in_the_same_transaction_once(ports: Stores):
+def test_the_count_charges_nothing_its_receipt_charges_the_budget_once(request: pytest.FixtureRequest, ports: Stores):
+    """The counting roles write no budget item: the appender charges the marker's spend when it
+    appends the chunk's receipt, in that transaction, so once however often the receipt comes."""
+    from functions.core import audit
+    from functions.core.messages import WorkMessage
     from functions.core.records import ChunkRecord
 
+    drain = (lambda: 0) if ports.receipts.__class__.__name__ == "FakeAuditLog" else request.getfixturevalue("appender").drain
     ports.batches.create(new_batch("b1", status="in_progress", accepting=True, chunk_count=3))
+    month = "MONTH#2026-12"
 
-    def marker(chunk: int, budget: str | None = "month") -> ChunkRecord:
-        return ChunkRecord(tenant="acme", batch_id="b1", chunk=chunk, attempt="a", completed=1, failed=0,
-                           output_tokens=30, recorded_at=1_796_083_200, expires_at=10**10, budget_period=budget)
+    def count(chunk: int, budget: str | None = "month") -> bool:
+        marker = ChunkRecord(tenant="acme", batch_id="b1", chunk=chunk, attempt="a", completed=1, failed=0,
+                             output_tokens=30, spent_output_tokens=45, input_tokens=5, recorded_at=1_796_083_200,
+                             expires_at=10**10, budget_period=budget)
+        before = ports.batches.budget_used("acme", month)
+        counted = ports.batches.count_chunk(marker)
+        assert ports.batches.budget_used("acme", month) == before  # never by the count itself
+        message = WorkMessage(batch_id="b1", tenant="acme", chunk=chunk, input_key="k", byte_start=0, byte_end=1,
+                              first_line=chunk + 1, line_count=1, endpoint="/v1/chat/completions", model="m",
+                              expires_at=10**10)
+        audit.append_receipt(ports, message, ports.batches.counted_chunk("acme", "b1", chunk) or marker, at=1)
+        drain()
+        return counted
 
-    assert ports.batches.count_chunk(marker(0))
-    assert not ports.batches.count_chunk(marker(0))  # a duplicate: neither counted nor charged
-    assert ports.batches.count_chunk(marker(1, budget=None))  # no budget: not charged
-    assert ports.batches.budget_used("acme", "MONTH#2026-12").output_tokens == 30
+    assert count(0)
+    assert ports.batches.budget_used("acme", month) == Spent(output_tokens=45, input_tokens=5)  # the spend, not the usage
+    assert not count(0)  # a duplicate count, its receipt again: charged once
+    assert count(1, budget=None)  # no budget: not charged
+    assert ports.batches.budget_used("acme", month) == Spent(output_tokens=45, input_tokens=5)
     ports.batches.transition("acme", "b1", Change(values={"accepting": False}))
-    assert not ports.batches.count_chunk(marker(2))  # a late chunk: not charged either
-    assert ports.batches.budget_used("acme", "MONTH#2026-12").output_tokens == 30
+    assert not count(2)  # a late chunk: not counted, its receipt refused, nothing charged
+    assert ports.batches.budget_used("acme", month) == Spent(output_tokens=45, input_tokens=5)
     assert ports.batches.get("acme", "b1").output_tokens == 60

@@ -1,5 +1,5 @@
-"""Enqueued caps and the output-token budget through the official SDK on moto (issue 13,
-docs/governance.md): ingest (the real handler, the real DynamoDB transactions) fails a batch over
+"""Enqueued caps and the output-token budget through the official SDK on moto
+(docs/governance.md): ingest (the real handler, the real DynamoDB transactions) fails a batch over
 an enqueued cap with ``token_limit_exceeded`` and reserves one under it; a used-up budget with
 ``budget_action="reject"`` answers creates 429 ``insufficient_quota`` (``openai.RateLimitError``)
 without ``Retry-After``."""
@@ -9,7 +9,7 @@ import pytest
 
 from functions.core.records import BatchRecord, ChunkRecord
 from functions.core.tenants import TenantPolicy, budget_sk
-from tests.integration.batch_helpers import line, run_ingest, submit, take_work
+from tests.integration.batch_helpers import count_and_charge, line, run_ingest, submit, take_work
 
 NOW = 1_796_083_200 + 3_600  # 2026-12-01 01:00 UTC
 
@@ -34,7 +34,7 @@ def test_over_the_requests_cap_fails_and_under_it_reserves(client, stores, deplo
     assert all(m.budget_period is None for m in take_work(deployed))  # no budget: none in the messages
 
 
-def test_a_used_up_budget_with_reject_is_429_insufficient_quota(client, other_client, stores, clock):
+def test_a_used_up_budget_with_reject_is_429_insufficient_quota(client, other_client, stores, appender, clock):
     clock.now = NOW
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=10))
     stores.batches.create(BatchRecord(tenant="acme", id="b0", input_file_id="f", endpoint="/v1/chat/completions",
@@ -42,9 +42,9 @@ def test_a_used_up_budget_with_reject_is_429_insufficient_quota(client, other_cl
                                       status="in_progress", accepting=True, chunk_count=1))
     content = (line(1) + "\n").encode()
     submit(client, content)  # nothing charged yet
-    assert stores.batches.count_chunk(ChunkRecord(tenant="acme", batch_id="b0", chunk=0, attempt="a", completed=1,
-                                                  failed=0, output_tokens=10, recorded_at=NOW, expires_at=10**10,
-                                                  budget_period="month"))
+    assert count_and_charge(stores, appender, ChunkRecord(
+        tenant="acme", batch_id="b0", chunk=0, attempt="a", completed=1, failed=0, output_tokens=10, recorded_at=NOW,
+        expires_at=10**10, budget_period="month"))
     assert stores.batches.budget_used("acme", budget_sk("month", NOW)).output_tokens == 10
 
     with pytest.raises(openai.RateLimitError) as info:

@@ -1,6 +1,6 @@
 """``batchctl tenants get`` shows what a tenant's caps and budget have used (docs/governance.md):
 per capped model the enqueued requests and tokens, and the current period's charged output tokens,
-read from the counter items the API, ingest and the count write (moto)."""
+read from the counter items the API, ingest and the audit appender write (moto)."""
 
 import json
 import time
@@ -8,18 +8,20 @@ import time
 from functions.core import lifecycle
 from functions.core.records import BatchRecord, ChunkRecord
 from functions.core.tenants import Reservation, TenantPolicy, budget_sk
+from tests.integration.batch_helpers import count_and_charge
 from tests.integration.test_tenants_cli import env, run_cli, stack  # noqa: F401 (fixtures)
 
 
-def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], stores) -> None:  # noqa: F811
+def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], stores, appender) -> None:  # noqa: F811
     stores.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"test-chat": 5000}, output_token_budget=900))
     stores.batches.create(BatchRecord(tenant="acme", id="b1", input_file_id="f", endpoint="/v1/chat/completions",
                                       completion_window="24h", created_at=1, expires_at=10**10, input_key="k"))
     stores.batches.transition("acme", "b1", lifecycle.start(1, values={"chunk_count": 1}, reservation=Reservation(
         tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000)))
     now = int(time.time())
-    stores.batches.count_chunk(ChunkRecord(tenant="acme", batch_id="b1", chunk=0, attempt="a", completed=3, failed=0,
-                                           output_tokens=42, recorded_at=now, expires_at=10**10, budget_period="month"))
+    count_and_charge(stores, appender, ChunkRecord(tenant="acme", batch_id="b1", chunk=0, attempt="a", completed=3,
+                                                   failed=0, output_tokens=42, recorded_at=now, expires_at=10**10,
+                                                   budget_period="month"))
     code, out, err = run_cli("tenants", "get", "--tenant", "acme", env=env)
     assert code == 0, err
     usage = json.loads(out)["usage"]

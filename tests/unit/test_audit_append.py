@@ -221,11 +221,11 @@ def test_a_failed_intent_fails_the_rest_of_its_tenant_only_and_the_tenant_is_che
     real_put = appender.chain.put
     calls = []
 
-    def put(record, *, dedupe=None):
+    def put(record, *, dedupe=None, charge=None):
         calls.append(record.tenant)
         if record.tenant == TENANT and len(calls) > 1:  # acme's second intent: DynamoDB throttles
             raise throttle()
-        return real_put(record, dedupe=dedupe)
+        return real_put(record, dedupe=dedupe, charge=charge)
 
     appender.chain.put = put
     assert invoke(event) == ["m-1", "m-2"]  # FIFO: acme's failed intent and the one after it come back

@@ -290,6 +290,25 @@ def _expect(expect: dict[str, Any]) -> Any:
 
 
 @dataclass(frozen=True)
+class Add:
+    """A transactional ADD of numbers to an item that may not exist yet (no condition: ``Update``
+    requires the item to exist)."""
+
+    pk: str
+    sk: str
+    add: dict[str, int]
+
+    def render(self, table: str) -> dict[str, Any]:
+        names = {f"#a{i}": k for i, k in enumerate(self.add)}
+        values = {f":a{i}": v for i, v in enumerate(self.add.values())}
+        return {"Update": {
+            "TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk},
+            "UpdateExpression": "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(self.add))),
+            "ExpressionAttributeNames": names, "ExpressionAttributeValues": values,
+        }}
+
+
+@dataclass(frozen=True)
 class Update:
     """A conditional update: SET ``values``, SET ``defaults`` only where absent, ADD ``add``
     (numbers or sets), REMOVE ``remove``; only if the item exists and matches ``expect``."""

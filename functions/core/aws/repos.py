@@ -269,16 +269,16 @@ class BatchRepo:
         """Count a finished chunk exactly once: its marker and the batch counters in one
         transaction, only while the batch accepts chunks. False for a duplicate or late chunk.
         Every worker counts on the batch's item: a transaction conflict there is retried by the
-        ``Table`` (docs/reliability.md), so the chunk is not run again for it."""
-        ops: list[Any] = [
+        ``Table`` (docs/reliability.md), so the chunk is not run again for it. The tenant's budget
+        is charged from the marker by the audit appender, with the chunk's receipt
+        (``AuditStore.put``): the counting roles hold no write on budget items."""
+        ops = [
             Put(marker.to_item(), if_absent=True),
             Update(
                 schema.batches_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
                 add=marker.batch_counters(), expect={"accepting": True},
             ),
         ]
-        if (charge := marker.budget_charge()) is not None:  # the tenant's budget, charged once with the count
-            ops.append(_Add(schema.budget_pk(marker.tenant), charge[0], charge[1]))
         try:
             self._table.transact(ops)
         except ConditionFailed:
@@ -349,23 +349,6 @@ class BatchRepo:
             (schema.tenant_of_batches_pk(item[schema.PK]), item[schema.SK].removeprefix(BatchRecord.sort_key("")))
             for item in items
         ]
-
-
-class _Add:
-    """A transactional ADD of numbers to an item that may not exist yet (no condition: ``Update``
-    requires the item to exist)."""
-
-    def __init__(self, pk: str, sk: str, add: dict[str, int]):
-        self.pk, self.sk, self.add = pk, sk, add
-
-    def render(self, table: str) -> dict[str, Any]:
-        names = {f"#a{i}": k for i, k in enumerate(self.add)}
-        values = {f":a{i}": v for i, v in enumerate(self.add.values())}
-        return {"Update": {
-            "TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk},
-            "UpdateExpression": "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(self.add))),
-            "ExpressionAttributeNames": names, "ExpressionAttributeValues": values,
-        }}
 
 
 class _Counter:
