@@ -98,10 +98,10 @@ class WorkerConfig(EnvSettings):
     #: One line's check may take this long before its process is killed and the line fails
     #: ``policy_check_timeout`` (``limits.POLICY_CHECK_SECONDS``).
     policy_check_seconds: float = Field(default=limits.POLICY_CHECK_SECONDS, gt=0)
-    #: Metrics (EMF) and a summary log line are flushed this often.
     #: The deployment's secret the tenants' prefix-cache salts are derived from
     #: (``shaping.CacheSalts``); empty: a random one for this process.
     cache_salt_secret: SecretStr | None = None
+    #: Metrics (EMF) and a summary log line are flushed this often.
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
     metrics_namespace: str = "BatchApi/Worker"
     service: str = "gpu-worker"

@@ -32,7 +32,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from functions.core import anchor, schema
+from functions.core import anchor
 from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig

@@ -59,6 +59,28 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    pgid: int
+    state: str
+    environ: list[bytes]
+    argv: list[bytes]
+
+
+def _processes() -> Iterator[_Process]:
+    """Every process of this machine that can be read now (one that exits meanwhile is skipped)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        pid = int(proc.name)
+        try:
+            yield _Process(pid, os.getpgid(pid), (proc / "stat").read_text().rsplit(")", 1)[1].split()[0],
+                           (proc / "environ").read_bytes().split(b"\0"), (proc / "cmdline").read_bytes().split(b"\0"))
+        except (OSError, IndexError):
+            continue
+
+
 @dataclass
 class LocalDeployment:
     process: subprocess.Popen
@@ -124,45 +146,32 @@ class LocalDeployment:
         directory setting, engines (which get no BATCHAPI_ setting) its engine mark."""
         return {f"{name}={self.state_dir}".encode() for name in (local_state.STATE_DIR_ENV, local_state.ENGINE_MARK_ENV)}
 
+    def _processes(self) -> Iterator[_Process]:
+        """This deployment's running processes (they carry its markers in their environment)."""
+        markers = self._markers()
+        return (p for p in _processes() if markers & set(p.environ))
+
     def leftovers(self) -> list[str]:
         """Processes still running that this deployment started (its engines and workers run in
         process groups of their own; they carry its state directory in their environment)."""
-        markers = self._markers()
-        found = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) == os.getpid():
-                continue
-            try:
-                if markers & set((proc / "environ").read_bytes().split(b"\0")):
-                    found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-            except OSError:
-                continue
-        return found
+        return [b" ".join(p.argv).decode(errors="replace") for p in self._processes() if p.pid != os.getpid()]
 
     def child_group(self, kind: str, model: str) -> int | None:
         """The process group of this deployment's ``kind`` ("engine" or "worker") for ``model``: its
         leader's pid (engines and workers each lead a group of their own), None if none runs now."""
-        markers = self._markers()
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
+        for p in self._processes():
+            if p.pgid != p.pid or p.state == "Z":
                 continue
-            pid = int(proc.name)
-            try:
-                if os.getpgid(pid) != pid:
-                    continue
-                environ = (proc / "environ").read_bytes().split(b"\0")
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if not markers & set(environ) or state == "Z":
-                continue
-            worker = b"gpu_worker" in argv
-            if kind == "worker" and worker and f"WORKER_MODEL={model}".encode() in environ:
-                return pid
-            if kind == "engine" and not worker and any(model.encode() in a for a in argv):
-                return pid
+            worker = b"gpu_worker" in p.argv
+            if kind == "worker" and worker and f"WORKER_MODEL={model}".encode() in p.environ:
+                return p.pid
+            if kind == "engine" and not worker and any(model.encode() in a for a in p.argv):
+                return p.pid
         return None
+
+    def group_members(self, leader: int) -> dict[int, list[bytes]]:
+        """Every live process of the group ``leader`` leads, with its environment."""
+        return {p.pid: p.environ for p in _processes() if p.pgid == leader and p.state != "Z"}
 
     def group_alive(self) -> bool:
         """True while any process of the deployment's session (its process group) exists."""

@@ -7,7 +7,6 @@ sends A's exact prompt with a ``cache_salt`` of its own choosing and gets ``cach
 sent. Locally, the engine processes' environment holds none of the task's credentials or the
 worker's settings (the cache-salt secret among them)."""
 
-import os
 import re
 import uuid
 from pathlib import Path
@@ -67,30 +66,15 @@ def test_another_tenant_s_identical_prompt_never_hits_its_cache(deployment_with_
     assert third > 0  # A's own value is replaced by its salt: its hits do not depend on it
 
 
-def _processes_in_group(leader: int) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if os.getpgid(int(proc.name)) == leader:
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
-
-
 @pytest.mark.local_only("reads the local engines' /proc environment")
 def test_the_engine_processes_hold_no_credentials_or_worker_settings(local_engines):
     for model in (names.LOCAL_CHAT_MODEL, names.LOCAL_EMBED_MODEL):
         leader = local_engines.child_group("engine", model)
         assert leader is not None, local_engines.log()
-        pids = _processes_in_group(leader)
-        assert leader in pids and len(pids) >= 2  # the API server and its engine core
-        for pid in pids:
-            try:
-                names_ = [e.split(b"=", 1)[0].decode() for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e]
-            except OSError:
-                continue  # exited meanwhile
+        members = local_engines.group_members(leader)
+        assert leader in members and len(members) >= 2  # the API server and its engine core
+        for pid, environ in members.items():
+            names_ = [e.split(b"=", 1)[0].decode() for e in environ if e]
             assert [n for n in names_ if n.startswith(ENGINE_WITHHELD_PREFIXES)] == [], (model, pid)
         worker = local_engines.child_group("worker", model)
         assert worker is not None  # the worker beside it does hold them: the check sees a difference
