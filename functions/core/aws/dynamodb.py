@@ -164,23 +164,20 @@ class Table:
     def query_index(self, index: str, pk_name: str, pk: str) -> list[dict[str, Any]]:
         """Every item (as the index projects it) of partition ``pk`` of the GSI ``index``, in sort
         key order (all pages)."""
-        kwargs: dict[str, Any] = {"IndexName": index, "KeyConditionExpression": Key(pk_name).eq(pk)}
-        out: list[dict[str, Any]] = []
-        while True:
-            resp = self._call(self._table.query, **kwargs)
-            out.extend(resp["Items"])
-            if "LastEvaluatedKey" not in resp:
-                return out
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return self._all_pages(self._table.query, IndexName=index, KeyConditionExpression=Key(pk_name).eq(pk))
 
     def scan_prefix(self, pk_prefix: str) -> list[dict[str, Any]]:
         """Every item whose partition key starts with ``pk_prefix`` (all pages). A Scan reads the
         whole table: for one-off operator commands only (``batchctl keys backfill``), never a
         request path."""
-        kwargs: dict[str, Any] = {"FilterExpression": Attr(schema.PK).begins_with(pk_prefix), "ConsistentRead": True}
+        return self._all_pages(self._table.scan, FilterExpression=Attr(schema.PK).begins_with(pk_prefix),
+                               ConsistentRead=True)
+
+    def _all_pages(self, operation: Callable[..., dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
+        """Every item of a Query or Scan, page after page (``LastEvaluatedKey``)."""
         out: list[dict[str, Any]] = []
         while True:
-            resp = self._call(self._table.scan, **kwargs)
+            resp = self._call(operation, **kwargs)
             out.extend(resp["Items"])
             if "LastEvaluatedKey" not in resp:
                 return out
