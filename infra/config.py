@@ -234,7 +234,7 @@ class DeployConfig(_Strict):
     domain: DomainConfig | None = None
     #: Where the GPU instances run (default: a new VPC, public subnets, no NAT: nothing idles).
     network: NetworkConfig | None = None
-    #: Governance (issue 13): tenant policies read and enforced, the TENANTS partition granted.
+    #: Governance: tenant policies read and enforced, the TENANTS partition granted.
     #: False switches the subsystem off (``Settings.governance``, docs/governance.md "The switch").
     governance: bool = True
     #: The Object Lock bucket that anchors the audit chains (docs/audit.md): on whenever governance

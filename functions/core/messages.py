@@ -39,7 +39,7 @@ class WorkMessage(BaseModel):
     max_line_output_tokens: int | None = None
 
     def bound(self) -> bool:
-        """Tenant binding (issue 13): the input this message names is its own tenant's batch
+        """Tenant binding: the input this message names is its own tenant's batch
         input (``schema.batch_input_key(tenant, batch_id)``). Every other read and write of a
         chunk is keyed by ``tenant`` and ``batch_id``; a message failing this (forged, misrouted)
         must read nothing: the worker and the DLQ Lambda refuse it."""

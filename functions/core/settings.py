@@ -127,7 +127,7 @@ class Settings(EnvSettings):
     #: Where a delivery whose schedule is spent goes (the webhook queue's dead-letter queue).
     webhook_dead_letter_queue_url: str = ""
     webhook_allow_loopback_http: bool = False
-    #: Governance (issue 13, docs/governance.md "The switch"): off, the deployment reads no tenant
+    #: Governance (docs/governance.md "The switch"): off, the deployment reads no tenant
     #: policy, enforces and audits nothing (the stores get the no-op policy store) and the stack
     #: grants nothing on the TENANTS partition. CDK: the config's ``governance``; local: on.
     governance: bool = True

@@ -1,4 +1,4 @@
-"""Tenant policy (issue 13): what one tenant may do, stored in DynamoDB and changeable without a
+"""Tenant policy: what one tenant may do, stored in DynamoDB and changeable without a
 redeploy (``batchctl tenants``). No record, or an absent field, means today's behaviour: every
 served model, no creation-rate limit, no caps, no budget.
 

@@ -135,7 +135,7 @@ class Ingest(Construct):
         )
         # The batch item only (read, conditional updates): never a file, upload or key item.
         grant_items(self.function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
-        # The tenant's policy (its model allowlist, issue 13): read only, its one partition.
+        # The tenant's policy (its model allowlist, line bounds, guard): read only, its one partition.
         if self.settings.governance:  # off: no policy is read (Settings.governance)
             grant_items(self.function, storage, ("dynamodb:GetItem",), (TENANT_POLICIES,))
             # The enqueued-cap counters (docs/governance.md): a conditional ADD inside the move to

@@ -2,7 +2,7 @@
 worker and the local pollers to receive it. Calls are blocking; the worker runs them in threads
 (the boto3 client is thread-safe).
 
-Fair share (issue 13, docs/governance.md "Fair share"): every message whose JSON body names a
+Fair share (docs/governance.md "Fair share"): every message whose JSON body names a
 ``tenant`` (work messages, upload assembly messages) is sent with ``MessageGroupId`` = that tenant.
 On a standard queue this turns on SQS fair queues: when one tenant's messages take a
 disproportionate share of the in-flight messages, SQS delivers the other tenants' messages first
