@@ -50,7 +50,7 @@ def test_work_over_the_bounds_fails_validation_and_every_answer_is_charged(deplo
     for row in unbounded:
         del row["body"]["max_tokens"]  # no limit of its own: the worker gives each its share
         row["body"]["ignore_eos"] = True  # vLLM's: generate up to the limit
-    unbounded[1]["body"]["n"] = 2
+    unbounded[1]["body"].update(n=2, temperature=1.0, seed=7)  # vLLM refuses n > 1 with greedy sampling
     done = wait(sdk, submit(sdk, unbounded).id, timeout=600)
     assert done.status == "completed", done
     out, err = check_invariants(sdk, done, [r["custom_id"] for r in unbounded])
