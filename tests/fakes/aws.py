@@ -491,6 +491,8 @@ class FakeAudit(_Port):
 
     def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
         self._op("put")
+        if charge is not None and dedupe is None:
+            raise ValueError("a budget charge needs a dedupe key (it is written once with it)")
         with self._lock:
             chain = self.chains.setdefault(record.tenant, {})
             if record.seq in chain or (dedupe is not None and (record.tenant, dedupe) in self.dedupe):

@@ -82,3 +82,12 @@ def test_concurrent_appends_on_dynamodb_never_fork(appender, atomic_moto: None):
     assert [r.seq for r in records] == list(range(1, threads * per_thread + 1))
     assert len({r.target for r in records}) == threads * per_thread
     assert audit.verify(records) is None
+
+
+def test_a_budget_charge_without_a_dedupe_key_is_refused(store: AuditStore):
+    """A charge is written once because its record's dedupe key is: without one it is refused, and
+    nothing is written."""
+    with pytest.raises(ValueError):
+        store.put(audit.link("acme", 1, audit.GENESIS, at=1, actor="worker", action="x", outcome="ok"),
+                  charge=("MONTH#2026-12", {"output_tokens": 1}))
+    assert store.records("acme") == []

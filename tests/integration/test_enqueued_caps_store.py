@@ -14,7 +14,7 @@ from functions.core.budgets import Spent
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.tenants import Reservation
-from tests.fakes.aws import fake_stores
+from tests.fakes.aws import FakeAuditLog, fake_stores
 
 
 @pytest.fixture(params=["moto", "fake"])
@@ -111,7 +111,7 @@ def test_the_count_charges_nothing_its_receipt_charges_the_budget_once(request: 
     from functions.core.messages import WorkMessage
     from functions.core.records import ChunkRecord
 
-    drain = (lambda: 0) if ports.receipts.__class__.__name__ == "FakeAuditLog" else request.getfixturevalue("appender").drain
+    drain = (lambda: 0) if isinstance(ports.receipts, FakeAuditLog) else request.getfixturevalue("appender").drain
     ports.batches.create(new_batch("b1", status="in_progress", accepting=True, chunk_count=3))
     month = "MONTH#2026-12"
 

@@ -27,6 +27,8 @@ class AuditRepo:
         pk = schema.audit_pk(record.tenant)
         item = {schema.PK: pk, schema.SK: schema.audit_seq_sk(record.seq), "record": record.to_json()}
         if dedupe is None:
+            if charge is not None:
+                raise ValueError("a budget charge needs a dedupe key (it is written once with it)")
             self._table.put(item, if_absent=True)
             return
         marker = {schema.PK: pk, schema.SK: schema.AUDIT_DEDUPE_PREFIX + dedupe, "seq": record.seq}
