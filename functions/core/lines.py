@@ -207,6 +207,12 @@ def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise LineError("missing_required_parameter", "Missing required parameter: 'body.model'.", "body.model")
-    if body.get("stream") is True:
+    stream = body.get("stream")
+    if stream is True:
         raise LineError("invalid_value", "Streaming is not supported in batches: 'body.stream' must not be true.", "body.stream")
+    if stream is not None and not isinstance(stream, bool):
+        # OpenAI's schema types it boolean; an engine would read "True" or 1 as streaming on.
+        raise LineError(
+            "invalid_type", f"Invalid type for 'body.stream': expected a boolean, but got {shown(stream)}.", "body.stream"
+        )
     return custom_id, model

@@ -127,6 +127,18 @@ def test_each_line_goes_to_the_engine_at_its_endpoint_and_its_usage_counts_in_ei
     assert usage.model_dump() == {"input_tokens": 739 + 24 + 12, "cached_tokens": 640, "output_tokens": 8, "reasoning_tokens": 5}
 
 
+@pytest.mark.parametrize("stream", [True, "True", 1, "yes"])
+@pytest.mark.parametrize("endpoint", [CHAT, None])  # a batch's line, and run-batch's (offline: the line's own url)
+def test_a_streaming_line_is_an_error_line_and_never_reaches_the_engine(stream, endpoint):
+    engine = InProcessEngine(lambda path, body, seen: (200, {"usage": {}}))
+    obj = {"custom_id": "c1", "method": "POST", "url": CHAT, "body": {"model": "m", **BODIES[CHAT], "stream": stream}}
+    text = json.dumps(obj).encode()
+    result = asyncio.run(run_line(engine, RawLine(1, 0, len(text) + 1, text), endpoint=endpoint, endpoints=(CHAT,)))
+    assert not result.succeeded and engine.requests == []
+    assert result.line.response is None and result.line.error.code == ("invalid_value" if stream is True else "invalid_type")
+    assert "body.stream" in result.line.error.message
+
+
 # --- model ids with "/" -------------------------------------------------------------------------
 @pytest.mark.parametrize("path", [
     "/v1/models/Qwen%2FQwen2.5-7B-Instruct",  # what the openai SDK sends

@@ -95,6 +95,9 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
         ([line(0, model="gpt-4o")], [("model_not_found", 1, "body.model")]),
         ([line(0, model="embed")], [("model_not_found", 1, "body.model")]),  # served, not for chat
         ([line(0), line(1, body_stream=True)], [("invalid_value", 2, "body.stream")]),
+        # vLLM's run-batch case: a string an engine reads as true; any non-boolean is refused
+        ([line(0), line(1, body_stream="True")], [("invalid_type", 2, "body.stream")]),
+        ([line(0, body_stream=1), line(1, body_stream="false")], [("invalid_type", 1, "body.stream"), ("invalid_type", 2, "body.stream")]),
         ([line(0), "", line(2, method="PUT"), "{"], [("invalid_method", 3, "method"), ("invalid_json_line", 4, None)]),
         (["", "  "], [("empty_file", None, None)]),
     ],
@@ -107,6 +110,16 @@ def test_validation_codes_fail_the_batch_with_line_numbers(lines, expected):
     assert (batch.failed_at, batch.in_progress_at, batch.enqueued) == (NOW, None, False)
     assert sent(stores) == [] and stores.workflows.started == {}
     assert stores.events.types() == ["batch.failed"]
+
+
+def test_stream_false_or_null_and_a_last_line_without_its_newline_are_accepted():
+    null_stream = json.loads(line(1))
+    null_stream["body"]["stream"] = None
+    content = (line(0, body_stream=False) + "\n" + json.dumps(null_stream)).encode()  # curator writes no final newline
+    stores = setup(content)
+    assert run(stores) == "in_progress"
+    assert current(stores).total == 2
+    assert sent(stores)[-1].byte_end == len(content)
 
 
 def test_a_line_over_the_size_limit_and_a_non_utf8_line():
