@@ -21,10 +21,10 @@ def file_expiry(purpose: str, expires_after: ExpiresAfter | None) -> int | None:
     return limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS if purpose == "batch" else None
 
 
-def check_size(purpose: str, filename: str, size: int, *, max_batch_bytes: int, max_bytes: int, param: str) -> None:
-    """The rules every stored file obeys, whether it comes whole or through the Uploads API."""
-    if purpose == "batch" and not filename.lower().endswith(".jsonl"):
-        raise InvalidRequest("Invalid file format for Batch API. Must be .jsonl", param=param, code="invalid_file_format")
+def check_size(purpose: str, size: int, *, max_batch_bytes: int, max_bytes: int, param: str) -> None:
+    """The rules every stored file obeys, whether it comes whole or through the Uploads API. A
+    batch file is judged by its content, never by its name or declared type (clients upload bytes
+    named ``upload``): batches.create's validation reads every line (docs/adr/0060)."""
     if size <= 0:
         raise InvalidRequest("The file is empty.", param=param, code="empty_file")
     limit = max_batch_bytes if purpose == "batch" else max_bytes

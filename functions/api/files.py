@@ -29,7 +29,7 @@ def create_file(
     if problem is not None:
         raise InvalidRequest(f"Invalid value for 'filename': {problem}.", param="filename", code="invalid_value")
     check_size(
-        purpose, filename, len(content),
+        purpose, len(content),
         max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file",
     )
     file_id = ids.new_id(ids.FILE)

@@ -29,7 +29,7 @@ from .protocol import CompleteUploadBody, CreateUploadBody
 
 def create_upload(stores: Stores, settings: Settings, tenant: str, body: CreateUploadBody, *, now: int) -> Upload:
     check_size(
-        body.purpose, body.filename, body.bytes,
+        body.purpose, body.bytes,
         # OpenAI: an Upload accepts at most 8 GB (files.create's 512 MB per file does not apply)
         max_batch_bytes=settings.max_batch_file_bytes, max_bytes=limits.UPLOAD_MAX_BYTES,
         param="bytes",

@@ -51,8 +51,20 @@ def test_bad_purpose(raw):
     assert_error(upload(raw, purpose="batchy"), 400, "invalid_value", "purpose", message="'batchy'")
 
 
-def test_batch_file_must_be_jsonl(raw):
-    assert_error(upload(raw, name="in.csv"), 400, "invalid_file_format", "file", message="Must be .jsonl")
+@pytest.mark.parametrize("name", ["upload", "data.txt", "in.csv", "noext", "IN.JSONL"])
+def test_a_batch_file_is_judged_by_its_content_not_its_name(raw, client, name):
+    # "upload" is what the SDK's multipart sends for raw bytes (curator's upload); the lines are
+    # judged when a batch is created from the file.
+    response = upload(raw, name=name, content=JSONL.rstrip(b"\n"))
+    assert response.status_code == 200, response.text
+    f = client.files.retrieve(response.json()["id"])
+    assert (f.filename, f.purpose, f.status, f.bytes) == (name, "batch", "processed", len(JSONL) - 1)
+    assert client.files.content(f.id).content == JSONL.rstrip(b"\n")
+
+
+def test_raw_bytes_through_the_sdk_are_a_file_named_upload(client):
+    f = client.files.create(file=JSONL, purpose="batch")
+    assert (f.filename, f.status) == ("upload", "processed")
 
 
 def test_empty_file(raw):

@@ -195,7 +195,6 @@ def test_another_tenants_upload_is_404(raw, other_client):
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
-        ({"filename": "a.csv", "purpose": "batch", "bytes": 3, "mime_type": "text/csv"}, "invalid_file_format", "bytes"),
         ({"filename": "a.jsonl", "purpose": "batch", "bytes": 0, "mime_type": "application/jsonl"}, "empty_file", "bytes"),
         ({"filename": "a.jsonl", "purpose": "batch", "bytes": 200 * MIB + 1, "mime_type": "application/jsonl"}, "file_too_large", "bytes"),
         ({"filename": "a.jsonl", "purpose": "nope", "bytes": 3, "mime_type": "application/jsonl"}, "invalid_value", "purpose"),
