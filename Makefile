@@ -101,6 +101,11 @@ bench-guard: $(STAMP)
 # Another tenant's small batch beside a 1 MiB adversarial line on a scanned tenant (make up's engine).
 bench-hostile-scan: $(STAMP) engine
 	$(PY) -m tests.bench.bench_hostile_scan --rounds 3 --b-lines 3 --max-tokens 16
+## 64 clients at once, each on one kept-alive connection, against the local front and API (no
+## engines): answers by status, dropped connections, latency (docs/benchmarks.md; ~1 min).
+.PHONY: bench-front
+bench-front: $(STAMP)
+	$(PY) -m tests.bench.bench_front --clients 64 --requests 20
 bench: bench-lifecycle bench-worker bench-uploads bench-pipeline
 
 # --- The local vLLM engine on the CPU (its own venv; models from packages) ----------------------

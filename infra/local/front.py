@@ -28,6 +28,7 @@ client gets an answer, never a dropped connection.
 import base64
 import binascii
 import json
+import socket
 import threading
 import time
 import uuid
@@ -283,19 +284,52 @@ def sendable(value: str) -> bool:
     return not any(c in value for c in "\r\n\x00")
 
 
+def read_body(stream: Any, headers: Any, limit: int) -> bytes | None:
+    """The request's body, by ``Content-Length`` or ``Transfer-Encoding: chunked`` (what the Node
+    SDK sends for a streamed upload; API Gateway takes either, its payload quota applying to the
+    whole body): None when it is malformed. At most ``limit + 1`` bytes of a chunked body are
+    read (over the quota: the caller's 413)."""
+    if "chunked" in (headers.get("Transfer-Encoding") or "").lower():
+        body = bytearray()
+        while True:
+            size_line = stream.readline(1024).split(b";", 1)[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                return None
+            if size == 0:
+                while stream.readline(8192).strip():  # trailers, up to the blank line
+                    pass
+                return bytes(body)
+            if len(body) + size > limit:
+                return bytes(body) + stream.read(min(size, limit + 1 - len(body)))
+            chunk = stream.read(size)
+            if len(chunk) < size or stream.readline(8) not in (b"\r\n", b"\n"):
+                return None
+            body += chunk
+    length = headers.get("Content-Length") or "0"
+    if not length.isdigit():
+        return None
+    return stream.read(int(length)) if int(length) else b""
+
+
 def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
     class RequestHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def _serve(self) -> None:
-            length = self.headers.get("Content-Length") or "0"
-            if not length.isdigit():  # API Gateway's answer to a malformed request
+            body = read_body(self.rfile, self.headers, api.payload_limit)
+            if body is None:  # API Gateway's answer to a malformed request
                 status, out_headers, payload = 400, [("Content-Type", "application/json")], json.dumps({"message": "Bad Request"}).encode()
                 self.close_connection = True  # the body's end is unknown: nothing more can be read
             else:
-                body = self.rfile.read(int(length)) if int(length) else b""
+                if len(body) > api.payload_limit:
+                    self.close_connection = True  # the rest of an oversized body is never read
+                # API Gateway de-chunks the body and drops Transfer-Encoding before the integration
+                # (a header it "may drop, remap or modify": its "Important notes" for REST APIs).
+                headers = [(k, v) for k, v in self.headers.items() if k.lower() != "transfer-encoding"]
                 try:
-                    status, out_headers, payload = api.handle(self.command, self.path, list(self.headers.items()), body)
+                    status, out_headers, payload = api.handle(self.command, self.path, headers, body)
                 except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
                     status, out_headers, payload = api.gateway("INTEGRATION_FAILURE", str(uuid.uuid4()), INTERNAL_ERROR_MESSAGE)
             self.send_response(status)
@@ -311,6 +345,13 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             pass
 
-    server = ThreadingHTTPServer((host, port), RequestHandler)
-    server.daemon_threads = True
-    return server
+    return FrontServer((host, port), RequestHandler)
+
+
+class FrontServer(ThreadingHTTPServer):
+    """A thread per connection, kept alive between requests (HTTP/1.1), as many as clients open.
+    The listen backlog is the system's maximum (socketserver's default of 5 makes the kernel drop
+    or reset connections when a few dozen clients connect at once)."""
+
+    daemon_threads = True
+    request_queue_size = socket.SOMAXCONN

@@ -343,3 +343,96 @@ def test_the_api_lambdas_context_reports_the_integration_timeout_as_its_time_lef
 
     call(front(handler))
     assert 0 < seen[0] <= 29_000
+
+
+def test_a_hundred_clients_connecting_at_once_are_all_answered_on_kept_alive_connections():
+    # Every client connects before the server accepts anyone (serve_forever not yet running): the
+    # kernel's listen backlog holds them all. socketserver's default backlog of 5 would leave the
+    # rest unanswered (dropped SYNs, then resets) when a few dozen clients arrive together.
+    server = make_server(LocalApi(returning({}), allow), "127.0.0.1", 0)
+    port = server.server_address[1]
+    sockets = []
+    try:
+        for _ in range(100):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sockets.append(sock)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        request = b"GET /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n"
+        for _ in range(2):  # twice on each connection: kept alive
+            for sock in sockets:
+                sock.sendall(request)
+            for sock in sockets:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += sock.recv(4096)
+                assert head.startswith(b"HTTP/1.1 200"), head
+                length = int(next(v for k, v in (line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line) if k.lower() == b"content-length"))
+                body = head.split(b"\r\n\r\n", 1)[1]
+                while len(body) < length:
+                    body += sock.recv(4096)
+                assert body == b"ok"
+    finally:
+        for sock in sockets:
+            sock.close()
+        server.shutdown()
+        server.server_close()
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def _post_chunked(port: int, body: bytes, size: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: text/plain\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(body, size))
+    return sock
+
+
+def _read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def test_a_chunked_request_body_reaches_the_lambda_whole_and_the_connection_stays_usable():
+    # The Node SDK streams fs.createReadStream uploads with Transfer-Encoding: chunked; API Gateway
+    # hands the integration the whole body (its quota applies to it) without that header.
+    seen = []
+
+    def echo(event, context):
+        seen.append(event)
+        return {"statusCode": 200, "headers": {}, "body": str(len(event["body"] or ""))}
+
+    server = make_server(LocalApi(echo, allow, payload_limit=1000), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    try:
+        body = b"x" * 700
+        sock = _post_chunked(server.server_address[1], body, 64)
+        head, answer = _read_answer(sock)
+        assert head.startswith(b"HTTP/1.1 200") and answer == b"700"
+        assert seen[0]["body"] == body.decode()
+        assert "transfer-encoding" not in {k.lower() for k in seen[0]["headers"]}
+        sock.sendall(b"GET /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n")  # kept alive
+        head, answer = _read_answer(sock)
+        assert head.startswith(b"HTTP/1.1 200") and answer == b"0"
+        sock.close()
+        over = _post_chunked(server.server_address[1], b"y" * 1500, 100)
+        head, answer = _read_answer(over)
+        assert head.startswith(b"HTTP/1.1 413") and json.loads(answer)["error"]["code"] == "request_too_large"
+        assert len(seen) == 2  # the oversized body never reached the Lambda
+        over.close()
+        bad = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+        bad.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+        head, answer = _read_answer(bad)
+        assert head.startswith(b"HTTP/1.1 400")
+        bad.close()
+    finally:
+        server.shutdown()
+        server.server_close()
