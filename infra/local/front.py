@@ -332,15 +332,34 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
                     status, out_headers, payload = api.handle(self.command, self.path, headers, body)
                 except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
                     status, out_headers, payload = api.gateway("INTEGRATION_FAILURE", str(uuid.uuid4()), INTERNAL_ERROR_MESSAGE)
+            self._send(status, out_headers, payload)
+
+        def _send(self, status: int, out_headers: Headers, payload: bytes) -> None:
             self.send_response(status)
             for k, v in out_headers:
                 if k.lower() not in ("content-length", "connection", "transfer-encoding"):
                     self.send_header(k, v)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(payload)
+            if self.command != "HEAD":  # a HEAD answer has the headers of its GET, never a body
+                self.wfile.write(payload)
 
-        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
+        # The methods an ANY method covers on API Gateway ("Set up a method request": DELETE, GET,
+        # HEAD, OPTIONS, PATCH, POST, PUT) reach the api Lambda.
+        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _serve
+
+        def __getattr__(self, name: str) -> Any:
+            """Any other method is API Gateway's MISSING_AUTHENTICATION_TOKEN (403, "including the
+            cases when the client attempts to invoke an unsupported API method": "Gateway response
+            types"), in the stack's envelope, never http.server's 501 HTML page."""
+            if not name.startswith("do_"):
+                raise AttributeError(name)
+            return self._unsupported
+
+        def _unsupported(self) -> None:
+            read_body(self.rfile, self.headers, api.payload_limit)
+            self.close_connection = True
+            self._send(*api.gateway("MISSING_AUTHENTICATION_TOKEN", str(uuid.uuid4()), MISSING_TOKEN_MESSAGE))
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             pass

@@ -436,3 +436,29 @@ def test_a_chunked_request_body_reaches_the_lambda_whole_and_the_connection_stay
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("method", ["TRACE", "FOO", "PROPFIND"])
+def test_a_method_api_gateway_does_not_have_is_its_403_json_not_a_501_page(serve, method):
+    url = serve(returning({}))
+    with httpx2.Client(base_url=url, headers={"Authorization": "Bearer k"}, timeout=10) as http:
+        response = http.request(method, "/v1/files")
+    assert response.status_code == 403 and response.headers["content-type"] == "application/json"
+    assert response.json()["error"]["message"] == "Missing Authentication Token"
+
+
+def test_head_and_options_reach_the_lambda_and_head_has_no_body(serve):
+    methods = []
+
+    def record(event, context):
+        methods.append(event["httpMethod"])
+        return {"statusCode": 200, "headers": {}, "body": "ok"}
+
+    url = serve(record)
+    with httpx2.Client(base_url=url, headers={"Authorization": "Bearer k"}, timeout=10) as http:
+        head = http.head("/v1/files")
+        options = http.options("/v1/files")
+        after = http.get("/v1/files")  # the connection is still in step
+    assert methods == ["HEAD", "OPTIONS", "GET"]
+    assert (head.status_code, head.content, head.headers["content-length"]) == (200, b"", "2")
+    assert (options.content, after.content) == (b"ok", b"ok")
