@@ -8,7 +8,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
-from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestUnsupportedContentType, RequestValidationError
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
     IdempotencyValidationError,
@@ -65,6 +65,15 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
     @app.exception_handler(RequestValidationError)
     def handle_validation_error(error: RequestValidationError) -> Response:
         return envelope(validation_to_api_error(error.errors()))
+
+    @app.exception_handler(RequestUnsupportedContentType)
+    def handle_content_type(_: RequestUnsupportedContentType) -> Response:
+        # a body whose Content-Type the route does not read (text/plain, octet-stream, ...)
+        sent = app.current_event.headers.get("Content-Type") or ""
+        return envelope(InvalidRequest(
+            f"Unsupported Content-Type {sent[:100]!r}: send the body as application/json, or as "
+            "multipart/form-data to the routes that take a file.", code="unsupported_content_type",
+        ))
 
     @app.exception_handler(UnicodeDecodeError)
     def handle_undecodable(_: UnicodeDecodeError) -> Response:
