@@ -77,8 +77,10 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
 
     @app.exception_handler(UnicodeDecodeError)
     def handle_undecodable(_: UnicodeDecodeError) -> Response:
-        # powertools decodes multipart part headers as UTF-8 and lets the error through
-        return envelope(InvalidRequest("We could not parse the multipart/form-data body of your request: its part headers are not valid UTF-8."))
+        # powertools decodes a JSON body, and multipart part headers, as UTF-8 and lets the error through
+        return envelope(InvalidRequest(
+            "We could not parse the body of your request: its JSON, or its multipart part headers, are not valid UTF-8."
+        ))
 
     @app.exception_handler(ValueError)
     def handle_value_error(error: ValueError) -> Response:

@@ -11,13 +11,14 @@ from .errors import DEACTIVATED_BODY, UNAUTHORIZED_BODY
 
 #: Every route lives under this path; clients use ``https://<host>[/<stage>]/v1`` as base_url.
 API_PREFIX: Final = "/v1"
-#: The REST API's ``binaryMediaTypes`` (docs/local.md): a request whose ``Content-Type`` matches one
-#: reaches the Lambda base64-encoded (file uploads are binary), and an ``isBase64Encoded`` response
-#: reaches the client as bytes only when the request's FIRST ``Accept`` media type matches one
-#: (otherwise the client gets the base64 text). ``application/binary`` is the ``Accept`` the official
-#: SDK sends for ``files.content``; ``*/*`` is deliberately absent: it would match every request's
-#: ``Content-Type`` and base64 every JSON body.
-BINARY_MEDIA_TYPES: Final = ("multipart/form-data", "application/octet-stream", "application/binary")
+#: The REST API's ``binaryMediaTypes`` (docs/local.md): ``*/*``, every media type. A request body
+#: with any ``Content-Type`` reaches the Lambda base64-encoded (powertools decodes it for the routes),
+#: and an ``isBase64Encoded`` response (a file's content) reaches the client as bytes whatever its
+#: first ``Accept`` media type: the SDK's ``application/binary``, curl's ``*/*``, a browser's
+#: ``text/html,...``. API Gateway's documentation gives ``*/*`` for exactly this, "to return binary
+#: media when you can't control the order of Accept header values" (Binary media types for REST
+#: APIs in API Gateway). Text responses (every JSON answer) are not base64-encoded and pass as text.
+BINARY_MEDIA_TYPES: Final = ("*/*",)
 #: API Gateway's REST integration timeout (its default maximum): the api Lambda gets no longer.
 INTEGRATION_TIMEOUT_SECONDS: Final = 29
 #: The header carrying API Gateway's request id (``$context.requestId``) on every response: the

@@ -165,7 +165,6 @@ def test_list_pages_in_both_orders_and_filters_by_purpose(fresh_client: OpenAI) 
 
 def test_bad_requests_are_openai_errors(client: OpenAI) -> None:
     cases = [
-        lambda: client.files.create(file=("input.txt", BATCH_LINES), purpose="batch"),  # not .jsonl
         lambda: client.files.create(file=("input.jsonl", b""), purpose="batch"),  # empty
         lambda: client.files.create(file=("a.txt", b"x"), purpose="nonsense"),  # type: ignore[arg-type]
         lambda: client.files.list(limit=0),
@@ -175,6 +174,14 @@ def test_bad_requests_are_openai_errors(client: OpenAI) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             case()
         assert exact_error(info.value, 400)["type"] == "invalid_request_error"
+
+
+def test_a_batch_file_is_judged_by_its_content_not_its_name(client: OpenAI) -> None:
+    """What OpenAI stores: curator's raw bytes (multipart name `upload`), data.txt, no final newline."""
+    for name, data in [("upload", BATCH_LINES), ("input.txt", BATCH_LINES.rstrip(b"\n"))]:
+        stored = client.files.create(file=(name, data), purpose="batch")
+        assert (stored.filename, stored.bytes, stored.purpose) == (name, len(data), "batch")
+        assert client.files.content(stored.id).read() == data
 
 
 # --- Uploads ----------------------------------------------------------------------------------

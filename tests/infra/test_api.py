@@ -12,12 +12,9 @@ from infra import names
 def test_binary_media_types_come_from_the_http_contract(synth):
     _, api = synth.one("AWS::ApiGateway::RestApi")
     assert api["Properties"]["BinaryMediaTypes"] == list(http.BINARY_MEDIA_TYPES)
-    assert "multipart/form-data" in api["Properties"]["BinaryMediaTypes"]
-    # The Accept the official SDK sends for files.content (openai/resources/files.py): without it
-    # API Gateway answers every inline download as base64 text (docs/local.md).
-    assert "application/binary" in api["Properties"]["BinaryMediaTypes"]
-    # */* would match every request's Content-Type: API Gateway would base64 every JSON body.
-    assert not any(t.startswith("*") for t in api["Properties"]["BinaryMediaTypes"])
+    # Every media type: a file's content reaches the SDK (Accept: application/binary), curl (*/*)
+    # and a browser as bytes, never as the base64 text of the Lambda's answer (docs/local.md).
+    assert api["Properties"]["BinaryMediaTypes"] == ["*/*"]
     assert api["Properties"]["EndpointConfiguration"] == {"Types": ["REGIONAL"]}
 
 

@@ -128,6 +128,10 @@ def header(headers_out, name):
     return values
 
 
+#: Specific binary media types, to hold the two conversion rules apart from the stack's ``*/*``.
+SPECIFIC = ("multipart/form-data", "application/octet-stream", "application/binary")
+
+
 @pytest.mark.parametrize(
     ("content_type", "encoded"),
     [
@@ -143,10 +147,18 @@ def test_the_request_body_is_base64_iff_its_content_type_is_a_binary_media_type(
     recorder = Recorder()
     headers = [("Authorization", "Bearer k")] + ([("Content-Type", content_type)] if content_type else [])
     body = b"\x00\xff{}"
-    call(front(recorder), "POST", "/v1/files", headers, body)
+    call(front(recorder, binary_media_types=SPECIFIC), "POST", "/v1/files", headers, body)
     (event,) = recorder.events
     assert event["isBase64Encoded"] is encoded
     assert event["body"] == (base64.b64encode(body).decode() if encoded else body.decode("utf-8", "replace"))
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain", "multipart/form-data; boundary=b"])
+def test_under_the_stacks_media_types_every_body_with_a_content_type_is_base64(content_type):
+    recorder = Recorder()
+    call(front(recorder), "POST", "/v1/batches", [("Authorization", "Bearer k"), ("Content-Type", content_type)], b"{}")
+    (event,) = recorder.events
+    assert (event["isBase64Encoded"], event["body"]) == (True, base64.b64encode(b"{}").decode())
 
 
 BINARY = bytes(range(256))
@@ -163,12 +175,24 @@ def binary_answer(event):
         ("application/binary", True),  # what the official SDK sends for files.content
         ("application/octet-stream;q=0.9", True),
         ("application/binary, */*", True),
-        ("*/*", False),  # curl, httpx, browsers: API Gateway answers the base64 text
+        ("*/*", False),  # a wildcard Accept matches only a */* entry
         ("application/json, application/binary", False),  # only the FIRST Accept type counts
         (None, False),
     ],
 )
 def test_a_base64_response_is_bytes_only_when_the_first_accept_type_is_binary(accept, gets_bytes):
+    headers = [("Authorization", "Bearer k")] + ([("Accept", accept)] if accept else [])
+    status, _, payload = call(front(Recorder(binary_answer), binary_media_types=SPECIFIC), headers=headers)
+    assert status == 200
+    assert payload == (BINARY if gets_bytes else base64.b64encode(BINARY))
+
+
+@pytest.mark.parametrize(
+    ("accept", "gets_bytes"),
+    [("application/binary", True), ("*/*", True), ("text/html, application/xhtml+xml, */*;q=0.8", True),
+     ("application/json", True), (None, False)],
+)
+def test_under_the_stacks_media_types_a_base64_response_is_bytes_for_any_accept(accept, gets_bytes):
     headers = [("Authorization", "Bearer k")] + ([("Accept", accept)] if accept else [])
     status, _, payload = call(front(Recorder(binary_answer)), headers=headers)
     assert status == 200
@@ -401,6 +425,12 @@ def _read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
     return head, body
 
 
+def received(event):
+    """The request body as the Lambda's code reads it (powertools' ``decoded_body``)."""
+    body = (event["body"] or "").encode()
+    return base64.b64decode(body) if event["isBase64Encoded"] else body
+
+
 def test_a_chunked_request_body_reaches_the_lambda_whole_and_the_connection_stays_usable():
     # The Node SDK streams fs.createReadStream uploads with Transfer-Encoding: chunked; API Gateway
     # hands the integration the whole body (its quota applies to it) without that header.
@@ -408,7 +438,7 @@ def test_a_chunked_request_body_reaches_the_lambda_whole_and_the_connection_stay
 
     def echo(event, context):
         seen.append(event)
-        return {"statusCode": 200, "headers": {}, "body": str(len(event["body"] or ""))}
+        return {"statusCode": 200, "headers": {}, "body": str(len(received(event)))}
 
     server = make_server(LocalApi(echo, allow, payload_limit=1000), "127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
@@ -417,7 +447,7 @@ def test_a_chunked_request_body_reaches_the_lambda_whole_and_the_connection_stay
         sock = _post_chunked(server.server_address[1], body, 64)
         head, answer = _read_answer(sock)
         assert head.startswith(b"HTTP/1.1 200") and answer == b"700"
-        assert seen[0]["body"] == body.decode()
+        assert received(seen[0]) == body
         assert "transfer-encoding" not in {k.lower() for k in seen[0]["headers"]}
         sock.sendall(b"GET /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n")  # kept alive
         head, answer = _read_answer(sock)

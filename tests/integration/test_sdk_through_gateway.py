@@ -1,7 +1,8 @@
 """The official SDK through the local front under API Gateway's rules (docs/local.md): files.content
-with the SDK's own headers gets the exact bytes; other clients get a redirect instead of base64
-text; every response (ours, the authorizer's, API Gateway's own) carries x-request-id, which the SDK
-reads into ``_request_id`` and which the api Lambda logs as ``correlation_id``."""
+with the SDK's own headers gets the exact bytes, and so does any other Accept (a request with none
+is redirected instead of sent base64 text); every response (ours, the authorizer's, API Gateway's
+own) carries x-request-id, which the SDK reads into ``_request_id`` and which the api Lambda logs
+as ``correlation_id``."""
 
 from urllib.parse import urlsplit
 
@@ -27,16 +28,20 @@ def test_files_content_with_the_sdks_headers_returns_the_exact_bytes(client):
     assert client.files.content(f.id).content == BINARY
 
 
-def test_a_client_whose_first_accept_is_not_binary_is_redirected_not_sent_base64(raw, client):
-    """curl's and browsers' ``*/*`` is no binary media type: API Gateway would send them the base64
-    text of an inline body, so the API sends a presigned URL of the file instead, whatever its size."""
-    f = client.files.create(file=("small.jsonl", b'{"a": 1}\n'), purpose="batch")
-    for accept in ("*/*", "application/json", "text/plain, application/binary"):
-        response = raw.get(f"/files/{f.id}/content", headers={"Accept": accept})
-        assert response.status_code == 307, accept
-        assert urlsplit(response.headers["location"]).path.endswith(schema.file_key("acme", f.id))
-    inline = raw.get(f"/files/{f.id}/content", headers={"Accept": "application/octet-stream"})
-    assert inline.status_code == 200 and inline.content == b'{"a": 1}\n'
+def test_any_accept_gets_the_bytes_inline_and_no_accept_gets_a_redirect(raw, client):
+    """curl's ``*/*``, a browser's ``text/html, ...``, ``application/json``: every first ``Accept``
+    matches the API's ``*/*`` binary media type, so the inline answer reaches them as bytes. A
+    request with no ``Accept`` would get the base64 text, so it gets a presigned URL instead."""
+    data = b'{"a": 1}\n\x00\xff'
+    f = client.files.create(file=("small.jsonl", data), purpose="batch")
+    for accept in ("*/*", "application/json", "text/html, application/xhtml+xml, */*;q=0.8", "application/octet-stream"):
+        inline = raw.get(f"/files/{f.id}/content", headers={"Accept": accept})
+        assert (inline.status_code, inline.content) == (200, data), accept
+    bare = raw.build_request("GET", f"/files/{f.id}/content")
+    del bare.headers["accept"]
+    response = raw.send(bare)
+    assert response.status_code == 307
+    assert urlsplit(response.headers["location"]).path.endswith(schema.file_key("acme", f.id))
 
 
 def test_every_sdk_answer_carries_the_request_id_the_lambda_logged(client):

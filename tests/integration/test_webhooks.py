@@ -256,8 +256,8 @@ def test_a_receiver_that_drips_bytes_does_not_hold_up_another_tenants_delivery(
     webhooks: Settings, repo: WebhookRepo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """globex's endpoint accepts and drips a byte every 0.2 s, never finishing its answer; acme's
-    is honest. Both deliveries are in one round: acme's request arrives while globex's connection
-    is still held, globex's attempt fails at its deadline (closing the connection) and is its own
+    is honest. Both deliveries are in one round: acme's request arrives before globex's connection
+    is let go, globex's attempt fails at its deadline (closing the connection) and is its own
     attempt 1, to be retried; acme's is delivered on its attempt 1."""
     monkeypatch.setattr(logic, "POST_DEADLINE_SECONDS", 2)  # the whole exchange's deadline, shortened for the test
     slow = StallingReceiver(free_port(), mode="drip", interval=0.2)
@@ -275,7 +275,9 @@ def test_a_receiver_that_drips_bytes_does_not_hold_up_another_tenants_delivery(
     [(headers, body, arrived)] = fast.requests
     assert SDK.webhooks.unwrap(body, headers, secret=fast_endpoint.secret).data.id == "batch_acme"
     [held] = slow.connections
-    assert held["opened"] < arrived < held["closed"]  # acme's arrived while globex's was held open
+    # acme's arrived before globex's exchange ended at its deadline, whichever of the two the round
+    # started first (both are posted at once, so acme's may even arrive before globex's connects)
+    assert arrived < held["closed"]
     [acme] = repo.attempts(TENANT, limit=10, now=int(time.time()))
     [globex] = repo.attempts("globex", limit=10, now=int(time.time()))
     assert (acme.attempt, acme.outcome) == (1, "delivered")

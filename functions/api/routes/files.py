@@ -44,8 +44,8 @@ def get_file(file_id: str) -> FileObject:
 def get_file_content(file_id: str):  # noqa: ANN201 - a raw Response (bytes or a redirect)
     settings = deps.settings()
     if not http.is_binary_media_type(router.current_event.headers.get("Accept")):
-        # API Gateway would hand this client the base64 text of an inline body (its first Accept type
-        # is not a binary media type: curl's and browsers' */*): a presigned URL gives it the bytes.
+        # No Accept header matches no binary media type: API Gateway would hand this client the
+        # base64 text of an inline body, so a presigned URL gives it the bytes.
         settings = settings.model_copy(update={"inline_content_limit": -1})
     content = files.get_file_content(deps.stores(), settings, tenant(router), file_id, deps.now())
     if content.redirect is not None:
