@@ -29,9 +29,10 @@ demo: $(STAMP)
 #: spread beside them (tests/conftest.py, "xdist groups", picks the scheduler).
 #: `make test TEST_PARALLEL=` runs serially.
 TEST_PARALLEL ?= -n 2
-## The whole test suite, end-to-end tests included (what CI runs); installs the engine first (a no-op
-## once installed), because the engine tests and the e2e batch suite run the real vLLM.
-test: $(STAMP) engine
+## The whole test suite, end-to-end tests included (what CI runs); installs the engine and the
+## clients first (no-ops once installed), because the engine tests and the e2e batch suite run the
+## real vLLM and the client suite runs other tools' clients (docs/clients.md).
+test: $(STAMP) engine clients
 	$(PY) -m pytest $(TEST_PARALLEL)
 
 ## The unit level only: logic against in-memory fakes, no AWS, no engine (seconds).
@@ -44,7 +45,7 @@ test-fast: $(STAMP)
 
 ## The end-to-end tests against the local deployment (the batch suite runs the real vLLM: the engine
 ## is installed first, a no-op once installed).
-test-e2e: $(STAMP) engine
+test-e2e: $(STAMP) engine clients
 	$(PY) -m pytest -m e2e
 
 ## The same end-to-end tests against a deployed stack, after `cdk deploy` (docs/deploy.md, "After the
@@ -53,12 +54,12 @@ test-e2e: $(STAMP) engine
 ## started (no engine). STACK= picks the stack (default BatchApi); credentials and region from the
 ## standard AWS chain (AWS_PROFILE, AWS_REGION); E2E_ARGS= passes pytest arguments (e.g. -k chat).
 .PHONY: e2e-aws
-e2e-aws: $(STAMP)
+e2e-aws: $(STAMP) clients
 	BATCHAPI_E2E_TARGET=aws $(if $(STACK),BATCHAPI_STACK=$(STACK)) $(PY) -m pytest -m e2e tests/e2e $(E2E_ARGS)
 
 ## Only the long-running tests (marked `slow`: the worker against the real engine, the e2e batch
 ## suite); `make test` runs them with the rest.
-test-slow: $(STAMP) engine
+test-slow: $(STAMP) engine clients
 	$(PY) -m pytest -m slow
 
 clean:
@@ -120,6 +121,28 @@ serve-chat: engine
 ## vLLM's OpenAI server for embeddings (all-MiniLM-L6-v2) on ENGINE_PORT (8002).
 serve-embed: engine
 	gpu_worker/engine/serve.sh all-minilm-l6-v2 $${ENGINE_PORT:-8002}
+
+# --- Other tools' clients (tests/e2e/test_clients_e2e.py, docs/clients.md) ---------------------
+CLIENTS_VENV := .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+NODE_CLIENT := tests/clients/node
+NODE_CLIENT_STAMP := $(NODE_CLIENT)/node_modules/.installed
+.PHONY: clients
+
+#: bespokelabs-curator and litellm in a venv of their own: they pin openai 2.x, the project has 3.x.
+$(CLIENTS_STAMP): tests/clients/requirements.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/clients/requirements.txt
+	touch $@
+
+#: The official Node SDK at the version package-lock.json holds.
+$(NODE_CLIENT_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	npm ci --prefix $(NODE_CLIENT) --no-audit --no-fund --loglevel=error
+	touch $@
+
+## The clients the compatibility suite runs: .venv-clients (curator, litellm; about 1.5 minutes the
+## first time) and the openai Node SDK in tests/clients/node/node_modules; a no-op once installed.
+clients: $(CLIENTS_STAMP) $(NODE_CLIENT_STAMP)
 
 # --- CDK synth (npm CDK CLI in a local folder; no AWS credentials, no Docker) --------------------
 CDK_CLI_VERSION ?= 2.1148.1
