@@ -24,34 +24,56 @@ def create_file(
     expires_after: ExpiresAfter | None,
     now: int,
 ) -> FileObject:
-    ttl = file_expiry(purpose, expires_after)
+    check_file(settings, filename, purpose, len(content), expires_after)
+    quota = check_storage(stores, tenant, len(content))
+    file_id = ids.new_id(ids.FILE)
+    # Bytes first, then the record that makes them visible (with its stored-bytes reservation): a
+    # crash in between leaves only unreferenced bytes, never a File without content.
+    stores.objects.put(schema.file_key(tenant, file_id), content)
+    return register_file(stores, tenant, file_id, filename=filename, purpose=purpose, size=len(content),
+                         expires_after=expires_after, quota=quota, now=now)
+
+
+def check_file(settings: Settings, filename: str, purpose: str, size: int, expires_after: ExpiresAfter | None) -> None:
+    """The rules a new File's name, size and expiry obey, however its bytes arrive."""
+    file_expiry(purpose, expires_after)
     problem = filename_problem(filename)
     if problem is not None:
         raise InvalidRequest(f"Invalid value for 'filename': {problem}.", param="filename", code="invalid_value")
-    check_size(
-        purpose, len(content),
-        max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file",
-    )
-    file_id = ids.new_id(ids.FILE)
-    record = FileRecord(
-        tenant=tenant,
-        id=file_id,
-        filename=filename,
-        purpose=purpose,
-        bytes=len(content),
-        created_at=now,
-        expires_at=now + ttl if ttl is not None else None,
-        s3_key=schema.file_key(tenant, file_id),
-    )
-    quota = check_storage(stores, tenant, record.bytes)
-    # Bytes first, then the record that makes them visible (with its stored-bytes reservation): a
-    # crash in between leaves only unreferenced bytes, never a File without content.
-    stores.objects.put(record.s3_key, content)
+    check_size(purpose, size, max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file")
+
+
+def register_file(
+    stores: Stores,
+    tenant: str,
+    file_id: str,
+    *,
+    filename: str,
+    purpose: str,
+    size: int,
+    expires_after: ExpiresAfter | None,
+    quota: int | None,
+    now: int,
+) -> FileObject:
+    """Make the bytes already stored at ``file_id``'s key a File (its record, with the stored-bytes
+    reservation); on any failure the bytes are deleted, so nothing half-made stays."""
+    key = schema.file_key(tenant, file_id)
     try:
+        ttl = file_expiry(purpose, expires_after)
+        record = FileRecord(
+            tenant=tenant,
+            id=file_id,
+            filename=filename,
+            purpose=purpose,
+            bytes=size,
+            created_at=now,
+            expires_at=now + ttl if ttl is not None else None,
+            s3_key=key,
+        )
         with within_quota(stores, tenant, quota, record.bytes):
             stores.files.create(record, max_stored_bytes=quota)
     except BaseException:
-        stores.objects.delete(record.s3_key)
+        stores.objects.delete(key)
         raise
     return record.to_wire()
 
@@ -96,8 +118,13 @@ def ready(record: FileRecord, *, param: str = "file_id") -> FileRecord:
     return record
 
 
+def stored_file(stores: Stores, tenant: str, file_id: str, now: int) -> FileRecord:
+    """``tenant``'s File ``file_id`` whose bytes are there to read (404, or ``ready``'s 400s)."""
+    return ready(_get(stores, tenant, file_id, now))
+
+
 def get_file_content(stores: Stores, settings: Settings, tenant: str, file_id: str, now: int) -> Content:
-    record = ready(_get(stores, tenant, file_id, now))
+    record = stored_file(stores, tenant, file_id, now)
     if record.bytes > settings.inline_content_limit:
         url = stores.objects.presigned_get(record.s3_key, seconds=settings.presign_seconds, filename=record.filename)
         return Content(filename=record.filename, redirect=url)

@@ -59,7 +59,7 @@ def _get(stores: Stores, tenant: str, upload_id: str) -> UploadRecord:
     return record
 
 
-def _pending(stores: Stores, tenant: str, upload_id: str, now: int) -> UploadRecord:
+def pending_upload(stores: Stores, tenant: str, upload_id: str, now: int) -> UploadRecord:
     record = _get(stores, tenant, upload_id)
     status = record.effective_status(now)
     if status != "pending":
@@ -70,27 +70,35 @@ def _pending(stores: Stores, tenant: str, upload_id: str, now: int) -> UploadRec
 
 
 def add_part(stores: Stores, settings: Settings, tenant: str, upload_id: str, *, data: bytes, now: int) -> UploadPart:
-    record = _pending(stores, tenant, upload_id, now)
-    if not data:
-        raise InvalidRequest("The part is empty.", param="data", code="empty_file")
-    if len(data) > settings.max_upload_part_bytes:
-        raise PayloadTooLarge(
-            f"The part is {len(data)} bytes; parts may be at most {settings.max_upload_part_bytes} bytes "
-            "(a Lambda request carries about 6 MB after base64): use "
-            f"client.uploads.upload_file_chunked(..., part_size={settings.max_upload_part_bytes}).",
-            param="data",
-        )
+    record = pending_upload(stores, tenant, upload_id, now)
+    check_part(len(data), settings.max_upload_part_bytes, hint=True)
     part_id = ids.new_id(ids.PART)
+    stores.objects.put(schema.upload_part_key(tenant, upload_id, part_id), data)
+    return register_part(stores, record, part_id, size=len(data), now=now)
+
+
+def check_part(size: int, limit: int, *, hint: bool = False) -> None:
+    """A part's size rules: not empty, at most ``limit`` (with ``hint``, the 413 names the SDK call
+    that cuts parts small enough for a Lambda request)."""
+    if size <= 0:
+        raise InvalidRequest("The part is empty.", param="data", code="empty_file")
+    if size > limit:
+        advice = (" (a Lambda request carries about 6 MB after base64): use "
+                  f"client.uploads.upload_file_chunked(..., part_size={limit})") if hint else ""
+        raise PayloadTooLarge(f"The part is {size} bytes; parts may be at most {limit} bytes{advice}.", param="data")
+
+
+def register_part(stores: Stores, upload: UploadRecord, part_id: str, *, size: int, now: int) -> UploadPart:
+    """Record the part whose bytes are already stored at its key."""
     part = UploadPartRecord(
-        tenant=tenant,
-        upload_id=upload_id,
+        tenant=upload.tenant,
+        upload_id=upload.id,
         id=part_id,
         created_at=now,
-        bytes=len(data),
-        s3_key=schema.upload_part_key(tenant, upload_id, part_id),
-        expires_at=record.expires_at,
+        bytes=size,
+        s3_key=schema.upload_part_key(upload.tenant, upload.id, part_id),
+        expires_at=upload.expires_at,
     )
-    stores.objects.put(part.s3_key, data)
     stores.uploads.add_part(part)
     return part.to_wire()
 
@@ -105,7 +113,7 @@ def complete_upload(stores: Stores, settings: Settings, tenant: str, upload_id: 
         if file is not None and file.status == "uploaded":
             _dispatch(stores, settings, tenant, upload_id)
         return record.to_wire(now, file.to_wire() if file else None)
-    record = _pending(stores, tenant, upload_id, now)
+    record = pending_upload(stores, tenant, upload_id, now)
     if not part_ids:
         raise InvalidRequest("Invalid value for 'part_ids': at least one part is required.", param="part_ids", code="invalid_value")
     if len(set(part_ids)) != len(part_ids):
@@ -273,7 +281,7 @@ def give_up(stores: Stores, tenant: str, upload_id: str, reason: str, *, now: in
 
 
 def cancel_upload(stores: Stores, tenant: str, upload_id: str, *, now: int) -> Upload:
-    record = _pending(stores, tenant, upload_id, now)
+    record = pending_upload(stores, tenant, upload_id, now)
     try:
         record = stores.uploads.transition(record, "cancelled")
     except ConditionFailed:

@@ -45,6 +45,9 @@ DEFAULT_PRESIGN_SECONDS: Final = 300
 #: The largest Uploads part the API accepts: what a Lambda request can carry after base64 and the
 #: multipart envelope. Clients must use part_size <= this (the SDK's default is 64 MB).
 MAX_UPLOAD_PART_BYTES: Final = 4 * 1024 * 1024
+#: The largest part the streamed route takes (functions/stream_front): OpenAI's 64 MB, the
+#: SDK's default ``part_size`` for ``upload_file_chunked``.
+MAX_STREAMED_PART_BYTES: Final = 64 * 1024 * 1024
 #: ``complete`` assembles an Upload of at most this many bytes itself (reading and writing at most
 #: this much in one request, about a second on AWS, and answering an md5 mismatch with a 400);
 #: a larger one is handed to the upload assembler (docs/uploads.md), so no API request moves more.

@@ -32,6 +32,7 @@ from functions.workflow import handler as workflow_handler
 from functions.webhooks import handler as webhooks_handler
 from functions.core import auth, clients, deps, http, limits, signing
 from functions.core.settings import Settings
+from functions.stream_front.routes import StreamFront
 from infra import names
 
 from . import atomic_dynamodb, fair_queues, state
@@ -360,7 +361,8 @@ class HttpFront:
 
     def start(self) -> None:
         check_port_free(self._host, self._port, "PORT")
-        server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler), self._host, self._port)
+        stream = StreamFront(deps.stores, deps.settings(), deps.now)
+        server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler, stream=stream), self._host, self._port)
         self._port = self._served.serve(server, self.name)
 
     @property

@@ -23,6 +23,11 @@ integration timeout, the gateway responses; ``functions.core.limits``: payload q
 Every gateway response renders the stack's own template (``http.GATEWAY_ERRORS``: OpenAI's error
 envelope, ``x-request-id``, ``Retry-After`` on 429s). Whatever the handler returns or raises, the
 client gets an answer, never a dropped connection.
+
+With ``stream`` (as the local deployment runs it), the requests the stack's distribution routes to
+the streaming front (``StreamFront.takes``: ``POST /v1/files``, ``POST /v1/uploads/{id}/parts``,
+``GET /v1/files/{id}/content``) go to it instead, before any rule above: their bodies are
+streamed, as on the stack (docs/local.md, "The large-body path").
 """
 
 import base64
@@ -39,6 +44,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from functions.core import http, limits
 from functions.core.errors import PayloadTooLarge
+from functions.stream_front.routes import StreamFront
+from functions.stream_front.server import write_reply
 
 from .lambda_context import LocalLambdaContext
 
@@ -123,8 +130,12 @@ class LocalApi:
         lambda_payload_limit: int = limits.LAMBDA_PAYLOAD_LIMIT,
         throttle: tuple[float, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stream: StreamFront | None = None,
     ):
         self._api = api_handler
+        #: The large-body front, where the stack's distribution routes the streamed routes
+        #: (None: every request is API Gateway's, as in a stack with that path turned off).
+        self.stream = stream
         self._authorizer = authorizer_handler
         self._bucket = TokenBucket(*throttle, clock) if throttle else None
         self.binary_media_types = binary_media_types
@@ -318,6 +329,9 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
         protocol_version = "HTTP/1.1"
 
         def _serve(self) -> None:
+            if api.stream is not None and api.stream.takes(self.command, urlsplit(self.path).path):
+                self._stream()
+                return
             body = read_body(self.rfile, self.headers, api.payload_limit)
             if body is None:  # API Gateway's answer to a malformed request
                 status, out_headers, payload = 400, [("Content-Type", "application/json")], json.dumps({"message": "Bad Request"}).encode()
@@ -333,6 +347,15 @@ def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
                 except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
                     status, out_headers, payload = api.gateway("INTEGRATION_FAILURE", str(uuid.uuid4()), INTERNAL_ERROR_MESSAGE)
             self._send(status, out_headers, payload)
+
+        def _stream(self) -> None:
+            """The distribution's large-body behaviour: the request goes to the streaming front,
+            its body read from the connection as it arrives, the answer's body sent as it comes."""
+            reply = api.stream.serve(self.command, urlsplit(self.path).path, self.headers, self.rfile)  # type: ignore[union-attr]
+            if reply is None:  # the client went away mid-body
+                self.close_connection = True
+                return
+            write_reply(self, reply)
 
         def _send(self, status: int, out_headers: Headers, payload: bytes) -> None:
             self.send_response(status)
