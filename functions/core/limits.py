@@ -48,6 +48,11 @@ MAX_UPLOAD_PART_BYTES: Final = 4 * 1024 * 1024
 #: The largest part the streamed route takes (functions/stream_front): OpenAI's 64 MB, the
 #: SDK's default ``part_size`` for ``upload_file_chunked``.
 MAX_STREAMED_PART_BYTES: Final = 64 * 1024 * 1024
+#: Streamed uploads one streaming-front process takes at once, and one tenant's share of them
+#: (each holds about 40 MiB at most: two 8 MiB S3 parts and the buffers; docs/benchmarks.md): a
+#: tenant that opens many slow uploads holds only its own share.
+STREAM_MAX_UPLOADS: Final = 16
+STREAM_MAX_UPLOADS_PER_TENANT: Final = 4
 #: ``complete`` assembles an Upload of at most this many bytes itself (reading and writing at most
 #: this much in one request, about a second on AWS, and answering an md5 mismatch with a 400);
 #: a larger one is handed to the upload assembler (docs/uploads.md), so no API request moves more.

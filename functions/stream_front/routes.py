@@ -5,7 +5,9 @@ size, no redirect).
 
 The same rules as the API Lambda's routes, from the same code: the key resolved as the authorizer
 resolves it, the tenant's request admission, the Files and Uploads logic (``functions.api``) with
-only the byte transport different, OpenAI's error envelope, one audit intent per request. Bytes go
+only the byte transport different, OpenAI's error envelope, one audit intent per request. Uploads
+hold a slot of the process's (``slots.Slots``): a tenant's share, and no more than the process
+can hold in memory. Bytes go
 from the connection to an S3 multipart upload as they arrive (memory: one S3 part, 8 MiB), and a
 request that fails or whose client goes away leaves no File, no part, and no object."""
 
@@ -31,6 +33,7 @@ from functions.core.settings import Settings
 
 from . import body
 from .form import MAX_FIELD_BYTES, MAX_PARTS, FormReader
+from .slots import Slots
 
 _PARTS = re.compile(r"^/v1/uploads/([^/]+)/parts$")
 _CONTENT = re.compile(r"^/v1/files/([^/]+)/content$")
@@ -60,9 +63,10 @@ class StreamFront:
     clock (seconds)."""
 
     def __init__(self, stores: Callable[[], Stores], settings: Settings, now: Callable[[], int],
-                 policies: tenants.PolicyCache | None = None):
+                 policies: tenants.PolicyCache | None = None, slots: Slots | None = None):
         self._stores, self._settings, self._now = stores, settings, now
         self._policies = policies
+        self.slots = slots or Slots()
 
     @staticmethod
     def takes(method: str, path: str) -> bool:
@@ -109,6 +113,10 @@ class StreamFront:
                stream: BinaryIO) -> Reply:
         if method == "GET":
             return self._content(stores, tenant, _CONTENT.match(path).group(1))  # type: ignore[union-attr]
+        with self.slots.hold(tenant):
+            return self._upload(stores, tenant, path, headers, stream)
+
+    def _upload(self, stores: Stores, tenant: str, path: str, headers: Mapping[str, str], stream: BinaryIO) -> Reply:
         chunks = body.chunks(stream, content_length=headers.get("Content-Length"),
                              transfer_encoding=headers.get("Transfer-Encoding"),
                              limit=self._body_limit(path), what="request body")

@@ -15,10 +15,12 @@ from openai import OpenAI
 
 from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
-from functions.core import clients, deps, schema
+from functions.core import audit, clients, deps, limits, schema
+from functions.core.errors import Throttled
 from functions.core.settings import Settings
 from functions.stream_front.routes import StreamFront
 from functions.stream_front.server import HEALTH_PATH
+from functions.stream_front.slots import Slots
 from functions.stream_front.server import make_server as service_server
 from infra.local.front import LocalApi, make_server
 from tests.helpers import raw_client
@@ -195,3 +197,62 @@ def test_the_service_answers_502_when_the_api_is_unreachable(front: RecordingFro
         server.shutdown()
         server.server_close()
     assert answer.status_code == 502 and answer.json()["error"]["type"] == "server_error"
+
+
+def test_streamed_requests_are_audited_as_the_api_lambdas_are(sdk: OpenAI, client: OpenAI, keys, appender) -> None:
+    """The same actions through the Lambda route (``client``) and the streamed one (``sdk``): the
+    same records in the tenant's chain, each with its request's id."""
+    records = {}
+    for name, api in (("lambda", client), ("streamed", sdk)):
+        created = api.files.with_raw_response.create(file=("a.jsonl", b'{"x": 1}\n'), purpose="batch")
+        upload = api.uploads.create(bytes=3, filename="u.jsonl", mime_type="application/jsonl", purpose="batch")
+        part = api.uploads.parts.with_raw_response.create(upload.id, data=b"abc")
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.files.create(file=("e.jsonl", b""), purpose="batch")
+        mine = appender.records("acme")[len(records.get("lambda", [])):]
+        records[name] = mine
+        assert [r.request_id for r in mine if r.action in ("files.create", "uploads.add_part")] == [
+            created.headers["x-request-id"], part.headers["x-request-id"], refused.value.response.headers["x-request-id"]]
+    shape = {name: [(r.action, r.outcome, r.actor, r.details.get("error_code")) for r in rs] for name, rs in records.items()}
+    assert shape["streamed"] == shape["lambda"]
+    assert [a for a, *_ in shape["streamed"]] == ["files.create", "uploads.create", "uploads.add_part", "files.create"]
+    assert shape["streamed"][-1][1:] == ("400", shape["lambda"][0][2], "empty_file")
+    assert audit.verify(appender.records("acme")) is None
+
+
+def test_a_tenants_slow_uploads_hold_only_its_own_share(streamed_url: str, keys, sdk: OpenAI, front: RecordingFront) -> None:
+    port = urlsplit(streamed_url).port
+    head = (b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="slow.jsonl"\r\n\r\n')
+    share = limits.STREAM_MAX_UPLOADS_PER_TENANT
+    slow = []
+    for _ in range(share):  # uploads that send a little, then nothing
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + keys["acme"].encode()
+                     + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: "
+                     + str(len(head) + MIB).encode() + b"\r\n\r\n" + head + b"{}")
+        slow.append(sock)
+    deadline = threading.Event()
+    while front.slots.held("acme") < share and not deadline.wait(0.05):
+        pass
+    with pytest.raises(openai.RateLimitError) as refused:
+        sdk.files.create(file=("next.jsonl", b'{"x": 1}\n'), purpose="batch")
+    assert refused.value.response.headers["retry-after"] == "1"
+    other = OpenAI(base_url=streamed_url, api_key=keys["globex"], max_retries=0)
+    assert other.files.create(file=("theirs.jsonl", b'{"x": 1}\n'), purpose="batch").bytes == 9  # not slowed
+    for sock in slow:
+        sock.close()
+    with front.changed:
+        assert front.changed.wait_for(lambda: front.ended.count(None) == share, timeout=30)
+    assert front.slots.held() == 0
+    assert sdk.files.create(file=("next.jsonl", b'{"x": 1}\n'), purpose="batch").bytes == 9
+
+
+def test_a_full_process_is_a_503_the_sdk_retries() -> None:
+    slots = Slots(total=1, per_tenant=1)
+    with slots.hold("a"):
+        with pytest.raises(Throttled):
+            with slots.hold("b"):
+                pass
+    with slots.hold("b"):
+        assert slots.held() == 1 and slots.held("b") == 1
