@@ -104,7 +104,10 @@ bench-hostile-scan: $(STAMP) engine
 	$(PY) -m tests.bench.bench_hostile_scan --rounds 3 --b-lines 3 --max-tokens 16
 ## 64 clients at once, each on one kept-alive connection, against the local front and API (no
 ## engines): answers by status, dropped connections, latency (docs/benchmarks.md; ~1 min).
-.PHONY: bench-front
+.PHONY: bench-front bench-stream-upload
+## A 200 MiB `files.create` and its content through the streaming front: time and each process's peak memory.
+bench-stream-upload: $(STAMP)
+	$(PY) -m tests.bench.bench_stream_upload --mib 200
 bench-front: $(STAMP)
 	$(PY) -m tests.bench.bench_front --clients 64 --requests 20
 bench: bench-lifecycle bench-worker bench-uploads bench-pipeline

@@ -15,12 +15,15 @@ from tests.helpers import free_port
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[dict[str, str]]:
+def moto_server(pids: list[int] | None = None) -> Iterator[dict[str, str]]:
+    """``pids``, when given, gets the server's process id (to read its memory)."""
     port = free_port()
     moto = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    if pids is not None:
+        pids.append(moto.pid)
     env = {
         **os.environ,
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
