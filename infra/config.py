@@ -186,6 +186,66 @@ class DomainConfig(_Strict):
     certificate_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:acm:")]
 
 
+#: Fargate's CPU units -> the memory sizes (MiB) each allows (the task sizes Fargate accepts).
+FARGATE_SIZES: Final = {
+    256: (512, 1024, 2048),
+    512: tuple(range(1024, 4097, 1024)),
+    1024: tuple(range(2048, 8193, 1024)),
+    2048: tuple(range(4096, 16385, 1024)),
+    4096: tuple(range(8192, 30721, 1024)),
+}
+
+
+class StreamFrontConfig(_Strict):
+    """The streaming front (infra/constructs/stream_front.py): one CloudFront distribution in front
+    of the API, whose ``/v1/files``, ``/v1/files/*/content`` and ``/v1/uploads/*/parts`` go to a
+    small Fargate service (``python -m functions.stream_front``) behind an internal load balancer,
+    so files of up to 512 MB and 64 MB Uploads parts pass with the unchanged SDK.
+    ``stream_front: false`` turns the whole path off: no distribution, no service, nothing that
+    bills while idle, and the API Gateway URL with its 10 MB request quota (Uploads parts of at
+    most 4 MiB). (``null`` means the same in a config file or a JSON string, but CDK drops null
+    values from context objects, so in ``cdk.json`` or ``-c`` objects only ``false`` works.)"""
+
+    #: Tasks the service keeps (at least one: the front has no scale-from-zero) and may scale out
+    #: to on CPU (target tracking).
+    min_tasks: Annotated[int, Field(ge=1, le=100)] = 1
+    max_tasks: Annotated[int, Field(ge=1, le=100)] = 2
+    #: The task's size: 0.5 vCPU / 1 GiB holds about a hundred uploads at once (one 8 MiB S3 part
+    #: each). Fargate's valid pairs only (``FARGATE_SIZES``).
+    cpu: Literal[256, 512, 1024, 2048, 4096] = 512
+    memory_mib: int = 1024
+    #: The task's CPU architecture (the image is built for it at deploy): x86_64 builds on any
+    #: Docker host; arm64 (Graviton) costs about 20% less per hour but needs a host that builds
+    #: arm64 images (Apple silicon, Graviton, or QEMU emulation).
+    architecture: Literal["x86_64", "arm64"] = "x86_64"
+    #: CloudFront's response timeout for the front's origin (seconds). Above 60 needs a raise of
+    #: the "Response timeout per origin" quota first.
+    origin_read_timeout_seconds: Annotated[int, Field(ge=1, le=180)] = 60
+    #: The ACM certificate (in us-east-1: CloudFront only reads certificates there) of
+    #: ``domain.name``; required when ``domain`` is set: the domain is then the distribution's.
+    certificate_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:acm:us-east-1:\d{12}:certificate/")] | None = None
+    #: A WAFv2 web ACL of scope CLOUDFRONT (created in us-east-1) for the distribution
+    #: (``web_acl_arn`` is REGIONAL: API Gateway's). Its body-size rules must let uploads through.
+    web_acl_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:wafv2:us-east-1:\d{12}:global/webacl/")] | None = None
+    #: The id of the managed prefix list ``com.amazonaws.global.cloudfront.origin-facing`` in the
+    #: stack's region, for a region the construct's table does not know
+    #: (``aws ec2 describe-managed-prefix-lists --filters Name=prefix-list-name,Values=com.amazonaws.global.cloudfront.origin-facing``).
+    cloudfront_prefix_list_id: Annotated[str, Field(pattern=r"^pl-([0-9a-f]{8}|[0-9a-f]{17})$")] | None = None
+    #: Two or more availability zones (names) for the front's VPC, instead of the region's first
+    #: two: CloudFront VPC origins are not offered in every zone (e.g. use1-az3).
+    availability_zones: Annotated[tuple[str, ...], Field(min_length=2)] | None = None
+    #: CloudFront's price class (which edge locations serve the distribution).
+    price_class: Literal["PriceClass_100", "PriceClass_200", "PriceClass_All"] = "PriceClass_All"
+
+    @model_validator(mode="after")
+    def _sizes(self) -> Self:
+        if self.max_tasks < self.min_tasks:
+            raise ValueError("stream_front: max_tasks < min_tasks")
+        if self.memory_mib not in FARGATE_SIZES[self.cpu]:
+            raise ValueError(f"stream_front: cpu {self.cpu} takes memory_mib in {list(FARGATE_SIZES[self.cpu])}")
+        return self
+
+
 class AuditObjectLockConfig(_Strict):
     """The Object Lock bucket of the audit chains' WORM copies and signed checkpoints (docs/audit.md,
     infra/constructs/audit.py): a default retention on every object version written there."""
@@ -231,7 +291,11 @@ class DeployConfig(_Strict):
     alarm_topic_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:sns:")] | None = None
     #: WAFv2 web ACL (REGIONAL scope) to associate with the API stage.
     web_acl_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:wafv2:")] | None = None
+    #: A custom domain for the API. With ``stream_front`` on it is the distribution's (its
+    #: ``certificate_arn``, in us-east-1); with it off, API Gateway's (this regional certificate).
     domain: DomainConfig | None = None
+    #: The large-body path (``StreamFrontConfig``): on by default; ``false`` = API Gateway only.
+    stream_front: StreamFrontConfig | None = StreamFrontConfig()
     #: Where the GPU instances run (default: a new VPC, public subnets, no NAT: nothing idles).
     network: NetworkConfig | None = None
     #: Governance: tenant policies read and enforced, the TENANTS partition granted.
@@ -270,6 +334,30 @@ class DeployConfig(_Strict):
         if len(names) != len(set(names)):
             raise ValueError("model names must be unique")
         return value
+
+    @field_validator("stream_front", mode="before")
+    @classmethod
+    def _off(cls, value: Any) -> Any:
+        # ``false`` (or ``null``) is "off": CDK context objects lose their null values on the way
+        # in (jsii), so ``false`` is the spelling that survives every way a config arrives.
+        return None if value is False else value
+
+    @model_validator(mode="after")
+    def _domain_certificates(self) -> Self:
+        front = self.stream_front
+        if front is not None and self.domain is not None and front.certificate_arn is None:
+            raise ValueError("stream_front.certificate_arn: with stream_front on, the domain is served by CloudFront, "
+                             "which needs its certificate in us-east-1 (or set stream_front: false to keep the domain "
+                             "on API Gateway)")
+        if front is not None and self.domain is None and front.certificate_arn is not None:
+            raise ValueError("stream_front.certificate_arn is the certificate of domain.name: set domain too")
+        return self
+
+    @property
+    def api_domain(self) -> DomainConfig | None:
+        """The custom domain API Gateway serves: ``domain`` when the streaming front is off (with
+        it on, the distribution serves the domain and API Gateway is its origin)."""
+        return self.domain if self.stream_front is None else None
 
     @model_validator(mode="after")
     def _pinned_together(self) -> Self:

@@ -3,8 +3,9 @@ resource itself.
 
 Order matters only for what a construct hands the next: ``Ingest`` creates the queues and with
 them the one ``Settings`` every function and the GPU worker read (``Settings.to_env()``);
-``Workflow`` grants who may start and signal it; ``Workers`` runs one GPU service per model;
-``Monitoring`` watches them all.
+``Workflow`` grants who may start and signal it; ``StreamFront`` (unless the config turns it off)
+puts a distribution in front of the ``Api``, whose URL becomes the stack's; ``Workers`` runs one GPU
+service per model; ``Monitoring`` watches them all.
 """
 
 from typing import Any
@@ -22,6 +23,7 @@ from infra.constructs.lambdas import Lambdas
 from infra.constructs.monitoring import Monitoring
 from infra.constructs.reaper import Reaper
 from infra.constructs.storage import Storage
+from infra.constructs.stream_front import StreamFront
 from infra.constructs.sweeper import Sweeper
 from infra.constructs.uploads import Uploads
 from infra.constructs.webhooks import Webhooks
@@ -59,6 +61,10 @@ class BatchApiStack(cdk.Stack):
         self.workflow = Workflow(self, "Workflow", **common, batch_events=self.events)
         self.api = Api(self, "Api", **common)
         self.uploads.grant_dispatch(self.api.api_function)
+        # The large bodies' path (infra/constructs/stream_front.py): a distribution in front of the
+        # API, its file and part routes streamed by a Fargate service; none with stream_front false.
+        self.stream_front = (StreamFront(self, "StreamFront", config=config, storage=self.storage, settings=self.settings,
+                                         rest_api=self.api.rest_api) if config.stream_front is not None else None)
         self.reaper = Reaper(self, "Reaper", **common)
         self.workers = Workers(
             self, "Workers", config=config, settings=self.settings, storage=self.storage,
@@ -74,7 +80,8 @@ class BatchApiStack(cdk.Stack):
         self.workflow.grant_signal(self.ingest.dlq_function)
         # Who sends audit intents: the API (its actions), the chunk counters (receipts).
         for writer in (self.api.api_function, self.ingest.dlq_function,
-                       *(w.task_definition.task_role for w in self.workers.workers.values())):
+                       *(w.task_definition.task_role for w in self.workers.workers.values()),
+                       *([self.stream_front.task_role] if self.stream_front is not None else [])):
             self.audit.grant_send(writer)
         # The ingest DLQ's consumer retries a fan-out once: it starts the workflow and publishes
         # the events of batches it ends (docs/reliability.md, "Liveness: every batch ends").
@@ -113,7 +120,8 @@ class BatchApiStack(cdk.Stack):
             )
             self.monitoring.watch_work_dead_letters(model.name, self.ingest.work_dead_letters[model.name])
 
-        cdk.CfnOutput(self, names.OUTPUT_API_URL, value=self.api.url, description="base_url for the openai SDK")
+        url = self.stream_front.url if self.stream_front is not None else self.api.url
+        cdk.CfnOutput(self, names.OUTPUT_API_URL, value=url, description="base_url for the openai SDK")
         cdk.CfnOutput(self, names.OUTPUT_TABLE, value=self.storage.table.table_name)
         cdk.CfnOutput(self, names.OUTPUT_BUCKET, value=self.storage.bucket.bucket_name)
 

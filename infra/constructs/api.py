@@ -206,12 +206,14 @@ class Api(Construct):
             )
 
     def _endpoint(self, config: DeployConfig) -> str:
-        if config.domain is None:
+        # With the streaming front on, the custom domain is the distribution's (its origin is this
+        # API's own execute-api URL): ``DeployConfig.api_domain``.
+        if (api_domain := config.api_domain) is None:
             return self.rest_api.url_for_path(http.API_PREFIX)
         domain = self.rest_api.add_domain_name(
             "Domain",
-            domain_name=config.domain.name,
-            certificate=acm.Certificate.from_certificate_arn(self, "Certificate", config.domain.certificate_arn),
+            domain_name=api_domain.name,
+            certificate=acm.Certificate.from_certificate_arn(self, "Certificate", api_domain.certificate_arn),
             endpoint_type=apigw.EndpointType.REGIONAL,
             security_policy=apigw.SecurityPolicy.TLS_1_2,
         )

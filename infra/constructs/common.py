@@ -4,6 +4,7 @@ acknowledgments, table grants."""
 from typing import Any, cast
 
 import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
@@ -27,6 +28,32 @@ def log_group(scope: Construct, id: str, config: DeployConfig) -> logs.LogGroup:
     # config has already validated against the values CloudWatch accepts.
     cast(logs.CfnLogGroup, group.node.default_child).retention_in_days = config.log_retention_days
     return group
+
+
+def vpc_without_nat(scope: Construct, config: DeployConfig, *, cidr: str,
+                    subnets: list[ec2.SubnetConfiguration], **zones: Any) -> ec2.Vpc:
+    """A VPC (``Vpc``) that idles at zero: no NAT gateway, S3 and DynamoDB through gateway
+    endpoints (free), every flow logged (``FlowLogs``); ``zones`` is ``max_azs`` or
+    ``availability_zones``."""
+    return ec2.Vpc(
+        scope,
+        "Vpc",
+        ip_addresses=ec2.IpAddresses.cidr(cidr),
+        **zones,
+        nat_gateways=0,
+        subnet_configuration=subnets,
+        gateway_endpoints={
+            "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
+            "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
+        },
+        flow_logs={
+            "FlowLogs": ec2.FlowLogOptions(
+                destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group(scope, "FlowLogs", config)),
+                traffic_type=ec2.FlowLogTrafficType.ALL,
+            )
+        },
+        restrict_default_security_group=False,  # would add a custom-resource Lambda; nothing uses it
+    )
 
 
 def consume_table_stream(scope: Construct, function: Any, table: Any, *, of: str, pattern: dict, batching_seconds: int,

@@ -55,7 +55,7 @@ from infra.config import DeployConfig, ModelConfig, NetworkConfig
 from .common import (
     dead_letter_queue,
     BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_items, grant_watch,
-    log_group,
+    log_group, vpc_without_nat,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
 from .lambdas import Lambdas
@@ -153,24 +153,9 @@ class WorkerNetwork(Construct):
         super().__init__(scope, id)
         network: NetworkConfig | None = config.network
         if network is None:
-            self.vpc: ec2.IVpc = ec2.Vpc(
-                self,
-                "Vpc",
-                ip_addresses=ec2.IpAddresses.cidr("10.64.0.0/16"),
-                max_azs=2,
-                nat_gateways=0,
-                subnet_configuration=[ec2.SubnetConfiguration(name="gpu", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)],
-                gateway_endpoints={
-                    "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
-                    "DynamoDB": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.DYNAMODB),
-                },
-                flow_logs={
-                    "FlowLogs": ec2.FlowLogOptions(
-                        destination=ec2.FlowLogDestination.to_cloud_watch_logs(log_group(self, "FlowLogs", config)),
-                        traffic_type=ec2.FlowLogTrafficType.ALL,
-                    )
-                },
-                restrict_default_security_group=False,  # would add a custom-resource Lambda; nothing uses it
+            self.vpc: ec2.IVpc = vpc_without_nat(
+                self, config, cidr="10.64.0.0/16", max_azs=2,
+                subnets=[ec2.SubnetConfiguration(name="gpu", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)],
             )
             self.subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC)
             self.public_ip = True

@@ -55,6 +55,7 @@ def _worker_statements(synth) -> dict[str, list[dict]]:
     out = {
         name: _table_statements(synth, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
         for name, task in synth.resources("AWS::ECS::TaskDefinition").items()
+        if name.startswith("Workers")  # not the streaming front's task (tests/infra/test_stream_front.py)
     }
     assert len(out) == len(synth.config.models)
     return out
@@ -542,7 +543,8 @@ def test_writers_may_only_send_to_the_audit_queue_and_only_the_appender_signs(sy
     audit = synth.stack.audit
     queue = f"<{synth.logical_id(audit.queue)}.Arn>"
     writers = {synth.logical_id(synth.stack.api.api_function.role), synth.logical_id(synth.stack.ingest.dlq_function.role),
-               *(synth.logical_id(w.task_definition.task_role) for w in synth.stack.workers.workers.values())}
+               *(synth.logical_id(w.task_definition.task_role) for w in synth.stack.workers.workers.values()),
+               synth.logical_id(synth.stack.stream_front.task_role)}
     on_queue = _statements_on(synth, queue)
     appender = synth.logical_id(audit.function.role)
     assert {role: actions for role, actions in on_queue.items() if role != appender} == {

@@ -26,22 +26,28 @@ def _by_model(synth, type_: str) -> dict[str, dict]:
     return out
 
 
+def _workers(synth, type_: str) -> dict[str, dict]:
+    """The resources of ``type_`` of the GPU workers (not the streaming front's VPC, cluster and
+    service: tests/infra/test_stream_front.py)."""
+    return {k: r for k, r in synth.resources(type_).items() if k.startswith("Workers")}
+
+
 def _model(synth, name):
     return next(m for m in synth.config.models if m.name == name)
 
 
 # --- network ------------------------------------------------------------------------------------
 def test_default_network_has_no_nat_and_no_inbound(synth):
-    assert not synth.resources("AWS::EC2::NatGateway")
+    assert not synth.resources("AWS::EC2::NatGateway")  # the whole stack's: none
     assert not synth.resources("AWS::EC2::EIP")
-    _, sg = synth.one("AWS::EC2::SecurityGroup")
+    (sg,) = _workers(synth, "AWS::EC2::SecurityGroup").values()
     assert "SecurityGroupIngress" not in sg["Properties"]
-    assert not synth.resources("AWS::EC2::SecurityGroupIngress")
-    subnets = synth.resources("AWS::EC2::Subnet").values()
+    assert not _workers(synth, "AWS::EC2::SecurityGroupIngress")
+    subnets = _workers(synth, "AWS::EC2::Subnet").values()
     assert len(subnets) == 2 and all(s["Properties"]["MapPublicIpOnLaunch"] for s in subnets)
-    endpoints = {synth.render(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1] for e in synth.resources("AWS::EC2::VPCEndpoint").values()}
+    endpoints = {synth.render(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1] for e in _workers(synth, "AWS::EC2::VPCEndpoint").values()}
     assert endpoints == {"s3", "dynamodb"}  # gateway endpoints: free
-    _, flow = synth.one("AWS::EC2::FlowLog")
+    (flow,) = _workers(synth, "AWS::EC2::FlowLog").values()
     assert flow["Properties"]["TrafficType"] == "ALL"
 
 
@@ -110,7 +116,7 @@ def test_capacity_providers_are_managed(synth):
 
 
 def test_clusters_have_container_insights(synth):
-    clusters = synth.resources("AWS::ECS::Cluster")
+    clusters = _workers(synth, "AWS::ECS::Cluster")
     assert len(clusters) == len(synth.config.models)
     for cluster in clusters.values():
         assert {"Name": "containerInsights", "Value": "enabled"} in cluster["Properties"]["ClusterSettings"]
@@ -194,7 +200,8 @@ def test_container_environment_is_the_settings_plus_the_worker_and_engine(synth)
 
 def test_image_asset_is_built_from_the_worker_dockerfile_with_only_what_it_copies(synth):
     manifest = json.loads((synth.outdir / f"{synth.stack.stack_name}.assets.json").read_text())
-    images = manifest["dockerImages"]
+    images = {k: i for k, i in manifest["dockerImages"].items()
+              if i["source"].get("dockerFile") != "functions/stream_front/Dockerfile"}  # test_stream_front.py
     engine_images = {m.engine_image for m in synth.config.models}
     assert len(images) == len(engine_images)  # one image per distinct engine image
     for image in images.values():
@@ -315,8 +322,10 @@ def test_instances_can_only_run_the_ecs_agent(synth):
 def test_no_application_auto_scaling_on_the_services(synth):
     """One controller owns the desired count: the scaler. No scalable target, no step policy on a
     Container Insights series that has no datapoint at zero tasks, no scaling alarm."""
-    assert not synth.resources("AWS::ApplicationAutoScaling::ScalableTarget")
-    assert not synth.resources("AWS::ApplicationAutoScaling::ScalingPolicy")
+    # (The streaming front's service scales on its CPU: tests/infra/test_stream_front.py.)
+    assert not _workers(synth, "AWS::ApplicationAutoScaling::ScalableTarget")
+    assert not _workers(synth, "AWS::ApplicationAutoScaling::ScalingPolicy")
+    assert {k.split("Service")[0] for k in synth.resources("AWS::ApplicationAutoScaling::ScalableTarget")} <= {"StreamFront"}
     for alarm in synth.resources("AWS::CloudWatch::Alarm").values():
         for query in alarm["Properties"].get("Metrics", []):
             if "MetricStat" in query:
