@@ -241,7 +241,7 @@ def test_sigterm_mid_chunk_finishes_what_it_holds_and_takes_no_more_work(client,
     fake.respond = respond
     batch = start(client, stores, [line(i) for i in range(9)])  # 3 chunks of 3
     # File order: every line of a chunk in the engine at once (smart order would admit only
-    # max_num_seqs + 25 % of them, docs/reliability.md). Chunk 0 fills the engine (cap 3); chunk 1
+    # max_num_seqs + 25 % of them, docs/worker.md, "Order of lines in the engine"). Chunk 0 fills the engine (cap 3); chunk 1
     # is taken as soon as chunk 0 is all in the engine (a chunk's tail never keeps new lines out)
     # and waits for slots; then the backlog (3 lines) is at the cap, so chunk 2 stays queued.
     config = worker_config(deployed, fake.url, max_in_flight=3, max_open_chunks=1, order="file")
