@@ -80,19 +80,19 @@ bench-worker: $(STAMP) engine
 ## complete's latency, the assembler's time and peak memory (docs/uploads.md).
 bench-uploads: $(STAMP)
 	$(PY) -m tests.bench.bench_uploads --mib 512
-## Issue 14: the same files end to end (SDK create -> completed under the local deployment) and
+## The same files end to end (SDK create -> completed under the local deployment) and
 ## through `vllm run-batch`, same engine flags, interleaved rounds, three datasets (uniform,
 ## shared-prefix, uneven): tok/s, the ratio, and where the pipeline's time goes (~12 min here).
 .PHONY: bench-pipeline
 bench-pipeline: $(STAMP) engine
 	$(PY) -m tests.bench.bench_pipeline --lines 200 --rounds 2 --datasets uniform,shared-prefix,uneven
-## Issue 13: tenant A's 700-line batch (more than one worker holds), tenant B's 10-line batch 3 s later under the local
+## Fair share: tenant A's 700-line batch (more than one worker holds), tenant B's 10-line batch 3 s later under the local
 ## deployment: B's time to its first line and to completed, alone, behind A with the fair-queue
 ## emulation, behind A without it (docs/governance.md "Fair share"; ~5-10 min, both cores).
 .PHONY: bench-fairness
 bench-fairness: $(STAMP) engine
 	$(PY) -m tests.bench.bench_fairness --a-lines 700 --b-lines 10 --max-tokens 32 --b-after 3
-## Issue 13: what the prompt secret scan and the output guardrails cost per line (2,000 chat lines, CPU
+## What the prompt secret scan and the output guardrails cost per line (2,000 chat lines, CPU
 ## only, no deployment; docs/governance.md "Prompt and output policies"; ~30 s).
 .PHONY: bench-guard bench-hostile-scan
 bench-guard: $(STAMP)

@@ -3,7 +3,7 @@
 batch create / ingest (no redeploy); the per-request checks (``--requests-per-minute``, disabled)
 within the API's policy cache (``BATCHAPI_POLICY_CACHE_SECONDS``, 5 s).
 
-A tenant without a record has the default policy (today's behaviour: every served model, no
+A tenant without a record has the default policy (the defaults: every served model, no
 limits). ``create`` refuses an existing record; ``set`` changes only the options given (on the
 stored policy, or the default one); ``none`` clears a limit, ``all`` clears the allowlist.
 ``disable`` marks the policy and every key of the tenant disabled (the authorizer refuses them:

@@ -1,6 +1,6 @@
 """Which waiting line enters the engine next, across every chunk a worker has open: the order
 (``file`` or ``smart``: longest expected output first, shared prefixes together), fair share
-across tenants, and the capacity the engine may hold (docs/reliability.md, "Order of lines in the
+across tenants, and the capacity the engine may hold (docs/worker.md, "Order of lines in the
 engine"; docs/governance.md, "Fair share")."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Admission:
     queues), the rest wait here.
 
     ``file`` order: first come, first in (the chunks' input order, as they arrived).
-    ``smart`` order (docs/reliability.md, "Order of lines in the engine"): the longest expected
+    ``smart`` order (docs/worker.md, "Order of lines in the engine"): the longest expected
     output first (``expected_output``, by ``length_class``), so the batch's tail is short; within
     a class, a line whose prefix (``prefix_of``) an earlier line had enters right behind that
     line's group, so lines sharing a system prompt are in the engine together and hit vLLM's

@@ -80,7 +80,7 @@ class WorkerConfig(EnvSettings):
     drain_seconds: float = Field(default=90.0, ge=0)
     #: A running chunk checkpoints its finished results (S3) once this many wait, or this long
     #: after its last checkpoint; a redelivery does not run them again. 0 turns a trigger off.
-    #: Checkpoints are also the batch's live progress (docs/reliability.md, "Live progress"):
+    #: Checkpoints are also the batch's live progress (docs/lifecycle.md, "Live progress"):
     #: request_counts lags finished lines by about ``checkpoint_seconds``.
     checkpoint_lines: int = Field(default=25, ge=0)
     checkpoint_seconds: float = Field(default=5.0, ge=0)

@@ -5,7 +5,7 @@ prefix cache"; docs/governance.md, "Work a line may ask for"):
   hits cache blocks that requests with the same salt left. Every request the worker sends carries
   its tenant's salt, an HMAC of the tenant under the deployment's secret; a tenant's own value is
   replaced. A tenant's repeats still hit, another tenant's never do, and ``cached_tokens`` in the
-  usage stays truthful: it can no longer tell one tenant what another sent.
+  usage stays truthful: it never tells one tenant what another sent.
 - the output bound: a line that sets no output limit gets its share of the batch's
   ``max_line_output_tokens`` (``work.with_output_cap``), so the bound holds for every line.
 """

@@ -84,7 +84,7 @@ class BatchApiStack(cdk.Stack):
                        *([self.stream_front.task_role] if self.stream_front is not None else [])):
             self.audit.grant_send(writer)
         # The ingest DLQ's consumer retries a fan-out once: it starts the workflow and publishes
-        # the events of batches it ends (docs/reliability.md, "Liveness: every batch ends").
+        # the events of batches it ends (docs/lifecycle.md, "Liveness: every batch ends").
         self.workflow.grant_start(self.ingest.ingest_dlq_function)
         self.workflow.grant_publish(self.ingest.ingest_dlq_function)
         # The sweeper ends or restarts every open batch the normal path left behind.

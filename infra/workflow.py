@@ -12,7 +12,7 @@ the reconcile period.
 A signal can be lost (the worker dies between counting the last chunk and signalling; the API's
 cancel signal fails), so the wait is a reconciling one: when it times out, ``Check`` reads the
 batch and answers the signal to act on (cancel, complete, expire), or ``wait`` with the next
-timeout, and the machine waits again with a fresh token (docs/reliability.md, "Lost signals").
+timeout, and the machine waits again with a fresh token (docs/lifecycle.md, "Lost signals").
 """
 
 import json

@@ -1,4 +1,4 @@
-"""What anchors the audit chains outside the table (docs/audit.md, "Anchors"): the WORM copy of
+"""What anchors the audit chains outside the table (docs/audit.md; ADR 0020): the WORM copy of
 every record and signed checkpoints of the heads, both in the Object Lock bucket, and ``examine``,
 which holds a chain as the table has it against them.
 

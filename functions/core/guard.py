@@ -183,7 +183,7 @@ def _refused(types: set[str], *, in_place: bool = True) -> Violation:
 
 def active(policy: GuardPolicy | None) -> GuardPolicy | None:
     """The policy to snapshot into a batch's work messages: None when it checks nothing (a message
-    then carries no policy at all, byte for byte as before policies existed)."""
+    then carries no policy at all: the same bytes as in a deployment without policies)."""
     return policy if policy is not None and policy.active else None
 
 

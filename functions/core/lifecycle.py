@@ -43,7 +43,7 @@ CANCELLABLE: Final = ("validating", "in_progress")
 #: A workflow task may close (stop taking chunks, plan files) or drain a batch from these.
 CLOSABLE: Final = ("in_progress", "finalizing", "cancelling")
 #: Statuses whose request_counts are live (chunks still run, or their checkpointed lines are about
-#: to be salvaged): the API shows them from the chunk partition (docs/reliability.md, "Live progress").
+#: to be salvaged): the API shows them from the chunk partition (docs/lifecycle.md, "Live progress").
 LIVE: Final = ("in_progress", "finalizing", "cancelling")
 
 #: The timestamp each status sets when first entered (``validating`` is the creation's).

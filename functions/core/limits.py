@@ -79,7 +79,7 @@ DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
 #: A small batch is spread over up to this many chunks (so several GPUs share it), each of at
 #: least MIN_CHUNK_LINES lines: chunk lines = min(chunk_max_lines, max(MIN_CHUNK_LINES,
 #: ceil(total / TARGET_CHUNKS))). MIN_CHUNK_LINES is the worker's checkpoint_lines default: a smaller
-#: chunk would only add per-chunk requests. See docs/reliability.md, "Live progress".
+#: chunk would only add per-chunk requests. See docs/lifecycle.md, "Live progress".
 TARGET_CHUNKS: Final = 8
 MIN_CHUNK_LINES: Final = 25
 #: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
@@ -91,9 +91,10 @@ CHUNK_MAX_FAILURES: Final = 10
 DEFAULT_DRAIN_GRACE_SECONDS: Final = 120
 DEFAULT_DRAIN_POLL_SECONDS: Final = 5
 #: How long the workflow waits for a signal before it looks at the batch itself: a lost completion
-#: or cancel signal is acted on within this (plus one task's time). See docs/reliability.md.
+#: or cancel signal is acted on within this (plus one task's time). See docs/lifecycle.md, "Lost
+#: signals".
 DEFAULT_RECONCILE_SECONDS: Final = 300
-# --- Liveness (docs/reliability.md, "Liveness: every batch ends") -------------------------------
+# --- Liveness (docs/lifecycle.md, "Liveness: every batch ends") -------------------------------
 #: How often the sweeper (functions/sweeper) looks at every open batch.
 DEFAULT_SWEEP_SECONDS: Final = 300
 #: A batch still ``validating`` this long after its creation is failed by the sweeper
@@ -159,7 +160,7 @@ MAX_ERROR_MESSAGE_CHARS: Final = 500
 MAX_ENGINE_RESPONSE_BYTES: Final = 8 * 1024 * 1024
 #: A file's name may be at most this many characters (OpenAI documents no limit; 255 is what
 #: common file systems store). Control characters and lone surrogates are refused: see
-#: docs/reliability.md, "Hostile content and filenames".
+#: docs/api.md, "Hostile content and file names".
 MAX_FILENAME_CHARS: Final = 255
 
 # --- Prompt and output policies (functions/core/guard.py; each travels in every work message) ---

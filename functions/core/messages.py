@@ -24,7 +24,7 @@ class WorkMessage(BaseModel):
     model: str
     expires_at: int
     #: The tenant's prompt and output policy as ingest snapshotted it (None: none; absent from
-    #: the JSON then, so a message is what it was before policies existed).
+    #: the JSON then, so a message without a policy is the same bytes whatever the deployment).
     guard: GuardPolicy | None = None
     #: The tenant's output-token budget period ("day"/"month") as ingest saw its policy: counting
     #: the chunk charges its output tokens to that period's budget item (None: no budget; absent).

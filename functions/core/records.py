@@ -450,7 +450,7 @@ class ChunkRunRecord(Record):
     segments: list[list[int]] = []
     #: Live progress: for each recorded segment (``"start-end"``), one character per line of it,
     #: ``"1"`` for a succeeded result and ``"0"`` for a failed one, recorded in the same write as
-    #: the segment (docs/reliability.md, "Live progress").
+    #: the segment (docs/lifecycle.md, "Live progress").
     outcomes: dict[str, str] = {}
     #: Lines checkpointed when the last attempt began (progress is measured against it).
     progress: int = 0

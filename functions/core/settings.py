@@ -111,7 +111,7 @@ class Settings(EnvSettings):
     drain_poll_seconds: int = Field(default=limits.DEFAULT_DRAIN_POLL_SECONDS, ge=0)
     #: How long the workflow waits for a signal before it reads the batch itself (lost signals).
     reconcile_seconds: int = Field(default=limits.DEFAULT_RECONCILE_SECONDS, gt=0)
-    #: Liveness (docs/reliability.md): the sweeper's period, and its deadlines for a batch stuck
+    #: Liveness (docs/lifecycle.md): the sweeper's period, and its deadlines for a batch stuck
     #: validating, not enqueued, or open past its expiry.
     sweep_seconds: int = Field(default=limits.DEFAULT_SWEEP_SECONDS, gt=0)
     validating_timeout_seconds: int = Field(default=limits.DEFAULT_VALIDATING_TIMEOUT_SECONDS, gt=0)

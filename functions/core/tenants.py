@@ -1,8 +1,8 @@
 """Tenant policy: what one tenant may do, stored in DynamoDB and changeable without a
-redeploy (``batchctl tenants``). No record, or an absent field, means today's behaviour: every
+redeploy (``batchctl tenants``). No record, or an absent field, means the defaults: every
 served model, no creation-rate limit, no caps, no budget.
 
-Enforced now (docs/governance.md):
+Enforced (docs/governance.md):
 
 - ``allowed_models``: ingest fails a line whose ``body.model`` is not listed (``model_not_allowed``),
   so the batch ends ``failed`` (the model is known only at ingest).
@@ -124,7 +124,7 @@ class TenantPolicy(BaseModel):
 
 
 def default_policy(tenant: str) -> TenantPolicy:
-    """The policy of a tenant without a record: today's behaviour."""
+    """The policy of a tenant without a record: the defaults (no limits)."""
     return TenantPolicy(tenant=tenant)
 
 

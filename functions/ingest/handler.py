@@ -22,7 +22,7 @@ logger = Logger(service="batch-api-ingest")
 #: create handler copies the snapshot before it writes the record (so a crash leaves no record
 #: without its input), and locally the snapshot's event often reaches ingest before that write
 #: lands; a fixed 0.25 s pause cost half the batches 0.25 s before their first line
-#: (docs/benchmarks.md, "End to end vs vllm run-batch"). About 1.8 s of patience in all, as before.
+#: (docs/benchmarks.md, "End to end vs vllm run-batch"). About 1.8 s of patience in all.
 RECORD_WAITS = (0.02, 0.04, 0.08, 0.16, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25)
 RECORD_ATTEMPTS = len(RECORD_WAITS) + 1
 

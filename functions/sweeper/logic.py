@@ -1,7 +1,7 @@
 """The sweeper: every ``sweep_seconds`` it looks at each OPEN batch (the sparse index
 ``schema.GSI_OPEN``, never a table scan) and ends or restarts the ones the normal path left
 behind, so that no batch stays open whatever single component failed or message was lost
-(docs/reliability.md, "Liveness: every batch ends"):
+(docs/lifecycle.md, "Liveness: every batch ends"):
 
 - ``validating`` past ``created_at + validating_timeout_seconds`` (or past its expiry + grace):
   ``failed`` with ``ingest_failed`` (its ingest event was lost or kept failing);

@@ -300,7 +300,7 @@ logger = logging.getLogger("batch-api-workflow.logic")
 #: retry (infra/workflow.py) runs it again, rather than dropping the batch's files. If Fail's
 #: retries run out, the batch stays closed and open, and the sweeper finalizes it (as failed, with
 #: its files: ``closed_for`` is "fail") once every chunk is counted and the batch is quiet, or past
-#: ``expires_at`` + the expiry grace (docs/reliability.md, "Liveness: every batch ends").
+#: ``expires_at`` + the expiry grace (docs/lifecycle.md, "Liveness: every batch ends").
 TRANSIENT: tuple[type[BaseException], ...] = (Throttled, TimeoutError, ConnectionError)
 
 #: How often ``fail`` assembles again when another task moved the batch on under it (a

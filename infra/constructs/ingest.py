@@ -180,7 +180,7 @@ class Ingest(Construct):
         # --- dead-lettered ingest events -> ingest DLQ Lambda ---------------------------------------
         # An ingest event that failed INGEST_MAX_RECEIVES times would otherwise leave its batch
         # validating forever: this function fails it (ingest_failed), cancels it, or retries its
-        # fan-out and workflow start (docs/reliability.md, "Liveness: every batch ends").
+        # fan-out and workflow start (docs/lifecycle.md, "Liveness: every batch ends").
         self.ingest_dlq_function = lambdas.function(
             self,
             "IngestDeadLetterFunction",

@@ -39,7 +39,7 @@ OPEN_SLACK_DAYS = 1
 
 def longest_open_seconds(settings: Settings) -> int:
     """The longest a batch stays open after its creation: its completion window (the longest the
-    deployment accepts), the expiry grace, the drain grace and one sweep period (docs/reliability.md,
+    deployment accepts), the expiry grace, the drain grace and one sweep period (docs/lifecycle.md,
     "Liveness": the sweeper ends every open batch by then)."""
     window = max(limits.window_seconds(w) for w in settings.completion_windows)
     return window + settings.expiry_grace_seconds + settings.drain_grace_seconds + settings.sweep_seconds

@@ -1,5 +1,5 @@
 """The sweeper: a Lambda on an EventBridge schedule (every ``Settings.sweep_seconds``) that ends or
-restarts every open batch the normal path left behind (``functions/sweeper``; docs/reliability.md,
+restarts every open batch the normal path left behind (``functions/sweeper``; docs/lifecycle.md,
 "Liveness: every batch ends").
 
 It finds the open batches with one Query of the table's sparse ``open_batches`` index (never a

@@ -52,7 +52,7 @@ def _atomic(fn: Callable[..., Any]) -> Callable[..., Any]:
 class _NoTableCopy:
     """``copy`` as moto's DynamoDB backend module sees it: a ``Table`` "copied" is the table itself
     (its transaction backup; ``_transact_write_items`` keeps the items instead), anything else is
-    copied as before."""
+    deep-copied by ``copy.deepcopy``."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(copy, name)

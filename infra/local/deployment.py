@@ -424,12 +424,12 @@ class LocalConfig:
         chunk_max_lines=25,
         drain_grace_seconds=10,
         drain_poll_seconds=1,
-        # A lost completion or cancel signal is recovered within 10 s (docs/reliability.md; 300 s on
+        # A lost completion or cancel signal is recovered within 10 s (docs/lifecycle.md, "Lost signals"; 300 s on
         # AWS). Each reconcile tick of an open batch runs the workflow's register and check tasks
         # on moto's interpreter, on the CPU the engine uses: at 2 s the ticks of one open batch took
-        # about 10 % of a core here (docs/benchmarks.md, "The local deployment's own CPU").
+        # about 10 % of a core here (docs/benchmarks.md, "End to end vs vllm run-batch").
         reconcile_seconds=10,
-        # The sweeper (docs/reliability.md, "Liveness: every batch ends") every 5 s: a batch never
+        # The sweeper (docs/lifecycle.md, "Liveness: every batch ends") every 5 s: a batch never
         # enqueued is restarted after 5 s, an open one 30 s past its expiry is finalized (the
         # drain grace is 10 s), one validating past the ingest event's local retry life (5
         # receives x 60 s visibility) is failed.

@@ -1,4 +1,4 @@
-"""Fair share across tenants (issue 13 item 4) under the local deployment with its engine.
+"""Fair share across tenants (docs/governance.md, "Fair share") under the local deployment with its engine.
 
     .venv/bin/python -m tests.bench.bench_fairness [--a-lines 700] [--b-lines 10] [--max-tokens 32] [--b-after 3]
 
@@ -8,7 +8,7 @@ log) is measured three ways: B alone; B behind A with the local SQS fair-queue e
 (infra/local/fair_queues.py, as AWS fair queues with ``MessageGroupId`` = tenant); and B behind A
 with it off (``BATCHAPI_LOCAL_FAIR_QUEUES=0``: moto's arrival order). A is cancelled once B is done.
 Each setting gets a fresh deployment and one warm-up batch. Numbers go to docs/benchmarks.md, "Fair
-share (issue 13)". Nothing is asserted.
+share". Nothing is asserted.
 """
 
 from __future__ import annotations

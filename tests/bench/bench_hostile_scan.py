@@ -1,5 +1,5 @@
 """Another tenant's small batch beside a 1 MiB adversarial line on a scanned tenant, under the local
-deployment with its real engine (docs/benchmarks.md, "Policy checks beside a hostile line").
+deployment with its real engine (docs/benchmarks.md, "Policy checks").
 
     .venv/bin/python -m tests.bench.bench_hostile_scan [--rounds 3] [--b-lines 3] [--max-tokens 16]
 

@@ -1,4 +1,4 @@
-"""Fixed overhead of the local deployment around the engine (issue 14, item 2).
+"""Fixed overhead of the local deployment around the engine (docs/benchmarks.md, "Fixed overhead").
 
     .venv/bin/python -m tests.bench.bench_overhead [--rounds 5] [--lines 1] [--max-tokens 16]
 
@@ -16,7 +16,7 @@ this machine's):
 - **after**: counted -> the client sees ``completed`` (the workflow: signal, drain, finalize;
   the client polls every ``--poll`` seconds, so this includes up to one poll period).
 
-Numbers go to docs/benchmarks.md, "Fixed overhead (issue 14)". Nothing is asserted.
+Numbers go to docs/benchmarks.md, "Fixed overhead". Nothing is asserted.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Benchmark: the same file end to end through the local deployment (openai SDK: files.create ->
 batches.create -> poll until completed) and through `vllm run-batch`, same engine flags, one run,
-interleaved rounds, three datasets (`make bench-pipeline`, issue 14; docs/benchmarks.md "End to
+interleaved rounds, three datasets (`make bench-pipeline`; docs/benchmarks.md "End to
 end vs vllm run-batch").
 
     .venv/bin/python -m tests.bench.bench_pipeline [--lines 200] [--rounds 2] [--datasets uniform,shared-prefix,uneven]

@@ -1,5 +1,5 @@
 """Every endpoint the engine serves, through the official openai SDK with the real engine
-(issue 12, Deliver 2 and 4): ``/v1/responses`` batches (results validated as the SDK's
+(docs/engine.md, "Endpoints"): ``/v1/responses`` batches (results validated as the SDK's
 ``Response``, usage as OpenAI's), cached tokens from vLLM's prefix caching on lines that share a
 long system prompt, ``/v1/score`` and ``/v1/rerank`` batches on the local embeddings model, and an
 endpoint no model of the deployment serves refused with the served ones named.

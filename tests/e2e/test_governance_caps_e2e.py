@@ -1,4 +1,4 @@
-"""Enqueued caps end to end (issue 13, docs/governance.md): an operator sets a tiny enqueued-token
+"""Enqueued caps end to end (docs/governance.md): an operator sets a tiny enqueued-token
 cap with ``batchctl tenants set`` (no redeploy); through the official SDK a batch over it ends
 ``failed`` with ``token_limit_exceeded`` and OpenAI's wording, one under it completes, and the
 tenant's counter (``batchctl tenants get``'s usage) is back at zero afterwards."""

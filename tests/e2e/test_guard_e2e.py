@@ -1,4 +1,4 @@
-"""Prompt policy end to end (issue 13 item 3): a tenant whose policy refuses prompts with secrets
+"""Prompt policy end to end (docs/governance.md, "Prompt and output policies"): a tenant whose policy refuses prompts with secrets
 (set with batchctl, no redeploy) submits a batch through the official SDK in which one line holds
 an AWS access key: that line ends in the error file with ``prompt_secret_detected`` (its message
 names the type, never the key), the others complete, and the key is in neither file."""

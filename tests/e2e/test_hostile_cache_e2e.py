@@ -1,5 +1,5 @@
 """A hostile tenant against the engine's prefix cache and the engine's environment, end to end with
-the real engine and only the official SDK (docs/security.md, "The engine's prefix cache").
+the real engine and only the official SDK (docs/governance.md, "Prefix-cache isolation").
 
 Tenant A sends a long prompt; its own repeat hits the cache (``cached_tokens > 0``). Tenant B then
 sends A's exact prompt with a ``cache_salt`` of its own choosing and gets ``cached_tokens == 0``

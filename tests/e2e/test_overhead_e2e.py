@@ -1,9 +1,9 @@
-"""Issue 14 under `make up` (real vLLM, the worker in smart order, its default): a 1-line batch
+"""The fixed overhead under `make up` (real vLLM, the worker in smart order, its default): a 1-line batch
 completes, and the worker logs when its first line entered the engine, when the last answer came
 and when its chunk was counted (``chunk done``), between the batch's creation and completion; a
 batch of uneven ``max_tokens`` lines sharing system prompts, reordered in the engine, keeps input
 order in its output file with every line once. The time each step takes is measured by
-``python -m tests.bench.bench_overhead`` (docs/benchmarks.md, "Fixed overhead (issue 14)"): no
+``python -m tests.bench.bench_overhead`` (docs/benchmarks.md, "Fixed overhead"): no
 timing is asserted here."""
 
 import json

@@ -1,4 +1,4 @@
-"""Live progress under `make up` (docs/reliability.md, "Live progress"): a 100-line chat batch of
+"""Live progress under `make up` (docs/lifecycle.md, "Live progress"): a 100-line chat batch of
 uneven answers (4 to 40 tokens, ``ignore_eos``) polled every 0.25 s shows request_counts rising in
 many steps (some of them lines of chunks still running), never going down, never above the final
 counts, which match the output and error files. The e2e deployment checkpoints every second

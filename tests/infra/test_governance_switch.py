@@ -1,4 +1,4 @@
-"""The governance switch (issue 13 item 6) in the stack: with ``governance: false`` in the deployment
+"""The governance switch (docs/governance.md, "The switch") in the stack: with ``governance: false`` in the deployment
 config, every function's settings say so and ingest gets no grant on the TENANTS partition; the
 session synth (governance on, the default) keeps it (tests/infra/test_tenants_grant.py)."""
 

@@ -138,7 +138,7 @@ def test_nobody_consumes_the_work_queues_but_the_workers(synth):
 
 
 def test_the_ingest_dlq_is_consumed_so_a_dead_lettered_batch_never_stays_validating(synth):
-    """docs/reliability.md, "Liveness": the ingest DLQ's consumer fails, cancels or resumes the
+    """docs/lifecycle.md, "Liveness": the ingest DLQ's consumer fails, cancels or resumes the
     batch of every dead-lettered ingest event; its messages never reappear while it runs."""
     fn = _functions(synth)["ingest_dlq"][0]
     (props,) = [p for p in _mappings(synth).values() if p["FunctionName"] == {"Ref": fn}]

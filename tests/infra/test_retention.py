@@ -11,7 +11,7 @@ from infra.config import DeployConfig
 from infra.constructs.storage import BATCHES_PREFIX, batch_data_expiry_days
 
 DAY = 86_400
-#: What the sweeper allows past a batch's expiry before it ends it (docs/reliability.md, Liveness):
+#: What the sweeper allows past a batch's expiry before it ends it (docs/lifecycle.md, Liveness):
 #: expiry grace 15 min + drain grace 2 min + one 5-minute sweep.
 CLOSE_BOUND = 15 * 60 + 2 * 60 + 5 * 60
 

@@ -1,4 +1,4 @@
-"""The sweeper (docs/reliability.md, "Liveness: every batch ends"): a scheduled function over the
+"""The sweeper (docs/lifecycle.md, "Liveness: every batch ends"): a scheduled function over the
 table's sparse open-batch index, with a dead-letter queue for the ticks it never received."""
 
 import json

@@ -1,8 +1,8 @@
 """Who may touch which table items: the GPU worker's task role reaches exactly the partitions it
 uses (a tenant's batch partition and a batch's chunk partitions) through GetItem/PutItem/UpdateItem,
 and never a tenant's file, upload or webhook records, an API key, the scaler's state or an
-idempotency record (issue 11). Issue 13 adds, per role, exactly: the budget charge for the chunk
-counters, the reservation's release for the roles that make a batch terminal, ingest's policy,
+idempotency record (docs/security.md, "Table rights of the worker and the narrow Lambdas").
+Governance adds, per role, exactly: the budget charge for the chunk counters, the reservation's release for the roles that make a batch terminal, ingest's policy,
 counter and budget reads (``LAMBDA_RIGHTS``, ``WORKER_RIGHTS``). The audit chains (``AUDIT#*``) are
 the audit appender's alone: no other role is granted them, and the table's resource policy denies
 every other principal a write there (``test_only_the_appender_may_write_audit_items``).
@@ -30,7 +30,7 @@ from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
 from tests.integration.worker.harness import run_one_chunk
 
-#: The worker's table actions and partition patterns, from the issue: its batch items live in
+#: The worker's table actions and partition patterns (docs/security.md): its batch items live in
 #: ``T#<tenant>#BATCHES``, its chunk markers and run records in ``T#<tenant>#B#<batch>``.
 WORKER_ACTIONS = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
 WORKER_PATTERNS = ["T#*#BATCHES", "T#*#B#*"]
@@ -141,7 +141,7 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
             assert synth.render(statement["Resource"]) == f"<{synth.logical_id(synth.stack.storage.table)}.Arn>"
 
 
-#: The narrow Lambdas, from the issue ("grant only what each needs"), as (actions, partition
+#: The narrow Lambdas, each granted only what it needs, as (actions, partition
 #: patterns) per statement: ingest and the ingest DLQ consumer read a batch and update it; the
 #: chunk DLQ consumer counts a chunk as the worker does; the workflow reads and updates the batch,
 #: queries its chunk markers, and puts the output File records in the tenant's partition.

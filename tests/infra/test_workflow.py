@@ -73,7 +73,7 @@ def test_state_machine_invokes_only_the_workflow_lambda(synth):
 def test_only_ingest_starts_executions(synth):
     sm = json.dumps({"Ref": synth.logical_id(synth.stack.workflow.state_machine)})
     starters = {label for label in _functions(synth) if ("states:StartExecution", sm) in _permissions(synth, label)}
-    # ingest, and the two that restart a batch whose start failed (docs/reliability.md, "Liveness")
+    # ingest, and the two that restart a batch whose start failed (docs/lifecycle.md, "Liveness")
     assert starters == {"ingest", "ingest_dlq", "sweeper"}
 
 
@@ -83,7 +83,7 @@ def _states(synth) -> dict:
 
 
 def test_a_wait_without_a_signal_checks_the_batch_and_waits_again(synth):
-    """The reconciling wait (docs/reliability.md, "Lost signals"): a timeout is a check, not an
+    """The reconciling wait (docs/lifecycle.md, "Lost signals"): a timeout is a check, not an
     expiry; a check that finds nothing to act on waits again (a fresh token), else drains."""
     states = _states(synth)
     wait = states["WaitForSignal"]

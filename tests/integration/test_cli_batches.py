@@ -79,7 +79,7 @@ def test_api_client_resolution():
         cli_batches.api_client(args, CliSettings.from_env({}), local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")
 
 
-# --- retry (issue 12): a finished batch's failed and never-run requests as a new batch ---------
+# --- retry: a finished batch's failed and never-run requests as a new batch ---------------------
 
 #: The deployment's default: an open batch is finalized by the sweeper 900 s past its expiry.
 EXPIRY_GRACE = 900

@@ -1,5 +1,5 @@
 """Every endpoint the engine serves, through the official openai SDK, the local front (API
-Gateway's rules) and the real handlers on moto (issue 12, Deliver 2 and 5): a ``/v1/responses``
+Gateway's rules) and the real handlers on moto (docs/engine.md, "Endpoints"): a ``/v1/responses``
 batch and a ``/v1/score`` batch are accepted and routed to the model that serves them; an endpoint
 no model of the deployment serves is refused naming the served ones; a model id with ``/`` is
 retrieved as the SDK sends it (``%2F``) and with a literal slash. The engine's own answers on these

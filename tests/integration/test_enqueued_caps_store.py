@@ -2,7 +2,7 @@
 the fake, held to one contract: ``lifecycle.start`` with a reservation moves the batch and ADDs to
 its (tenant, model) counter in one transaction, never past a cap and never twice; the write that
 makes the batch terminal (a lone one, or one with its files) releases the reservation in the same
-transaction, exactly once (``lifecycle.settle``); a batch without a reservation ends as before; a
+transaction, exactly once (``lifecycle.settle``); a batch without a reservation ends releasing nothing; a
 counted chunk's budget charge is written with its audit receipt, once."""
 
 import pytest

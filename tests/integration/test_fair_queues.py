@@ -1,4 +1,4 @@
-"""Fair share on the work queues (issue 13 item 4): the SQS adapter sends each message with its
+"""Fair share on the work queues (docs/governance.md, "Fair share"): the SQS adapter sends each message with its
 tenant as ``MessageGroupId``, and the local stand-in (infra/local/fair_queues.py) receives from a
 standard queue as SQS fair queues do: a tenant with fewer messages in flight first."""
 

@@ -1,4 +1,4 @@
-"""Hostile batch input through the official SDK and the real ingest handler (issue 10, item 4):
+"""Hostile batch input through the official SDK and the real ingest handler (docs/api.md, "Hostile content and file names"):
 each hostile line fails its batch with the right code, param and line, the errors stay bounded,
 and the ingest handler never raises (its queue is empty afterwards, the batch is terminal)."""
 

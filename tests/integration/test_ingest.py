@@ -25,7 +25,7 @@ def test_valid_batch_is_cut_into_chunks_and_fanned_out(client, deployed, stores)
     assert current.status == "in_progress" and current.in_progress_at is not None
     assert current.model == "test-chat" and current.request_counts.total == 250
     work = take_work(deployed)
-    # Under 8 full chunks: spread over 8 chunks of ceil(250 / 8) = 32 lines (docs/reliability.md, "Live progress").
+    # Under 8 full chunks: spread over 8 chunks of ceil(250 / 8) = 32 lines (docs/lifecycle.md, "Live progress").
     assert [(m.chunk, m.line_count, m.first_line) for m in work] == [(i, 32, 1 + 32 * i) for i in range(7)] + [(7, 26, 225)]
     seen = []
     for m in work:

@@ -1,6 +1,7 @@
-"""The ingest dead-letter queue has a consumer (issue 10: "a line whose body nests a few thousand
-levels deep: ingest raises, the event is retried for hours and then dead-lettered with no
-consumer; the batch stays validating forever; cancel then leaves it cancelling forever"). On moto:
+"""The ingest dead-letter queue has a consumer (docs/lifecycle.md, "Liveness: every batch ends"):
+an ingest event that keeps raising (a line whose body nests a few thousand levels deep, say) is
+retried for hours and then dead-lettered, and without a consumer its batch would stay validating
+forever, and a cancel would leave it cancelling forever. On moto:
 the ingest queue redrives after INGEST_MAX_RECEIVES receives, the real handlers run."""
 
 import json
@@ -18,7 +19,7 @@ from infra.local.resources import ingest_dlq_url, ingest_queue_url
 from tests.conftest import PREFIX
 from tests.integration.batch_helpers import executions, line, submit, take_work
 
-#: The error a tenant reads (issue 10: one clear, short error; never internals).
+#: The error a tenant reads: one clear, short error; never internals.
 INGEST_FAILED = {
     "code": "ingest_failed",
     "message": "The batch's input file could not be processed. Submit the batch again; "

@@ -1,4 +1,4 @@
-"""Live progress on moto through the SDK (docs/reliability.md, "Live progress"): a 60-line batch
+"""Live progress on moto through the SDK (docs/lifecycle.md, "Live progress"): a 60-line batch
 is spread over 3 chunks by ingest; while the worker's real chunk path runs them (checkpoints
 every 3 lines), ``client.batches.retrieve`` after every store call of the worker shows
 request_counts rising in many steps, never going down, never above the final counts."""

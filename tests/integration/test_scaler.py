@@ -1,6 +1,6 @@
 """The scaler Lambda on moto: its adapters (ECS DescribeServices/UpdateService, SQS queue
-attributes, its state item in the table) and the handler, through the three situations of the
-issue: zero tasks with messages waiting, a growing backlog, and an empty queue for the idle period."""
+attributes, its state item in the table) and the handler, through the three situations it
+exists for (docs/deploy.md, "Scaling"): zero tasks with messages waiting, a growing backlog, and an empty queue for the idle period."""
 
 import json
 

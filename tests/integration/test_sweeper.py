@@ -1,5 +1,6 @@
-"""The sweeper on moto (issue 10: "StartExecution failing after the batch reached in_progress
-leaves a batch with no workflow: it never completes and never expires"): the real handlers, the
+"""The sweeper on moto (docs/lifecycle.md, "Liveness: every batch ends"): a batch left with no
+workflow (StartExecution failing after the batch reached in_progress) would never complete and
+never expire without it. The real handlers, the
 real state machine run by moto's interpreter, the clock moved by the test (``clock``)."""
 
 import json

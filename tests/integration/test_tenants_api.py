@@ -1,6 +1,6 @@
-"""Tenant policy through the official SDK, on moto (issue 13): the hourly creation limit answers 429
-``rate_limit_error`` with ``Retry-After``; a batch whose model the tenant may not use ends
-``failed`` with ``model_not_allowed``; a tenant without a record keeps today's behaviour."""
+"""Tenant policy through the official SDK, on moto (docs/governance.md): the hourly creation
+limit answers 429 ``rate_limit_error`` with ``Retry-After``; a batch whose model the tenant may not use ends
+``failed`` with ``model_not_allowed``; a tenant without a record keeps the defaults."""
 
 import openai
 import pytest

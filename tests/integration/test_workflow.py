@@ -405,7 +405,7 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
     assert [BatchOutputLine.model_validate_json(l).custom_id for l in output.splitlines()] == [f"req-{i}" for i in range(4)]
 
 
-# --- lost signals: the reconciling wait (docs/reliability.md, "Lost signals") ---------------------
+# --- lost signals: the reconciling wait (docs/lifecycle.md, "Lost signals") ---------------------
 class _LostSignals:
     """A Workflows port whose signals are lost on the way (the caller believes they were sent)."""
 

@@ -1,4 +1,4 @@
-"""``budget_action="stop"`` stops the lines of batches already running (issue 13, docs/governance.md
+"""``budget_action="stop"`` stops the lines of batches already running (docs/governance.md
 "Output-token budget"): ingest snapshots the budget into the work messages; the worker's
 ``BudgetWatch`` reads the period's charged tokens (at most every few seconds per tenant) and a line
 that would enter the engine once the budget is used up becomes a ``budget_exceeded`` error line,

@@ -1,4 +1,4 @@
-"""The engine's measured capacity (gpu_worker/capacity.py, issue 14 Deliver 3): the worker reads
+"""The engine's measured capacity (gpu_worker/capacity.py, docs/worker.md): the worker reads
 vLLM's running/waiting gauges and lets in what runs plus a headroom, so lines wait in the worker's
 order rather than in vLLM's first-come queue; an engine without /metrics keeps the configured cap."""
 

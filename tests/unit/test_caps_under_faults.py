@@ -1,4 +1,4 @@
-"""Enqueued caps under every injected fault (issue 13, docs/governance.md): each row of the
+"""Enqueued caps under every injected fault (docs/governance.md): each row of the
 fault-injection suite (tests/unit/test_fault_matrix.py) run again for a tenant with enqueued caps
 on the batch's model. Whatever the fault and wherever the batch ends (completed, failed, expired,
 cancelled; by the workflow, a retried task, the sweeper or a DLQ consumer), its reservation is

@@ -1,4 +1,4 @@
-"""Every endpoint the engine serves (issue 12, Deliver 2 and 5): which endpoints a deployment
+"""Every endpoint the engine serves (docs/engine.md, "Endpoints"): which endpoints a deployment
 serves (per model), the refusal naming them, each endpoint's body shape accepted, a line sent to
 the engine at its own endpoint with its usage counted in either shape, and model ids with ``/``.
 The real engine's answers are in tests/e2e/test_endpoints_e2e.py."""

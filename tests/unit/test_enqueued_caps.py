@@ -1,4 +1,4 @@
-"""Enqueued caps (issue 13, docs/governance.md) on the fakes: ingest reserves a batch's requests and
+"""Enqueued caps (docs/governance.md) on the fakes: ingest reserves a batch's requests and
 prompt-token estimate on its (tenant, model) counter in the move to in_progress, refuses a batch
 that would pass a cap (``token_limit_exceeded``), and every terminal write releases the reservation
 exactly once (completed, failed, expired, cancelled; finalize or fail repeated; ingest repeated)."""

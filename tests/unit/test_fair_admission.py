@@ -1,4 +1,4 @@
-"""Fair share inside one worker (issue 13 item 4): ``Admission.fair_slot`` lets a tenant that
+"""Fair share inside one worker (docs/governance.md, "Fair share"): ``Admission.fair_slot`` lets a tenant that
 holds fewer lines than the biggest tenant enter the engine before the big tenant's waiting lines,
 in either order; one tenant alone keeps its order."""
 

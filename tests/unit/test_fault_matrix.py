@@ -1,4 +1,4 @@
-"""The fault-injection suite (issue 10, "Show"): one batch of 6 requests in 3 chunks of 2 lines
+"""The fault-injection suite (docs/reliability.md, "Fault-injection suite"): one batch of 6 requests in 3 chunks of 2 lines
 driven end to end through the real logic (ingest -> the worker's chunk path -> the workflow's
 tasks -> terminal) by ``tests/unit/fault_driver.py``, with ONE fault injected at one step of one
 path. Each row asserts where the batch ends:
@@ -18,9 +18,8 @@ signal. ``CASES`` is also the table in docs/reliability.md ("Fault-injection sui
 ``test_the_doc_table_is_the_parametrization`` keeps the two the same (regenerate it with
 ``python -m tests.unit.test_fault_matrix``).
 
-Rows the code cannot pass yet are ``xfail(strict=True)`` with the reason and the slice of
-issue 10 that fixes them: when the fix lands they pass, strict xfail fails, and the row must be
-turned green."""
+A row the code cannot pass yet is ``xfail(strict=True)`` with its reason and what would fix it:
+when the fix lands it passes, strict xfail fails, and the row must be turned green."""
 
 from __future__ import annotations
 
@@ -107,7 +106,7 @@ class Case:
     waits: int = 0
     #: The engine sees each request exactly once (no GPU work redone).
     once: bool = False
-    #: No chunk's poison budget was spent (a store error is a benign end, issue 10 item 3).
+    #: No chunk's poison budget was spent (a store error is a benign end).
     benign: bool = False
     xfail: str | None = None
 
@@ -162,7 +161,7 @@ PHASE = {"ingest": "ingest", "chunk": "worker", "finalize": "finalize", "fail": 
 COMPLETED = ("completed",)
 FAILED = ("failed",)
 
-#: The sweeper's documented deadlines (docs/reliability.md): a batch still validating 5 h 15 min
+#: The sweeper's documented deadlines (docs/lifecycle.md, "Liveness"): a batch still validating 5 h 15 min
 #: after its creation is failed, by a sweep that runs every 5 minutes.
 VALIDATING_TIMEOUT, SWEEP = 5 * 3600 + 15 * 60, 300
 #: An open batch 15 minutes past its expiry is finalized expired by the sweeper.
@@ -520,17 +519,19 @@ def test_the_doc_table_is_the_parametrization():
     assert documented == table().strip(), "the table drifted: regenerate it with python -m tests.unit.test_fault_matrix"
 
 
-BULLETS_START, BULLETS_END = "<!-- issue10-bullets:start -->", "<!-- issue10-bullets:end -->"
+FAILURE_MODES_START, FAILURE_MODES_END = "<!-- failure-modes:start -->", "<!-- failure-modes:end -->"
 
 
-def test_the_bullet_table_names_real_tests():
-    """Every test the "Issue 10's bullets" table names exists: its file defines the function, and a
-    parametrized id is one of its cases (the matrix's ids are CASES)."""
+def test_the_failure_modes_table_names_real_tests():
+    """Every test the "Failure modes and their tests" table names exists: its file defines the
+    function, and a parametrized id is one of its cases (the matrix's ids are CASES); every
+    failure mode names at least one test."""
     text = DOC.read_text()
-    assert BULLETS_START in text and BULLETS_END in text, "docs/reliability.md lacks the bullets table"
-    section = text.split(BULLETS_START, 1)[1].split(BULLETS_END, 1)[0]
-    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| bullet")]
-    assert len(rows) == 9, "one row per bullet of the issue"
+    assert FAILURE_MODES_START in text and FAILURE_MODES_END in text, (
+        'docs/reliability.md lacks the "Failure modes and their tests" table (its markers)')
+    section = text.split(FAILURE_MODES_START, 1)[1].split(FAILURE_MODES_END, 1)[0]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| failure mode")]
+    assert len(rows) == 9, "one row per failure mode: nine"
     root = DOC.parents[1]
     named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)(?:\[([^\]]+)\])?`", section)
     assert len(named) >= 9
@@ -542,7 +543,7 @@ def test_the_bullet_table_names_real_tests():
         elif param:
             assert repr(param) in source or f'"{param}"' in source, f"{path}::{name} has no case {param}"
     for row in rows:
-        assert "`tests/" in row, f"a bullet without a test: {row[:80]}"
+        assert "`tests/" in row, f"a failure mode without a test: {row[:80]}"
 
 
 def test_the_case_ids_are_unique():

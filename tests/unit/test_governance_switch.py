@@ -1,4 +1,4 @@
-"""The governance switch (issue 13 item 6) at the composition root: ``Settings.governance`` off
+"""The governance switch (docs/governance.md, "The switch") at the composition root: ``Settings.governance`` off
 builds the stores with the no-op policy store, so no policy is read and no rule applies."""
 
 from unittest import mock

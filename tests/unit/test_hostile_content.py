@@ -1,4 +1,4 @@
-"""Hostile line content never reaches an exception (issue 10, item 4): JSON nested thousands deep,
+"""Hostile line content never reaches an exception (docs/api.md, "Hostile content and file names"): JSON nested thousands deep,
 huge values echoed into messages, lone UTF-16 surrogates, NUL characters, over-long custom_ids.
 Each is either rejected by validation with its code, param and line, or carried through every
 later write (result lines, error lines, the batch's errors, its status event)."""

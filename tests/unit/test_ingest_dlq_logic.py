@@ -17,7 +17,7 @@ CHAT = "/v1/chat/completions"
 QUEUE = "https://sqs.local/work-chat"
 NOW = 50_000
 SETTINGS = Settings(table_name="t", bucket_name="b", models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)})
-#: What the issue asks a tenant to read: one short error, no internals.
+#: What a tenant reads: one short error, no internals.
 EXPECTED_ERROR = {
     "code": "ingest_failed",
     "message": "The batch's input file could not be processed. Submit the batch again; "

@@ -1,4 +1,4 @@
-"""The output-token budget (issue 13, docs/governance.md) on the fakes: counted chunks charge their
+"""The output-token budget (docs/governance.md) on the fakes: counted chunks charge their
 output tokens to the tenant's period item in the count itself (once, only for a tenant with a
 budget); at the budget, ``reject`` refuses creates with 429 ``insufficient_quota`` and ``stop``
 fails a batch at ingest with ``budget_exceeded`` before any of it runs."""

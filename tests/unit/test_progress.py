@@ -1,4 +1,4 @@
-"""Live progress (docs/reliability.md, "Live progress"): GET /v1/batches/{id} of an open batch
+"""Live progress (docs/lifecycle.md, "Live progress"): GET /v1/batches/{id} of an open batch
 shows the lines its chunks checkpointed, not only the counted chunks; the counts rise as
 checkpoints are recorded, never go down, never pass the final counts, under a crash at (or
 between) a checkpoint's writes and a redelivery; a counted chunk is not counted twice. And the

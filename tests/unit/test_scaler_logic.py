@@ -19,7 +19,7 @@ def desired(visible: int, in_flight: int, tasks: int, *, running: int | None = N
     return decide(Observation(tasks, tasks if running is None else running, visible, in_flight), state, service, now).desired
 
 
-# --- the three cases of the issue ------------------------------------------------------------------
+# --- the three cases the scaler exists for (docs/deploy.md, "Scaling") ----------------------------
 def test_zero_tasks_messages_waiting_scales_out_at_once():
     """No task, no Container Insights datapoint: the queue alone starts the first GPU, immediately."""
     assert desired(1, 0, 0) == 1

@@ -1,4 +1,4 @@
-"""Tenant binding on worker-side reads (issue 13 item 6): a work message whose input key is not its
+"""Tenant binding on worker-side reads (docs/governance.md, "Tenant binding on worker-side reads"): a work message whose input key is not its
 own tenant's batch input (forged or misrouted) makes neither the worker nor the DLQ Lambda read
 anything; every other read of a chunk is keyed by the message's tenant and batch."""
 

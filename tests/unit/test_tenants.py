@@ -1,6 +1,6 @@
-"""Tenant policy (issue 13) against the in-memory ports: the hourly creation limit at batch create
-(429 with Retry-After, window roll-over, a refused create counts nothing and stores nothing), the
-model allowlist at ingest, and the defaults (no record: today's behaviour)."""
+"""Tenant policy (docs/governance.md) against the in-memory ports: the hourly creation limit at
+batch create (429 with Retry-After, window roll-over, a refused create counts nothing and stores nothing), the
+model allowlist at ingest, and the defaults (no record: no limits)."""
 
 import json
 

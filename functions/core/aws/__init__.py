@@ -20,7 +20,7 @@ from .tenants import TenantRepo
 
 class NoPolicy:
     """The ``TenantStore`` of a deployment with governance off (``Settings.governance``): every
-    tenant has no policy record (today's behaviour), creations are never counted, and nothing is
+    tenant has no policy record (the defaults), creations are never counted, and nothing is
     read or written."""
 
     def get(self, tenant: str) -> TenantPolicy | None:

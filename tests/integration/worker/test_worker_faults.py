@@ -142,7 +142,7 @@ def test_a_worker_killed_mid_chunk_is_redelivered_without_duplicates(client, sto
 
 
 def test_a_request_that_kills_its_worker_fails_alone_and_the_batch_completes(client, stores, deployed, fake):
-    """A request that kills its worker every time it runs (issue 10): the first death puts its
+    """A request that kills its worker every time it runs (docs/reliability.md, "Poison isolation"): the first death puts its
     chunk in careful mode (small groups alone on the engine, each recorded in flight); the second
     makes the dead group's lines suspects (each then runs alone); the third is blamed on the one
     line in flight, which gets an engine_crashed error line and is never sent again; the chunk's
@@ -171,8 +171,8 @@ def test_a_request_that_kills_its_worker_fails_alone_and_the_batch_completes(cli
 
 
 def test_benign_releases_do_not_spend_the_poison_budget(client, stores, deployed, fake):
-    """Issue 10: "the poison budget is SQS's receive count (3): benign releases (shutdown, engine
-    restart, store errors) spend it". A chunk released by four shutdowns in a row (SIGTERM past
+    """The poison budget is the chunk's own, not SQS's receive count: benign releases (shutdown,
+    engine restart, store errors) do not spend it (docs/reliability.md, "Poison isolation"). A chunk released by four shutdowns in a row (SIGTERM past
     the drain time) is not dead-lettered and runs normally on the fifth receive."""
     slow = {"on": True}
 
@@ -241,7 +241,7 @@ def test_sigterm_mid_chunk_finishes_what_it_holds_and_takes_no_more_work(client,
     fake.respond = respond
     batch = start(client, stores, [line(i) for i in range(9)])  # 3 chunks of 3
     # File order: every line of a chunk in the engine at once (smart order would admit only
-    # max_num_seqs + 25 % of them, docs/reliability.md). Chunk 0 fills the engine (cap 3); chunk 1
+    # max_num_seqs + 25 % of them, docs/worker.md, "Order of lines in the engine"). Chunk 0 fills the engine (cap 3); chunk 1
     # is taken as soon as chunk 0 is all in the engine (a chunk's tail never keeps new lines out)
     # and waits for slots; then the backlog (3 lines) is at the cap, so chunk 2 stays queued.
     config = worker_config(deployed, fake.url, max_in_flight=3, max_open_chunks=1, order="file")
