@@ -12,7 +12,7 @@ ports (the in-memory fakes or moto), ``assert_api_agrees`` through the official 
 
 from typing import Any
 
-from functions.core import accounting, results
+from functions.core import chunk_lifecycle, results
 from functions.core.models import TERMINAL_STATUSES, BatchOutputLine
 from functions.core.ports import Stores
 
@@ -83,10 +83,10 @@ def assert_usage_agrees(stores: Stores, tenant: str, batch_id: str) -> dict[str,
         record = stores.files.get(tenant, batch.output_file_id, 0)
         assert record is not None
         body = stores.objects.get(record.s3_key)
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     for line in _lines(body):
         usage.add_response(results.usage_of(line))
-    said = {k: getattr(batch, k) for k in accounting.Usage.model_fields}
+    said = {k: getattr(batch, k) for k in chunk_lifecycle.Usage.model_fields}
     assert said == usage.model_dump(), f"the batch says usage {said}, its output file's lines add up to {usage.model_dump()}"
     return said
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, names, schema
+from functions.core import chunk_lifecycle, names, schema
 from functions.core.messages import WorkMessage
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord
@@ -240,7 +240,7 @@ class Driver:
             self.phase = "worker"
             message = WorkMessage.model_validate_json(r.body)
             if message.chunk == self.hang_chunk:
-                accounting.start_chunk(self.stores, message)
+                chunk_lifecycle.start_chunk(self.stores, message)
                 self.log.append(f"worker hangs on chunk {message.chunk}")
                 continue  # the message stays in flight
             self.chunk = message.chunk

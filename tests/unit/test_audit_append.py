@@ -14,7 +14,7 @@ from functions.core import anchor, audit, schema, signing
 from functions.core.records import ChunkRecord
 from infra.local.lambda_context import LocalLambdaContext
 from tests.fakes.aws import FakeAudit, FakeWorm, KeySigner, fake_stores, throttle
-from tests.unit.test_accounting import message
+from tests.unit.test_chunk_lifecycle import message
 
 T0 = 1_796_083_200
 TENANT = "acme"

@@ -251,7 +251,7 @@ def test_cancel_between_validation_and_fan_out_still_starts_the_workflow_without
 def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     """The cancel lands while ingest sends the chunks: the workflow still starts, and the chunks
     already sent are refused by start_chunk (the batch is no longer in progress)."""
-    from functions.core import accounting
+    from functions.core import chunk_lifecycle
 
     stores = setup([line(i) for i in range(3)])
     queue = stores.queues.queue(QUEUE)
@@ -264,7 +264,7 @@ def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     queue.send = send_then_cancel
     run(stores)
     assert "batch_1" in stores.workflows.started and current(stores).enqueued
-    assert [accounting.start_chunk(stores, m) for m in sent(stores)] == [None, None]
+    assert [chunk_lifecycle.start_chunk(stores, m) for m in sent(stores)] == [None, None]
 
 
 def test_the_ingest_lambda_waits_for_a_record_briefly_first_then_up_to_its_patience(monkeypatch):

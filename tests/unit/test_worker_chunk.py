@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from functions.core.accounting import Usage
+from functions.core.chunk_lifecycle import Usage
 from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.fakes.aws import fake_stores

@@ -8,7 +8,7 @@ import pytest
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from functions.core import accounting, results, schema
+from functions.core import chunk_lifecycle, results, schema
 from functions.core.lifecycle import Signal
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.models import BatchOutputLine
@@ -158,7 +158,7 @@ def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
     assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)["drained"]
     message = started.work_message(ChunkManifest.model_validate_json(
         stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0])
-    accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, []), usage=accounting.Usage(), now=NOW)
+    chunk_lifecycle.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, []), usage=chunk_lifecycle.Usage(), now=NOW)
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + 1)["drained"]
 
 
@@ -168,7 +168,7 @@ def test_expiry_shows_finalizing_and_stops_new_chunks():
     batch = current(stores)
     assert (batch.status, batch.finalizing_at, batch.accepting) == ("finalizing", NOW, True)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
-    assert accounting.start_chunk(stores, batch.work_message(manifest.chunks[1])) is None
+    assert chunk_lifecycle.start_chunk(stores, batch.work_message(manifest.chunks[1])) is None
 
 
 def test_a_cancel_wins_over_a_complete_signal():
@@ -454,23 +454,23 @@ def message_of(stores, chunk: int):
 def checkpoint(stores, chunk: int, statuses: list[int]):
     """A worker started ``chunk`` and checkpointed its first lines' answers (then hangs or dies)."""
     message = message_of(stores, chunk)
-    accounting.start_chunk(stores, message)
-    accounting.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
+    chunk_lifecycle.start_chunk(stores, message)
+    chunk_lifecycle.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
     lines = [answer(l, s) for l, s in zip(results.unrun_lines(stores.objects, message, "x", "x"), statuses)]
     segment = results.write_checkpoint(stores.objects, message, 0, lines)
-    accounting.add_segment(stores, message, "a1", segment, None)
+    chunk_lifecycle.add_segment(stores, message, "a1", segment, None)
     return message
 
 
 def run_with_usage(stores, chunk: int):
     """The worker's path for a whole chunk, every line 200 with USAGE, its usage counted."""
     message = message_of(stores, chunk)
-    accounting.start_chunk(stores, message)
+    chunk_lifecycle.start_chunk(stores, message)
     lines = [answer(l, 200) for l in results.unrun_lines(stores.objects, message, "x", "x")]
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     for line in lines:
         usage.add_response(results.usage_of(line))
-    return accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW)
+    return chunk_lifecycle.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW)
 
 
 def end_batch(stores, how: str) -> str:

@@ -1,4 +1,4 @@
-"""Chunk accounting, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
+"""The chunk lifecycle, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
 a chunk is started, run in attempts (its run record: poison budget, checkpoints) and counted
 exactly once, only while its batch accepts chunks; whoever counts the last one (or a duplicate of
 it) signals the workflow. The batch's own statuses and transitions are ``lifecycle``'s."""
