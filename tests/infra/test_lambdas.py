@@ -19,7 +19,7 @@ HANDLERS = {
     "reaper": "functions.reaper.handler.handler",
     "ingest": "functions.ingest.handler.handler",
     "workflow": "functions.workflow.handler.handler",
-    "dlq": "functions.dlq.handler.handler",
+    "dlq": "functions.chunk_dlq.handler.handler",
     "ingest_dlq": "functions.ingest.dlq_handler.handler",
     "sweeper": "functions.sweeper.handler.handler",
     "scaler": "functions.scaler.handler.handler",

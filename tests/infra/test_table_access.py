@@ -391,7 +391,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     chunk DLQ consumer, the workflow's check, drain and finalize), and a second batch's ingest
     event through the ingest DLQ consumer: each role's DynamoDB requests are evaluated against its
     synthesized policy."""
-    from functions.dlq import handler as dlq_handler
+    from functions.chunk_dlq import handler as chunk_dlq_handler
     from functions.workflow import handler as workflow_handler
     from infra.local.lambda_context import LocalLambdaContext
     from functions.ingest import dlq_handler as ingest_dlq_handler
@@ -414,7 +414,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     recorder.role = "dlq"
     dlq = dlq_url(deployed.models["test-chat"].queue_url)
     sqs.send_message(QueueUrl=dlq, MessageBody=second.model_dump_json())
-    assert drain_queue(sqs, dlq, dlq_handler.handler, name="dlq") == 1
+    assert drain_queue(sqs, dlq, chunk_dlq_handler.handler, name="dlq") == 1
     recorder.role = "workflow"
     for event in (
         {"action": "check", "reconcile_seconds": 60},

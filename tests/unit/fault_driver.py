@@ -8,7 +8,7 @@ assert where the batch ends:
 - the GPU worker's chunk path (``gpu_worker.chunk.ChunkRunner``) runs message by message off the
   fake work queue, as the worker loop does: delete on success, release on an exception, nothing on
   a SIGKILL (the message comes back when its visibility ends); after ``names.WORK_MAX_RECEIVES``
-  receives SQS dead-letters it and the DLQ handler (``functions.dlq.logic.fail_chunk``) fails it;
+  receives SQS dead-letters it and the DLQ handler (``functions.chunk_dlq.logic.fail_chunk``) fails it;
 - the workflow (``functions.workflow.logic``) runs as infra/workflow.py's state machine does:
   WaitForSignal (register, then wait for a signal on the token or time out), Check, Drain,
   Finalize, each task retried 3 times (``States.TaskFailed``/``States.ALL``, MaxAttempts 3) before
@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from functions.chunk_dlq import logic as dlq
 from functions.core import chunk_lifecycle, names, schema
 from functions.core.messages import WorkMessage
 from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
-from functions.dlq import logic as dlq
 from functions.ingest import logic as ingest_logic
 from functions.ingest.dead_letters import handle_dead_letter
 from functions.sweeper.logic import sweep

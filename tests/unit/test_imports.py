@@ -83,7 +83,7 @@ def test_powertools_stays_out_of_the_core_and_the_logic_modules() -> None:
     idempotency) may use it; the shared core (also the worker's) and each Lambda's logic may not."""
     assert violations("functions/core", {"aws_lambda_powertools"}, allowed=("functions/core/aws/",)) == []
     logic = sorted((REPO / "functions").glob("*/logic.py"))
-    assert len(logic) >= 4  # dlq, ingest, reaper, workflow
+    assert len(logic) >= 4  # chunk_dlq, ingest, reaper, workflow
     found = [v for path in logic for v in violations(path.relative_to(REPO).as_posix(), {"aws_lambda_powertools"})]
     assert found == []
 
@@ -92,6 +92,7 @@ def test_powertools_stays_out_of_the_core_and_the_logic_modules() -> None:
 #: imports an old name, and no file is left at its path.
 RENAMED = {
     "functions.core.accounting": "functions.core.chunk_lifecycle",
+    "functions.dlq": "functions.chunk_dlq",
 }
 #: Where code that imports ours lives.
 SOURCES = ("functions", "gpu_worker", "infra", "batchctl", "tests")

@@ -6,11 +6,11 @@ dead-lettered chunk's recorded attempts; the batch's own usage stays its counted
 import asyncio
 from typing import Any
 
+from functions.chunk_dlq import logic as dlq
 from functions.core import chunk_lifecycle, tenants
 from functions.core.budgets import BudgetCaps
 from functions.core.guard import GuardPolicy
 from functions.core.work import Spend, Work, unread_spend
-from functions.dlq import logic as dlq
 from gpu_worker.engine_client import ENGINE_TIMEOUT, RESPONSE_TOO_LARGE, Reply
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores

@@ -562,7 +562,7 @@ def test_a_chunk_counted_after_the_close_is_refused_and_its_checkpoints_are_kept
 def test_the_dead_letter_consumer_and_finalize_keep_checkpoints_through_one_code_path():
     # The same chunk, checkpointed the same way: the DLQ consumer's parts and finalize's files
     # hold the same lines (results.salvaged_lines), with their own error code for the rest.
-    from functions.dlq import logic as dlq
+    from functions.chunk_dlq import logic as dlq
 
     stores = setup(lines=4, per_chunk=4)
     message = checkpoint(stores, 0, [200, 400])

@@ -3,11 +3,11 @@ closed batch, already counted by a worker, or recorded as failed lines (and the 
 
 import json
 
+from functions.chunk_dlq import logic
 from functions.core import schema
 from functions.core.messages import WorkMessage
 from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
-from functions.dlq import logic
 from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"
