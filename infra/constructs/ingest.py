@@ -184,7 +184,7 @@ class Ingest(Construct):
         self.ingest_dlq_function = lambdas.function(
             self,
             "IngestDeadLetterFunction",
-            handler="functions.ingest.dlq_handler.handler",
+            handler="functions.ingest_dlq.handler.handler",
             environment=env,
             description="Ends or resumes the batch of a dead-lettered ingest event, so it never stays validating",
             memory_size=512,

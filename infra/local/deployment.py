@@ -25,8 +25,8 @@ from functions.assembler import handler as assembler_handler
 from functions.audit_append import handler as audit_append_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.chunk_dlq import handler as chunk_dlq_handler
-from functions.ingest import dlq_handler as ingest_dlq_handler
 from functions.ingest import handler as ingest_handler
+from functions.ingest_dlq import handler as ingest_dlq_handler
 from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
 from functions.webhooks import handler as webhooks_handler

@@ -20,7 +20,7 @@ HANDLERS = {
     "ingest": "functions.ingest.handler.handler",
     "workflow": "functions.workflow.handler.handler",
     "dlq": "functions.chunk_dlq.handler.handler",
-    "ingest_dlq": "functions.ingest.dlq_handler.handler",
+    "ingest_dlq": "functions.ingest_dlq.handler.handler",
     "sweeper": "functions.sweeper.handler.handler",
     "scaler": "functions.scaler.handler.handler",
     "assembler": "functions.assembler.handler.handler",

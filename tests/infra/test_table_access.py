@@ -394,7 +394,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     from functions.chunk_dlq import handler as chunk_dlq_handler
     from functions.workflow import handler as workflow_handler
     from infra.local.lambda_context import LocalLambdaContext
-    from functions.ingest import dlq_handler as ingest_dlq_handler
+    from functions.ingest_dlq import handler as ingest_dlq_handler
     from infra.local.pollers import drain_queue
     from infra.local.resources import ingest_dlq_url, ingest_queue_url
     from tests.integration.batch_helpers import line, run_ingest, submit, take_work

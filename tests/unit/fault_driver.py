@@ -4,7 +4,7 @@ assert where the batch ends:
 
 - ingest (``functions.ingest.logic.ingest``) runs on the S3 event; SQS redelivers an event whose
   processing raised or was killed, up to ``names.INGEST_MAX_RECEIVES`` receives, then
-  dead-letters it to the ingest DLQ's consumer (``functions.ingest.dead_letters``);
+  dead-letters it to the ingest DLQ's consumer (``functions.ingest_dlq.logic``);
 - the GPU worker's chunk path (``gpu_worker.chunk.ChunkRunner``) runs message by message off the
   fake work queue, as the worker loop does: delete on success, release on an exception, nothing on
   a SIGKILL (the message comes back when its visibility ends); after ``names.WORK_MAX_RECEIVES``
@@ -40,7 +40,7 @@ from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic as ingest_logic
-from functions.ingest.dead_letters import handle_dead_letter
+from functions.ingest_dlq.logic import handle_dead_letter
 from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
@@ -212,7 +212,7 @@ class Driver:
         self._ingest_dead_letter()
 
     def _ingest_dead_letter(self) -> None:
-        """The ingest DLQ's consumer (``functions.ingest.dead_letters``)."""
+        """The ingest DLQ's consumer (``functions.ingest_dlq.logic``)."""
         self._handler("dlq", lambda: handle_dead_letter(self.stores, SETTINGS, TENANT, BATCH, now=self.now))
 
     def _handler(self, phase: str, call: Callable[[], Any]) -> None:

@@ -93,6 +93,8 @@ def test_powertools_stays_out_of_the_core_and_the_logic_modules() -> None:
 RENAMED = {
     "functions.core.accounting": "functions.core.chunk_lifecycle",
     "functions.dlq": "functions.chunk_dlq",
+    "functions.ingest.dlq_handler": "functions.ingest_dlq.handler",
+    "functions.ingest.dead_letters": "functions.ingest_dlq.logic",
 }
 #: Where code that imports ours lives.
 SOURCES = ("functions", "gpu_worker", "infra", "batchctl", "tests")

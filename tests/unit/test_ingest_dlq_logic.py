@@ -10,7 +10,8 @@ from functions.core.errors import Throttled
 from functions.core.messages import Chunk, ChunkManifest, WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
-from functions.ingest import dead_letters, logic
+from functions.ingest import logic
+from functions.ingest_dlq import logic as ingest_dlq
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -45,7 +46,7 @@ def setup(**over):
 
 
 def handle(stores):
-    return dead_letters.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW)
+    return ingest_dlq.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW)
 
 
 def current(stores) -> BatchRecord:
@@ -67,7 +68,7 @@ def test_the_same_dead_letter_delivered_twice_changes_nothing_more():
     stores = setup()
     handle(stores)
     before = current(stores)
-    assert dead_letters.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW + 60) == "failed"
+    assert ingest_dlq.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW + 60) == "failed"
     assert current(stores) == before  # failed_at not moved
     assert stores.events.types() == ["batch.failed"]  # published once
 
@@ -122,7 +123,7 @@ def test_an_enqueued_or_terminal_batch_is_left_alone(over):
 
 def test_a_batch_that_does_not_exist_is_reported_missing():
     stores = fake_stores()
-    assert dead_letters.handle_dead_letter(stores, SETTINGS, "acme", "nope", now=NOW) == dead_letters.MISSING
+    assert ingest_dlq.handle_dead_letter(stores, SETTINGS, "acme", "nope", now=NOW) == ingest_dlq.MISSING
 
 
 def test_a_store_error_reading_the_batch_propagates_so_the_message_is_redelivered():
@@ -161,7 +162,7 @@ def notification(key: str) -> str:
 
 def test_the_handler_ends_the_batch_a_dead_lettered_notification_names_and_drops_garbage(monkeypatch):
     from functions.core import deps
-    from functions.ingest import dlq_handler
+    from functions.ingest_dlq import handler as ingest_dlq_handler
     from infra.local.lambda_context import LocalLambdaContext
 
     stores = setup()
@@ -170,7 +171,7 @@ def test_the_handler_ends_the_batch_a_dead_lettered_notification_names_and_drops
     deps.use_clock(lambda: NOW)
     try:
         event = {"Records": [sqs_record(notification("batches/acme/batch_1/input.jsonl")), {**sqs_record("{not json"), "messageId": "m-2"}]}
-        assert dlq_handler.handler(event, LocalLambdaContext("ingest-dlq")) == {"batchItemFailures": []}
+        assert ingest_dlq_handler.handler(event, LocalLambdaContext("ingest-dlq")) == {"batchItemFailures": []}
     finally:
         deps.use_clock(None)
     assert current(stores).status == "failed" and current(stores).errors == [EXPECTED_ERROR]
