@@ -16,9 +16,9 @@ from typing import Any
 from functions.core import chunk_lifecycle, limits, results
 from functions.core.lines import LineError, RawLine, parse_request
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
 from functions.core.records import ChunkRunRecord
+from functions.core.wire import BatchOutputLine
 from functions.core.work import Spend
 
 from .engine_client import EngineDown

@@ -20,8 +20,8 @@ from typing import Any
 from functions.core import chunk_lifecycle, results
 from functions.core.chunk_lifecycle import ChunkOutcome
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
+from functions.core.wire import BatchOutputLine
 from functions.core.work import Spend
 
 from .attempt import Attempt

@@ -13,8 +13,8 @@ ports (the in-memory fakes or moto), ``assert_api_agrees`` through the official 
 from typing import Any
 
 from functions.core import chunk_lifecycle, results
-from functions.core.models import TERMINAL_STATUSES, BatchOutputLine
 from functions.core.ports import Stores
+from functions.core.wire import TERMINAL_STATUSES, BatchOutputLine
 
 
 def _lines(body: bytes) -> list[BatchOutputLine]:

@@ -3,7 +3,7 @@
 Before any route, ``admission`` applies the tenant's policy to the request (its
 ``requests_per_minute`` and disabled state: ``tenants.admit_request``, the policy cached for
 ``policy_cache_seconds``). Routes read the tenant the authorizer put in the request context, bind
-the request to the models of ``protocol`` and return the wire models of ``functions.core.models``;
+the request to the models of ``protocol`` and return the wire models of ``functions.core.wire``;
 ``errors`` renders every failure as OpenAI's error envelope. Every response carries
 ``x-request-id``: API Gateway's request id (``requestContext.requestId``, ``$context.requestId``
 in its access log and gateway responses), which is also every log line's ``correlation_id``.

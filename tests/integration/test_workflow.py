@@ -8,7 +8,7 @@ import pytest
 from openai.types import Batch
 
 from functions.core import clients, schema
-from functions.core.models import BatchOutputLine
+from functions.core.wire import BatchOutputLine
 from functions.workflow import logic
 from tests.agreement import assert_api_agrees, assert_usage_agrees
 from tests.fakes.engine import InProcessEngine, rejecting

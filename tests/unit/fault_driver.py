@@ -36,9 +36,9 @@ from typing import Any
 from functions.chunk_dlq import logic as dlq
 from functions.core import chunk_lifecycle, names, schema
 from functions.core.messages import WorkMessage
-from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
+from functions.core.wire import TERMINAL_STATUSES
 from functions.ingest import logic as ingest_logic
 from functions.ingest_dlq.logic import handle_dead_letter
 from functions.sweeper.logic import sweep

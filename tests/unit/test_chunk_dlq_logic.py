@@ -6,8 +6,8 @@ import json
 from functions.chunk_dlq import logic
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
+from functions.core.wire import BatchOutputLine
 from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"

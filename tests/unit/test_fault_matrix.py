@@ -34,7 +34,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from functions.api.batches import cancel_batch
-from functions.core.models import TERMINAL_STATUSES
+from functions.core.wire import TERMINAL_STATUSES
 from gpu_worker.engine_client import EngineDown
 from tests.agreement import assert_stores_agree
 from tests.fakes.aws import conflict, throttle

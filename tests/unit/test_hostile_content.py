@@ -11,9 +11,9 @@ import pytest
 from functions.core import results, schema
 from functions.core.lines import LineError, check_request, iter_lines, parse_request
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
+from functions.core.wire import BatchOutputLine
 from functions.ingest import logic
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine

@@ -95,6 +95,7 @@ RENAMED = {
     "functions.dlq": "functions.chunk_dlq",
     "functions.ingest.dlq_handler": "functions.ingest_dlq.handler",
     "functions.ingest.dead_letters": "functions.ingest_dlq.logic",
+    "functions.core.models": "functions.core.wire",
 }
 #: Where code that imports ours lives.
 SOURCES = ("functions", "gpu_worker", "infra", "batchctl", "tests")

@@ -8,9 +8,9 @@ import pytest
 
 from functions.core import lifecycle, schema
 from functions.core.messages import Chunk, ChunkManifest
-from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
+from functions.core.wire import BatchOutputLine
 from functions.sweeper import logic as sweeper
 from functions.core.errors import Throttled
 from functions.workflow import logic as workflow

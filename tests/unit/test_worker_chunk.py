@@ -145,7 +145,7 @@ def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
 import pytest
 
 from functions.core import schema
-from functions.core.models import BatchOutputLine
+from functions.core.wire import BatchOutputLine
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.engine_gate import EngineGate
 from gpu_worker.engine_client import EngineDown

@@ -297,7 +297,7 @@ def test_a_line_that_keeps_crashing_the_engine_fails_alone_through_the_loop():
     /health, as the local supervisor or a new ECS task does). Each death releases the chunk at
     once; the worker's own record narrows it down to that line, which fails as engine_crashed;
     the other line completes, and the message is deleted, never dead-lettered."""
-    from functions.core.models import BatchOutputLine
+    from functions.core.wire import BatchOutputLine
     from tests.fakes.engine import CrashingEngine
 
     rig = Rig()

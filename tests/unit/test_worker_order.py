@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
+from functions.core.wire import BatchOutputLine
 from gpu_worker.admission import Admission, expected_output, length_class, prefix_of
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.config import WorkerConfig

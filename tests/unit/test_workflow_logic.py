@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from functions.core import chunk_lifecycle, results, schema
 from functions.core.lifecycle import Signal
 from functions.core.messages import Chunk, ChunkManifest
-from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
+from functions.core.wire import BatchOutputLine
 from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
 from tests.unit.chunk_steps import run_chunk as run_chunk_at

@@ -60,7 +60,7 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     chunk stays uncounted); the DLQ, the last resort, keeps that line's answer and fails the rest."""
     import pytest as _pytest
 
-    from functions.core.models import BatchOutputLine
+    from functions.core.wire import BatchOutputLine
     from gpu_worker.attempt import RunPolicy
     from gpu_worker.engine_client import EngineDown
     from tests.fakes.engine import CrashingEngine
