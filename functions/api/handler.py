@@ -67,7 +67,7 @@ def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: st
     action and outcome to the audit queue (the appender adds it to the tenant's chain moments
     later). The action already happened, so a failed send is logged (``audit_append_failed``,
     alarmable) and the answer goes out unchanged."""
-    log = deps.stores().audit
+    log = deps.stores().audit_log
     tenant = ((event.get("requestContext") or {}).get("authorizer") or {}).get("tenant")
     if log is None or not tenant:
         return

@@ -116,7 +116,7 @@ def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:
     batch = stores.batches.get(message.tenant, message.batch_id)
     done = batch is not None and _complete_if_all_counted(stores, batch)
     # Its first delivery may also have died before appending the chunk's audit receipt.
-    marker = stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) if stores.receipts else None
+    marker = stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) if stores.audit_log else None
     if marker is not None:
         audit.append_receipt(stores, message, marker, at=marker.recorded_at)
     return done

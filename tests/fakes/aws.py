@@ -876,8 +876,7 @@ def fake_stores(*, track_storage: bool = True) -> FakeStores:
         events=FakeEvents(faults),
         tenants=tenants,
         stored=stored,
-        audit=audit,
-        receipts=audit,
+        audit_log=audit,
         faults=faults,
     )
 

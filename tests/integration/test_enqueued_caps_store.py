@@ -111,7 +111,7 @@ def test_the_count_charges_nothing_its_receipt_charges_the_budget_once(request: 
     from functions.core.messages import WorkMessage
     from functions.core.records import ChunkRecord
 
-    drain = (lambda: 0) if isinstance(ports.receipts, FakeAuditLog) else request.getfixturevalue("appender").drain
+    drain = (lambda: 0) if isinstance(ports.audit_log, FakeAuditLog) else request.getfixturevalue("appender").drain
     ports.batches.create(new_batch("b1", status="in_progress", accepting=True, chunk_count=3))
     month = "MONTH#2026-12"
 

@@ -23,7 +23,7 @@ def write_parts(stores, chunk: int, attempt: str) -> Parts:
 
 
 def receipts(stores) -> list[audit.AuditRecord]:
-    return [r for r in stores.audit.records("acme") if r.action == audit.CHUNK_RECEIPT]
+    return [r for r in stores.audit_log.records("acme") if r.action == audit.CHUNK_RECEIPT]
 
 
 def test_a_counted_chunk_gets_one_receipt_with_its_digest_and_usage():
@@ -44,7 +44,7 @@ def test_a_counted_chunk_gets_one_receipt_with_its_digest_and_usage():
     assert details["out_sha256"] == hashlib.sha256(OUT).hexdigest()
     assert details["err_sha256"] == hashlib.sha256(b"").hexdigest()
     assert details["usage"]["input_tokens"] == 7 and details["usage"]["output_tokens"] == 3
-    assert audit.verify(stores.audit.records("acme")) is None
+    assert audit.verify(stores.audit_log.records("acme")) is None
 
 
 def test_a_chunk_not_counted_gets_no_receipt():
