@@ -44,6 +44,7 @@ from functions.ingest_dlq.logic import handle_dead_letter
 from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
+from tests.builders import batch_record
 from tests.chunks import process_chunk
 from tests.fakes.aws import FakeStores, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
@@ -179,10 +180,7 @@ class Driver:
         """What the API's create did: a validating batch over its input snapshot."""
         key = schema.batch_input_key(TENANT, BATCH)
         self.stores.objects.data[key] = ("\n".join(request_line(i) for i in range(LINES)) + "\n").encode()
-        self.stores.batches.put(BatchRecord(
-            tenant=TENANT, id=BATCH, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-            created_at=START, expires_at=START + WINDOW, input_key=key,
-        ))
+        self.stores.batches.put(batch_record(tenant=TENANT, id=BATCH, created_at=START, expires_at=START + WINDOW, input_key=key))
 
     def batch(self) -> BatchRecord:
         record = self.stores.batches.items[(TENANT, BATCH)]

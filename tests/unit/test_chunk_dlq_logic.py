@@ -6,8 +6,8 @@ import json
 from functions.chunk_dlq import logic
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from functions.core.records import BatchRecord
 from functions.core.wire import BatchOutputLine
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"
@@ -19,12 +19,8 @@ SPLIT = len(ROWS[0]) + len(ROWS[1])
 def setup(**over):
     stores = fake_stores()
     stores.objects.put(INPUT_KEY, b"".join(ROWS[:2]) + b"\n" + b"".join(ROWS[2:]) + b"not json\n")
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h", created_at=100,
-        expires_at=100 + 86_400, status="in_progress", model="m", total=5, chunk_count=2, accepting=True,
-        input_key=INPUT_KEY, task_token="tok",
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    fields = dict(status="in_progress", model="m", total=5, chunk_count=2, accepting=True, task_token="tok")
+    stores.batches.put(batch_record(**{**fields, **over}))
     return stores
 
 

@@ -10,24 +10,17 @@ from functions.core.errors import Throttled
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.results import Parts
+from tests.builders import batch_record, work_message
 from tests.fakes.aws import conflict, fake_stores, throttle
 
 
 def batch(**over) -> BatchRecord:
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=100, expires_at=100 + 86_400, status="in_progress",
-        model="m", total=3, chunk_count=2, accepting=True, input_key="batches/acme/batch_1/input.jsonl",
-        task_token="token-1",
-    )
-    return BatchRecord(**{**fields, **over})
+    fields = dict(status="in_progress", model="m", total=3, chunk_count=2, accepting=True, task_token="token-1")
+    return batch_record(**{**fields, **over})
 
 
 def message(chunk: int) -> WorkMessage:
-    return WorkMessage(
-        batch_id="batch_1", tenant="acme", chunk=chunk, input_key="k", byte_start=0, byte_end=10,
-        first_line=1, line_count=2, endpoint="/v1/chat/completions", model="m", expires_at=100 + 86_400,
-    )
+    return work_message(batch(), chunk=chunk, input_key="k", byte_end=10, line_count=2)
 
 
 def record(stores, chunk: int, completed: int = 2, failed: int = 0, usage: chunk_lifecycle.Usage | None = None):

@@ -16,6 +16,7 @@ from functions.ingest import logic as ingest
 from functions.sweeper import logic as sweeper
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 from tests.unit.chunk_steps import run_chunk
 
@@ -42,10 +43,7 @@ def tokens_of(data: bytes) -> int:
 
 def add_batch(stores, batch_id: str, data: bytes) -> None:
     key = schema.batch_input_key("acme", batch_id)
-    stores.batches.put(BatchRecord(
-        tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW - 10, expires_at=NOW - 10 + 86_400, input_key=key,
-    ))
+    stores.batches.put(batch_record(id=batch_id, created_at=NOW - 10))
     stores.objects.put(key, data)
 
 

@@ -7,11 +7,12 @@ import pytest
 
 from functions.core import lifecycle, schema
 from functions.core.errors import Throttled
-from functions.core.messages import Chunk, ChunkManifest, WorkMessage
+from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
 from functions.ingest_dlq import logic as ingest_dlq
+from tests.builders import batch_record, cut, put_manifest
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -33,15 +34,8 @@ def setup(**over):
     key = schema.batch_input_key("acme", "batch_1")
     row = json.dumps({"custom_id": "req-0", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
     stores.objects.put(key, row)
-    stores.objects.put(
-        schema.batch_manifest_key("acme", "batch_1"),
-        ChunkManifest(chunks=[Chunk(chunk=0, byte_start=0, byte_end=len(row), first_line=1, line_count=1)]).model_dump_json().encode(),
-    )
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW - 20_000, expires_at=NOW - 20_000 + 86_400, input_key=key,
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    put_manifest(stores, cut([row], 1))
+    stores.batches.put(batch_record(**{"created_at": NOW - 20_000, **over}))
     return stores
 
 

@@ -12,6 +12,7 @@ from functions.core.messages import ChunkManifest, WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores, throttle
 from tests.helpers import with_changes
 
@@ -33,11 +34,7 @@ def setup(content: bytes | list[str], **batch_over):
     stores = fake_stores()
     if isinstance(content, list):
         content = ("\n".join(content) + "\n").encode()
-    record = BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW - 10, expires_at=NOW - 10 + 86_400, input_key=schema.batch_input_key("acme", "batch_1"),
-        **batch_over,
-    )
+    record = batch_record(**{"created_at": NOW - 10, **batch_over})
     stores.batches.put(record)
     stores.objects.put(record.input_key, content)
     return stores

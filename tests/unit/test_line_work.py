@@ -16,6 +16,7 @@ from functions.core.settings import ModelRoute, Settings
 from functions.core.tenants import TenantPolicy
 from functions.core.work import Bounds, PolicyBounds, Work, work_of
 from functions.ingest import logic as ingest
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -70,8 +71,7 @@ def line(i: int, body: dict, model: str = "m", url: str = CHAT) -> str:
 def ingested(stores, rows: list[str], *, endpoint: str = CHAT, conf: Settings | None = None, batch_id: str = "b1") -> BatchRecord:
     key = schema.batch_input_key("acme", batch_id)
     stores.objects.put(key, ("\n".join(rows) + "\n").encode())
-    stores.batches.put(BatchRecord(tenant="acme", id=batch_id, input_file_id="f", endpoint=endpoint, completion_window="24h",
-                                   created_at=NOW - 5, expires_at=NOW + 86_400, input_key=key))
+    stores.batches.put(batch_record(id=batch_id, endpoint=endpoint, created_at=NOW - 5, expires_at=NOW + 86_400))
     ingest.ingest(stores, conf or settings(), "acme", batch_id, now=NOW)
     return stores.batches.get("acme", batch_id)
 

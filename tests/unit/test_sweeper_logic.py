@@ -7,7 +7,6 @@ import json
 import pytest
 
 from functions.core import lifecycle, schema
-from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.core.wire import BatchOutputLine
@@ -17,6 +16,7 @@ from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
 from tests.unit.chunk_steps import run_chunk
 from tests.agreement import assert_stores_agree
+from tests.builders import batch_record, cut, put_manifest
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -38,17 +38,8 @@ def setup(stores=None, batch_id: str = "batch_1", lines: int = 4, per_chunk: int
     rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
             for i in range(lines)]
     stores.objects.put(key, b"".join(rows))
-    chunks, offset = [], 0
-    for c, first in enumerate(range(0, lines, per_chunk)):
-        size = sum(len(r) for r in rows[first : first + per_chunk])
-        chunks.append(Chunk(chunk=c, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=min(per_chunk, lines - first)))
-        offset += size
-    stores.objects.put(schema.batch_manifest_key("acme", batch_id), ChunkManifest(chunks=chunks).model_dump_json().encode())
-    fields = dict(
-        tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=CREATED, expires_at=EXPIRES, input_key=key,
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    put_manifest(stores, cut(rows, per_chunk), batch_id=batch_id)
+    stores.batches.put(batch_record(id=batch_id, created_at=CREATED, **over))
     return stores
 
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from functions.core import chunk_lifecycle, results, schema
 from functions.core.lifecycle import Signal
-from functions.core.messages import Chunk, ChunkManifest
+from functions.core.messages import ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core.wire import BatchOutputLine
@@ -18,6 +18,7 @@ from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
 from tests.unit.chunk_steps import run_chunk as run_chunk_at
 from tests.agreement import assert_stores_agree, assert_usage_agrees
+from tests.builders import cut, put_manifest, running_batch
 from tests.fakes.aws import condition_failed, conflict, fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -33,19 +34,9 @@ def setup(lines: int = 4, per_chunk: int = 2, **over):
     rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n"
             for i in range(lines)]
     stores.objects.put(INPUT_KEY, b"".join(rows))
-    chunks, offset = [], 0
-    for c, first in enumerate(range(0, lines, per_chunk)):
-        group = rows[first : first + per_chunk]
-        size = sum(len(r) for r in group)
-        chunks.append(Chunk(chunk=c, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=len(group)))
-        offset += size
-    stores.objects.put(schema.batch_manifest_key("acme", "batch_1"), ChunkManifest(chunks=chunks).model_dump_json().encode())
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=100, expires_at=100 + 86_400, status="in_progress", in_progress_at=200, model="m",
-        total=lines, chunk_count=len(chunks), accepting=True, enqueued=True, input_key=INPUT_KEY, task_token="tok",
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    chunks = put_manifest(stores, cut(rows, per_chunk)).chunks
+    fields = dict(in_progress_at=200, model="m", total=lines, task_token="tok")
+    stores.batches.put(running_batch(**{"chunk_count": len(chunks), **fields, **over}))
     return stores
 
 
