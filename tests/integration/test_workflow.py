@@ -359,23 +359,16 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
     finished; a retry once the part is back converges."""
     from functions.core import chunk_lifecycle, results
     from functions.core.aws.s3 import MultipartWriter
-    from functions.core.messages import Chunk, ChunkManifest
-    from functions.core.records import BatchRecord
+    from tests.builders import batch_record, cut, put_manifest
 
     monkeypatch.setattr(MultipartWriter, "PART_BYTES", 1024)  # parts start after 1 KiB
     s3_errors = clients.client("s3").exceptions
     batch_id, rows = "batch_01m8n7xjx1bekcr5r3de2q3dfw", [line(i, padding="p" * 600).encode() + b"\n" for i in range(4)]
     input_key = schema.batch_input_key("acme", batch_id)
     stores.objects.put(input_key, b"".join(rows))
-    half = len(rows[0]) + len(rows[1])
-    chunks = [Chunk(chunk=0, byte_start=0, byte_end=half, first_line=1, line_count=2),
-              Chunk(chunk=1, byte_start=half, byte_end=half + len(rows[2]) + len(rows[3]), first_line=3, line_count=2)]
-    stores.objects.put(schema.batch_manifest_key("acme", batch_id), ChunkManifest(chunks=chunks).model_dump_json().encode())
-    record = BatchRecord(
-        tenant="acme", id=batch_id, input_file_id="file-x", endpoint="/v1/chat/completions", completion_window="24h",
-        created_at=100, expires_at=100 + 86_400, status="in_progress", model="test-chat", total=4, chunk_count=2,
-        accepting=True, input_key=input_key,
-    )
+    chunks = put_manifest(stores, cut(rows, 2), batch_id=batch_id).chunks
+    record = batch_record(id=batch_id, input_file_id="file-x", status="in_progress", model="test-chat", total=4,
+                          chunk_count=2, accepting=True)
     stores.batches.create(record)
     parts = {}
     for chunk in chunks:
