@@ -38,7 +38,8 @@ def check_agreement(
     assert not any(results.succeeded(l) for l in errors), "an error line is a 2xx response"
     assert len({l.id for l in output + errors}) == len(output) + len(errors), "a line id appears twice"
     if custom_ids is not None:
-        assert sorted(seen) == sorted(custom_ids), "the files do not hold exactly the input's requests"
+        missing, extra = sorted(set(custom_ids) - set(seen)), sorted(set(seen) - set(custom_ids))
+        assert sorted(seen) == sorted(custom_ids), f"the files do not hold exactly the input's requests: missing {missing}, extra {extra}"
         order = {c: i for i, c in enumerate(custom_ids)}
         for part in (output, errors):
             ids = [l.custom_id for l in part]
@@ -87,7 +88,9 @@ def assert_usage_agrees(stores: Stores, tenant: str, batch_id: str) -> dict[str,
     for line in _lines(body):
         usage.add_response(results.usage_of(line))
     said = {k: getattr(batch, k) for k in chunk_lifecycle.Usage.model_fields}
-    assert said == usage.model_dump(), f"the batch says usage {said}, its output file's lines add up to {usage.model_dump()}"
+    added = usage.model_dump()
+    wrong = {k: (said[k], added[k]) for k in said if said[k] != added[k]}
+    assert not wrong, f"usage (the batch's, its output lines' sum) differs: {wrong}"
     return said
 
 

@@ -7,7 +7,7 @@ from functions.chunk_dlq import logic
 from functions.core import schema
 from functions.core.messages import WorkMessage
 from functions.core.wire import BatchOutputLine
-from tests.builders import batch_record
+from tests.builders import assert_fields, batch_record
 from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"
@@ -70,7 +70,7 @@ def test_a_recorded_chunk_fails_every_line_and_the_last_signals():
     assert {(l.error.code, l.response) for l in lines} == {("server_error", None)}
     assert "dead-lettered" in lines[0].error.message and "chunk 1" in lines[0].error.message
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.failed, batch.chunks_done) == (5, 2)
+    assert_fields(batch, failed=5, chunks_done=2)
     assert stores.workflows.signals == [("tok", {"outcome": "complete"})]
 
 
@@ -93,4 +93,4 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines():
     assert [BatchOutputLine.model_validate_json(l).custom_id for l in out.splitlines()] == ["req-2"]
     assert [BatchOutputLine.model_validate_json(l).custom_id for l in err.splitlines()] == ["req-3", "line-6"]
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.input_tokens, batch.output_tokens) == (1, 2, 10, 3)
+    assert_fields(batch, completed=1, failed=2, input_tokens=10, output_tokens=3)

@@ -12,7 +12,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
 from functions.ingest_dlq import logic as ingest_dlq
-from tests.builders import batch_record, cut, put_manifest
+from tests.builders import assert_fields, batch_record, cut, put_manifest
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -51,7 +51,7 @@ def test_a_validating_batch_whose_ingest_was_dead_lettered_fails_with_one_clear_
     stores = setup()
     assert handle(stores) == "failed"
     batch = current(stores)
-    assert (batch.status, batch.failed_at, batch.errors) == ("failed", NOW, [EXPECTED_ERROR])
+    assert_fields(batch, status="failed", failed_at=NOW, errors=[EXPECTED_ERROR])
     assert len(EXPECTED_ERROR["message"]) < 200
     assert stores.events.types() == ["batch.failed"]
     (_, detail) = stores.events.published[0]
@@ -70,7 +70,7 @@ def test_the_same_dead_letter_delivered_twice_changes_nothing_more():
 def test_a_batch_cancelled_before_it_started_ends_cancelled():
     stores = setup(status="cancelling", cancelling_at=NOW - 100)
     assert handle(stores) == "cancelled"
-    assert (current(stores).status, current(stores).cancelled_at) == ("cancelled", NOW)
+    assert_fields(current(stores), status="cancelled", cancelled_at=NOW)
     assert stores.events.types() == ["batch.cancelled"]
     assert stores.workflows.started == {} and stores.queues.queue(QUEUE).bodies() == []
 

@@ -12,7 +12,7 @@ from functions.core.messages import ChunkManifest, WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
-from tests.builders import batch_record
+from tests.builders import assert_fields, batch_record
 from tests.fakes.aws import fake_stores, throttle
 from tests.helpers import with_changes
 
@@ -61,7 +61,7 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
     stores = setup(content)
     assert run(stores) == "in_progress"
     batch = current(stores)
-    assert (batch.status, batch.in_progress_at, batch.model, batch.total, batch.chunk_count) == ("in_progress", NOW, "chat", 5, 3)
+    assert_fields(batch, status="in_progress", in_progress_at=NOW, model="chat", total=5, chunk_count=3)
     assert batch.accepting and batch.enqueued
     work = sent(stores)
     assert [(m.chunk, m.first_line, m.line_count) for m in work] == [(0, 1, 2), (1, 3, 2), (2, 5, 1)]
@@ -104,7 +104,7 @@ def test_validation_codes_fail_the_batch_with_line_numbers(lines, expected):
     assert run(stores) == "failed"
     assert error_rows(stores) == expected
     batch = current(stores)
-    assert (batch.failed_at, batch.in_progress_at, batch.enqueued) == (NOW, None, False)
+    assert_fields(batch, failed_at=NOW, in_progress_at=None, enqueued=False)
     assert sent(stores) == [] and stores.workflows.started == {}
     assert stores.events.types() == ["batch.failed"]
 
@@ -218,7 +218,7 @@ def test_cancelled_while_validating_is_never_enqueued():
     stores = setup([line(0)], status="cancelling", cancelling_at=NOW - 5)
     assert run(stores) == "cancelled"
     batch = current(stores)
-    assert (batch.cancelled_at, batch.in_progress_at) == (NOW, None)
+    assert_fields(batch, cancelled_at=NOW, in_progress_at=None)
     assert sent(stores) == [] and stores.workflows.started == {} and stores.events.types() == ["batch.cancelled"]
 
 

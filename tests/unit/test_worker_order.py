@@ -18,7 +18,7 @@ from gpu_worker.admission import Admission, expected_output, length_class, prefi
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine_client import EngineDown
-from tests.builders import cut, running_batch
+from tests.builders import assert_fields, cut, running_batch
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
@@ -124,7 +124,7 @@ def test_the_output_parts_keep_input_order_and_equal_file_orders():
         assert (out, err) == results(file_stores, number)
     assert [(r.completed, r.failed) for r in smart] == [(4, 0), (4, 0)]
     batch = smart_stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.chunks_done) == (8, 0, 2)
+    assert_fields(batch, completed=8, failed=0, chunks_done=2)
 
 
 def test_a_duplicate_delivery_of_a_reordered_chunk_counts_once():
@@ -140,7 +140,7 @@ def test_a_duplicate_delivery_of_a_reordered_chunk_counts_once():
     out, err = results(stores, 0)
     assert [c for c, _ in out] == ["req-0", "req-1", "req-2", "req-3"] and err == []
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.chunks_done) == (4, 0, 1)
+    assert_fields(batch, completed=4, failed=0, chunks_done=1)
 
 
 def test_a_crash_mid_chunk_with_checkpoints_then_redelivery_gives_file_orders_output_once():
