@@ -52,7 +52,7 @@ from typing import Any, TextIO
 from openai import OpenAI
 
 from functions.core import guard, limits
-from functions.core.models import TERMINAL_STATUSES
+from functions.core.wire import TERMINAL_STATUSES
 from infra import names
 
 from .settings import CliSettings

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from functions.core import accounting, limits, results
+from functions.core import chunk_lifecycle, limits, results
 from functions.core.lines import LineError, RawLine, parse_request
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
 from functions.core.records import ChunkRunRecord
+from functions.core.wire import BatchOutputLine
 from functions.core.work import Spend
 
 from .engine_client import EngineDown
@@ -99,7 +99,7 @@ class Attempt:
 
     async def _open_and_run(self, requests: list[RawLine], on_dispatch: Callable[[], None]) -> None:
         policy = self.policy
-        start = await self.io(accounting.begin_run, self.stores, self.message, self.attempt,
+        start = await self.io(chunk_lifecycle.begin_run, self.stores, self.message, self.attempt,
                               max_strikes=policy.max_strikes, max_failures=policy.max_failures)
         self.record, self.careful = start.record, start.record.careful
         if start.record.segments:
@@ -135,7 +135,7 @@ class Attempt:
                 self.done.append(LineResult(results.error_line(
                     _custom_id(requests[index]), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE)))
             else:
-                self.record = await self.io(accounting.mark_in_flight, self.stores, self.message, self.attempt,
+                self.record = await self.io(chunk_lifecycle.mark_in_flight, self.stores, self.message, self.attempt,
                                             (index, end), self.record)
                 await self._run_alone(requests[index:end])
             await self.flush()  # every group, the last too: a written line is never blamed
@@ -189,7 +189,7 @@ class Attempt:
 
     async def end_benignly(self, why: str) -> None:
         try:
-            await self.io(accounting.end_run, self.stores, self.message, self.attempt, self.record, self.unrecorded_spend())
+            await self.io(chunk_lifecycle.end_run, self.stores, self.message, self.attempt, self.record, self.unrecorded_spend())
         except Exception:  # noqa: BLE001 - then the next attempt counts this one as failed: a careful run, no line lost
             log.exception("chunk %s/%d: could not record a benign end (%s)", self.message.batch_id, self.message.chunk, why)
 
@@ -219,4 +219,4 @@ def _checkpoint(stores: Stores, message: WorkMessage, attempt: str, start: int, 
     and were never shown as done)."""
     segment = results.write_checkpoint(stores.objects, message, start, lines)
     outcomes = "".join("1" if results.succeeded(line) else "0" for line in lines)
-    return accounting.add_segment(stores, message, attempt, segment, current, outcomes, spent)
+    return chunk_lifecycle.add_segment(stores, message, attempt, segment, current, outcomes, spent)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting
-from functions.core.accounting import ChunkOutcome
+from functions.core import chunk_lifecycle
+from functions.core.chunk_lifecycle import ChunkOutcome
 from functions.core.lines import RawLine, iter_lines
 from functions.core.messages import WorkMessage
 from functions.core.ports import Engine, Stores
@@ -43,7 +43,7 @@ class ChunkReport:
     skipped: bool = False
     completed: int = 0
     failed: int = 0
-    usage: accounting.Usage | None = None
+    usage: chunk_lifecycle.Usage | None = None
     outcome: ChunkOutcome | None = None
     seconds: float = 0.0
     careful: bool = False
@@ -137,7 +137,7 @@ class ChunkRunner:
         thread): none depends on another's answer, and the read is wasted only for a chunk that
         is skipped. The run record is opened (``Attempt``) only after both checks said go."""
         opened, counted, raws = await asyncio.gather(
-            io(accounting.start_chunk, self.stores, message), io(already_counted, self.stores, message),
+            io(chunk_lifecycle.start_chunk, self.stores, message), io(already_counted, self.stores, message),
             io(read_chunk, self.stores, message, max_line_bytes=self.max_line_bytes), return_exceptions=True,
         )
         for answer in (opened, counted):  # the checks' errors first: they decide whether the read matters
@@ -146,7 +146,7 @@ class ChunkRunner:
         if opened is None:
             return None  # a read error of a skipped chunk does not matter
         if counted:
-            await io(accounting.signal_if_all_counted, self.stores, message)
+            await io(chunk_lifecycle.signal_if_all_counted, self.stores, message)
             return None
         if isinstance(raws, BaseException):
             raise raws

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from functions.core import accounting, results
-from functions.core.accounting import ChunkOutcome
+from functions.core import chunk_lifecycle, results
+from functions.core.chunk_lifecycle import ChunkOutcome
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
 from functions.core.ports import Stores
+from functions.core.wire import BatchOutputLine
 from functions.core.work import Spend
 
 from .attempt import Attempt
@@ -37,7 +37,7 @@ class Committed:
 
     completed: int
     failed: int
-    usage: accounting.Usage
+    usage: chunk_lifecycle.Usage
     outcome: ChunkOutcome
     counted_at: float
 
@@ -46,7 +46,7 @@ async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
                  commits: set[asyncio.Future[Any]] | None) -> Committed:
     """Write the attempt's results as the chunk's parts and count it (``on_commit`` is called as
     the parts start being written: from then on the chunk is never abandoned)."""
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     for r in attempt.done:
         usage.add_response(r.usage)
     on_commit()
@@ -73,13 +73,13 @@ async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
 
 
 async def _write_and_count(
-    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: accounting.Usage, spent: Spend, *, io: Io,
+    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: chunk_lifecycle.Usage, spent: Spend, *, io: Io,
     now: Callable[[], float], background: Io,
 ) -> tuple[int, int, ChunkOutcome, float]:
     parts = await io(results.write_parts, stores.objects, message, lines)
-    outcome = await io(accounting.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False,
+    outcome = await io(chunk_lifecycle.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False,
                        spent=spent)
     counted_at = now()
     # The count and the signal are done: the receipt may wait behind other chunks' commits.
-    await background(accounting.record_receipt, stores, message, outcome)
+    await background(chunk_lifecycle.record_receipt, stores, message, outcome)
     return parts.completed, parts.failed, outcome, counted_at

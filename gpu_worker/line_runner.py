@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from functions.core import results
 from functions.core.lines import LineError, RawLine, check_request, parse_request
-from functions.core.models import BatchOutputLine
 from functions.core.ports import Engine
+from functions.core.wire import BatchOutputLine
 from functions.core.work import Spend, answered_spend, unread_spend, work_of
 
 from .engine_client import UNREAD_ANSWERS

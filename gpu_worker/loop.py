@@ -29,8 +29,8 @@ from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
 from functions.core.messages import WorkMessage
-from functions.core.models import TERMINAL_STATUSES
 from functions.core.ports import Received, Stores, WorkQueue
+from functions.core.wire import TERMINAL_STATUSES
 
 from .admission import Admission
 from .attempt import RunPolicy

@@ -22,7 +22,7 @@ from typing import IO, TextIO
 
 from functions.core import guard as guards
 from functions.core import limits
-from functions.core.accounting import Usage
+from functions.core.chunk_lifecycle import Usage
 from functions.core.lines import RawLine, iter_lines
 
 from .config import WorkerConfig

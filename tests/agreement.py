@@ -12,9 +12,9 @@ ports (the in-memory fakes or moto), ``assert_api_agrees`` through the official 
 
 from typing import Any
 
-from functions.core import accounting, results
-from functions.core.models import TERMINAL_STATUSES, BatchOutputLine
+from functions.core import chunk_lifecycle, results
 from functions.core.ports import Stores
+from functions.core.wire import TERMINAL_STATUSES, BatchOutputLine
 
 
 def _lines(body: bytes) -> list[BatchOutputLine]:
@@ -38,7 +38,8 @@ def check_agreement(
     assert not any(results.succeeded(l) for l in errors), "an error line is a 2xx response"
     assert len({l.id for l in output + errors}) == len(output) + len(errors), "a line id appears twice"
     if custom_ids is not None:
-        assert sorted(seen) == sorted(custom_ids), "the files do not hold exactly the input's requests"
+        missing, extra = sorted(set(custom_ids) - set(seen)), sorted(set(seen) - set(custom_ids))
+        assert sorted(seen) == sorted(custom_ids), f"the files do not hold exactly the input's requests: missing {missing}, extra {extra}"
         order = {c: i for i, c in enumerate(custom_ids)}
         for part in (output, errors):
             ids = [l.custom_id for l in part]
@@ -83,11 +84,13 @@ def assert_usage_agrees(stores: Stores, tenant: str, batch_id: str) -> dict[str,
         record = stores.files.get(tenant, batch.output_file_id, 0)
         assert record is not None
         body = stores.objects.get(record.s3_key)
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     for line in _lines(body):
         usage.add_response(results.usage_of(line))
-    said = {k: getattr(batch, k) for k in accounting.Usage.model_fields}
-    assert said == usage.model_dump(), f"the batch says usage {said}, its output file's lines add up to {usage.model_dump()}"
+    said = {k: getattr(batch, k) for k in chunk_lifecycle.Usage.model_fields}
+    added = usage.model_dump()
+    wrong = {k: (said[k], added[k]) for k in said if said[k] != added[k]}
+    assert not wrong, f"usage (the batch's, its output lines' sum) differs: {wrong}"
     return said
 
 

@@ -5,7 +5,15 @@ tests/e2e (the local deployment), tests/infra (CDK assertions)."""
 
 import pytest
 
-from functions.core.settings import ModelRoute, Settings
+# Shared helpers assert too: rewritten like test modules, so a failing helper assertion shows its
+# operands (which field, which line) instead of a bare AssertionError. Before they are imported.
+pytest.register_assert_rewrite(
+    "tests.agreement", "tests.builders", "tests.chunks", "tests.fakes", "tests.helpers", "tests.wire_bytes",
+    "tests.unit.chunk_steps", "tests.unit.fault_driver", "tests.integration.batch_helpers",
+    "tests.integration.worker.harness",
+)
+
+from functions.core.settings import ModelRoute, Settings  # noqa: E402
 
 TEST_SETTINGS = Settings(
     table_name="batch-api-test",

@@ -2,10 +2,10 @@
 
 from functions.core import ids, lifecycle, limits, schema, tenants
 from functions.core.errors import InvalidRequest, not_found
-from functions.core.models import Batch, BatchRequestCounts, ListPage
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
+from functions.core.wire import Batch, BatchRequestCounts, ListPage
 
 from .files import ready
 from .protocol import BatchListQuery, CreateBatchBody

@@ -4,10 +4,10 @@ from dataclasses import dataclass
 
 from functions.core import ids, schema
 from functions.core.errors import InvalidRequest, not_found
-from functions.core.models import FileDeleted, FileObject, ListPage
 from functions.core.records import FileRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
+from functions.core.wire import FileDeleted, FileObject, ListPage
 
 from .common import check_size, check_storage, file_expiry, release_storage, within_quota
 from .protocol import ExpiresAfter, FileListQuery, filename_problem

@@ -3,7 +3,7 @@
 Before any route, ``admission`` applies the tenant's policy to the request (its
 ``requests_per_minute`` and disabled state: ``tenants.admit_request``, the policy cached for
 ``policy_cache_seconds``). Routes read the tenant the authorizer put in the request context, bind
-the request to the models of ``protocol`` and return the wire models of ``functions.core.models``;
+the request to the models of ``protocol`` and return the wire models of ``functions.core.wire``;
 ``errors`` renders every failure as OpenAI's error envelope. Every response carries
 ``x-request-id``: API Gateway's request id (``requestContext.requestId``, ``$context.requestId``
 in its access log and gateway responses), which is also every log line's ``correlation_id``.
@@ -67,7 +67,7 @@ def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: st
     action and outcome to the audit queue (the appender adds it to the tenant's chain moments
     later). The action already happened, so a failed send is logged (``audit_append_failed``,
     alarmable) and the answer goes out unchanged."""
-    log = deps.stores().audit
+    log = deps.stores().audit_log
     tenant = ((event.get("requestContext") or {}).get("authorizer") or {}).get("tenant")
     if log is None or not tenant:
         return

@@ -20,8 +20,8 @@ from aws_lambda_powertools.utilities.idempotency.serialization.pydantic import P
 from pydantic import BaseModel
 
 from functions.core import clients, deps, schema
-from functions.core.models import Batch
 from functions.core.settings import Settings
+from functions.core.wire import Batch
 
 from . import batches
 from .protocol import CreateBatchBody

@@ -4,8 +4,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from functions.core.errors import not_found
-from functions.core.models import Model
 from functions.core.settings import Settings
+from functions.core.wire import Model
 
 OWNER = "batch-api"
 

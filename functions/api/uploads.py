@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from functions.core import ids, limits, schema
 from functions.core.errors import ConditionFailed, Conflict, InvalidRequest, PayloadTooLarge, not_found
-from functions.core.models import Upload, UploadPart
 from functions.core.records import FileRecord, UploadPartRecord, UploadRecord
 from functions.core.settings import Settings
 from functions.core.ports import Stores
+from functions.core.wire import Upload, UploadPart
 
 from .common import check_size, check_storage, file_expiry, release_storage, within_quota
 from .protocol import CompleteUploadBody, CreateUploadBody

@@ -336,9 +336,9 @@ def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *,
                    digests: dict[str, str] | None = None) -> AuditIntent | None:
     """Send the receipt of a counted chunk (``receipt_intent``) to the audit queue; keyed on
     (batch, chunk), so however often this runs (a redelivered message, a retried worker) the
-    chain holds one receipt. None if these stores record no receipts (``Stores.receipts`` None)."""
-    if stores.receipts is None:
+    chain holds one receipt. None if these stores record no receipts (``Stores.audit_log`` None)."""
+    if stores.audit_log is None:
         return None
     intent = receipt_intent(message, marker, at=at, digests=digests)
-    stores.receipts.record(intent)
+    stores.audit_log.record(intent)
     return intent

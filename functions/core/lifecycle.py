@@ -25,10 +25,10 @@ from enum import StrEnum
 from typing import Any, Final, TypeVar, get_args
 
 from .errors import ConditionFailed
-from .models import TERMINAL_STATUSES, BatchStatus
 from .ports import Events, Stores, Workflows
 from .records import BatchRecord, FileRecord
 from .tenants import Release, Reservation
+from .wire import TERMINAL_STATUSES, BatchStatus
 
 T = TypeVar("T")
 

@@ -280,12 +280,10 @@ class Stores:
     events: Events
     tenants: TenantStore
     stored: StoredBytes
-    #: Where the API records its actions for the audit chains (None: this deployment keeps none;
-    #: docs/audit.md).
-    audit: AuditLog | None = None
-    #: The same log as the chunk counters (GPU worker, chunk DLQ consumer) send chunk receipts to;
-    #: None when governance is off (docs/audit.md).
-    receipts: AuditLog | None = None
+    #: Where writers send audit intents for the chains: the API its actions, the chunk counters
+    #: (GPU worker, chunk DLQ consumer) their chunk receipts. None: this deployment keeps no audit
+    #: chain (governance off, docs/audit.md).
+    audit_log: AuditLog | None = None
     #: Its adapters may be called from several threads at once (the GPU worker's AWS set,
     #: ``stores_from_settings(concurrent=True)``: boto3 clients are thread-safe, and its DynamoDB
     #: table is a boto3 resource per thread). The worker then makes several store calls at once

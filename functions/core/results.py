@@ -12,8 +12,8 @@ from typing import Any
 from . import ids, schema
 from .lines import LineError, RawLine, iter_lines, parse_request, usable_custom_id
 from .messages import WorkMessage
-from .models import BatchLineError, BatchLineResponse, BatchOutputLine
 from .ports import Objects
+from .wire import BatchLineError, BatchLineResponse, BatchOutputLine
 
 
 def response_line(custom_id: str, status_code: int, body: Any, request_id: str) -> BatchOutputLine:

@@ -93,9 +93,9 @@ class StreamFront:
         except Exception:  # noqa: BLE001 - answered as the API answers an unexpected error
             reply = _error(ServerError("The server had an error while processing your request."), close=True)
         reply.headers.append((http.REQUEST_ID_HEADER, request_id))
-        if tenant is not None and stores.audit is not None:
+        if tenant is not None and stores.audit_log is not None:
             audit.record_api_request(
-                stores.audit, tenant, method=method, path=path, status=reply.status, body=reply.audit_body,
+                stores.audit_log, tenant, method=method, path=path, status=reply.status, body=reply.audit_body,
                 authorization=headers.get(http.AUTH_HEADER), request_id=request_id, at=self._now(),
             )
         return reply

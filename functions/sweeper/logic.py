@@ -8,7 +8,7 @@ behind, so that no batch stays open whatever single component failed or message 
 - ``cancelling`` before it started, ``enqueue_grace_seconds`` after the cancel: ``cancelled``;
 - ``in_progress``/``cancelling`` not ``enqueued`` ``enqueue_grace_seconds`` after it moved: the
   fan-out and the workflow start again (ingest's own ``resume``; duplicates are harmless);
-- every chunk counted (``accounting.all_counted``) and nothing done to the batch for
+- every chunk counted (``chunk_lifecycle.all_counted``) and nothing done to the batch for
   ``completion_grace`` (its workflow died: failed, aborted or timed out without finalizing, or
   Fail's retries ran out): finalized by the workflow's own ``finalize`` as the workflow would have
   (``completed``; ``cancelled`` if cancelling; ``expired`` if its expiry's drain had begun;
@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Final
 
-from functions.core import accounting
+from functions.core import chunk_lifecycle
 from functions.core.lifecycle import Signal, is_terminal
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord
@@ -91,7 +91,7 @@ def sweep_batch(stores: Stores, settings: Settings, tenant: str, batch_id: str, 
         return NOTHING
     if now >= expiry_deadline:
         return _expire(stores, settings, batch, now)
-    if batch.status in ("in_progress", "cancelling", "finalizing") and accounting.all_counted(batch):
+    if batch.status in ("in_progress", "cancelling", "finalizing") and chunk_lifecycle.all_counted(batch):
         return _complete(stores, settings, batch, now)
     if batch.status in ("in_progress", "cancelling") and not batch.enqueued:
         if now >= (batch.in_progress_at or batch.created_at) + settings.enqueue_grace_seconds:

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, ids, lifecycle, limits, results, schema
+from functions.core import chunk_lifecycle, ids, lifecycle, limits, results, schema
 from functions.core.errors import ConditionFailed, Throttled
 from functions.core.lifecycle import CLOSABLE, SIGNAL_FIELD, Signal, is_terminal
 from functions.core.messages import Chunk, ChunkManifest
@@ -69,7 +69,7 @@ def _owed(batch: BatchRecord) -> Signal | None:
     while cancelling, complete once every chunk is counted (or the batch is past waiting)."""
     if batch.status == "cancelling":
         return Signal.CANCEL
-    if batch.status != "in_progress" or accounting.all_counted(batch):
+    if batch.status != "in_progress" or chunk_lifecycle.all_counted(batch):
         return Signal.COMPLETE  # past waiting: drain and finalize read the batch again
     return None
 
@@ -156,7 +156,7 @@ class Assembled:
     error_file_id: str | None
     #: The batch's usage: its counted chunks' (the counters) and its uncounted chunks'
     #: checkpointed lines'.
-    usage: accounting.Usage = field(default_factory=accounting.Usage)
+    usage: chunk_lifecycle.Usage = field(default_factory=chunk_lifecycle.Usage)
 
     def values(self) -> dict[str, Any]:
         """The batch's request counts, usage and file ids: the counts are the files' lines, so
@@ -190,7 +190,7 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     error_key = schema.file_key(tenant, batch.planned_error_file_id)
     completed = failed = 0  # lines of the counted chunks' parts
     salvaged = {True: 0, False: 0}  # lines of the uncounted chunks (checkpointed or never-ran), by succeeded
-    usage = accounting.Usage(**{k: getattr(batch, k) for k in accounting.Usage.model_fields})
+    usage = chunk_lifecycle.Usage(**{k: getattr(batch, k) for k in chunk_lifecycle.Usage.model_fields})
     with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
         for chunk in manifest.chunks:
             marker = counted.get(chunk.chunk)
@@ -253,7 +253,7 @@ def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
 
 def _write_salvaged(
     stores: Stores, batch: BatchRecord, chunk: Chunk, closed_for: str,
-    output: ObjectWriter, errors: ObjectWriter, usage: accounting.Usage,
+    output: ObjectWriter, errors: ObjectWriter, usage: chunk_lifecycle.Usage,
 ) -> dict[bool, int]:
     """Write an uncounted chunk's lines: its checkpointed results (2xx to ``output``, the rest to
     ``errors``, as ``results.write_parts`` splits them; their usage added to ``usage``) and a

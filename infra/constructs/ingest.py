@@ -157,7 +157,7 @@ class Ingest(Construct):
         self.dlq_function = lambdas.function(
             self,
             "DeadLetterFunction",
-            handler="functions.dlq.handler.handler",
+            handler="functions.chunk_dlq.handler.handler",
             environment=env,
             description="Fails the lines of a dead-lettered chunk and counts it, so its batch still finishes",
             memory_size=512,
@@ -184,7 +184,7 @@ class Ingest(Construct):
         self.ingest_dlq_function = lambdas.function(
             self,
             "IngestDeadLetterFunction",
-            handler="functions.ingest.dlq_handler.handler",
+            handler="functions.ingest_dlq.handler.handler",
             environment=env,
             description="Ends or resumes the batch of a dead-lettered ingest event, so it never stays validating",
             memory_size=512,

@@ -26,8 +26,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from functions.core.lifecycle import event_type
-from functions.core.models import TERMINAL_STATUSES
 from functions.core.names import EVENT_SOURCE, METRICS_NAMESPACE
+from functions.core.wire import TERMINAL_STATUSES
 from functions.webhooks.logic import DROPPED_METRIC as WEBHOOK_DROPS_METRIC
 from infra.config import DeployConfig
 

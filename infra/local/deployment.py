@@ -24,9 +24,9 @@ from functions.api import handler as api_handler
 from functions.assembler import handler as assembler_handler
 from functions.audit_append import handler as audit_append_handler
 from functions.authorizer import handler as authorizer_handler
-from functions.dlq import handler as dlq_handler
-from functions.ingest import dlq_handler as ingest_dlq_handler
+from functions.chunk_dlq import handler as chunk_dlq_handler
 from functions.ingest import handler as ingest_handler
+from functions.ingest_dlq import handler as ingest_dlq_handler
 from functions.sweeper import handler as sweeper_handler
 from functions.workflow import handler as workflow_handler
 from functions.webhooks import handler as webhooks_handler
@@ -498,7 +498,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         *(
             Poller(
                 f"dlq-{model}", lambda: clients.client("sqs"),
-                lambda model=model: work_dlq_url(clients.client, config.prefix, model), dlq_handler.handler,
+                lambda model=model: work_dlq_url(clients.client, config.prefix, model), chunk_dlq_handler.handler,
             )
             for model in config.settings.models
         ),

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.builders import running_batch
 from tests.integration.worker import engines
 
 MAX_NUM_SEQS = 128
@@ -157,7 +158,6 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
 
     from functions.core import clients, deps, schema
     from functions.core.messages import WorkMessage
-    from functions.core.records import BatchRecord
     from functions.core.settings import ModelRoute, Settings
     from functions.core.aws import stores_from_settings
     from gpu_worker.engine_client import EngineClient
@@ -186,11 +186,8 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
             offsets.append(offsets[-1] + len(raw))
         n = len(offsets) - 1
         chunks = [(i, min(i + 100, n)) for i in range(0, n, 100)]
-        stores.batches.create(BatchRecord(
-            tenant="bench", id="batch_bench", input_file_id="file-bench", endpoint="/v1/chat/completions",
-            completion_window="24h", created_at=now, expires_at=now + 86400, status="in_progress", accepting=True,
-            enqueued=True, total=n, chunk_count=len(chunks), input_key=key, model=engines.CHAT_MODEL,
-        ))
+        stores.batches.create(running_batch(tenant="bench", id="batch_bench", input_file_id="file-bench", created_at=now,
+                                            total=n, chunk_count=len(chunks), model=engines.CHAT_MODEL))
         queue_url = settings.models[engines.CHAT_MODEL].queue_url
         for c, (a, b) in enumerate(chunks):
             message = WorkMessage(batch_id="batch_bench", tenant="bench", chunk=c, input_key=key, byte_start=offsets[a],

@@ -18,7 +18,7 @@ from openai.types import Batch, Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 
 from functions.core import limits
-from functions.core.models import BatchOutputLine
+from functions.core.wire import BatchOutputLine
 from infra import names
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]

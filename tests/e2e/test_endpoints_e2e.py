@@ -19,7 +19,7 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from functions.core.models import BatchOutputLine
+from functions.core.wire import BatchOutputLine
 from infra import names
 
 from .test_batches_e2e import lines, sdk, submit, wait  # noqa: F401 - sdk is a fixture

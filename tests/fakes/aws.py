@@ -709,7 +709,7 @@ class FakeBatches(_Port):
     def open_batches(self) -> list[tuple[str, str]]:
         """As the sparse index: every batch not terminal, by expiry."""
         self._op("open_batches")
-        from functions.core.models import TERMINAL_STATUSES
+        from functions.core.wire import TERMINAL_STATUSES
 
         open_items = [i for i in self.items.values() if i["status"] not in TERMINAL_STATUSES]
         return [(i["tenant"], i["id"]) for i in sorted(open_items, key=lambda i: (i["expires_at"], i["tenant"], i["id"]))]
@@ -876,8 +876,7 @@ def fake_stores(*, track_storage: bool = True) -> FakeStores:
         events=FakeEvents(faults),
         tenants=tenants,
         stored=stored,
-        audit=audit,
-        receipts=audit,
+        audit_log=audit,
         faults=faults,
     )
 

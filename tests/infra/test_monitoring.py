@@ -5,7 +5,7 @@ import contextlib
 import io
 import json
 
-from functions.core.models import TERMINAL_STATUSES
+from functions.core.wire import TERMINAL_STATUSES
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine_client import EngineStats
 from gpu_worker.metrics import WorkerMetrics, make_logger

@@ -21,11 +21,11 @@ from moto import mock_aws
 
 from functions.core import clients, schema
 from functions.core.aws import stores_from_settings
-from functions.core.messages import WorkMessage
 from functions.core.records import (
-    ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
+    ApiKeyRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
 )
 from functions.core.settings import Settings
+from tests.builders import batch_record, cut, running_batch
 from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
 from tests.integration.worker.harness import run_one_chunk
@@ -190,10 +190,7 @@ def test_narrow_lambdas_name_only_their_actions_and_partitions(synth, label):
 
 def _records(tenant: str) -> dict[str, dict[str, Any]]:
     """One record of each kind for ``tenant``, as the stores write them (their ``keys()``)."""
-    batch = BatchRecord(
-        tenant=tenant, id="batch_abc", input_file_id="file-in", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=1, expires_at=86_401, input_key=schema.batch_input_key(tenant, "batch_abc"),
-    )
+    batch = batch_record(tenant=tenant, id="batch_abc", input_file_id="file-in", created_at=1)
     return {
         "batch": batch.keys(),
         "terminal batch": batch.model_copy(update={"status": "completed"}).keys(),
@@ -335,18 +332,10 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
     data = chat_jsonl(4)
     key = schema.batch_input_key(tenant, batch_id)
     stores.objects.put(key, data)
-    stores.batches.create(BatchRecord(
-        tenant=tenant, id=batch_id, input_file_id="file-in", endpoint=CHAT, completion_window="24h",
-        created_at=now, expires_at=now + 86_400, status="in_progress", model="test-chat", total=4,
-        chunk_count=2, accepting=True, enqueued=True, input_key=key,
-    ))
-    half = len(chat_jsonl(2))
-    messages = [
-        WorkMessage(batch_id=batch_id, tenant=tenant, chunk=0, input_key=key, byte_start=0, byte_end=half,
-                    first_line=1, line_count=2, endpoint=CHAT, model="test-chat", expires_at=now + 86_400),
-        WorkMessage(batch_id=batch_id, tenant=tenant, chunk=1, input_key=key, byte_start=half, byte_end=len(data),
-                    first_line=3, line_count=2, endpoint=CHAT, model="test-chat", expires_at=now + 86_400),
-    ]
+    batch = running_batch(tenant=tenant, id=batch_id, input_file_id="file-in", created_at=now, model="test-chat", total=4,
+                          chunk_count=2)
+    stores.batches.create(batch)
+    messages = [batch.work_message(chunk) for chunk in cut(data.splitlines(keepends=True), 2)]
     del calls[:]  # the setup above is not the worker's
     assert run_one_chunk(stores, messages[0]).outcome.counted
     assert run_one_chunk(stores, messages[1]).outcome.last
@@ -391,10 +380,10 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     chunk DLQ consumer, the workflow's check, drain and finalize), and a second batch's ingest
     event through the ingest DLQ consumer: each role's DynamoDB requests are evaluated against its
     synthesized policy."""
-    from functions.dlq import handler as dlq_handler
+    from functions.chunk_dlq import handler as chunk_dlq_handler
     from functions.workflow import handler as workflow_handler
     from infra.local.lambda_context import LocalLambdaContext
-    from functions.ingest import dlq_handler as ingest_dlq_handler
+    from functions.ingest_dlq import handler as ingest_dlq_handler
     from infra.local.pollers import drain_queue
     from infra.local.resources import ingest_dlq_url, ingest_queue_url
     from tests.integration.batch_helpers import line, run_ingest, submit, take_work
@@ -414,7 +403,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     recorder.role = "dlq"
     dlq = dlq_url(deployed.models["test-chat"].queue_url)
     sqs.send_message(QueueUrl=dlq, MessageBody=second.model_dump_json())
-    assert drain_queue(sqs, dlq, dlq_handler.handler, name="dlq") == 1
+    assert drain_queue(sqs, dlq, chunk_dlq_handler.handler, name="dlq") == 1
     recorder.role = "workflow"
     for event in (
         {"action": "check", "reconcile_seconds": 60},

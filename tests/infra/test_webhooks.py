@@ -99,8 +99,8 @@ def test_the_table_rights_reach_webhook_records_and_read_batches_only(synth):
     import fnmatch
 
     from functions.core import schema
-    from functions.core.records import BatchRecord
     from functions.webhooks.store import AttemptRecord, EndpointRecord
+    from tests.builders import batch_record
 
     statements = _table_statements(synth)
     assert statements == {
@@ -116,8 +116,7 @@ def test_the_table_rights_reach_webhook_records_and_read_batches_only(synth):
         return allowed(pk, statements[("dynamodb:GetItem",)])
 
     for tenant in ("acme", "B", "x" * 64):
-        batch = BatchRecord(tenant=tenant, id="batch_1", input_file_id="f", input_key="k", endpoint="/v1/embeddings",
-                            completion_window="24h", created_at=1, expires_at=2)
+        batch = batch_record(tenant=tenant, input_key="k")
         assert readable(batch.keys()[schema.PK])
         for other in (schema.tenant_pk(tenant), schema.chunks_pk(tenant, "batch_1"), schema.key_pk("abc"),
                       schema.scaler_pk("m"), schema.enqueued_pk(tenant), schema.budget_pk(tenant),

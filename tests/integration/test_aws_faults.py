@@ -26,6 +26,7 @@ from functions.core.ports import Stores
 from functions.core.records import BatchRecord, ChunkRecord
 from functions.core.settings import Settings
 from functions.workflow import logic
+from tests.builders import batch_record
 from tests.fakes.engine import InProcessEngine
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 from tests.integration.worker.harness import run_one_chunk
@@ -103,12 +104,8 @@ def faulty(stores: Stores, deployed: Settings) -> Faulty:
 
 
 def new_batch(**over: Any) -> BatchRecord:
-    fields = dict(
-        tenant="acme", id="batch_f1", input_file_id="file-1", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=100, expires_at=200, status="in_progress", model="m",
-        chunk_count=3, accepting=True, input_key="batches/acme/batch_f1/input.jsonl",
-    )
-    return BatchRecord(**{**fields, **over})
+    fields = dict(id="batch_f1", expires_at=200, status="in_progress", model="m", chunk_count=3, accepting=True)
+    return batch_record(**{**fields, **over})
 
 
 def marker(chunk: int) -> ChunkRecord:

@@ -14,6 +14,7 @@ from functions.core.budgets import Spent
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.tenants import Reservation
+from tests.builders import batch_record
 from tests.fakes.aws import FakeAuditLog, fake_stores
 
 
@@ -25,12 +26,7 @@ def ports(request: pytest.FixtureRequest) -> Stores:
 
 
 def new_batch(batch_id: str, **over) -> BatchRecord:
-    fields = dict(
-        tenant="acme", id=batch_id, input_file_id="file-1", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=100, expires_at=200, status="validating",
-        input_key=f"batches/acme/{batch_id}/input.jsonl",
-    )
-    return BatchRecord(**{**fields, **over})
+    return batch_record(**{"id": batch_id, "expires_at": 200, **over})
 
 
 def held(requests: int, tokens: int) -> Reservation:
@@ -111,7 +107,7 @@ def test_the_count_charges_nothing_its_receipt_charges_the_budget_once(request: 
     from functions.core.messages import WorkMessage
     from functions.core.records import ChunkRecord
 
-    drain = (lambda: 0) if isinstance(ports.receipts, FakeAuditLog) else request.getfixturevalue("appender").drain
+    drain = (lambda: 0) if isinstance(ports.audit_log, FakeAuditLog) else request.getfixturevalue("appender").drain
     ports.batches.create(new_batch("b1", status="in_progress", accepting=True, chunk_count=3))
     month = "MONTH#2026-12"
 

@@ -7,8 +7,9 @@ without ``Retry-After``."""
 import openai
 import pytest
 
-from functions.core.records import BatchRecord, ChunkRecord
+from functions.core.records import ChunkRecord
 from functions.core.tenants import TenantPolicy, budget_sk
+from tests.builders import batch_record
 from tests.integration.batch_helpers import count_and_charge, line, run_ingest, submit, take_work
 
 NOW = 1_796_083_200 + 3_600  # 2026-12-01 01:00 UTC
@@ -37,9 +38,8 @@ def test_over_the_requests_cap_fails_and_under_it_reserves(client, stores, deplo
 def test_a_used_up_budget_with_reject_is_429_insufficient_quota(client, other_client, stores, appender, clock):
     clock.now = NOW
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=10))
-    stores.batches.create(BatchRecord(tenant="acme", id="b0", input_file_id="f", endpoint="/v1/chat/completions",
-                                      completion_window="24h", created_at=1, expires_at=10**10, input_key="k",
-                                      status="in_progress", accepting=True, chunk_count=1))
+    stores.batches.create(batch_record(id="b0", created_at=1, expires_at=10**10, input_key="k", status="in_progress",
+                                       accepting=True, chunk_count=1))
     content = (line(1) + "\n").encode()
     submit(client, content)  # nothing charged yet
     assert count_and_charge(stores, appender, ChunkRecord(

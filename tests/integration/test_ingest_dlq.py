@@ -10,9 +10,9 @@ import pytest
 from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 
 from functions.core import clients
-from functions.ingest import dlq_handler as ingest_dlq_handler
 from functions.ingest import handler as ingest_handler
 from functions.ingest import logic
+from functions.ingest_dlq import handler as ingest_dlq_handler
 from infra.local.lambda_context import LocalLambdaContext
 from infra.local.pollers import drain_queue, sqs_event
 from infra.local.resources import ingest_dlq_url, ingest_queue_url

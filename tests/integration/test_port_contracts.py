@@ -9,6 +9,7 @@ from functions.core.errors import ConditionFailed
 from functions.core.lifecycle import Change
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, ChunkRecord, FileRecord
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 
 
@@ -27,12 +28,8 @@ def queue_url(ports: Stores, request: pytest.FixtureRequest) -> str:
 
 
 def new_batch(**over) -> BatchRecord:
-    fields = dict(
-        tenant="acme", id="batch_c1", input_file_id="file-1", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=100, expires_at=200, status="in_progress", model="m",
-        chunk_count=2, accepting=True, input_key="batches/acme/batch_c1/input.jsonl",
-    )
-    return BatchRecord(**{**fields, **over})
+    fields = dict(id="batch_c1", expires_at=200, status="in_progress", model="m", chunk_count=2, accepting=True)
+    return batch_record(**{**fields, **over})
 
 
 def marker(chunk: int, completed: int = 2) -> ChunkRecord:

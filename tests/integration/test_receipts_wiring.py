@@ -11,8 +11,8 @@ from moto import mock_aws
 from functions.core import audit, clients, schema
 from functions.core.aws import stores_from_settings
 from functions.core.messages import WorkMessage
-from functions.core.records import BatchRecord
 from functions.core.settings import Settings
+from tests.builders import running_batch, work_message
 from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
 from tests.integration.worker.harness import run_one_chunk
@@ -40,20 +40,15 @@ def _one_chunk_batch(settings: Settings) -> tuple[WorkMessage, "object"]:
     data = chat_jsonl(2)
     key = schema.batch_input_key(TENANT, BATCH)
     stores.objects.put(key, data)
-    stores.batches.create(BatchRecord(
-        tenant=TENANT, id=BATCH, input_file_id="file-in", endpoint=CHAT, completion_window="24h",
-        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", model="test-chat", total=2,
-        chunk_count=1, accepting=True, enqueued=True, input_key=key,
-    ))
-    message = WorkMessage(batch_id=BATCH, tenant=TENANT, chunk=0, input_key=key, byte_start=0, byte_end=len(data),
-                          first_line=1, line_count=2, endpoint=CHAT, model="test-chat", expires_at=NOW + 86_400)
-    return message, stores
+    batch = running_batch(tenant=TENANT, id=BATCH, input_file_id="file-in", created_at=NOW, model="test-chat", total=2)
+    stores.batches.create(batch)
+    return work_message(batch, byte_end=len(data), line_count=2), stores
 
 
 def test_governance_on_a_counted_chunk_appends_one_receipt(aws, appender):
     assert aws.governance  # the local deployment's default
     message, stores = _one_chunk_batch(aws)
-    assert stores.receipts is not None
+    assert stores.audit_log is not None
     assert run_one_chunk(stores, message).outcome.counted
     assert run_one_chunk(stores, message).skipped  # a redelivery: its receipt is sent again, appended once
 
@@ -64,8 +59,6 @@ def test_governance_on_a_counted_chunk_appends_one_receipt(aws, appender):
     assert receipt.details["attempt"] == marker.attempt and receipt.details["completed"] == 2
     out = stores.objects.get(schema.chunk_part_key(TENANT, BATCH, 0, marker.attempt, "out"))
     assert receipt.details["out_sha256"] == hashlib.sha256(out).hexdigest()
-    # The API's log is the same one (one chain per tenant).
-    assert stores.audit is stores.receipts
 
 
 def test_governance_off_appends_no_receipt(deployed_settings):
@@ -75,7 +68,7 @@ def test_governance_off_appends_no_receipt(deployed_settings):
     settings = deployed_settings.model_copy(update={"governance": False})
     assert settings.audit_queue_url == ""  # created with governance off: no audit queue
     message, stores = _one_chunk_batch(settings)
-    assert stores.receipts is None and stores.audit is None
+    assert stores.audit_log is None
     assert run_one_chunk(stores, message).outcome.counted
     # Nothing in the audit partition.
     assert AuditRepo(Table(clients.dynamodb_table(settings.table_name))).records(TENANT) == []

@@ -6,16 +6,16 @@ import json
 import time
 
 from functions.core import lifecycle
-from functions.core.records import BatchRecord, ChunkRecord
+from functions.core.records import ChunkRecord
 from functions.core.tenants import Reservation, TenantPolicy, budget_sk
+from tests.builders import batch_record
 from tests.integration.batch_helpers import count_and_charge
 from tests.integration.test_tenants_cli import env, run_cli, stack  # noqa: F401 (fixtures)
 
 
 def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], stores, appender) -> None:  # noqa: F811
     stores.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"test-chat": 5000}, output_token_budget=900))
-    stores.batches.create(BatchRecord(tenant="acme", id="b1", input_file_id="f", endpoint="/v1/chat/completions",
-                                      completion_window="24h", created_at=1, expires_at=10**10, input_key="k"))
+    stores.batches.create(batch_record(id="b1", created_at=1, expires_at=10**10, input_key="k"))
     stores.batches.transition("acme", "b1", lifecycle.start(1, values={"chunk_count": 1}, reservation=Reservation(
         tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000)))
     now = int(time.time())

@@ -29,6 +29,7 @@ from functions.webhooks import handler, logic, signing
 from functions.webhooks.store import EndpointRecord, WebhookRepo
 from infra.local.pollers import poll_once
 from infra.local.resources import create_webhook_queue
+from tests.builders import batch_record
 from tests.helpers import free_port
 from tests.webhook_receivers import Receiver, StallingReceiver
 
@@ -96,9 +97,8 @@ def end_batch(batch_id: str, status: str = "completed", tenant: str = TENANT) ->
     """A batch reaches a status: stored, and its event published as the workflow publishes it."""
     now = deps.now()
     stamp = {f"{status}_at": now} if status in ("completed", "failed", "expired", "cancelled") else {}
-    batch = BatchRecord(tenant=tenant, id=batch_id, input_file_id="file-1", input_key="batches/acme/in.jsonl", endpoint="/v1/chat/completions",
-                        completion_window="24h", created_at=now - 60, expires_at=now + 86_400, status=status,
-                        total=2, completed=2, **stamp)
+    batch = batch_record(tenant=tenant, id=batch_id, input_key="batches/acme/in.jsonl", created_at=now - 60,
+                         expires_at=now + 86_400, status=status, total=2, completed=2, **stamp)
     deps.stores().batches.create(batch)
     lifecycle.publish_status(deps.stores().events, batch)
     return batch

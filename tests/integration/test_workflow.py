@@ -8,7 +8,7 @@ import pytest
 from openai.types import Batch
 
 from functions.core import clients, schema
-from functions.core.models import BatchOutputLine
+from functions.core.wire import BatchOutputLine
 from functions.workflow import logic
 from tests.agreement import assert_api_agrees, assert_usage_agrees
 from tests.fakes.engine import InProcessEngine, rejecting
@@ -181,9 +181,9 @@ def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
 def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(4)])
     first, second = take_work(deployed)
-    from functions.core import accounting
+    from functions.core import chunk_lifecycle
 
-    accounting.start_chunk(stores, first)  # a worker is on it
+    chunk_lifecycle.start_chunk(stores, first)  # a worker is on it
     client.batches.cancel(batch.id)
     # the workflow drains: it polls again rather than finalize while the chunk runs
     entered = states_entered(deployed, batch.id, until=lambda names: names.count("Drain") >= 2 or "Finalize" in names)
@@ -200,9 +200,9 @@ def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
 def test_a_chunk_that_never_finishes_is_abandoned_after_the_grace_period(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(2)])
     (only,) = take_work(deployed)
-    from functions.core import accounting
+    from functions.core import chunk_lifecycle
 
-    accounting.start_chunk(stores, only)  # and the worker dies
+    chunk_lifecycle.start_chunk(stores, only)  # and the worker dies
     client.batches.cancel(batch.id)
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
@@ -215,18 +215,18 @@ def test_a_cancel_keeps_the_checkpointed_lines_of_a_chunk_still_running(client, 
     """Nothing completed is lost: the worker on the second chunk answered req-2, checkpointed it
     (S3 object + run record) and hangs on req-3; the cancelled batch keeps req-2's answer and its
     usage, and only req-3 is batch_cancelled."""
-    from functions.core import accounting, results
+    from functions.core import chunk_lifecycle, results
 
     ids = [f"req-{i}" for i in range(4)]
     batch = start(client, stores, [line(i) for i in range(4)])
     first, second = take_work(deployed)
     assert run_one_chunk(stores, first).outcome.counted
-    accounting.start_chunk(stores, second)
-    accounting.begin_run(stores, second, "a1", max_strikes=3, max_failures=10)
+    chunk_lifecycle.start_chunk(stores, second)
+    chunk_lifecycle.begin_run(stores, second, "a1", max_strikes=3, max_failures=10)
     req2 = next(results.unrun_lines(stores.objects, second, "x", "x"))
     usage = {"prompt_tokens": 7, "completion_tokens": 5}
     answered = results.response_line(req2.custom_id, 200, {"object": "chat.completion", "usage": usage}, "r")
-    accounting.add_segment(stores, second, "a1", results.write_checkpoint(stores.objects, second, 0, [answered]), None)
+    chunk_lifecycle.add_segment(stores, second, "a1", results.write_checkpoint(stores.objects, second, 0, [answered]), None)
     before = stores.batches.get("acme", batch.id)
     client.batches.cancel(batch.id)
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
@@ -337,7 +337,7 @@ def test_finalize_is_idempotent(client, stores, deployed):
 def test_two_workers_racing_on_one_chunk_cannot_change_the_counted_results(client, stores, deployed):
     """A chunk redelivered while its first worker still runs: both write parts, one is counted,
     and the files hold exactly the counted attempt's lines."""
-    from functions.core import accounting, results
+    from functions.core import chunk_lifecycle, results
 
     batch = start(client, stores, [line(0), line(1)])
     (message,) = take_work(deployed)
@@ -345,8 +345,8 @@ def test_two_workers_racing_on_one_chunk_cannot_change_the_counted_results(clien
     failed = [results.error_line(f"req-{i}", "server_error", "engine died") for i in range(2)]
     first = results.write_parts(stores.objects, message, ok)
     second = results.write_parts(stores.objects, message, failed)  # written after, by the other worker
-    assert accounting.record_chunk(stores, message, parts=first, usage=accounting.Usage(), now=0).counted
-    assert not accounting.record_chunk(stores, message, parts=second, usage=accounting.Usage(), now=0).counted
+    assert chunk_lifecycle.record_chunk(stores, message, parts=first, usage=chunk_lifecycle.Usage(), now=0).counted
+    assert not chunk_lifecycle.record_chunk(stores, message, parts=second, usage=chunk_lifecycle.Usage(), now=0).counted
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
     out, err = assert_invariants(client, done, ["req-0", "req-1"])
@@ -357,25 +357,18 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
     """Finalize on real (moto) S3: the output's multipart upload has started when a part turns
     out missing; the upload is aborted (no object, no upload left open) and the batch is not
     finished; a retry once the part is back converges."""
-    from functions.core import accounting, results
+    from functions.core import chunk_lifecycle, results
     from functions.core.aws.s3 import MultipartWriter
-    from functions.core.messages import Chunk, ChunkManifest
-    from functions.core.records import BatchRecord
+    from tests.builders import batch_record, cut, put_manifest
 
     monkeypatch.setattr(MultipartWriter, "PART_BYTES", 1024)  # parts start after 1 KiB
     s3_errors = clients.client("s3").exceptions
     batch_id, rows = "batch_01m8n7xjx1bekcr5r3de2q3dfw", [line(i, padding="p" * 600).encode() + b"\n" for i in range(4)]
     input_key = schema.batch_input_key("acme", batch_id)
     stores.objects.put(input_key, b"".join(rows))
-    half = len(rows[0]) + len(rows[1])
-    chunks = [Chunk(chunk=0, byte_start=0, byte_end=half, first_line=1, line_count=2),
-              Chunk(chunk=1, byte_start=half, byte_end=half + len(rows[2]) + len(rows[3]), first_line=3, line_count=2)]
-    stores.objects.put(schema.batch_manifest_key("acme", batch_id), ChunkManifest(chunks=chunks).model_dump_json().encode())
-    record = BatchRecord(
-        tenant="acme", id=batch_id, input_file_id="file-x", endpoint="/v1/chat/completions", completion_window="24h",
-        created_at=100, expires_at=100 + 86_400, status="in_progress", model="test-chat", total=4, chunk_count=2,
-        accepting=True, input_key=input_key,
-    )
+    chunks = put_manifest(stores, cut(rows, 2), batch_id=batch_id).chunks
+    record = batch_record(id=batch_id, input_file_id="file-x", status="in_progress", model="test-chat", total=4,
+                          chunk_count=2, accepting=True)
     stores.batches.create(record)
     parts = {}
     for chunk in chunks:
@@ -383,7 +376,7 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
         ok = [results.response_line(f"req-{i}", 200, {"object": "chat.completion", "pad": "o" * 800}, "r")
               for i in range(chunk.first_line - 1, chunk.first_line + 1)]
         parts[chunk.chunk] = results.write_parts(stores.objects, message, ok)
-        assert accounting.record_chunk(stores, message, parts=parts[chunk.chunk], usage=accounting.Usage(), now=200).counted
+        assert chunk_lifecycle.record_chunk(stores, message, parts=parts[chunk.chunk], usage=chunk_lifecycle.Usage(), now=200).counted
     second_out = schema.chunk_part_key("acme", batch_id, 1, parts[1].attempt, "out")
     saved = stores.objects.get(second_out)
     stores.objects.delete(second_out)

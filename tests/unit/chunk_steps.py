@@ -1,8 +1,8 @@
 """One chunk of a batch through the worker's path on the fakes, for the workflow and sweeper tests:
 start it, answer every line 200, write its parts, count it (the real accounting and results)."""
 
-from functions.core import accounting, results, schema
-from functions.core.accounting import ChunkOutcome
+from functions.core import chunk_lifecycle, results, schema
+from functions.core.chunk_lifecycle import ChunkOutcome
 from functions.core.messages import ChunkManifest
 
 
@@ -10,8 +10,8 @@ def run_chunk(stores, chunk: int, *, now: int, tenant: str = "acme", batch_id: s
     batch = stores.batches.get(tenant, batch_id)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     message = batch.work_message(manifest.chunks[chunk])
-    accounting.start_chunk(stores, message)
+    chunk_lifecycle.start_chunk(stores, message)
     lines = [results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
              for l in results.unrun_lines(stores.objects, message, "x", "x")]
     parts = results.write_parts(stores.objects, message, lines)
-    return accounting.record_chunk(stores, message, parts=parts, usage=accounting.Usage(), now=now)
+    return chunk_lifecycle.record_chunk(stores, message, parts=parts, usage=chunk_lifecycle.Usage(), now=now)

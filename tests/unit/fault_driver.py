@@ -4,11 +4,11 @@ assert where the batch ends:
 
 - ingest (``functions.ingest.logic.ingest``) runs on the S3 event; SQS redelivers an event whose
   processing raised or was killed, up to ``names.INGEST_MAX_RECEIVES`` receives, then
-  dead-letters it to the ingest DLQ's consumer (``functions.ingest.dead_letters``);
+  dead-letters it to the ingest DLQ's consumer (``functions.ingest_dlq.logic``);
 - the GPU worker's chunk path (``gpu_worker.chunk.ChunkRunner``) runs message by message off the
   fake work queue, as the worker loop does: delete on success, release on an exception, nothing on
   a SIGKILL (the message comes back when its visibility ends); after ``names.WORK_MAX_RECEIVES``
-  receives SQS dead-letters it and the DLQ handler (``functions.dlq.logic.fail_chunk``) fails it;
+  receives SQS dead-letters it and the DLQ handler (``functions.chunk_dlq.logic.fail_chunk``) fails it;
 - the workflow (``functions.workflow.logic``) runs as infra/workflow.py's state machine does:
   WaitForSignal (register, then wait for a signal on the token or time out), Check, Drain,
   Finalize, each task retried 3 times (``States.TaskFailed``/``States.ALL``, MaxAttempts 3) before
@@ -33,17 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import accounting, names, schema
+from functions.chunk_dlq import logic as dlq
+from functions.core import chunk_lifecycle, names, schema
 from functions.core.messages import WorkMessage
-from functions.core.models import TERMINAL_STATUSES
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
-from functions.dlq import logic as dlq
+from functions.core.wire import TERMINAL_STATUSES
 from functions.ingest import logic as ingest_logic
-from functions.ingest.dead_letters import handle_dead_letter
+from functions.ingest_dlq.logic import handle_dead_letter
 from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
+from tests.builders import batch_record
 from tests.chunks import process_chunk
 from tests.fakes.aws import FakeStores, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
@@ -179,10 +180,7 @@ class Driver:
         """What the API's create did: a validating batch over its input snapshot."""
         key = schema.batch_input_key(TENANT, BATCH)
         self.stores.objects.data[key] = ("\n".join(request_line(i) for i in range(LINES)) + "\n").encode()
-        self.stores.batches.put(BatchRecord(
-            tenant=TENANT, id=BATCH, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-            created_at=START, expires_at=START + WINDOW, input_key=key,
-        ))
+        self.stores.batches.put(batch_record(tenant=TENANT, id=BATCH, created_at=START, expires_at=START + WINDOW, input_key=key))
 
     def batch(self) -> BatchRecord:
         record = self.stores.batches.items[(TENANT, BATCH)]
@@ -212,7 +210,7 @@ class Driver:
         self._ingest_dead_letter()
 
     def _ingest_dead_letter(self) -> None:
-        """The ingest DLQ's consumer (``functions.ingest.dead_letters``)."""
+        """The ingest DLQ's consumer (``functions.ingest_dlq.logic``)."""
         self._handler("dlq", lambda: handle_dead_letter(self.stores, SETTINGS, TENANT, BATCH, now=self.now))
 
     def _handler(self, phase: str, call: Callable[[], Any]) -> None:
@@ -240,7 +238,7 @@ class Driver:
             self.phase = "worker"
             message = WorkMessage.model_validate_json(r.body)
             if message.chunk == self.hang_chunk:
-                accounting.start_chunk(self.stores, message)
+                chunk_lifecycle.start_chunk(self.stores, message)
                 self.log.append(f"worker hangs on chunk {message.chunk}")
                 continue  # the message stays in flight
             self.chunk = message.chunk

@@ -18,7 +18,7 @@ TENANT = "acme"
 
 
 def appended(n: int) -> FakeAuditLog:
-    log = fake_stores().audit
+    log = fake_stores().audit_log
     for i in range(n):
         log.record(audit.operator_intent(TENANT, "tenants.set", at=T0 + i, target=TENANT, details={"i": i}))
     return log

@@ -13,8 +13,9 @@ from functions.audit_append.logic import AppenderStores, Invocation
 from functions.core import anchor, audit, schema, signing
 from functions.core.records import ChunkRecord
 from infra.local.lambda_context import LocalLambdaContext
+from tests.builders import assert_fields
 from tests.fakes.aws import FakeAudit, FakeWorm, KeySigner, fake_stores, throttle
-from tests.unit.test_accounting import message
+from tests.unit.test_chunk_lifecycle import message
 
 T0 = 1_796_083_200
 TENANT = "acme"
@@ -138,7 +139,7 @@ def test_a_receipt_takes_its_numbers_from_the_count_marker_not_the_sender(stores
     })
     taken = run(appender).take(forged)
     record = taken.record
-    assert (record.at, record.actor, record.outcome, record.target) == (T0, audit.WORKER, "ok", "batch_1")
+    assert_fields(record, at=T0, actor=audit.WORKER, outcome="ok", target="batch_1")
     assert record.details == {
         "batch": "batch_1", "chunk": 0, "attempt": "a0", "first_line": 1, "line_count": 2, "completed": 2,
         "failed": 1, "out_sha256": digest, "err_sha256": None,

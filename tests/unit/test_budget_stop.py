@@ -10,10 +10,10 @@ import json
 from functions.core.budgets import BudgetCaps
 from functions.core import schema, tenants
 from functions.core.messages import WorkMessage
-from functions.core.records import BatchRecord
 from functions.core.tenants import TenantPolicy
 from gpu_worker.budget import BudgetWatch
 from gpu_worker.admission import Admission
+from tests.builders import delivered, running_batch, work_message
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
@@ -34,15 +34,9 @@ def seed(stores, n: int, *, budget_stop: int | None, batch_id: str = "batch_1") 
     key = schema.batch_input_key("acme", batch_id)
     data = "".join(lines).encode()
     stores.objects.put(key, data)
-    stores.batches.put(BatchRecord(
-        tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", accepting=True, enqueued=True,
-        total=n, chunk_count=1, input_key=key, model="test-chat", budget_period="month", budget_stop=caps,
-    ))
-    message = WorkMessage(batch_id=batch_id, tenant="acme", chunk=0, input_key=key, byte_start=0, byte_end=len(data),
-                          first_line=1, line_count=n, endpoint=CHAT, model="test-chat", expires_at=NOW + 86_400,
-                          budget_period="month", budget_stop=caps)
-    return WorkMessage.model_validate_json(message.model_dump_json(exclude_none=True))  # as SQS delivers it
+    batch = running_batch(id=batch_id, created_at=NOW, total=n, model="test-chat", budget_period="month", budget_stop=caps)
+    stores.batches.put(batch)
+    return delivered(work_message(batch, byte_end=len(data), line_count=n, budget_period="month", budget_stop=caps))
 
 
 def run(stores, message, engine, watch, admission=None):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from functions.core.models import TERMINAL_STATUSES
 from functions.core.tenants import TenantPolicy
+from functions.core.wire import TERMINAL_STATUSES
 from tests.fakes.aws import conflict
 from tests.unit.fault_driver import BATCH, TENANT, Driver, Fault, Killed
 from tests.unit.test_fault_matrix import CASES, access_denied, responder

@@ -10,7 +10,7 @@ import pytest
 
 from functions.api import batches, files, models
 from functions.api.protocol import CreateBatchBody
-from functions.core.accounting import Usage
+from functions.core.chunk_lifecycle import Usage
 from functions.core.errors import InvalidRequest, NotFound
 from functions.core.lines import LineError, RawLine, check_request
 from functions.core.settings import ModelRoute, Settings

@@ -12,7 +12,7 @@ import socket
 import pytest
 
 import batchctl
-from functions.core.accounting import Usage
+from functions.core.chunk_lifecycle import Usage
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine_client import EngineClient, EngineDown, RetryPolicy
 from gpu_worker.offline import run_file

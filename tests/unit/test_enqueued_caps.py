@@ -16,6 +16,7 @@ from functions.ingest import logic as ingest
 from functions.sweeper import logic as sweeper
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
+from tests.builders import assert_fields, batch_record
 from tests.fakes.aws import fake_stores
 from tests.unit.chunk_steps import run_chunk
 
@@ -42,10 +43,7 @@ def tokens_of(data: bytes) -> int:
 
 def add_batch(stores, batch_id: str, data: bytes) -> None:
     key = schema.batch_input_key("acme", batch_id)
-    stores.batches.put(BatchRecord(
-        tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW - 10, expires_at=NOW - 10 + 86_400, input_key=key,
-    ))
+    stores.batches.put(batch_record(id=batch_id, created_at=NOW - 10))
     stores.objects.put(key, data)
 
 
@@ -72,7 +70,7 @@ def test_ingest_reserves_requests_and_tokens_with_the_move_to_in_progress():
     capped(stores, max_enqueued_tokens={"chat": 10_000}, max_enqueued_requests={"chat": 10})
     assert run(stores) == "in_progress"
     b = batch(stores)
-    assert (b.reserved_model, b.reserved_requests, b.reserved_tokens, b.holds_reservation) == ("chat", 3, tokens_of(data), True)
+    assert_fields(b, reserved_model="chat", reserved_requests=3, reserved_tokens=tokens_of(data), holds_reservation=True)
     assert counter(stores) == (3, tokens_of(data))
 
 
@@ -163,7 +161,7 @@ def test_every_terminal_status_releases_once(end, status):
     workflow.fail(stores, "acme", "b1", TaskError(Error="States.TaskFailed"), NOW + 1)
     assert counter(stores) == (0, 0)
     b = batch(stores)
-    assert (b.status, b.reserved_model, b.reserved_requests) == (status, "chat", 4)  # the record keeps what it held
+    assert_fields(b, status=status, reserved_model="chat", reserved_requests=4)  # the record keeps what it held
 
 
 def test_the_sweeper_expiring_a_stuck_batch_releases_it():

@@ -33,9 +33,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from functions.api.batches import cancel_batch
-from functions.core.models import TERMINAL_STATUSES
+from functions.core.wire import TERMINAL_STATUSES
 from gpu_worker.engine_client import EngineDown
 from tests.agreement import assert_stores_agree
+from tests.builders import assert_fields
 from tests.fakes.aws import conflict, throttle
 from tests.fakes.engine import REJECTED, chat_answer, content
 from tests.unit.fault_driver import BATCH, LINES, RECONCILE, START, TENANT, WINDOW, Driver, Killed, custom_ids, engine_answer
@@ -465,7 +466,7 @@ def assert_outcome(d: Driver, case: Case) -> None:
         # sweeper's), or cancelled by its tenant.
         if batch.status == "failed":
             assert [e["code"] for e in batch.errors or []] == ["ingest_failed"], batch
-        assert (batch.output_file_id, batch.error_file_id, batch.completed, batch.failed) == (None, None, 0, 0)
+        assert_fields(batch, output_file_id=None, error_file_id=None, completed=0, failed=0)
         return
     output, errors = assert_stores_agree(d.stores, TENANT, BATCH, custom_ids())
     # No result file the batch does not name is visible to its tenant (a retried or duplicated

@@ -29,7 +29,7 @@ def test_stores_get_the_policy_store_the_switch_says(on: bool, store: type) -> N
     with mock.patch.object(aws.clients, "client"), mock.patch.object(aws.clients, "dynamodb_table"):
         stores = stores_from_settings(settings(governance=on))
     assert type(stores.tenants) is store
-    assert (stores.audit is not None) is on  # off: no audit chain is kept
+    assert (stores.audit_log is not None) is on  # off: no audit chain is kept
 
 
 def test_with_governance_off_no_rule_applies() -> None:

@@ -20,10 +20,10 @@ from batchctl import tenants as tenants_cli
 from functions.core import guard, schema
 from functions.core.guard import OUTPUT_BLOCKED, PROMPT_SECRET_DETECTED, GuardPolicy
 from functions.core.messages import ChunkManifest, WorkMessage
-from functions.core.records import BatchRecord
 from functions.core.tenants import TenantPolicy
 from functions.ingest import logic as ingest_logic
 from gpu_worker import offline
+from tests.builders import batch_record, running_batch, work_message
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
@@ -240,8 +240,7 @@ def test_the_tenant_record_holds_the_policy_and_old_records_still_parse():
 def ingest(stores, lines: int = 3):
     content = "".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT,
                                   "body": {"model": "m", "messages": []}}) + "\n" for i in range(lines)).encode()
-    record = BatchRecord(tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-                         created_at=NOW, expires_at=NOW + 86_400, input_key=schema.batch_input_key("acme", "batch_1"))
+    record = batch_record(created_at=NOW)
     stores.batches.put(record)
     stores.objects.put(record.input_key, content)
     ingest_logic.ingest(stores, SETTINGS, "acme", "batch_1", now=NOW)
@@ -284,15 +283,10 @@ def seed(stores, texts: list[str], policy: GuardPolicy | None) -> WorkMessage:
     key = schema.batch_input_key("acme", "batch_1")
     data = "".join(lines).encode()
     stores.objects.put(key, data)
-    stores.batches.put(BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", accepting=True, enqueued=True,
-        total=len(lines), chunk_count=1, input_key=key, model="test-chat",
-    ))
-    message = WorkMessage(batch_id="batch_1", tenant="acme", chunk=0, input_key=key, byte_start=0, byte_end=len(data),
-                          first_line=1, line_count=len(lines), endpoint=CHAT, model="test-chat", expires_at=NOW + 86_400,
-                          guard=policy)
-    return WorkMessage.model_validate_json(message.model_dump_json())  # as SQS delivers it
+    batch = running_batch(created_at=NOW, total=len(lines), model="test-chat")
+    stores.batches.put(batch)
+    message = work_message(batch, byte_end=len(data), line_count=len(lines), guard=policy)
+    return WorkMessage.model_validate_json(message.model_dump_json())  # as SQS delivers it (None fields kept)
 
 
 async def direct(fn, *args, **kwargs):

@@ -11,10 +11,10 @@ import pytest
 from functions.core import results, schema
 from functions.core.lines import LineError, check_request, iter_lines, parse_request
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
-from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
+from functions.core.wire import BatchOutputLine
 from functions.ingest import logic
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine
 
@@ -157,10 +157,7 @@ def test_a_huge_echoed_value_is_cut_to_a_short_prefix(field):
 def ingest(lines: list[str], settings=SETTINGS):
     stores = fake_stores()
     content = ("\n".join(lines) + "\n").encode()
-    record = BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW, expires_at=NOW + 86_400, input_key=schema.batch_input_key("acme", "batch_1"),
-    )
+    record = batch_record(created_at=NOW)
     stores.batches.put(record)
     stores.objects.put(record.input_key, content)
     status = logic.ingest(stores, settings, "acme", "batch_1", now=NOW)

@@ -9,6 +9,8 @@ imports resolved to the absolute module they name.
 """
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,9 +83,51 @@ def test_powertools_stays_out_of_the_core_and_the_logic_modules() -> None:
     idempotency) may use it; the shared core (also the worker's) and each Lambda's logic may not."""
     assert violations("functions/core", {"aws_lambda_powertools"}, allowed=("functions/core/aws/",)) == []
     logic = sorted((REPO / "functions").glob("*/logic.py"))
-    assert len(logic) >= 4  # dlq, ingest, reaper, workflow
+    assert len(logic) >= 4  # chunk_dlq, ingest, reaper, workflow
     found = [v for path in logic for v in violations(path.relative_to(REPO).as_posix(), {"aws_lambda_powertools"})]
     assert found == []
+
+
+#: Modules renamed to say what they are (docs/adr/0053-names.md): old name -> new name. Nothing
+#: imports an old name, and no file is left at its path.
+RENAMED = {
+    "functions.core.accounting": "functions.core.chunk_lifecycle",
+    "functions.dlq": "functions.chunk_dlq",
+    "functions.ingest.dlq_handler": "functions.ingest_dlq.handler",
+    "functions.ingest.dead_letters": "functions.ingest_dlq.logic",
+    "functions.core.models": "functions.core.wire",
+}
+#: Where code that imports ours lives.
+SOURCES = ("functions", "gpu_worker", "infra", "batchctl", "tests")
+
+
+def test_renamed_modules_are_imported_by_their_new_names_only() -> None:
+    found = []
+    for root in SOURCES:
+        for path in sorted((REPO / root).rglob("*.py")):
+            if "node_modules" in path.parts:
+                continue
+            for line, name in imported_modules(path.read_text(), module_name(path), is_package=path.name == "__init__.py"):
+                if any(name == old or name.startswith(old + ".") for old in RENAMED):
+                    found.append(f"{path.relative_to(REPO).as_posix()}:{line} imports {name}")
+    assert sorted(set(found)) == []
+    for old, new in RENAMED.items():
+        assert not (REPO / old.replace(".", "/")).with_suffix(".py").exists(), old
+        assert not (REPO / old.replace(".", "/")).is_dir(), old
+        assert importlib.import_module(new), new
+
+
+def test_every_lambda_handler_the_stack_names_is_importable() -> None:
+    """The CDK constructs name each function's handler as a string (``handler="pkg.mod.fn"``): a
+    module moved without its string would only fail at invoke time on AWS."""
+    handlers = sorted({
+        name for path in sorted((REPO / "infra/constructs").glob("*.py"))
+        for name in re.findall(r'handler="(functions\.[\w.]+)"', path.read_text())
+    })
+    assert len(handlers) >= 10, handlers
+    for handler in handlers:
+        module, _, attribute = handler.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attribute, None)), handler
 
 
 # --- the checker itself -----------------------------------------------------------------------

@@ -7,10 +7,12 @@ import pytest
 
 from functions.core import lifecycle, schema
 from functions.core.errors import Throttled
-from functions.core.messages import Chunk, ChunkManifest, WorkMessage
+from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
-from functions.ingest import dead_letters, logic
+from functions.ingest import logic
+from functions.ingest_dlq import logic as ingest_dlq
+from tests.builders import assert_fields, batch_record, cut, put_manifest
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -32,20 +34,13 @@ def setup(**over):
     key = schema.batch_input_key("acme", "batch_1")
     row = json.dumps({"custom_id": "req-0", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
     stores.objects.put(key, row)
-    stores.objects.put(
-        schema.batch_manifest_key("acme", "batch_1"),
-        ChunkManifest(chunks=[Chunk(chunk=0, byte_start=0, byte_end=len(row), first_line=1, line_count=1)]).model_dump_json().encode(),
-    )
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW - 20_000, expires_at=NOW - 20_000 + 86_400, input_key=key,
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    put_manifest(stores, cut([row], 1))
+    stores.batches.put(batch_record(**{"created_at": NOW - 20_000, **over}))
     return stores
 
 
 def handle(stores):
-    return dead_letters.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW)
+    return ingest_dlq.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW)
 
 
 def current(stores) -> BatchRecord:
@@ -56,7 +51,7 @@ def test_a_validating_batch_whose_ingest_was_dead_lettered_fails_with_one_clear_
     stores = setup()
     assert handle(stores) == "failed"
     batch = current(stores)
-    assert (batch.status, batch.failed_at, batch.errors) == ("failed", NOW, [EXPECTED_ERROR])
+    assert_fields(batch, status="failed", failed_at=NOW, errors=[EXPECTED_ERROR])
     assert len(EXPECTED_ERROR["message"]) < 200
     assert stores.events.types() == ["batch.failed"]
     (_, detail) = stores.events.published[0]
@@ -67,7 +62,7 @@ def test_the_same_dead_letter_delivered_twice_changes_nothing_more():
     stores = setup()
     handle(stores)
     before = current(stores)
-    assert dead_letters.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW + 60) == "failed"
+    assert ingest_dlq.handle_dead_letter(stores, SETTINGS, "acme", "batch_1", now=NOW + 60) == "failed"
     assert current(stores) == before  # failed_at not moved
     assert stores.events.types() == ["batch.failed"]  # published once
 
@@ -75,7 +70,7 @@ def test_the_same_dead_letter_delivered_twice_changes_nothing_more():
 def test_a_batch_cancelled_before_it_started_ends_cancelled():
     stores = setup(status="cancelling", cancelling_at=NOW - 100)
     assert handle(stores) == "cancelled"
-    assert (current(stores).status, current(stores).cancelled_at) == ("cancelled", NOW)
+    assert_fields(current(stores), status="cancelled", cancelled_at=NOW)
     assert stores.events.types() == ["batch.cancelled"]
     assert stores.workflows.started == {} and stores.queues.queue(QUEUE).bodies() == []
 
@@ -122,7 +117,7 @@ def test_an_enqueued_or_terminal_batch_is_left_alone(over):
 
 def test_a_batch_that_does_not_exist_is_reported_missing():
     stores = fake_stores()
-    assert dead_letters.handle_dead_letter(stores, SETTINGS, "acme", "nope", now=NOW) == dead_letters.MISSING
+    assert ingest_dlq.handle_dead_letter(stores, SETTINGS, "acme", "nope", now=NOW) == ingest_dlq.MISSING
 
 
 def test_a_store_error_reading_the_batch_propagates_so_the_message_is_redelivered():
@@ -161,7 +156,7 @@ def notification(key: str) -> str:
 
 def test_the_handler_ends_the_batch_a_dead_lettered_notification_names_and_drops_garbage(monkeypatch):
     from functions.core import deps
-    from functions.ingest import dlq_handler
+    from functions.ingest_dlq import handler as ingest_dlq_handler
     from infra.local.lambda_context import LocalLambdaContext
 
     stores = setup()
@@ -170,7 +165,7 @@ def test_the_handler_ends_the_batch_a_dead_lettered_notification_names_and_drops
     deps.use_clock(lambda: NOW)
     try:
         event = {"Records": [sqs_record(notification("batches/acme/batch_1/input.jsonl")), {**sqs_record("{not json"), "messageId": "m-2"}]}
-        assert dlq_handler.handler(event, LocalLambdaContext("ingest-dlq")) == {"batchItemFailures": []}
+        assert ingest_dlq_handler.handler(event, LocalLambdaContext("ingest-dlq")) == {"batchItemFailures": []}
     finally:
         deps.use_clock(None)
     assert current(stores).status == "failed" and current(stores).errors == [EXPECTED_ERROR]

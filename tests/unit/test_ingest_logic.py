@@ -12,6 +12,7 @@ from functions.core.messages import ChunkManifest, WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
+from tests.builders import assert_fields, batch_record
 from tests.fakes.aws import fake_stores, throttle
 from tests.helpers import with_changes
 
@@ -33,11 +34,7 @@ def setup(content: bytes | list[str], **batch_over):
     stores = fake_stores()
     if isinstance(content, list):
         content = ("\n".join(content) + "\n").encode()
-    record = BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW - 10, expires_at=NOW - 10 + 86_400, input_key=schema.batch_input_key("acme", "batch_1"),
-        **batch_over,
-    )
+    record = batch_record(**{"created_at": NOW - 10, **batch_over})
     stores.batches.put(record)
     stores.objects.put(record.input_key, content)
     return stores
@@ -64,7 +61,7 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
     stores = setup(content)
     assert run(stores) == "in_progress"
     batch = current(stores)
-    assert (batch.status, batch.in_progress_at, batch.model, batch.total, batch.chunk_count) == ("in_progress", NOW, "chat", 5, 3)
+    assert_fields(batch, status="in_progress", in_progress_at=NOW, model="chat", total=5, chunk_count=3)
     assert batch.accepting and batch.enqueued
     work = sent(stores)
     assert [(m.chunk, m.first_line, m.line_count) for m in work] == [(0, 1, 2), (1, 3, 2), (2, 5, 1)]
@@ -107,7 +104,7 @@ def test_validation_codes_fail_the_batch_with_line_numbers(lines, expected):
     assert run(stores) == "failed"
     assert error_rows(stores) == expected
     batch = current(stores)
-    assert (batch.failed_at, batch.in_progress_at, batch.enqueued) == (NOW, None, False)
+    assert_fields(batch, failed_at=NOW, in_progress_at=None, enqueued=False)
     assert sent(stores) == [] and stores.workflows.started == {}
     assert stores.events.types() == ["batch.failed"]
 
@@ -221,7 +218,7 @@ def test_cancelled_while_validating_is_never_enqueued():
     stores = setup([line(0)], status="cancelling", cancelling_at=NOW - 5)
     assert run(stores) == "cancelled"
     batch = current(stores)
-    assert (batch.cancelled_at, batch.in_progress_at) == (NOW, None)
+    assert_fields(batch, cancelled_at=NOW, in_progress_at=None)
     assert sent(stores) == [] and stores.workflows.started == {} and stores.events.types() == ["batch.cancelled"]
 
 
@@ -251,7 +248,7 @@ def test_cancel_between_validation_and_fan_out_still_starts_the_workflow_without
 def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     """The cancel lands while ingest sends the chunks: the workflow still starts, and the chunks
     already sent are refused by start_chunk (the batch is no longer in progress)."""
-    from functions.core import accounting
+    from functions.core import chunk_lifecycle
 
     stores = setup([line(i) for i in range(3)])
     queue = stores.queues.queue(QUEUE)
@@ -264,7 +261,7 @@ def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     queue.send = send_then_cancel
     run(stores)
     assert "batch_1" in stores.workflows.started and current(stores).enqueued
-    assert [accounting.start_chunk(stores, m) for m in sent(stores)] == [None, None]
+    assert [chunk_lifecycle.start_chunk(stores, m) for m in sent(stores)] == [None, None]
 
 
 def test_the_ingest_lambda_waits_for_a_record_briefly_first_then_up_to_its_patience(monkeypatch):

@@ -15,6 +15,7 @@ from functions.core.lifecycle import Change
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord
 from functions.core.tenants import Reservation
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 
 ERROR = {"code": "x", "message": "x", "param": None, "line": None}
@@ -25,8 +26,7 @@ def cap(tenant: str) -> Reservation:
 
 
 def new_batch(batch_id: str, tenant: str = "acme") -> BatchRecord:
-    return BatchRecord(tenant=tenant, id=batch_id, input_file_id="file-1", endpoint="/v1/chat/completions",
-                       completion_window="24h", created_at=1, expires_at=10**6, input_key=f"batches/acme/{batch_id}/input.jsonl")
+    return batch_record(tenant=tenant, id=batch_id, created_at=1, expires_at=10**6, input_key=f"batches/acme/{batch_id}/input.jsonl")
 
 
 #: Every way the code asks for a transition, by name: (now, the batch as last read) -> a Change.

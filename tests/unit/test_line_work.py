@@ -16,6 +16,7 @@ from functions.core.settings import ModelRoute, Settings
 from functions.core.tenants import TenantPolicy
 from functions.core.work import Bounds, PolicyBounds, Work, work_of
 from functions.ingest import logic as ingest
+from tests.builders import assert_fields, batch_record
 from tests.fakes.aws import fake_stores
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -70,8 +71,7 @@ def line(i: int, body: dict, model: str = "m", url: str = CHAT) -> str:
 def ingested(stores, rows: list[str], *, endpoint: str = CHAT, conf: Settings | None = None, batch_id: str = "b1") -> BatchRecord:
     key = schema.batch_input_key("acme", batch_id)
     stores.objects.put(key, ("\n".join(rows) + "\n").encode())
-    stores.batches.put(BatchRecord(tenant="acme", id=batch_id, input_file_id="f", endpoint=endpoint, completion_window="24h",
-                                   created_at=NOW - 5, expires_at=NOW + 86_400, input_key=key))
+    stores.batches.put(batch_record(id=batch_id, endpoint=endpoint, created_at=NOW - 5, expires_at=NOW + 86_400))
     ingest.ingest(stores, conf or settings(), "acme", batch_id, now=NOW)
     return stores.batches.get("acme", batch_id)
 
@@ -117,7 +117,7 @@ def test_the_enqueued_request_cap_counts_engine_sequences():
     stores = fake_stores()
     stores.tenants.put(TenantPolicy(tenant="acme", max_enqueued_requests={"m": 10}))
     batch = ingested(stores, [line(0, {"n": 4}), line(1, {"n": 4})])
-    assert (batch.status, batch.reserved_requests) == ("in_progress", 8)  # 2 lines, 8 sequences
+    assert_fields(batch, status="in_progress", reserved_requests=8)  # 2 lines, 8 sequences
     over = ingested(stores, [line(0, {"n": 3})], batch_id="b2")  # 8 + 3 > 10
     assert over.status == "failed" and over.errors[0]["code"] == "token_limit_exceeded"
     assert "10 enqueued requests" in over.errors[0]["message"]

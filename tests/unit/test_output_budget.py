@@ -9,8 +9,8 @@ import pytest
 
 from functions.api import batches, files
 from functions.api.protocol import CreateBatchBody
-from functions.core import accounting, schema, tenants
-from functions.core.accounting import Usage
+from functions.core import chunk_lifecycle, schema, tenants
+from functions.core.chunk_lifecycle import Usage
 from functions.core.errors import QuotaExceeded
 from functions.core.messages import WorkMessage
 from functions.core.results import Parts
@@ -48,7 +48,7 @@ def count(stores, batch_id: str, chunk: int, output_tokens: int, now=NOW):
     (body,) = [b for b in stores.queues.queue("q-m").bodies() if batch_id in b and f'"chunk":{chunk},' in b][:1]
     message = WorkMessage.model_validate_json(body)
     parts = Parts(attempt="a", completed=1, failed=0)
-    return accounting.record_chunk(stores, message, parts=parts, usage=Usage(output_tokens=output_tokens), now=now)
+    return chunk_lifecycle.record_chunk(stores, message, parts=parts, usage=Usage(output_tokens=output_tokens), now=now)
 
 
 def test_the_period_items_are_utc_calendar_days_and_months():

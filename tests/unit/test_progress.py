@@ -10,10 +10,11 @@ import json
 from functions.api.batches import list_batches, wire
 from functions.api.protocol import BatchListQuery
 from functions.core import results, schema
-from functions.core.records import BatchRecord, ChunkRunRecord
+from functions.core.records import ChunkRunRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic as ingest
 from gpu_worker.attempt import RunPolicy
+from tests.builders import batch_record
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
@@ -206,8 +207,7 @@ def chunks_of(n: int, settings: Settings = SETTINGS, blank_every: int = 0):
     key = schema.batch_input_key("acme", "batch_1")
     data = ("\n".join(rows) + "\n").encode()
     stores.objects.put(key, data)
-    record = BatchRecord(tenant="acme", id="batch_1", input_file_id="f", endpoint=CHAT, completion_window="24h",
-                         created_at=1, expires_at=2, input_key=key)
+    record = batch_record(input_key=key)
     result = ingest.validate(stores.objects, settings, record)
     assert not result.errors and result.total == n
     return result.chunks, data
@@ -242,10 +242,8 @@ def test_cancel_answers_with_the_live_counts_a_get_showed():
     from functions.api.batches import cancel_batch, get_batch
 
     stores = fake_stores()
-    stores.batches.put(BatchRecord(
-        tenant="acme", id="batch_01m8ravz6dmgem5n60vf5eqb29", input_file_id="f", endpoint=CHAT, completion_window="24h",
-        created_at=1, expires_at=10**10, status="in_progress", accepting=True, total=12, chunk_count=2, input_key="k",
-    ))
+    stores.batches.put(batch_record(id="batch_01m8ravz6dmgem5n60vf5eqb29", status="in_progress", accepting=True, total=12,
+                                    chunk_count=2, input_key="k"))
     stores.batches.save_chunk_run(ChunkRunRecord(
         tenant="acme", batch_id="batch_01m8ravz6dmgem5n60vf5eqb29", chunk=0, version=1, segments=[[0, 3]],
         outcomes={"0-3": "110"}, expires_at=10**10,

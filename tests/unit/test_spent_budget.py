@@ -6,11 +6,11 @@ dead-lettered chunk's recorded attempts; the batch's own usage stays its counted
 import asyncio
 from typing import Any
 
-from functions.core import accounting, tenants
+from functions.chunk_dlq import logic as dlq
+from functions.core import chunk_lifecycle, tenants
 from functions.core.budgets import BudgetCaps
 from functions.core.guard import GuardPolicy
 from functions.core.work import Spend, Work, unread_spend
-from functions.dlq import logic as dlq
 from gpu_worker.engine_client import ENGINE_TIMEOUT, RESPONSE_TOO_LARGE, Reply
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
@@ -92,8 +92,8 @@ def test_lines_run_by_an_attempt_that_ended_benignly_are_charged_with_the_count(
     stores = fake_stores()
     message = budgeted(stores, 2)
     # An earlier attempt ran both lines, recorded their spend at its benign end, wrote nothing.
-    accounting.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
-    accounting.end_run(stores, message, "a1", spent=Spend(30, 12))
+    chunk_lifecycle.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
+    chunk_lifecycle.end_run(stores, message, "a1", spent=Spend(30, 12))
     run(stores, message, InProcessEngine(lambda p, b, s: (200, chat_answer(b, completion_tokens=6, prompt_tokens=15))))
     marker = stores.batches.counted_chunk("acme", "batch_1", 0)
     assert (marker.output_tokens, marker.spent_output_tokens) == (12, 12 + 12)  # both runs, charged once
@@ -118,8 +118,8 @@ def test_a_checkpointed_line_is_charged_once_though_a_later_attempt_reuses_it():
 def test_a_dead_lettered_chunk_charges_what_its_attempts_recorded():
     stores = fake_stores()
     message = budgeted(stores, 2)
-    accounting.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
-    accounting.end_run(stores, message, "a1", spent=Spend(11, 33))
+    chunk_lifecycle.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
+    chunk_lifecycle.end_run(stores, message, "a1", spent=Spend(11, 33))
     assert dlq.fail_chunk(stores, message, now=NOW).action == "recorded"
     assert stores.batches.budget_used("acme", tenants.budget_sk("month", NOW)).output_tokens == 33
 

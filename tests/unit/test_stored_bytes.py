@@ -11,7 +11,7 @@ import pytest
 from functions.api import files, uploads
 from functions.api.protocol import CompleteUploadBody, CreateUploadBody
 from functions.core import schema
-from functions.core.accounting import Signal
+from functions.core.chunk_lifecycle import Signal
 from functions.core.errors import StorageQuotaExceeded, Throttled
 from functions.core.records import FileRecord, UploadRecord
 from functions.core.settings import ModelRoute, Settings

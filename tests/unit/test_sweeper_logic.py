@@ -7,16 +7,16 @@ import json
 import pytest
 
 from functions.core import lifecycle, schema
-from functions.core.messages import Chunk, ChunkManifest
-from functions.core.models import BatchOutputLine
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
+from functions.core.wire import BatchOutputLine
 from functions.sweeper import logic as sweeper
 from functions.core.errors import Throttled
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
 from tests.unit.chunk_steps import run_chunk
 from tests.agreement import assert_stores_agree
+from tests.builders import assert_fields, batch_record, cut, put_manifest
 from tests.fakes.aws import fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -38,17 +38,8 @@ def setup(stores=None, batch_id: str = "batch_1", lines: int = 4, per_chunk: int
     rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
             for i in range(lines)]
     stores.objects.put(key, b"".join(rows))
-    chunks, offset = [], 0
-    for c, first in enumerate(range(0, lines, per_chunk)):
-        size = sum(len(r) for r in rows[first : first + per_chunk])
-        chunks.append(Chunk(chunk=c, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=min(per_chunk, lines - first)))
-        offset += size
-    stores.objects.put(schema.batch_manifest_key("acme", batch_id), ChunkManifest(chunks=chunks).model_dump_json().encode())
-    fields = dict(
-        tenant="acme", id=batch_id, input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=CREATED, expires_at=EXPIRES, input_key=key,
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    put_manifest(stores, cut(rows, per_chunk), batch_id=batch_id)
+    stores.batches.put(batch_record(id=batch_id, created_at=CREATED, **over))
     return stores
 
 
@@ -91,7 +82,7 @@ def test_a_validating_batch_past_its_deadline_fails_with_the_clear_ingest_error(
     stores = setup()
     assert sweep(stores, CREATED + 3_600).actions == {sweeper.FAILED_VALIDATING: ["batch_1"]}
     batch = current(stores)
-    assert (batch.status, batch.failed_at) == ("failed", CREATED + 3_600)
+    assert_fields(batch, status="failed", failed_at=CREATED + 3_600)
     assert [e["code"] for e in batch.errors] == [INGEST_FAILED]
     assert stores.events.types() == ["batch.failed"]
     # a second sweep (or a duplicate invocation) changes nothing
@@ -159,7 +150,7 @@ def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_after_t
     assert current(stores).status == "in_progress"
     assert sweep(stores, last + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
     batch = current(stores)
-    assert (batch.status, batch.completed_at) == ("completed", last + COMPLETION_GRACE)
+    assert_fields(batch, status="completed", completed_at=last + COMPLETION_GRACE)
     assert batch.completed_at < batch.expires_at - 80_000  # long before its expiry
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
     assert len(out) == 4 and err == []
@@ -212,7 +203,7 @@ def test_a_batch_whose_fail_ran_out_of_retries_ends_failed_with_its_files():
     for attempt in range(4):  # the Fail task and its 3 retries
         with pytest.raises(Throttled):
             workflow.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), CREATED + 210 + attempt)
-    assert (current(stores).status, current(stores).closed_for, current(stores).accepting) == ("in_progress", "fail", False)
+    assert_fields(current(stores), status="in_progress", closed_for="fail", accepting=False)
     assert sweep(stores, CREATED + 200 + COMPLETION_GRACE).actions == {sweeper.COMPLETED: ["batch_1"]}
     batch = current(stores)
     assert batch.status == "failed" and batch.errors == [workflow.FAILED_WITH_FILES_ERROR]
@@ -227,7 +218,7 @@ def test_an_open_batch_past_expiry_and_grace_is_finalized_expired_with_its_files
     assert sweep(stores, EXPIRES + 899).actions == {}
     assert sweep(stores, EXPIRES + 900).actions == {sweeper.EXPIRED: ["batch_1"]}
     batch = current(stores)
-    assert (batch.status, batch.expired_at, batch.completed, batch.failed) == ("expired", EXPIRES + 900, 2, 2)
+    assert_fields(batch, status="expired", expired_at=EXPIRES + 900, completed=2, failed=2)
     assert [l.custom_id for l in file_lines(stores, batch.output_file_id)] == ["req-0", "req-1"]
     errors = file_lines(stores, batch.error_file_id)
     assert [(l.custom_id, l.error.code) for l in errors] == [("req-2", "batch_expired"), ("req-3", "batch_expired")]

@@ -7,8 +7,8 @@ from unittest import mock
 import pytest
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
+from functions.chunk_dlq import handler as chunk_dlq_handler
 from functions.core import schema
-from functions.dlq import handler as dlq_handler
 from tests.unit.test_worker_loop import RETRY_AFTER_FAILURE, Rig, seed
 
 OTHER_KEY = schema.batch_input_key("globex", "batch_9")
@@ -51,6 +51,6 @@ def test_the_dlq_lambda_drops_a_forged_message_without_touching_any_store() -> N
     (good,) = seed(rig.stores, 2, per_chunk=2)
     forged = good.model_copy(update={"input_key": OTHER_KEY})
     record = SQSRecord({"messageId": "m1", "body": forged.model_dump_json(), "attributes": {"ApproximateReceiveCount": "5"}})
-    with mock.patch.object(dlq_handler.deps, "stores", side_effect=AssertionError("a store was used")) as stores:
-        dlq_handler.handle_record(record)
+    with mock.patch.object(chunk_dlq_handler.deps, "stores", side_effect=AssertionError("a store was used")) as stores:
+        chunk_dlq_handler.handle_record(record)
     stores.assert_not_called()

@@ -8,12 +8,11 @@ import pytest
 
 from functions.api import batches, files
 from functions.api.protocol import CreateBatchBody
-from functions.core import schema
 from functions.core.errors import InvalidRequest, RateLimited
-from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.core.tenants import TenantPolicy
 from functions.ingest import logic
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"
@@ -112,8 +111,7 @@ def ingest(stores, models):
         json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {"model": m, "messages": []}}) + "\n"
         for i, m in enumerate(models)
     ).encode()
-    record = BatchRecord(tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-                         created_at=NOW, expires_at=NOW + 86_400, input_key=schema.batch_input_key("acme", "batch_1"))
+    record = batch_record(created_at=NOW)
     stores.batches.put(record)
     stores.objects.put(record.input_key, content)
     logic.ingest(stores, SETTINGS, "acme", "batch_1", now=NOW)

@@ -17,9 +17,9 @@ from botocore.exceptions import ClientError
 
 from functions.core.aws.dynamodb import Put, Table, Update
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
-from functions.core.records import BatchRecord
 from functions.workflow import logic
 from functions.workflow.tasks import TaskError
+from tests.builders import batch_record
 from tests.fakes.aws import fake_stores
 
 
@@ -180,11 +180,7 @@ CAUSE = (
 
 def running_batch():
     stores = fake_stores()
-    stores.batches.put(BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=100, expires_at=100 + 86_400, status="in_progress", model="m",
-        chunk_count=1, accepting=True, input_key="batches/acme/batch_1/input.jsonl",
-    ))
+    stores.batches.put(batch_record(status="in_progress", model="m", chunk_count=1, accepting=True))
     return stores
 
 

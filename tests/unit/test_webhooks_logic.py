@@ -14,6 +14,7 @@ import pytest
 from functions.core.records import BatchRecord
 from functions.webhooks import logic, signing
 from functions.webhooks.store import AttemptRecord, EndpointRecord
+from tests.builders import batch_record
 
 SDK = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9")
 NOW = 1_800_000_000
@@ -50,8 +51,8 @@ class FakeBatches:
 
     def add(self, tenant: str, batch_id: str, status: str) -> BatchRecord:
         stamp = {f"{status}_at": NOW} if status in ("completed", "failed", "expired", "cancelled") else {}
-        record = BatchRecord(tenant=tenant, id=batch_id, input_file_id="file-1", input_key="in", endpoint="/v1/chat/completions",
-                             completion_window="24h", created_at=NOW - 60, expires_at=NOW + 86_400, status=status, **stamp)
+        record = batch_record(tenant=tenant, id=batch_id, input_key="in", created_at=NOW - 60, expires_at=NOW + 86_400,
+                              status=status, **stamp)
         self.records[(tenant, batch_id)] = record
         return record
 

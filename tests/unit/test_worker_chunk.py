@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from functions.core.accounting import Usage
+from functions.core.chunk_lifecycle import Usage
+from tests.builders import assert_fields
 from tests.chunks import process_chunk
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.fakes.aws import fake_stores
@@ -39,8 +40,8 @@ def test_usage_with_cached_and_reasoning_tokens_reaches_the_marker_and_the_batch
     marker = stores.batches.counted_chunk("acme", "batch_1", 0)
     assert (marker.input_tokens, marker.cached_tokens, marker.output_tokens, marker.reasoning_tokens) == (40, 32, 10, 6)
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.input_tokens, batch.cached_tokens, batch.output_tokens, batch.reasoning_tokens) == (40, 32, 10, 6)
-    assert (batch.completed, batch.failed, batch.chunks_done) == (2, 1, 1)
+    assert_fields(batch, input_tokens=40, cached_tokens=32, output_tokens=10, reasoning_tokens=6)
+    assert_fields(batch, completed=2, failed=1, chunks_done=1)
 
 
 def test_a_chunk_already_counted_is_skipped_without_running_a_line():
@@ -145,7 +146,7 @@ def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
 import pytest
 
 from functions.core import schema
-from functions.core.models import BatchOutputLine
+from functions.core.wire import BatchOutputLine
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.engine_gate import EngineGate
 from gpu_worker.engine_client import EngineDown
@@ -185,7 +186,7 @@ def test_a_line_that_crashes_the_engine_fails_alone_as_engine_crashed():
     assert engine.contents().count("hi 2") == 3 and engine.crashes == 3
     assert engine.with_crash[-1] == ["hi 2"]
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.chunks_done) == (3, 1, 1)
+    assert_fields(batch, completed=3, failed=1, chunks_done=1)
 
 
 def test_a_careful_line_goes_alone_so_another_chunk_on_the_worker_is_not_blamed():
@@ -239,7 +240,7 @@ def test_benign_ends_do_not_spend_the_budget():
         with pytest.raises(EngineDown):
             run(stores, message, dead, gate=down)
     record = stores.batches.chunk_run("acme", "batch_1", 0)
-    assert (record.failures, record.strikes, record.benign, record.open) == (0, 0, 12, [])
+    assert_fields(record, failures=0, strikes=0, benign=12, open=[])
     engine = InProcessEngine()
     report = run(stores, message, engine)
     assert (report.completed, report.failed, report.careful) == (3, 0, False)

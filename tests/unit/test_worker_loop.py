@@ -13,11 +13,11 @@ import pytest
 
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from functions.core.records import BatchRecord
 from gpu_worker.__main__ import main
 from gpu_worker.config import WorkerConfig
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
+from tests.builders import cut, running_batch
 from tests.conftest import TEST_SETTINGS
 from tests.fakes.aws import FakeQueue, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
@@ -40,22 +40,10 @@ def seed(stores, n: int, per_chunk: int) -> list[WorkMessage]:
     lines = [(line(i) + "\n").encode() for i in range(n)]
     key = schema.batch_input_key("acme", "batch_1")
     stores.objects.put(key, b"".join(lines))
-    chunks = [list(range(i, min(n, i + per_chunk))) for i in range(0, n, per_chunk)]
-    stores.batches.put(BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", accepting=True, enqueued=True,
-        total=n, chunk_count=len(chunks), input_key=key, model="test-chat",
-    ))
-    messages, offset = [], 0
-    for number, members in enumerate(chunks):
-        size = sum(len(lines[i]) for i in members)
-        messages.append(WorkMessage(
-            batch_id="batch_1", tenant="acme", chunk=number, input_key=key, byte_start=offset,
-            byte_end=offset + size, first_line=members[0] + 1, line_count=len(members), endpoint=CHAT,
-            model="test-chat", expires_at=NOW + 86_400,
-        ))
-        offset += size
-    return messages
+    chunks = cut(lines, per_chunk)
+    batch = running_batch(created_at=NOW, total=n, chunk_count=len(chunks), model="test-chat")
+    stores.batches.put(batch)
+    return [batch.work_message(chunk) for chunk in chunks]
 
 
 class RecordingQueue(FakeQueue):
@@ -297,7 +285,7 @@ def test_a_line_that_keeps_crashing_the_engine_fails_alone_through_the_loop():
     /health, as the local supervisor or a new ECS task does). Each death releases the chunk at
     once; the worker's own record narrows it down to that line, which fails as engine_crashed;
     the other line completes, and the message is deleted, never dead-lettered."""
-    from functions.core.models import BatchOutputLine
+    from functions.core.wire import BatchOutputLine
     from tests.fakes.engine import CrashingEngine
 
     rig = Rig()

@@ -13,12 +13,12 @@ from pydantic import ValidationError
 
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
-from functions.core.records import BatchRecord
+from functions.core.wire import BatchOutputLine
 from gpu_worker.admission import Admission, expected_output, length_class, prefix_of
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine_client import EngineDown
+from tests.builders import assert_fields, cut, running_batch
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
@@ -45,21 +45,10 @@ def seed_lines(stores, specs=LINES, per_chunk=4) -> list[WorkMessage]:
            for i, spec in enumerate(specs)]
     key = schema.batch_input_key("acme", "batch_1")
     stores.objects.put(key, b"".join(raw))
-    groups = [list(range(i, min(len(raw), i + per_chunk))) for i in range(0, len(raw), per_chunk)]
-    stores.batches.put(BatchRecord(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=NOW, expires_at=NOW + 86_400, status="in_progress", accepting=True, enqueued=True,
-        total=len(raw), chunk_count=len(groups), input_key=key, model="test-chat",
-    ))
-    messages, offset = [], 0
-    for number, members in enumerate(groups):
-        size = sum(len(raw[i]) for i in members)
-        messages.append(WorkMessage(
-            batch_id="batch_1", tenant="acme", chunk=number, input_key=key, byte_start=offset, byte_end=offset + size,
-            first_line=members[0] + 1, line_count=len(members), endpoint=CHAT, model="test-chat", expires_at=NOW + 86_400,
-        ))
-        offset += size
-    return messages
+    chunks = cut(raw, per_chunk)
+    batch = running_batch(created_at=NOW, total=len(raw), chunk_count=len(chunks), model="test-chat")
+    stores.batches.put(batch)
+    return [batch.work_message(chunk) for chunk in chunks]
 
 
 async def direct(fn, *args, **kwargs):
@@ -135,7 +124,7 @@ def test_the_output_parts_keep_input_order_and_equal_file_orders():
         assert (out, err) == results(file_stores, number)
     assert [(r.completed, r.failed) for r in smart] == [(4, 0), (4, 0)]
     batch = smart_stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.chunks_done) == (8, 0, 2)
+    assert_fields(batch, completed=8, failed=0, chunks_done=2)
 
 
 def test_a_duplicate_delivery_of_a_reordered_chunk_counts_once():
@@ -151,7 +140,7 @@ def test_a_duplicate_delivery_of_a_reordered_chunk_counts_once():
     out, err = results(stores, 0)
     assert [c for c, _ in out] == ["req-0", "req-1", "req-2", "req-3"] and err == []
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.chunks_done) == (4, 0, 1)
+    assert_fields(batch, completed=4, failed=0, chunks_done=1)
 
 
 def test_a_crash_mid_chunk_with_checkpoints_then_redelivery_gives_file_orders_output_once():

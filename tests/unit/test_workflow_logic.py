@@ -8,16 +8,17 @@ import pytest
 from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
-from functions.core import accounting, results, schema
+from functions.core import chunk_lifecycle, results, schema
 from functions.core.lifecycle import Signal
-from functions.core.messages import Chunk, ChunkManifest
-from functions.core.models import BatchOutputLine
+from functions.core.messages import ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
+from functions.core.wire import BatchOutputLine
 from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
 from tests.unit.chunk_steps import run_chunk as run_chunk_at
 from tests.agreement import assert_stores_agree, assert_usage_agrees
+from tests.builders import assert_fields, cut, put_manifest, running_batch
 from tests.fakes.aws import condition_failed, conflict, fake_stores, throttle
 
 CHAT = "/v1/chat/completions"
@@ -33,19 +34,9 @@ def setup(lines: int = 4, per_chunk: int = 2, **over):
     rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n"
             for i in range(lines)]
     stores.objects.put(INPUT_KEY, b"".join(rows))
-    chunks, offset = [], 0
-    for c, first in enumerate(range(0, lines, per_chunk)):
-        group = rows[first : first + per_chunk]
-        size = sum(len(r) for r in group)
-        chunks.append(Chunk(chunk=c, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=len(group)))
-        offset += size
-    stores.objects.put(schema.batch_manifest_key("acme", "batch_1"), ChunkManifest(chunks=chunks).model_dump_json().encode())
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h",
-        created_at=100, expires_at=100 + 86_400, status="in_progress", in_progress_at=200, model="m",
-        total=lines, chunk_count=len(chunks), accepting=True, enqueued=True, input_key=INPUT_KEY, task_token="tok",
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    chunks = put_manifest(stores, cut(rows, per_chunk)).chunks
+    fields = dict(in_progress_at=200, model="m", total=lines, task_token="tok")
+    stores.batches.put(running_batch(**{"chunk_count": len(chunks), **fields, **over}))
     return stores
 
 
@@ -158,7 +149,7 @@ def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
     assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)["drained"]
     message = started.work_message(ChunkManifest.model_validate_json(
         stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0])
-    accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, []), usage=accounting.Usage(), now=NOW)
+    chunk_lifecycle.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, []), usage=chunk_lifecycle.Usage(), now=NOW)
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + 1)["drained"]
 
 
@@ -166,9 +157,9 @@ def test_expiry_shows_finalizing_and_stops_new_chunks():
     stores = setup(started_chunks={0})
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW) == {"drained": False, "reason": Signal.EXPIRE}
     batch = current(stores)
-    assert (batch.status, batch.finalizing_at, batch.accepting) == ("finalizing", NOW, True)
+    assert_fields(batch, status="finalizing", finalizing_at=NOW, accepting=True)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
-    assert accounting.start_chunk(stores, batch.work_message(manifest.chunks[1])) is None
+    assert chunk_lifecycle.start_chunk(stores, batch.work_message(manifest.chunks[1])) is None
 
 
 def test_a_cancel_wins_over_a_complete_signal():
@@ -182,11 +173,11 @@ def test_finalize_assembles_the_files_in_input_order_with_never_ran_lines():
     run_chunk(stores, 2)  # the last chunk ran (a cancel came while it ran), the others never did
     assert logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW) == {"status": "cancelled"}
     batch = current(stores)
-    assert (batch.status, batch.cancelled_at, batch.accepting) == ("cancelled", NOW, False)
+    assert_fields(batch, status="cancelled", cancelled_at=NOW, accepting=False)
     out, err = file_lines(stores, batch.output_file_id), file_lines(stores, batch.error_file_id)
     assert [l.custom_id for l in out] == ["req-4", "req-5"]
     assert [(l.custom_id, l.error.code) for l in err] == [(f"req-{i}", "batch_cancelled") for i in range(4)]
-    assert (batch.completed, batch.failed) == (2, 4)
+    assert_fields(batch, completed=2, failed=4)
     output = stores.files.items[("acme", batch.output_file_id)]
     assert (output.purpose, output.bytes, output.expires_at) == ("batch_output", len(stores.objects.get(output.s3_key)), NOW + 30 * 86_400)
     assert stores.events.types() == ["batch.cancelled"]
@@ -264,7 +255,7 @@ def test_fail_lands_a_running_batch_in_failed_without_the_cause():
     stores = setup()
     assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {"status": "failed"}
     batch = current(stores)
-    assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
+    assert_fields(batch, status="failed", failed_at=NOW, accepting=False)
     (error,) = batch.errors
     assert error["code"] == "batch_failed" and "boom" not in error["message"]  # the cause is logged only
     assert stores.events.types() == ["batch.failed"]
@@ -283,12 +274,12 @@ def test_fail_after_some_chunks_ran_keeps_their_lines():
     run_chunk(stores, 2)  # chunk 1 never ran
     assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {"status": "failed"}
     batch = current(stores)
-    assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
+    assert_fields(batch, status="failed", failed_at=NOW, accepting=False)
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
     assert [l.custom_id for l in out] == ["req-0", "req-1", "req-4", "req-5"]
     assert [(l.custom_id, l.error.code) for l in err] == [("req-2", "batch_failed"), ("req-3", "batch_failed")]
-    assert (batch.completed, batch.failed, batch.total) == (4, 2, 6)
-    assert (batch.output_file_id, batch.error_file_id) == (batch.planned_output_file_id, batch.planned_error_file_id)
+    assert_fields(batch, completed=4, failed=2, total=6)
+    assert_fields(batch, output_file_id=batch.planned_output_file_id, error_file_id=batch.planned_error_file_id)
     (error,) = batch.errors
     assert error["code"] == "batch_failed" and "output and error files" in error["message"] and "boom" not in error["message"]
     assert stores.events.types() == ["batch.failed"]
@@ -304,7 +295,7 @@ def test_fail_when_the_files_cannot_be_written_fails_without_files(caplog):
     with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
         assert logic.fail(stores, "acme", "batch_1", TaskError(Error="E", Cause="S3 is down"), NOW) == {"status": "failed"}
     batch = current(stores)
-    assert (batch.status, batch.failed_at, batch.accepting) == ("failed", NOW, False)
+    assert_fields(batch, status="failed", failed_at=NOW, accepting=False)
     assert (batch.output_file_id, batch.error_file_id) == (None, None) and stores.files.items == {}
     assert batch.errors == [logic.FAILED_ERROR]  # results not available: the tenant is told so
     assert all(w.aborted for w in stores.objects.writers) and not [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]
@@ -332,7 +323,7 @@ def test_fail_after_a_finalize_that_crashed_writes_the_planned_files_saying_why_
     planned = current(stores)
     assert logic.fail(stores, "acme", "batch_1", TaskError(), NOW + 1) == {"status": "failed"}
     batch = current(stores)
-    assert (batch.output_file_id, batch.error_file_id) == (planned.planned_output_file_id, planned.planned_error_file_id)
+    assert_fields(batch, output_file_id=planned.planned_output_file_id, error_file_id=planned.planned_error_file_id)
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
     assert {l.error.code for l in err} == {"batch_cancelled"}  # the cancel closed it: its lines say so
     assert len([k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]) == 2
@@ -406,7 +397,7 @@ def test_an_expired_batch_keeps_the_lines_that_ran():
     assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
     assert [l.custom_id for l in out] == ["req-0", "req-1"] and {l.error.code for l in err} == {"batch_expired"}
-    assert (current(stores).completed, current(stores).failed) == (2, 4)
+    assert_fields(current(stores), completed=2, failed=4)
 
 
 def test_redelivered_chunks_and_a_retried_finalize_keep_the_counts_in_agreement():
@@ -454,23 +445,23 @@ def message_of(stores, chunk: int):
 def checkpoint(stores, chunk: int, statuses: list[int]):
     """A worker started ``chunk`` and checkpointed its first lines' answers (then hangs or dies)."""
     message = message_of(stores, chunk)
-    accounting.start_chunk(stores, message)
-    accounting.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
+    chunk_lifecycle.start_chunk(stores, message)
+    chunk_lifecycle.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
     lines = [answer(l, s) for l, s in zip(results.unrun_lines(stores.objects, message, "x", "x"), statuses)]
     segment = results.write_checkpoint(stores.objects, message, 0, lines)
-    accounting.add_segment(stores, message, "a1", segment, None)
+    chunk_lifecycle.add_segment(stores, message, "a1", segment, None)
     return message
 
 
 def run_with_usage(stores, chunk: int):
     """The worker's path for a whole chunk, every line 200 with USAGE, its usage counted."""
     message = message_of(stores, chunk)
-    accounting.start_chunk(stores, message)
+    chunk_lifecycle.start_chunk(stores, message)
     lines = [answer(l, 200) for l in results.unrun_lines(stores.objects, message, "x", "x")]
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     for line in lines:
         usage.add_response(results.usage_of(line))
-    return accounting.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW)
+    return chunk_lifecycle.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW)
 
 
 def end_batch(stores, how: str) -> str:
@@ -501,7 +492,7 @@ def test_a_batch_ending_mid_chunk_keeps_the_chunks_checkpointed_lines(how, statu
     assert [(l.custom_id, l.response.status_code if l.response else l.error.code) for l in err] == [
         ("req-1", 400), ("req-2", code), ("req-3", code)]
     batch = current(stores)
-    assert (batch.completed, batch.failed, batch.total) == (3, 3, 6)
+    assert_fields(batch, completed=3, failed=3, total=6)
     # Three 2xx answers of 10 prompt (4 cached) and 3 completion tokens each.
     assert assert_usage_agrees(stores, "acme", "batch_1") == {
         "input_tokens": 30, "cached_tokens": 12, "output_tokens": 9, "reasoning_tokens": 0}
@@ -562,7 +553,7 @@ def test_a_chunk_counted_after_the_close_is_refused_and_its_checkpoints_are_kept
 def test_the_dead_letter_consumer_and_finalize_keep_checkpoints_through_one_code_path():
     # The same chunk, checkpointed the same way: the DLQ consumer's parts and finalize's files
     # hold the same lines (results.salvaged_lines), with their own error code for the rest.
-    from functions.dlq import logic as dlq
+    from functions.chunk_dlq import logic as dlq
 
     stores = setup(lines=4, per_chunk=4)
     message = checkpoint(stores, 0, [200, 400])

@@ -6,7 +6,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
 from functions.core import deps
-from functions.core.models import Batch, ListPage
+from functions.core.wire import Batch, ListPage
 
 from .. import batches, idempotency
 from ..protocol import BatchListQuery, CreateBatchBody

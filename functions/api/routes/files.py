@@ -7,7 +7,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import File, Form, Query, UploadFile
 
 from functions.core import deps, http
-from functions.core.models import FileDeleted, FileObject, ListPage
+from functions.core.wire import FileDeleted, FileObject, ListPage
 
 from .. import files
 from ..protocol import ExpiresAfter, FileListQuery, UploadPurpose

@@ -13,7 +13,7 @@ from typing import Any
 from aws_lambda_powertools.event_handler.api_gateway import Router
 
 from functions.core import deps
-from functions.core.models import Model
+from functions.core.wire import Model
 
 from .. import models
 from . import tenant

@@ -6,7 +6,7 @@ from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.openapi.params import Body, File, UploadFile
 
 from functions.core import deps
-from functions.core.models import Upload, UploadPart
+from functions.core.wire import Upload, UploadPart
 
 from .. import uploads
 from ..protocol import CompleteUploadBody, CreateUploadBody

@@ -64,8 +64,9 @@ def stores_from_settings(settings: Settings, *, concurrent: bool = False) -> Sto
         events=EventBridge(clients.client("events"), settings.event_bus_name),
         tenants=TenantRepo(table) if settings.governance else NoPolicy(),
         stored=StoredBytesRepo(table),
-        audit=audit_log,
-        receipts=audit_log,  # chunk receipts (worker, chunk DLQ consumer: granted sqs:SendMessage on the queue only)
+        # The API's actions and the chunk receipts (worker, chunk DLQ consumer: granted
+        # sqs:SendMessage on the queue only).
+        audit_log=audit_log,
         concurrent=concurrent,
         prepare=table.prepare if concurrent else None,
     )

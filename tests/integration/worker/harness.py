@@ -12,7 +12,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from functions.core import accounting, clients, limits
+from functions.core import chunk_lifecycle, clients, limits
 from functions.core.aws.sqs import SqsQueue
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
@@ -147,7 +147,7 @@ def run_one_chunk(
     engine = engine or InProcessEngine()
 
     async def io(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if started and fn is accounting.start_chunk:
+        if started and fn is chunk_lifecycle.start_chunk:
             return stores.batches.get(message.tenant, message.batch_id)
         return fn(*args, **kwargs)
 

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
+from functions.chunk_dlq import handler as chunk_dlq_handler
+from functions.chunk_dlq.logic import ERROR_CODE as DLQ_CODE
 from functions.core import clients, schema
-from functions.dlq import handler as dlq_handler
-from functions.dlq.logic import ERROR_CODE as DLQ_CODE
 from infra import names
 from infra.local.pollers import drain_queue
 from tests.integration.batch_helpers import line, wait_for_execution
@@ -218,7 +218,7 @@ def test_the_dlq_still_takes_a_chunk_received_too_often(client, stores, deployed
     # As the DLQ's event source mapping polls it: moto may return one of two visible messages to a
     # short poll (seen on a loaded 2-core machine), so poll until both were handled.
     handled: list[int] = []
-    wait_until(lambda: handled.append(drain_queue(sqs, dead, dlq_handler.handler, name="dlq")) or sum(handled) >= 2,
+    wait_until(lambda: handled.append(drain_queue(sqs, dead, chunk_dlq_handler.handler, name="dlq")) or sum(handled) >= 2,
                timeout=30, what="both dead-lettered chunks handled")
     assert sum(handled) == 2
     done = finish(client, deployed, batch.id)

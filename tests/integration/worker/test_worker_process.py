@@ -14,13 +14,12 @@ import urllib.request
 import pytest
 from moto.server import ThreadedMotoServer
 
-from functions.core import clients, deps, schema
-from functions.core.messages import WorkMessage
-from functions.core.records import BatchRecord
+from functions.core import clients, deps
 from functions.core.aws import stores_from_settings
 from functions.core.ports import Stores
 from infra.local import atomic_dynamodb
 from infra.local.resources import create_resources
+from tests.builders import cut, running_batch
 from tests.conftest import TEST_SETTINGS
 from tests.fakes.engine import FakeEngine, chat_answer
 from tests.integration.worker.engines import DIRECT
@@ -54,22 +53,12 @@ def batch(moto_server):
     """An in_progress batch of 4 lines in 2 chunks, their 2 work messages queued."""
     settings = create_resources(TEST_SETTINGS, clients.client, prefix="proc-test")
     stores = stores_from_settings(settings)
-    data = "".join(line(i) + "\n" for i in range(4)).encode()
-    key = schema.batch_input_key("acme", "batch_proc")
-    stores.objects.put(key, data)
-    now = int(time.time())
-    stores.batches.create(BatchRecord(
-        tenant="acme", id="batch_proc", input_file_id="file-x", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=now, expires_at=now + 86400, status="in_progress",
-        accepting=True, enqueued=True, total=4, chunk_count=2, input_key=key, model="test-chat",
-    ))
-    cut = len(line(0)) + len(line(1)) + 2
-    messages = [
-        WorkMessage(batch_id="batch_proc", tenant="acme", chunk=0, input_key=key, byte_start=0, byte_end=cut,
-                    first_line=1, line_count=2, endpoint="/v1/chat/completions", model="test-chat", expires_at=now + 86400),
-        WorkMessage(batch_id="batch_proc", tenant="acme", chunk=1, input_key=key, byte_start=cut, byte_end=len(data),
-                    first_line=3, line_count=2, endpoint="/v1/chat/completions", model="test-chat", expires_at=now + 86400),
-    ]
+    rows = [(line(i) + "\n").encode() for i in range(4)]
+    record = running_batch(id="batch_proc", input_file_id="file-x", created_at=int(time.time()), total=4, chunk_count=2,
+                           model="test-chat")
+    stores.objects.put(record.input_key, b"".join(rows))
+    stores.batches.create(record)
+    messages = [record.work_message(chunk) for chunk in cut(rows, 2)]
     url = settings.models["test-chat"].queue_url
     for m in messages:
         clients.client("sqs").send_message(QueueUrl=url, MessageBody=m.model_dump_json())

@@ -1,12 +1,12 @@
 """Dead-lettered work messages: a chunk received ``WORK_MAX_RECEIVES`` times without being
 counted (the last resort: the workers' own poison budget normally ends a chunk that keeps dying,
 docs/reliability.md "Poison isolation"). The lines its workers checkpointed keep their results;
-every other line gets a clear error line, and the chunk is counted through the shared accounting,
+every other line gets a clear error line, and the chunk is counted through the shared ``chunk_lifecycle``,
 so the batch still finishes (the last chunk signals the workflow as usual)."""
 
 from dataclasses import dataclass
 
-from functions.core import accounting, results
+from functions.core import chunk_lifecycle, results
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 from functions.core.work import Spend
@@ -45,10 +45,10 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterO
         return DeadLetterOutcome("already_counted")
     run = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
     lines = results.salvaged_lines(stores.objects, message, run.cover() if run is not None else [], ERROR_CODE, error_message(message))
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     for line in lines:
         usage.add_response(results.usage_of(line))  # None for the error lines
     parts = results.write_parts(stores.objects, message, lines)
     spent = run.spend() if run is not None else Spend()  # what its attempts recorded (they never committed)
-    outcome = accounting.record_chunk(stores, message, parts=parts, usage=usage, now=now, spent=spent)
+    outcome = chunk_lifecycle.record_chunk(stores, message, parts=parts, usage=usage, now=now, spent=spent)
     return DeadLetterOutcome("recorded" if outcome.counted else "already_counted", parts.failed, outcome.last)

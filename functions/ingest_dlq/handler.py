@@ -1,6 +1,6 @@
 """The ingest dead-letter Lambda: ingest events (S3 snapshot notifications) that the ingest queue
 dead-lettered after INGEST_MAX_RECEIVES receives, delivered through an SQS event source on the
-ingest DLQ. Each names batch snapshots; ``dead_letters.handle_dead_letter`` ends or resumes each
+ingest DLQ. Each names batch snapshots; ``logic.handle_dead_letter`` ends or resumes each
 batch. A record whose handling raised (a store error) is reported in ``batchItemFailures`` and
 redelivered; a body that is not an ingest event is logged and dropped (it can never succeed)."""
 
@@ -12,9 +12,9 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from pydantic import ValidationError
 
 from functions.core import deps, schema
+from functions.ingest.events import IngestRecord, snapshot_keys
 
-from .dead_letters import handle_dead_letter
-from .events import IngestRecord, snapshot_keys
+from .logic import handle_dead_letter
 
 logger = Logger(service="batch-api-ingest-dlq")
 

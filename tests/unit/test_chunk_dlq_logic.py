@@ -3,11 +3,11 @@ closed batch, already counted by a worker, or recorded as failed lines (and the 
 
 import json
 
+from functions.chunk_dlq import logic
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from functions.core.models import BatchOutputLine
-from functions.core.records import BatchRecord
-from functions.dlq import logic
+from functions.core.wire import BatchOutputLine
+from tests.builders import assert_fields, batch_record
 from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"
@@ -19,12 +19,8 @@ SPLIT = len(ROWS[0]) + len(ROWS[1])
 def setup(**over):
     stores = fake_stores()
     stores.objects.put(INPUT_KEY, b"".join(ROWS[:2]) + b"\n" + b"".join(ROWS[2:]) + b"not json\n")
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint=CHAT, completion_window="24h", created_at=100,
-        expires_at=100 + 86_400, status="in_progress", model="m", total=5, chunk_count=2, accepting=True,
-        input_key=INPUT_KEY, task_token="tok",
-    )
-    stores.batches.put(BatchRecord(**{**fields, **over}))
+    fields = dict(status="in_progress", model="m", total=5, chunk_count=2, accepting=True, task_token="tok")
+    stores.batches.put(batch_record(**{**fields, **over}))
     return stores
 
 
@@ -74,7 +70,7 @@ def test_a_recorded_chunk_fails_every_line_and_the_last_signals():
     assert {(l.error.code, l.response) for l in lines} == {("server_error", None)}
     assert "dead-lettered" in lines[0].error.message and "chunk 1" in lines[0].error.message
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.failed, batch.chunks_done) == (5, 2)
+    assert_fields(batch, failed=5, chunks_done=2)
     assert stores.workflows.signals == [("tok", {"outcome": "complete"})]
 
 
@@ -97,4 +93,4 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines():
     assert [BatchOutputLine.model_validate_json(l).custom_id for l in out.splitlines()] == ["req-2"]
     assert [BatchOutputLine.model_validate_json(l).custom_id for l in err.splitlines()] == ["req-3", "line-6"]
     batch = stores.batches.get("acme", "batch_1")
-    assert (batch.completed, batch.failed, batch.input_tokens, batch.output_tokens) == (1, 2, 10, 3)
+    assert_fields(batch, completed=1, failed=2, input_tokens=10, output_tokens=3)

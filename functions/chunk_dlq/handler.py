@@ -1,4 +1,4 @@
-"""The DLQ Lambda: fed by the work queues' dead-letter queues (SQS event, partial batch failures)."""
+"""The chunk DLQ Lambda: fed by the work queues' dead-letter queues (SQS event, partial batch failures)."""
 
 from typing import Any
 

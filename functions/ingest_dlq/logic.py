@@ -8,15 +8,14 @@ receives) was dead-lettered; end or resume its batch so that it never waits fore
 - anything else (already enqueued, terminal, or no record): nothing.
 
 Every write is conditional, so a duplicate delivery, or the sweeper or ingest racing it, changes
-nothing more. Takes its stores, settings and ``now``; the Lambda around it is ``dlq_handler``."""
+nothing more. Takes its stores, settings and ``now``; the Lambda around it is ``handler``."""
 
 import logging
 from typing import Final
 
 from functions.core.ports import Stores
 from functions.core.settings import Settings
-
-from .logic import fail_validating, resume
+from functions.ingest.logic import fail_validating, resume
 
 logger = logging.getLogger("batch-api-ingest-dlq.logic")
 

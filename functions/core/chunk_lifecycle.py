@@ -1,4 +1,4 @@
-"""Chunk accounting, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
+"""The chunk lifecycle, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
 a chunk is started, run in attempts (its run record: poison budget, checkpoints) and counted
 exactly once, only while its batch accepts chunks; whoever counts the last one (or a duplicate of
 it) signals the workflow. The batch's own statuses and transitions are ``lifecycle``'s."""
@@ -116,7 +116,7 @@ def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:
     batch = stores.batches.get(message.tenant, message.batch_id)
     done = batch is not None and _complete_if_all_counted(stores, batch)
     # Its first delivery may also have died before appending the chunk's audit receipt.
-    marker = stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) if stores.receipts else None
+    marker = stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) if stores.audit_log else None
     if marker is not None:
         audit.append_receipt(stores, message, marker, at=marker.recorded_at)
     return done

@@ -4,9 +4,9 @@ a message that is not a work message is dropped."""
 
 import pytest
 
+from functions.chunk_dlq import handler as chunk_dlq_handler
+from functions.chunk_dlq.logic import fail_chunk
 from functions.core import clients, schema
-from functions.dlq import handler as dlq_handler
-from functions.dlq.logic import fail_chunk
 from infra.local.pollers import drain_queue
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 from tests.integration.worker.harness import dlq_url, queue_depth, run_one_chunk
@@ -19,7 +19,7 @@ def dead_letter(deployed, bodies):
     dlq = dlq_url(deployed.models["test-chat"].queue_url)
     for body in bodies:
         clients.client("sqs").send_message(QueueUrl=dlq, MessageBody=body)
-    handled = drain_queue(clients.client("sqs"), dlq, dlq_handler.handler, name="dlq")
+    handled = drain_queue(clients.client("sqs"), dlq, chunk_dlq_handler.handler, name="dlq")
     assert queue_depth(dlq) == (0, 0)
     return handled
 
@@ -60,7 +60,7 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     chunk stays uncounted); the DLQ, the last resort, keeps that line's answer and fails the rest."""
     import pytest as _pytest
 
-    from functions.core.models import BatchOutputLine
+    from functions.core.wire import BatchOutputLine
     from gpu_worker.attempt import RunPolicy
     from gpu_worker.engine_client import EngineDown
     from tests.fakes.engine import CrashingEngine

@@ -1,38 +1,31 @@
-"""Chunk accounting against the in-memory ports: counted once, only while the batch accepts
+"""The chunk lifecycle against the in-memory ports: counted once, only while the batch accepts
 chunks; the last chunk (or its duplicate) signals; faults at the store propagate."""
 
 import pytest
 
 from functions.core import lifecycle
-from functions.core import accounting
+from functions.core import chunk_lifecycle
 from functions.core.lifecycle import Signal
 from functions.core.errors import Throttled
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.results import Parts
+from tests.builders import batch_record, work_message
 from tests.fakes.aws import conflict, fake_stores, throttle
 
 
 def batch(**over) -> BatchRecord:
-    fields = dict(
-        tenant="acme", id="batch_1", input_file_id="file-1", endpoint="/v1/chat/completions",
-        completion_window="24h", created_at=100, expires_at=100 + 86_400, status="in_progress",
-        model="m", total=3, chunk_count=2, accepting=True, input_key="batches/acme/batch_1/input.jsonl",
-        task_token="token-1",
-    )
-    return BatchRecord(**{**fields, **over})
+    fields = dict(status="in_progress", model="m", total=3, chunk_count=2, accepting=True, task_token="token-1")
+    return batch_record(**{**fields, **over})
 
 
 def message(chunk: int) -> WorkMessage:
-    return WorkMessage(
-        batch_id="batch_1", tenant="acme", chunk=chunk, input_key="k", byte_start=0, byte_end=10,
-        first_line=1, line_count=2, endpoint="/v1/chat/completions", model="m", expires_at=100 + 86_400,
-    )
+    return work_message(batch(), chunk=chunk, input_key="k", byte_end=10, line_count=2)
 
 
-def record(stores, chunk: int, completed: int = 2, failed: int = 0, usage: accounting.Usage | None = None):
-    return accounting.record_chunk(
-        stores, message(chunk), parts=Parts(f"a{chunk}", completed, failed), usage=usage or accounting.Usage(), now=5
+def record(stores, chunk: int, completed: int = 2, failed: int = 0, usage: chunk_lifecycle.Usage | None = None):
+    return chunk_lifecycle.record_chunk(
+        stores, message(chunk), parts=Parts(f"a{chunk}", completed, failed), usage=usage or chunk_lifecycle.Usage(), now=5
     )
 
 
@@ -67,7 +60,7 @@ def test_the_last_chunk_before_the_workflow_waits_does_not_signal():
 
 
 def test_usage_is_summed_with_cached_and_reasoning_tokens():
-    usage = accounting.Usage()
+    usage = chunk_lifecycle.Usage()
     usage.add_response({"prompt_tokens": 10, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 6},
                         "completion_tokens_details": {"reasoning_tokens": 3}})
     usage.add_response({"input_tokens": 5, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1},
@@ -87,12 +80,12 @@ def test_usage_is_summed_with_cached_and_reasoning_tokens():
 def test_start_chunk_is_one_conditional_write():
     stores = fake_stores()
     stores.batches.put(batch())
-    started = accounting.start_chunk(stores, message(1))
+    started = chunk_lifecycle.start_chunk(stores, message(1))
     assert started is not None and started.started_chunks == {1}
     assert stores.faults.calls["batches.transition"] == 1 and stores.faults.calls["batches.get"] == 0
     stores.batches.put(batch(status="cancelling"))
-    assert accounting.start_chunk(stores, message(0)) is None
-    assert accounting.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is None
+    assert chunk_lifecycle.start_chunk(stores, message(0)) is None
+    assert chunk_lifecycle.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is None
 
 
 @pytest.mark.parametrize("fault", [throttle(), conflict()])
@@ -113,13 +106,13 @@ def test_signal_vocabulary():
 
 # --- the chunk's run record: its poison budget ----------------------------------------------------
 def begin(stores, attempt, chunk=0):
-    return accounting.begin_run(stores, message(chunk), attempt, max_strikes=3, max_failures=10)
+    return chunk_lifecycle.begin_run(stores, message(chunk), attempt, max_strikes=3, max_failures=10)
 
 
 def test_attempts_left_open_are_real_failures_and_benign_ends_are_not():
     stores = fake_stores()
     assert begin(stores, "a").died == 0
-    accounting.end_run(stores, message(0), "a")  # shutdown: benign
+    chunk_lifecycle.end_run(stores, message(0), "a")  # shutdown: benign
     start = begin(stores, "b")
     assert (start.died, start.record.failures, start.record.benign, start.record.open) == (0, 0, 1, ["b"])
     start = begin(stores, "c")  # "b" never ended: it died
@@ -130,12 +123,12 @@ def test_attempts_left_open_are_real_failures_and_benign_ends_are_not():
 def test_a_dead_group_makes_suspects_and_a_dead_single_line_is_blamed():
     stores = fake_stores()
     first = begin(stores, "a")
-    accounting.mark_in_flight(stores, message(0), "a", (0, 8), first.record)  # a careful group of 8 dies
+    chunk_lifecycle.mark_in_flight(stores, message(0), "a", (0, 8), first.record)  # a careful group of 8 dies
     start = begin(stores, "b")
     assert (start.record.suspects, start.record.blamed, start.record.strikes) == (list(range(8)), [], 0)
     assert start.record.in_flight is None
-    record = accounting.add_segment(stores, message(0), "b", (0, 1), start.record)  # line 0 ran alone
-    accounting.mark_in_flight(stores, message(0), "b", (1, 2), record)  # line 1 alone dies
+    record = chunk_lifecycle.add_segment(stores, message(0), "b", (0, 1), start.record)  # line 0 ran alone
+    chunk_lifecycle.mark_in_flight(stores, message(0), "b", (1, 2), record)  # line 1 alone dies
     start = begin(stores, "c")
     assert (start.record.blamed, start.record.failures, start.record.strikes) == ([1], 2, 0)
 
@@ -149,7 +142,7 @@ def test_the_budget_is_spent_by_failures_without_progress_or_too_many_in_all():
     other = fake_stores()
     start = begin(other, "b0")
     for n in range(1, 11):  # each attempt writes a line, then dies: progress, but 10 deaths in all
-        accounting.add_segment(other, message(0), f"b{n - 1}", (n - 1, n), start.record)
+        chunk_lifecycle.add_segment(other, message(0), f"b{n - 1}", (n - 1, n), start.record)
         start = begin(other, f"b{n}")
         assert start.record.strikes == 0
     assert (start.record.failures, start.exhausted) == (10, True)
@@ -158,6 +151,6 @@ def test_the_budget_is_spent_by_failures_without_progress_or_too_many_in_all():
 def test_a_concurrent_change_of_the_run_record_is_merged_not_lost():
     stores = fake_stores()
     stale = begin(stores, "a").record
-    accounting.add_segment(stores, message(0), "a", (0, 5), stale)
-    record = accounting.add_segment(stores, message(0), "a", (5, 9), stale)  # written over a stale copy
+    chunk_lifecycle.add_segment(stores, message(0), "a", (0, 5), stale)
+    record = chunk_lifecycle.add_segment(stores, message(0), "a", (5, 9), stale)  # written over a stale copy
     assert record.segments == [[0, 5], [5, 9]] and record.written() == 9
