@@ -4,7 +4,8 @@
     .venv-clients/bin/python tests/clients/litellm_batch.py BASE_URL KEY MODEL DIR
 
 ``create_file``, ``create_batch``, ``retrieve_batch`` until completed, ``file_content``,
-``list_batches``, ``file_list``, ``cancel_batch`` on a second batch, ``file_delete``. DIR holds
+``list_batches``, ``file_list``, ``cancel_batch`` on a second batch (of its own 2,000-line file),
+``file_delete``. DIR holds
 ``embeddings.jsonl`` (the caller wrote it). Prints one JSON summary on stdout (what each call
 returned) and exits 1 on any error; tests/e2e/test_clients_e2e.py asserts on the summary. Runs in
 the clients' venv (.venv-clients) with ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (litellm fetches its
@@ -21,6 +22,7 @@ import litellm
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 WAIT_SECONDS = 240
+CANCEL_LINES = 2000
 
 
 def main(base_url: str, key: str, model: str, directory: str) -> dict:
@@ -29,7 +31,14 @@ def main(base_url: str, key: str, model: str, directory: str) -> dict:
 
     with (Path(directory) / "embeddings.jsonl").open("rb") as handle:
         created = litellm.create_file(file=handle, purpose="batch", **where)
-    with (Path(directory) / "embeddings.jsonl").open("rb") as handle:
+    # The batch to cancel has lines enough (CANCEL_LINES) that it cannot end between its create and
+    # the cancel, which litellm sends a second or more later on a busy machine.
+    to_cancel_path = Path(directory) / "to_cancel.jsonl"
+    to_cancel_path.write_text("".join(
+        json.dumps({"custom_id": f"cancel-{i}", "method": "POST", "url": "/v1/embeddings",
+                    "body": {"model": model, "input": f"line {i} of a batch cancelled at once"}}) + "\n"
+        for i in range(CANCEL_LINES)))
+    with to_cancel_path.open("rb") as handle:
         second = litellm.create_file(file=handle, purpose="batch", **where)
 
     batch = litellm.create_batch(completion_window="24h", endpoint="/v1/embeddings", input_file_id=created.id,
