@@ -9,15 +9,14 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from . import schema
 from .budgets import BudgetCaps, Charge, budget_sk
 from .messages import Chunk, WorkMessage
-from .work import Spend
 from .models import (
+    TERMINAL_STATUSES,
     Batch,
     BatchError,
     BatchErrors,
     BatchRequestCounts,
     BatchStatus,
     BatchUsage,
-    TERMINAL_STATUSES,
     FileObject,
     FilePurpose,
     InputTokensDetails,
@@ -25,6 +24,7 @@ from .models import (
     Upload,
     UploadPart,
 )
+from .work import Spend
 
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

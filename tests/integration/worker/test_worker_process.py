@@ -15,10 +15,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from functions.core import clients, deps, schema
-from functions.core.messages import WorkMessage
-from functions.core.records import BatchRecord
 from functions.core.aws import stores_from_settings
+from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
+from functions.core.records import BatchRecord
 from infra.local import atomic_dynamodb
 from infra.local.resources import create_resources
 from tests.conftest import TEST_SETTINGS
