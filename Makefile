@@ -35,7 +35,7 @@ TEST_PARALLEL ?= -n 2
 test: $(STAMP) engine clients
 	$(PY) -m pytest $(TEST_PARALLEL)
 
-## The gates (what CI runs before the tests; under a minute): ruff's linter (pyproject.toml
+## The gates (what CI runs before the tests; about a minute with a cold mypy cache): ruff's linter (pyproject.toml
 ## [tool.ruff.lint]: pycodestyle, pyflakes, isort, bugbear, pyupgrade, simplify, ruff's own rules,
 ## blind excepts, and no function over a cyclomatic complexity of 12), ruff's formatter in check
 ## mode, mypy over the product code ([tool.mypy]), and the import rules and cycle check
