@@ -56,7 +56,7 @@ def worm_store(target: Target, bucket: str | None = None) -> WormObjects | None:
 def public_key(target: Target, path: str | None = None) -> bytes | None:
     """The deployment's checkpoint key (DER): ``path`` (a PEM file) if given, else the local key
     file, else KMS GetPublicKey of the stack's key; None if the target names none."""
-    from functions.core import signing  # noqa: PLC0415 - needs `cryptography`, only verify does
+    from functions.core import signing  # needs `cryptography`, only verify does
 
     if path or target.kind == "local":
         file = path or target.audit_key
@@ -106,7 +106,7 @@ def export_key(prefix: str, tenant: str, records: list[AuditRecord]) -> str:
 
 def examine(store: AuditStore, worm: WormStore, tenant: str, key: bytes) -> anchor.Examination:
     """The tenant's chain in the table against its anchors in ``worm``, checked with ``key``."""
-    from functions.core import signing  # noqa: PLC0415 - needs `cryptography`, only verify does
+    from functions.core import signing  # needs `cryptography`, only verify does
 
     copies = anchor.by_seq(worm.originals(anchor.worm_prefix(tenant)), anchor.worm_prefix(tenant))
     checkpoints = anchor.by_seq(worm.originals(anchor.checkpoint_prefix(tenant)), anchor.checkpoint_prefix(tenant))
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, store: AuditStore, *, out: TextIO, err: TextIO
         if key is None:
             print("batchctl: this deployment has no audit signing key", file=err)
             return UNVERIFIABLE
-        from functions.core import signing  # noqa: PLC0415 - needs `cryptography`
+        from functions.core import signing  # needs `cryptography`
 
         out.write(signing.public_key_pem(key).decode())
         return 0

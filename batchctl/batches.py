@@ -47,9 +47,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from openai import OpenAI
+from openai.types import Batch, FilePurpose
 
 from functions.core import guard, limits
 from functions.core.wire import TERMINAL_STATUSES
@@ -98,7 +99,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     download.add_argument("--errors", type=Path, help="default: <batch_id>_error.jsonl")
 
 
-def upload_file(client: OpenAI, path: Path, purpose: str):
+def upload_file(client: OpenAI, path: Path, purpose: FilePurpose):
     size = path.stat().st_size
     if size <= PART_BYTES:
         return client.files.create(file=(path.name, path.read_bytes()), purpose=purpose)
@@ -362,8 +363,9 @@ def retry(client: OpenAI, batch_id: str, *, only: str, err: TextIO):
             print(f"batchctl: warning: batch {batch_id} already has {limits.METADATA_MAX_PAIRS} metadata pairs: "
                   f"{RETRY_OF} is not recorded on the new batch", file=err)
         file = upload_file(client, path, "batch")
+    # The batch's own endpoint and window (str in the SDK's Batch): the API took them once already.
     new = client.batches.create(
-        input_file_id=file.id, endpoint=batch.endpoint, completion_window=batch.completion_window,
+        input_file_id=file.id, endpoint=cast(Any, batch.endpoint), completion_window=cast(Any, batch.completion_window),
         metadata=metadata,
     )
     print(f"batchctl: retrying {kept} of the {plan.total} error lines of {batch_id} as {new.id}"
@@ -372,57 +374,77 @@ def retry(client: OpenAI, batch_id: str, *, only: str, err: TextIO):
 
 
 def run(args: argparse.Namespace, client: OpenAI, *, out: TextIO, err: TextIO) -> int:
+    """One `files` or `batches` command: its exit status."""
     if args.command == "files":
         print(upload_file(client, args.path, args.purpose).model_dump_json(), file=out)
         return 0
     action = args.action
-    if action == "create":
-        file_id = args.input_file_id or upload_file(client, args.input, "batch").id
-        metadata = dict(item.split("=", 1) for item in args.metadata) or None
-        batch = client.batches.create(
-            input_file_id=file_id, endpoint=args.endpoint, completion_window=args.window, metadata=metadata
-        )
-    elif action == "get":
-        batch = client.batches.retrieve(args.batch_id)
-    elif action == "cancel":
-        batch = client.batches.cancel(args.batch_id)
-    elif action == "list":
-        for item in client.batches.list(limit=args.limit).data:
-            print(item.model_dump_json(), file=out)
+    if action in _SHOWN:
+        print(_SHOWN[action](client, args).model_dump_json(), file=out)
         return 0
-    elif action == "wait":
-        try:
-            batch = wait_for(client, args.batch_id, timeout=args.timeout, interval=args.interval, err=err)
-        except TimeoutError as exc:
-            print(f"batchctl: {exc}", file=err)
-            return EXIT_TIMEOUT
-        print(batch.model_dump_json(), file=out)
-        return 0 if batch.status == "completed" else 1
-    elif action == "retry":
-        try:
-            new = retry(client, args.batch_id, only=args.only, err=err)
-        except RetryRefused as exc:
-            print(f"batchctl: {exc}", file=err)
-            return 1
-        print(new.id, file=out)
-        return 0
-    else:  # download
-        batch = client.batches.retrieve(args.batch_id)
-        wrote = 0
-        for file_id, path in (
-            (batch.output_file_id, args.output or Path(f"{batch.id}_output.jsonl")),
-            (batch.error_file_id, args.errors or Path(f"{batch.id}_error.jsonl")),
-        ):
-            if file_id:
-                client.files.content(file_id).write_to_file(path)
-                print(f"{path}", file=out)
-                wrote += 1
-        if not wrote:
-            print(f"batchctl: batch {batch.id} ({batch.status}) has no output or error file yet", file=err)
-            return 1
-        return 0
-    print(batch.model_dump_json(), file=out)
+    return _ACTIONS[action](client, args, out, err)
+
+
+def _create(client: OpenAI, args: argparse.Namespace) -> Batch:
+    file_id = args.input_file_id or upload_file(client, args.input, "batch").id
+    metadata = dict(item.split("=", 1) for item in args.metadata) or None
+    return client.batches.create(input_file_id=file_id, endpoint=args.endpoint, completion_window=args.window,
+                                 metadata=metadata)
+
+
+def _list(client: OpenAI, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    for item in client.batches.list(limit=args.limit).data:
+        print(item.model_dump_json(), file=out)
     return 0
+
+
+def _wait(client: OpenAI, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        batch = wait_for(client, args.batch_id, timeout=args.timeout, interval=args.interval, err=err)
+    except TimeoutError as exc:
+        print(f"batchctl: {exc}", file=err)
+        return EXIT_TIMEOUT
+    print(batch.model_dump_json(), file=out)
+    return 0 if batch.status == "completed" else 1
+
+
+def _retry(client: OpenAI, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        new = retry(client, args.batch_id, only=args.only, err=err)
+    except RetryRefused as exc:
+        print(f"batchctl: {exc}", file=err)
+        return 1
+    print(new.id, file=out)
+    return 0
+
+
+def _download(client: OpenAI, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    batch = client.batches.retrieve(args.batch_id)
+    wrote = 0
+    for file_id, path in (
+        (batch.output_file_id, args.output or Path(f"{batch.id}_output.jsonl")),
+        (batch.error_file_id, args.errors or Path(f"{batch.id}_error.jsonl")),
+    ):
+        if file_id:
+            client.files.content(file_id).write_to_file(path)
+            print(f"{path}", file=out)
+            wrote += 1
+    if not wrote:
+        print(f"batchctl: batch {batch.id} ({batch.status}) has no output or error file yet", file=err)
+        return 1
+    return 0
+
+
+#: The actions that print the batch they create, read or cancel.
+_SHOWN: dict[str, Callable[[OpenAI, argparse.Namespace], Batch]] = {
+    "create": _create,
+    "get": lambda client, args: client.batches.retrieve(args.batch_id),
+    "cancel": lambda client, args: client.batches.cancel(args.batch_id),
+}
+#: The other actions: their exit status.
+_ACTIONS: dict[str, Callable[[OpenAI, argparse.Namespace, TextIO, TextIO], int]] = {
+    "list": _list, "wait": _wait, "retry": _retry, "download": _download,
+}
 
 
 def api_client(args: argparse.Namespace, settings: CliSettings, *, local_base_url: str | None,

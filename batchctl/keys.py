@@ -84,10 +84,10 @@ def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: 
         assert tenants is not None
         print(f"batchctl: {auth.backfill(keys, tenants)} keys got an id and a listing", file=err)
         return 0
-    record = auth.revoke_key_id(keys, args.key_id) if args.key_id else auth.revoke_key(keys, args.key)
-    if record is None:
+    revoked = auth.revoke_key_id(keys, args.key_id) if args.key_id else auth.revoke_key(keys, args.key)
+    if revoked is None:
         print("batchctl: no such key", file=err)
         return 1
-    audit.note(audit_store, record.tenant, "keys.revoke", target=record.id, now=now)
-    print(f"revoked key {record.id} of tenant {record.tenant!r}", file=out)
+    audit.note(audit_store, revoked.tenant, "keys.revoke", target=revoked.id, now=now)
+    print(f"revoked key {revoked.id} of tenant {revoked.tenant!r}", file=out)
     return 0

@@ -151,7 +151,9 @@ def apply(policy: TenantPolicy, args: argparse.Namespace, *, now: int) -> Tenant
             else:
                 data[name][model] = number
     if any(name in given for name in ("prompt_secrets", "output_deny", "output_check")):
-        data["guard"] = guard.from_arguments(args, policy.guard).model_dump()  # type: ignore[union-attr]
+        updated = guard.from_arguments(args, policy.guard)
+        assert updated is not None  # an option was given
+        data["guard"] = updated.model_dump()
     data["updated_at"] = now
     return TenantPolicy.model_validate(data)
 
@@ -175,7 +177,8 @@ def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None
             return 2
         assert keys is not None
         policy, changed = auth.set_disabled(keys, tenants, tenant, args.action == "disable", now=now)
-        audit.note(audit_store, tenant, f"tenants.{args.action}", target=tenant, details={"policy": policy.model_dump(mode="json"), "keys": changed}, now=now)
+        details = {"policy": policy.model_dump(mode="json"), "keys": changed}
+        audit.note(audit_store, tenant, f"tenants.{args.action}", target=tenant, details=details, now=now)
         print(show(policy), file=out)
         print(f"batchctl: tenant {tenant!r} {args.action}d ({changed} keys marked)", file=err)
         return 0

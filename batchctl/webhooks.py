@@ -73,15 +73,15 @@ def run(args: argparse.Namespace, repo: WebhookRepo, *, local: bool, now: int, o
             print(json.dumps(a.model_dump(exclude_none=True, exclude={"tenant"})), file=out)
         return 0
     if args.action == "rotate":
-        record = repo.rotate(args.tenant, args.endpoint_id, signing.new_secret(), now=now, keep_old=args.keep_old_24h)
-        if record is None:
+        rotated = repo.rotate(args.tenant, args.endpoint_id, signing.new_secret(), now=now, keep_old=args.keep_old_24h)
+        if rotated is None:
             print("batchctl: no such endpoint", file=err)
             return 1
-        print(json.dumps({**_public(record), "signing_secret": record.secret}, indent=2), file=out)
+        print(json.dumps({**_public(rotated), "signing_secret": rotated.secret}, indent=2), file=out)
         return 0
-    record = repo.delete(args.tenant, args.endpoint_id)
-    if record is None:
+    deleted = repo.delete(args.tenant, args.endpoint_id)
+    if deleted is None:
         print("batchctl: no such endpoint", file=err)
         return 1
-    print(f"deleted webhook endpoint {record.id} of tenant {record.tenant!r}", file=out)
+    print(f"deleted webhook endpoint {deleted.id} of tenant {deleted.tenant!r}", file=out)
     return 0

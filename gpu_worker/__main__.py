@@ -12,10 +12,10 @@ import sys
 from collections.abc import Mapping
 
 from functions.core import clients
-from functions.core.settings import Settings
 from functions.core.aws import stores_from_settings
 from functions.core.aws.sqs import SqsQueue
 from functions.core.ports import Stores, WorkQueue
+from functions.core.settings import Settings
 
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown

@@ -190,7 +190,7 @@ class Attempt:
     async def end_benignly(self, why: str) -> None:
         try:
             await self.io(chunk_lifecycle.end_run, self.stores, self.message, self.attempt, self.record, self.unrecorded_spend())
-        except Exception:  # noqa: BLE001 - then the next attempt counts this one as failed: a careful run, no line lost
+        except Exception:  # then the next attempt counts this one as failed: a careful run, no line lost
             log.exception("chunk %s/%d: could not record a benign end (%s)", self.message.batch_id, self.message.chunk, why)
 
 

@@ -64,7 +64,7 @@ async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
     except Exception:
         try:
             await attempt.flush()
-        except Exception:  # noqa: BLE001 - the store is failing: those lines run again
+        except Exception:
             log.exception("chunk %s/%d: could not checkpoint before releasing", attempt.message.batch_id,
                           attempt.message.chunk)
         await attempt.end_benignly("store error while committing")

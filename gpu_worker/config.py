@@ -2,8 +2,9 @@
 
 Every field is ``WORKER_<FIELD>`` in the environment (e.g. ``WORKER_MAX_IN_FLIGHT``); an empty
 value counts as unset. Read by the same loader as the deployment settings
-(``functions.core.settings.EnvSettings``, pydantic-settings). The deployment's shared settings (table, bucket, queues, state machine) come from
-``functions.core.settings.Settings`` (``BATCHAPI_*``), exactly as the Lambdas read them.
+(``functions.core.settings.EnvSettings``, pydantic-settings). The deployment's shared settings
+(table, bucket, queues, state machine) come from ``functions.core.settings.Settings``
+(``BATCHAPI_*``), exactly as the Lambdas read them.
 Logic receives a ``WorkerConfig``; nothing below ``__main__`` reads ``os.environ``.
 """
 

@@ -37,14 +37,13 @@ from .attempt import RunPolicy
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
 from .chunk import ChunkRunner
-from .shaping import CacheSalts
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .engine_gate import EngineGate
 from .metrics import WorkerMetrics
 from .policy_checks import PolicyChecks
+from .shaping import CacheSalts
 from .store_pool import BACKGROUND, URGENT, StorePool
-
 
 #: With short polls (poll_wait_seconds 0), an empty receive waits this long before the next.
 IDLE_POLL_SECONDS = 0.2
@@ -279,7 +278,8 @@ class Worker:
                 return
             if not message.bound():
                 # Another tenant's input (forged or misrouted): read nothing; like a malformed message.
-                self.log.error("work message not bound to its tenant", extra={"message_id": r.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
+                self.log.error("work message not bound to its tenant",
+                               extra={"message_id": r.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
                 self.metrics.chunk_failed()
                 await self._sqs(self.queue.release, r.receipt, self.config.failure_retry_seconds)
                 return
@@ -342,7 +342,7 @@ class Worker:
     async def _release(self, r: Received, after: int, why: str) -> None:
         try:
             await self._sqs(self.queue.release, r.receipt, after)
-        except Exception:  # noqa: BLE001 - the message becomes visible anyway when its visibility ends
+        except Exception:
             self.log.exception("could not release a message", extra={"message_id": r.message_id})
         self.metrics.chunk_released()
         self.log.info(why, extra={"message_id": r.message_id, "visible_after_seconds": after})
@@ -357,7 +357,7 @@ class Worker:
             await self._sleep(interval)
             try:
                 ok = await self._sqs(self.queue.extend, r.receipt, self.config.visibility_seconds)
-            except Exception:  # noqa: BLE001 - try again next beat
+            except Exception:
                 self.log.exception("visibility extension failed", extra={"message_id": r.message_id})
                 continue
             if not ok:
@@ -368,7 +368,7 @@ class Worker:
                 continue
             try:
                 status = await self._batch_status(message, fresh_for=interval / 2)
-            except Exception:  # noqa: BLE001 - the chunk runs on; try again next beat
+            except Exception:
                 self.log.exception("batch check failed", extra={"message_id": r.message_id})
                 continue
             if (status == "gone" or status in TERMINAL_STATUSES) and not state.committing:

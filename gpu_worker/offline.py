@@ -103,7 +103,7 @@ async def run_paths(
 
 
 # --- the `batchctl run-batch` subcommand --------------------------------------------------------
-def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "run-batch", help="run a local batch file through an OpenAI-compatible engine (no AWS), like `vllm run-batch`"
     )

@@ -9,9 +9,10 @@ config through CDK context under ``CONTEXT_KEY``:
   or as a JSON string on the command line.
 
 Names and limits that the code shares are not redefined here: ``limits`` overrides fields of
-``functions.core.settings.Settings`` (the same names the Lambdas read), validated against it. A model's ``worker`` section overrides fields of
-``gpu_worker.config.WorkerConfig`` and is validated against it the same way (``infra`` may import
-``functions`` and ``gpu_worker``; they never import ``infra``).
+``functions.core.settings.Settings`` (the same names the Lambdas read), validated against it. A
+model's ``worker`` section overrides fields of ``gpu_worker.config.WorkerConfig`` and is validated
+against it the same way (``infra`` may import ``functions`` and ``gpu_worker``; they never import
+``infra``).
 """
 
 import json

@@ -11,6 +11,7 @@ service per model; ``Monitoring`` watches them all.
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra import names
@@ -57,7 +58,7 @@ class BatchApiStack(cdk.Stack):
                            settings=self.webhooks.settings)
         self.settings = self.audit.settings
         self.audit.share_settings([*self.ingest.functions.values(), self.uploads.function, self.webhooks.function])
-        common = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
+        common: dict[str, Any] = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
         self.workflow = Workflow(self, "Workflow", **common, batch_events=self.events)
         self.api = Api(self, "Api", **common)
         self.uploads.grant_dispatch(self.api.api_function)
@@ -79,9 +80,12 @@ class BatchApiStack(cdk.Stack):
         self.workflow.grant_signal(self.api.api_function)
         self.workflow.grant_signal(self.ingest.dlq_function)
         # Who sends audit intents: the API (its actions), the chunk counters (receipts).
-        for writer in (self.api.api_function, self.ingest.dlq_function,
-                       *(w.task_definition.task_role for w in self.workers.workers.values()),
-                       *([self.stream_front.task_role] if self.stream_front is not None else [])):
+        writers: list[iam.IGrantable] = [
+            self.api.api_function, self.ingest.dlq_function,
+            *(w.task_definition.task_role for w in self.workers.workers.values()),
+            *([self.stream_front.task_role] if self.stream_front is not None else []),
+        ]
+        for writer in writers:
             self.audit.grant_send(writer)
         # The ingest DLQ's consumer retries a fan-out once: it starts the workflow and publishes
         # the events of batches it ends (docs/lifecycle.md, "Liveness: every batch ends").

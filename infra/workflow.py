@@ -50,7 +50,8 @@ def _invoke(action: str, extra: dict[str, str], *, wait_for_token: bool = False)
 
 def definition() -> dict[str, Any]:
     return {
-        "Comment": "One execution per batch: wait for completion, cancel or expiry (checking the batch when no signal came); drain; finalize.",
+        "Comment": "One execution per batch: wait for completion, cancel or expiry (checking the batch when no signal "
+                   "came); drain; finalize.",
         "StartAt": "WaitForSignal",
         "States": {
             "WaitForSignal": {
@@ -80,7 +81,8 @@ def definition() -> dict[str, Any]:
                 "Choices": [{"Variable": f"$.signal.{SIGNAL_FIELD}", "StringEquals": WAIT, "Next": "WaitAgain"}],
                 "Default": "Drain",
             },
-            "WaitAgain": {"Type": "Pass", "InputPath": "$.signal.timeout_seconds", "ResultPath": "$.timeout_seconds", "Next": "WaitForSignal"},
+            "WaitAgain": {"Type": "Pass", "InputPath": "$.signal.timeout_seconds", "ResultPath": "$.timeout_seconds",
+                          "Next": "WaitForSignal"},
             "Drain": {
                 **_invoke("drain", {"signal.$": f"$.signal.{SIGNAL_FIELD}"}),
                 "ResultSelector": {"drained.$": "$.Payload.drained", "reason.$": "$.Payload.reason"},

@@ -2,13 +2,14 @@
 
 from functions.core import ids, lifecycle, limits, schema, tenants
 from functions.core.errors import InvalidRequest, not_found
+from functions.core.ports import Stores
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
-from functions.core.ports import Stores
 from functions.core.wire import Batch, BatchRequestCounts, ListPage
 
 from .files import ready
 from .protocol import BatchListQuery, CreateBatchBody
+
 
 def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBatchBody, *, now: int) -> Batch:
     """A batch in ``validating`` over a snapshot of its input file (ingest takes it from there)."""

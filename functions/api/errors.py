@@ -3,6 +3,7 @@ request validation (the rules of ``protocol``), a reused or busy ``Idempotency-K
 and unexpected exceptions."""
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -110,7 +111,7 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
         return envelope(ServerError("The server had an error while processing your request."))
 
 
-def validation_to_api_error(errors: list[dict[str, Any]]) -> ApiError:
+def validation_to_api_error(errors: Sequence[Any]) -> ApiError:
     """The first validation error (pydantic's, powertools', or a ``protocol`` rule's) in OpenAI's
     words: 400 ``missing_required_parameter`` or ``invalid_value`` with the parameter's path."""
     first = errors[0] if errors else {}
@@ -154,8 +155,5 @@ def _map_error(loc: list[str], kind: str, ctx: dict[str, Any]) -> ApiError:
     if loc[-1] == "[key]":
         detail = f"keys may be at most {ctx.get('max_length')} characters." if kind == "string_too_long" else "keys must be strings."
         return InvalidRequest(f"Invalid value for '{param}': {detail}", param=param, code="invalid_value")
-    if kind == "string_too_long":
-        detail = f"values may be at most {ctx.get('max_length')} characters."
-    else:
-        detail = "values must be strings."
+    detail = f"values may be at most {ctx.get('max_length')} characters." if kind == "string_too_long" else "values must be strings."
     return InvalidRequest(f"Invalid value for '{param}.{loc[1]}': {detail}", param=param, code="invalid_value")

@@ -1,13 +1,14 @@
 """Files API logic: takes its stores as arguments, never reads the environment."""
 
 from dataclasses import dataclass
+from typing import cast
 
 from functions.core import ids, schema
 from functions.core.errors import InvalidRequest, not_found
+from functions.core.ports import Stores
 from functions.core.records import FileRecord
 from functions.core.settings import Settings
-from functions.core.ports import Stores
-from functions.core.wire import FileDeleted, FileObject, ListPage
+from functions.core.wire import FileDeleted, FileObject, FilePurpose, ListPage
 
 from .common import check_size, check_storage, file_expiry, release_storage, within_quota
 from .protocol import ExpiresAfter, FileListQuery, filename_problem
@@ -64,7 +65,7 @@ def register_file(
             tenant=tenant,
             id=file_id,
             filename=filename,
-            purpose=purpose,
+            purpose=cast(FilePurpose, purpose),  # one of FILE_PURPOSES (the callers' validators)
             bytes=size,
             created_at=now,
             expires_at=now + ttl if ttl is not None else None,

@@ -56,7 +56,7 @@ def admission(event: dict[str, Any]) -> dict[str, Any] | None:
         tenants.admit_request(deps.stores().tenants, policies().get(tenant), now=deps.now())
     except ApiError as error:
         return errors.proxy_response(error)
-    except Exception:  # noqa: BLE001 - answered as the app answers an unexpected error
+    except Exception:
         logger.exception("unhandled error")
         return errors.proxy_response(ServerError("The server had an error while processing your request."))
     return None
@@ -79,7 +79,7 @@ def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: st
             body=None if response.get("isBase64Encoded") else response.get("body"),
             authorization=headers.get(http.AUTH_HEADER.lower()), request_id=request_id, at=deps.now(),
         )
-    except Exception:  # noqa: BLE001 - never turn a done action into an error answer
+    except Exception:
         logger.exception("audit_append_failed", extra={"tenant": tenant})
 
 

@@ -15,13 +15,14 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 from functions.core import ids, limits, schema
 from functions.core.errors import ConditionFailed, Conflict, InvalidRequest, PayloadTooLarge, not_found
+from functions.core.ports import Stores
 from functions.core.records import FileRecord, UploadPartRecord, UploadRecord
 from functions.core.settings import Settings
-from functions.core.ports import Stores
-from functions.core.wire import Upload, UploadPart
+from functions.core.wire import FilePurpose, Upload, UploadPart
 
 from .common import check_size, check_storage, file_expiry, release_storage, within_quota
 from .protocol import CompleteUploadBody, CreateUploadBody
@@ -38,7 +39,7 @@ def create_upload(stores: Stores, settings: Settings, tenant: str, body: CreateU
         tenant=tenant,
         id=ids.new_id(ids.UPLOAD),
         filename=body.filename,
-        purpose=body.purpose,
+        purpose=cast(FilePurpose, body.purpose),  # one of UPLOAD_PURPOSES (the body's validator)
         bytes=body.bytes,
         mime_type=body.mime_type,
         created_at=now,
@@ -103,33 +104,44 @@ def register_part(stores: Stores, upload: UploadRecord, part_id: str, *, size: i
     return part.to_wire()
 
 
-def complete_upload(stores: Stores, settings: Settings, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int) -> Upload:
-    part_ids, md5 = body.part_ids, body.md5
-    record = _get(stores, tenant, upload_id)
-    if record.status == "completed" and record.file_id:
-        # A retried complete: answer as the first one did (and hand a File still being assembled
-        # to the assembler again: the first message may have been lost with a crash).
-        file = stores.files.get(tenant, record.file_id, now)
-        if file is not None and file.status == "uploaded":
-            _dispatch(stores, settings, tenant, upload_id)
-        return record.to_wire(now, file.to_wire() if file else None)
-    record = pending_upload(stores, tenant, upload_id, now)
+def _completed_again(stores: Stores, settings: Settings, record: UploadRecord, file_id: str, now: int) -> Upload:
+    """A retried complete: answer as the first one did (and hand a File still being assembled to
+    the assembler again: the first message may have been lost with a crash)."""
+    file = stores.files.get(record.tenant, file_id, now)
+    if file is not None and file.status == "uploaded":
+        _dispatch(stores, settings, record.tenant, record.id)
+    return record.to_wire(now, file.to_wire() if file else None)
+
+
+def _listed_parts(stores: Stores, record: UploadRecord, part_ids: list[str]) -> tuple[dict[str, UploadPartRecord], int]:
+    """The parts ``part_ids`` lists (each once, all of this upload) and their total bytes, which
+    must be the upload's."""
     if not part_ids:
         raise InvalidRequest("Invalid value for 'part_ids': at least one part is required.", param="part_ids", code="invalid_value")
     if len(set(part_ids)) != len(part_ids):
         raise InvalidRequest("Invalid value for 'part_ids': a part is listed twice.", param="part_ids", code="invalid_value")
     if len(part_ids) > limits.S3_MAX_PARTS:
         raise InvalidRequest(f"Invalid value for 'part_ids': at most {limits.S3_MAX_PARTS} parts.", param="part_ids", code="invalid_value")
-    parts = stores.uploads.parts(tenant, upload_id, part_ids)
+    parts = stores.uploads.parts(record.tenant, record.id, part_ids)
     missing = [p for p in part_ids if p not in parts]
     if missing:
-        raise InvalidRequest(f"Part {missing[0]} does not belong to upload {upload_id}.", param="part_ids", code="invalid_value")
+        raise InvalidRequest(f"Part {missing[0]} does not belong to upload {record.id}.", param="part_ids", code="invalid_value")
     total = sum(parts[p].bytes for p in part_ids)
     if total != record.bytes:
         raise InvalidRequest(
             f"The parts add up to {total} bytes, but the upload was created with bytes={record.bytes}.",
             param="part_ids", code="bytes_mismatch",
         )
+    return parts, total
+
+
+def complete_upload(stores: Stores, settings: Settings, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int) -> Upload:
+    part_ids, md5 = body.part_ids, body.md5
+    record = _get(stores, tenant, upload_id)
+    if record.status == "completed" and record.file_id:
+        return _completed_again(stores, settings, record, record.file_id, now)
+    record = pending_upload(stores, tenant, upload_id, now)
+    parts, total = _listed_parts(stores, record, part_ids)
     # The destination key is derived from the upload, so a retry after a crash overwrites the same
     # object instead of leaving an orphan; the File record only appears in the transaction below.
     dest = schema.file_key(tenant, upload_id)

@@ -8,6 +8,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import SqsFifoPartialProcessor, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from pydantic import ValidationError
 
@@ -31,7 +32,7 @@ def signer(settings: Settings) -> Signer:
     if settings.audit_signing_key_id:
         return KmsSigner(clients.client("kms"), settings.audit_signing_key_id)
     if settings.audit_local_key_file:
-        from functions.core.signing import FileSigner  # noqa: PLC0415 - local only (needs `cryptography`)
+        from functions.core.signing import FileSigner  # local only (needs `cryptography`)
 
         return FileSigner(settings.audit_local_key_file)
     raise RuntimeError("the audit appender has no signing key (audit_signing_key_id or audit_local_key_file)")
@@ -48,7 +49,7 @@ def appender_stores() -> AppenderStores:
 
 
 @logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
     run = Invocation(appender_stores(), now=deps.now)
     last: dict[str, str] = {}  # tenant -> the message id of its last intent taken
 
@@ -74,7 +75,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     for tenant in run.heads:
         try:
             checkpoint = run.checkpoint(tenant)
-        except Exception:  # noqa: BLE001 - that tenant's last intent comes back and retries it
+        except Exception:
             logger.exception("audit_checkpoint_failed", extra={"tenant": tenant})
             if {"itemIdentifier": last[tenant]} not in failures:
                 failures.append({"itemIdentifier": last[tenant]})

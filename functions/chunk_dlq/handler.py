@@ -4,6 +4,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from pydantic import ValidationError
 
@@ -25,7 +26,8 @@ def handle_record(record: SQSRecord) -> None:
         return
     if not message.bound():
         # Its input is not its tenant's batch input (WorkMessage.bound): read and record nothing.
-        logger.error("dead-lettered message not bound to its tenant", extra={"message_id": record.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
+        logger.error("dead-lettered message not bound to its tenant",
+                     extra={"message_id": record.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
         return
     receives = int(record.attributes.approximate_receive_count or 0)
     outcome = fail_chunk(deps.stores(), message, now=deps.now())
@@ -37,5 +39,5 @@ def handle_record(record: SQSRecord) -> None:
 
 
 @logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
     return process_partial_response(event=event, record_handler=handle_record, processor=processor, context=context)

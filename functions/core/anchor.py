@@ -174,6 +174,62 @@ def _missing(seq: int, head: int, where: str) -> Finding:
     return Finding("deleted", seq, f"{where}, but not in the table: deleted")
 
 
+def _check_copies(tenant: str, table: dict[int, AuditRecord], copies: dict[int, WormObject],
+                  findings: list[Finding]) -> dict[int, AuditRecord]:
+    """The records the WORM copies hold, by seq; what is wrong with them goes to ``findings``."""
+    head = max(table, default=0)
+    copied: dict[int, AuditRecord] = {}
+    for seq in sorted(copies):
+        record, problems = _copy(tenant, seq, copies[seq])
+        findings += problems
+        if record is None:
+            continue
+        copied[seq] = record
+        if seq not in table:
+            findings.append(_missing(seq, head, "in the WORM copy"))
+        elif table[seq].to_json() != record.to_json():
+            findings.append(Finding("rewritten", seq, "differs from its WORM copy"))
+    return copied
+
+
+def _signed(tenant: str, seq: int, obj: WormObject, signature_ok: SignatureCheck) -> Checkpoint | None:
+    """The checkpoint ``obj`` holds if it is of its place and its signature holds, else None."""
+    try:
+        signed_checkpoint = SignedCheckpoint.model_validate_json(obj.body)
+        checkpoint = signed_checkpoint.checkpoint
+        ok = (checkpoint.tenant, checkpoint.seq) == (tenant, seq) and signature_ok(
+            checkpoint.message(), signed_checkpoint.signature_bytes())
+    except (ValidationError, ValueError):
+        return None
+    return checkpoint if ok else None
+
+
+def _check_checkpoints(tenant: str, table: dict[int, AuditRecord], copied: dict[int, AuditRecord],
+                       checkpoints: dict[int, WormObject], signature_ok: SignatureCheck,
+                       findings: list[Finding]) -> tuple[int, int]:
+    """(the newest valid checkpoint's seq, how many are valid); what is wrong goes to ``findings``."""
+    head = max(table, default=0)
+    anchored, valid = 0, 0
+    for seq in sorted(checkpoints):
+        checkpoint = _signed(tenant, seq, checkpoints[seq], signature_ok)
+        if checkpoint is None:
+            findings.append(Finding("forged_checkpoint", seq, "a checkpoint whose signature does not hold with the "
+                                                              "deployment's key"))
+            continue
+        valid += 1
+        anchored = max(anchored, seq)
+        if seq not in table:
+            findings.append(_missing(seq, head, "signed in a checkpoint"))
+        elif table[seq].hash != checkpoint.hash:
+            findings.append(Finding("rewritten", seq, "its hash is not the one its signed checkpoint holds"))
+        if seq not in copied:
+            findings.append(Finding("copy_missing", seq, "a signed checkpoint with no WORM copy of its record"))
+        elif copied[seq].hash != checkpoint.hash:
+            findings.append(Finding("copy_invalid", seq, "its WORM copy's hash is not the one its signed checkpoint "
+                                                         "holds"))
+    return anchored, valid
+
+
 def examine(
     tenant: str,
     records: Iterable[AuditRecord],
@@ -200,46 +256,8 @@ def examine(
     if broken is not None:
         findings.append(Finding("link", broken.seq, broken.reason))
     table = {r.seq: r for r in records}
-    head = max(table, default=0)
-
-    copied: dict[int, AuditRecord] = {}
-    for seq in sorted(copies):
-        record, problems = _copy(tenant, seq, copies[seq])
-        findings += problems
-        if record is None:
-            continue
-        copied[seq] = record
-        if seq not in table:
-            findings.append(_missing(seq, head, "in the WORM copy"))
-        elif table[seq].to_json() != record.to_json():
-            findings.append(Finding("rewritten", seq, "differs from its WORM copy"))
-
-    anchored, valid = 0, 0
-    for seq in sorted(checkpoints):
-        obj = checkpoints[seq]
-        try:
-            signed_checkpoint = SignedCheckpoint.model_validate_json(obj.body)
-            checkpoint = signed_checkpoint.checkpoint
-            ok = (checkpoint.tenant, checkpoint.seq) == (tenant, seq) and signature_ok(
-                checkpoint.message(), signed_checkpoint.signature_bytes())
-        except (ValidationError, ValueError):
-            ok = False
-        if not ok:
-            findings.append(Finding("forged_checkpoint", seq, "a checkpoint whose signature does not hold with the "
-                                                              "deployment's key"))
-            continue
-        valid += 1
-        anchored = max(anchored, seq)
-        if seq not in table:
-            findings.append(_missing(seq, head, "signed in a checkpoint"))
-        elif table[seq].hash != checkpoint.hash:
-            findings.append(Finding("rewritten", seq, "its hash is not the one its signed checkpoint holds"))
-        if seq not in copied:
-            findings.append(Finding("copy_missing", seq, "a signed checkpoint with no WORM copy of its record"))
-        elif copied[seq].hash != checkpoint.hash:
-            findings.append(Finding("copy_invalid", seq, "its WORM copy's hash is not the one its signed checkpoint "
-                                                         "holds"))
-
+    copied = _check_copies(tenant, table, copies, findings)
+    anchored, valid = _check_checkpoints(tenant, table, copied, checkpoints, signature_ok, findings)
     for record in records:
         if record.seq <= anchored and record.seq not in copied:
             findings.append(Finding("forged_insert", record.seq, f"no WORM copy, at or below the newest checkpoint "

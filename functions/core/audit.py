@@ -23,7 +23,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -131,7 +131,7 @@ def link(
     target: str | None = None, request_id: str | None = None, details: dict[str, Any] | None = None,
 ) -> AuditRecord:
     """The record ``seq`` after ``prev_hash``, with its hash."""
-    body = dict(tenant=tenant, seq=seq, at=at, actor=actor, action=action, target=target,
+    body: dict[str, Any] = dict(tenant=tenant, seq=seq, at=at, actor=actor, action=action, target=target,
                 request_id=request_id, outcome=outcome, details=details or {}, prev_hash=prev_hash)
     # Through the model once, so the hash covers exactly what the model serializes.
     draft = AuditRecord(**body, hash=GENESIS)
@@ -249,7 +249,7 @@ def api_action(method: str, path: str) -> tuple[str, str | None] | None:
         if verb != method.upper() or len(pattern) != len(segments):
             continue
         target = None
-        for want, got in zip(pattern, segments):
+        for want, got in zip(pattern, segments, strict=True):
             if want.startswith("<"):
                 target = got
             elif want != got:
@@ -319,7 +319,7 @@ RECEIPT_DIGESTS: Final = ("out_sha256", "err_sha256")
 
 
 def receipt_intent(message: WorkMessage, marker: ChunkRecord, *, at: int,
-                   digests: dict[str, str | None] | None = None) -> AuditIntent:
+                   digests: Mapping[str, str | None] | None = None) -> AuditIntent:
     """The receipt of a counted chunk (``marker``): its batch, chunk and input lines, and the
     sha256 of each result part of the counted attempt when the sender has them (the counting
     worker computed them while writing the parts, ``Parts.digests``); without them the appender

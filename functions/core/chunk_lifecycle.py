@@ -18,6 +18,7 @@ from .records import BatchRecord, ChunkRecord, ChunkRunRecord
 from .results import Parts
 from .work import Spend
 
+
 @dataclass(frozen=True)
 class ChunkOutcome:
     """What recording a chunk did: ``counted`` is False for a duplicate or a late chunk;

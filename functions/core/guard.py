@@ -136,7 +136,7 @@ class GuardPolicy(BaseModel):
         types = secret_types([*values, *hidden_texts(body, values)])
         if self.prompt_secrets == "refuse" or not types:
             return body, (_refused(types) if types else None)
-        found = dict(zip(values, scan(values)))
+        found = dict(zip(values, scan(values), strict=True))
         if any(found.values()):
             body = _redacted(body, {text: redacted(text, secrets) for text, secrets in found.items() if secrets})
             values = _unique(_strings(body))
@@ -322,7 +322,7 @@ def resolve_check(name: str) -> OutputCheck:
     check = getattr(importlib.import_module(module), function)
     if not callable(check):
         raise TypeError(f"{name} is not callable")
-    return check  # type: ignore[no-any-return]
+    return check
 
 
 def output_secrets(body: dict[str, Any]) -> str | None:

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import limits
 
@@ -104,7 +104,7 @@ def has_lone_surrogate(text: str) -> bool:
     return False
 
 
-def usable_custom_id(value: Any) -> bool:
+def usable_custom_id(value: Any) -> TypeGuard[str]:
     """A custom_id a result line can carry: a non-empty string of at most MAX_CUSTOM_ID_CHARS
     characters, valid Unicode."""
     return (

@@ -12,15 +12,15 @@ from typing import Final
 from .schema import BATCHES_PREFIX
 
 __all__ = [
+    "AUDIT_APPEND_TIMEOUT_SECONDS",
+    "AUDIT_MAX_RECEIVES",
+    "AUDIT_VISIBILITY_SECONDS",
     "BATCHES_PREFIX",
     "EVENT_SOURCE",
     "INGEST_MAX_RECEIVES",
     "METRICS_NAMESPACE",
     "WORK_MAX_RECEIVES",
     "WORK_VISIBILITY_SECONDS",
-    "AUDIT_APPEND_TIMEOUT_SECONDS",
-    "AUDIT_MAX_RECEIVES",
-    "AUDIT_VISIBILITY_SECONDS",
     "audit_dead_letter_queue_name",
     "audit_queue_name",
     "dead_letter_queue_name",

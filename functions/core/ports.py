@@ -11,6 +11,7 @@ retries. Anything else is a bug or an outage and propagates.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +34,7 @@ class ObjectWriter(Protocol):
     key: str
     bytes: int
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: builtins.bytes) -> None: ...
     def append_object(self, key: str, size: int) -> None: ...
     def __enter__(self) -> ObjectWriter: ...
     def __exit__(self, exc_type: Any, *_: Any) -> None: ...
@@ -100,7 +101,7 @@ class KeyStore(Protocol):
         """Remove the key with its listing and id; the removed key, or None if there was none."""
     def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
         """Mark (or unmark) the key and its listing disabled; False if the key is gone."""
-    def all_keys(self) -> list[ApiKeyRecord]:
+    def all_keys(self) -> builtins.list[ApiKeyRecord]:
         """Every key (a table scan: for ``batchctl keys backfill`` only)."""
     def add_listing(self, record: ApiKeyRecord) -> bool:
         """Write the listing and id of a key stored without them; False if they exist."""
@@ -138,7 +139,7 @@ class AuditLog(Protocol):
     """Where writers send what the audit chains should record (the audit queue): every role but
     the audit appender records through this, and none of them can write a chain (docs/audit.md)."""
 
-    def record(self, intent: "AuditIntent") -> None:
+    def record(self, intent: AuditIntent) -> None:
         """Send ``intent``; the appender appends it once per dedupe key, some time later."""
 
 
@@ -146,17 +147,17 @@ class AuditStore(Protocol):
     """Tenants' audit chains (``functions.core.audit``): records keyed by (tenant, seq), and the
     dedupe markers beside them. Only the audit appender writes; ``batchctl audit`` reads."""
 
-    def head(self, tenant: str) -> "AuditRecord | None":
+    def head(self, tenant: str) -> AuditRecord | None:
         """The record with the highest seq (strongly consistent), None for an empty chain."""
-    def put(self, record: "AuditRecord", *, dedupe: str | None = None, charge: Charge | None = None) -> None:
+    def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
         """Write ``record`` only if its seq is free (and, with ``dedupe``, together with a marker of
         that key holding the seq, only if the key is new, and with ``charge``, its ADD to the
         tenant's budget item, in one transaction); ConditionFailed otherwise."""
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         """The seq of the record written with the dedupe ``key``, None if there is none."""
-    def record(self, tenant: str, seq: int) -> "AuditRecord | None":
+    def record(self, tenant: str, seq: int) -> AuditRecord | None:
         """The record ``seq`` of ``tenant``'s chain (strongly consistent), None if absent."""
-    def records(self, tenant: str) -> list["AuditRecord"]:
+    def records(self, tenant: str) -> list[AuditRecord]:
         """The whole chain as stored, in sort key (seq) order."""
 
 
@@ -168,7 +169,7 @@ class WormStore(Protocol):
         """Write ``key`` only if no object has it; False (nothing written) if one does."""
     def find(self, key: str) -> bytes | None:
         """The current bytes of ``key``, None if there is no such object."""
-    def originals(self, prefix: str) -> dict[str, "WormObject"]:
+    def originals(self, prefix: str) -> dict[str, WormObject]:
         """Every key under ``prefix`` with its first version (the bytes written first, which
         Object Lock keeps), how many versions it has and whether a delete marker hides it."""
 
@@ -189,7 +190,7 @@ class BatchStore(Protocol):
     def create(self, record: BatchRecord) -> None: ...
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...
     def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]: ...
-    def transition(self, tenant: str, batch_id: str, change: "Change", *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
         """Apply one lifecycle ``Change`` (``functions.core.lifecycle``) as one conditional write,
         with ``files`` created and the change's enqueued-cap counter change in the same
         transaction; a terminal change releases a held reservation (``lifecycle.settle``). Returns
@@ -214,7 +215,7 @@ class BatchStore(Protocol):
     def budget_used(self, tenant: str, period_sk: str) -> Spent:
         """The tokens charged to the tenant's budget item ``period_sk`` (``budgets.budget_sk``) by
         counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
-    def open_batches(self) -> list[tuple[str, str]]:
+    def open_batches(self) -> builtins.list[tuple[str, str]]:
         """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
         never a table scan). Eventually consistent: a batch may show up moments after it ended."""
 
@@ -297,15 +298,21 @@ class Stores:
 # --- The inference engine (the worker's side) ---------------------------------------------------
 class EngineReply(Protocol):
     """One line's outcome: the HTTP status and parsed body (status None: the engine never
-    answered, ``error_code``/``error_message`` say why)."""
+    answered, ``error_code``/``error_message`` say why). Read-only (a frozen dataclass is one)."""
 
-    status: int | None
-    body: Any
-    request_id: str
-    error_code: str
-    error_message: str
-    #: How often it was sent (timeouts and connection errors are retried).
-    attempts: int
+    @property
+    def status(self) -> int | None: ...
+    @property
+    def body(self) -> Any: ...
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def error_code(self) -> str: ...
+    @property
+    def error_message(self) -> str: ...
+    @property
+    def attempts(self) -> int:
+        """How often it was sent (timeouts and connection errors are retried)."""
 
 
 class Engine(Protocol):

@@ -10,13 +10,13 @@ from . import schema
 from .budgets import BudgetCaps, Charge, budget_sk
 from .messages import Chunk, WorkMessage
 from .wire import (
+    TERMINAL_STATUSES,
     Batch,
     BatchError,
     BatchErrors,
     BatchRequestCounts,
     BatchStatus,
     BatchUsage,
-    TERMINAL_STATUSES,
     FileObject,
     FilePurpose,
     InputTokensDetails,

@@ -6,7 +6,7 @@ partition key that starts with the caller's tenant, so a cross-tenant read is im
 construction.
 """
 
-from typing import Final
+from typing import Any, Final
 
 PK: Final = "pk"
 SK: Final = "sk"
@@ -29,7 +29,7 @@ OPEN_PARTITION: Final = "OPEN"
 #: DynamoDB deletes expired items lazily.
 TTL: Final = "ttl"
 
-TABLE_SCHEMA: Final = {
+TABLE_SCHEMA: Final[dict[str, Any]] = {
     "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}, {"AttributeName": SK, "KeyType": "RANGE"}],
     "AttributeDefinitions": [
         {"AttributeName": name, "AttributeType": "S"}

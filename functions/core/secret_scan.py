@@ -238,7 +238,9 @@ class _Ends:
 
     def __call__(self, pos: int) -> int:
         if not self.low <= pos <= self.high:
-            self.low, self.high = pos, self.run.match(self.text, pos).end()  # type: ignore[union-attr]
+            run = self.run.match(self.text, pos)
+            assert run is not None  # a run's pattern matches the empty string too
+            self.low, self.high = pos, run.end()
         return self.high
 
 
@@ -273,10 +275,7 @@ class _Spans:
 
     def __call__(self, start: int, end: int, limit: int) -> tuple[int, int]:
         text = self.text
-        if text.startswith("-----", start - 5) and start >= 5:
-            first = start - 5
-        else:
-            first = start
+        first = start - 5 if text.startswith("-----", start - 5) and start >= 5 else start
         if text.startswith("BEGIN ", start):
             whole = self._pem(start, limit)
             if whole is not None:
@@ -286,10 +285,10 @@ class _Spans:
         elif text.startswith("eyJ", start):
             if start < self.jwt_end:
                 return first, max(end, self.jwt_end)  # inside the last JWT's span: it ends there too
-            whole = _JWT.match(text, start)
-            if whole is not None and whole.end() >= end:
-                self.jwt_end = whole.end()
-                return first, whole.end()
+            jwt = _JWT.match(text, start)
+            if jwt is not None and jwt.end() >= end:
+                self.jwt_end = jwt.end()
+                return first, jwt.end()
         if start == end or not _TOKEN.fullmatch(text[end - 1]):
             return first, end  # the match closes the secret (a URL's ``user:password@``, a quote)
         return first, self.tails(end)

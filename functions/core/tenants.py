@@ -32,18 +32,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from . import schema
-from .errors import DEACTIVATED_MESSAGE, AccountDeactivated, QuotaExceeded, RateLimited, RequestRateLimited, StorageQuotaExceeded
+from .errors import (
+    DEACTIVATED_MESSAGE,
+    AccountDeactivated,
+    QuotaExceeded,
+    RateLimited,
+    RequestRateLimited,
+    StorageQuotaExceeded,
+)
 
 if TYPE_CHECKING:
     from .ports import TenantStore
+from .budgets import BudgetCaps, Spent, budget_sk
 from .guard import GuardPolicy
-from .budgets import BUDGET_KINDS, BudgetCaps, Spent, budget_sk
 from .records import check_tenant
 from .work import BYTES_PER_TOKEN, PolicyBounds, estimate_tokens  # noqa: F401 - estimate_tokens is part of this API
 
@@ -170,7 +176,7 @@ def minute_start(now: int) -> int:
     return now - now % MINUTE_SECONDS
 
 
-def admit_request(tenants: "TenantStore", policy: TenantPolicy | None, *, now: int) -> None:
+def admit_request(tenants: TenantStore, policy: TenantPolicy | None, *, now: int) -> None:
     """Admit one API request of ``policy``'s tenant at ``now`` (None: a tenant without a record,
     admitted with nothing read or written): ``AccountDeactivated`` for a disabled tenant; with a
     ``requests_per_minute``, one conditional ADD on the minute's counter (a refused request counts
@@ -199,7 +205,7 @@ class PolicyCache:
     the policy on every request, so a process reads each tenant's policy at most once per
     ``seconds`` and a policy change reaches it within that long (0: read every time)."""
 
-    def __init__(self, tenants: "TenantStore", seconds: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, tenants: TenantStore, seconds: float, clock: Callable[[], float] = time.monotonic):
         self._tenants, self._seconds, self._clock = tenants, seconds, clock
         self._read: dict[str, tuple[float, TenantPolicy | None]] = {}
 
@@ -214,7 +220,7 @@ class PolicyCache:
 
 
 # --- Stored bytes (max_stored_bytes) ------------------------------------------------------------
-def storage_quota(tenants: "TenantStore", tenant: str) -> int | None:
+def storage_quota(tenants: TenantStore, tenant: str) -> int | None:
     """The tenant's ``max_stored_bytes`` (one GetItem; None: no policy, no quota, governance off)."""
     policy = tenants.get(tenant)
     return policy.max_stored_bytes if policy is not None else None

@@ -74,8 +74,8 @@ class ListPage(WireModel, Generic[T]):
     def of(cls, items: list[T], has_more: bool) -> "ListPage[T]":
         return cls(
             data=items,
-            first_id=items[0].id if items else None,  # type: ignore[attr-defined]
-            last_id=items[-1].id if items else None,  # type: ignore[attr-defined]
+            first_id=items[0].id if items else None,  # type: ignore[attr-defined]  # every listed model has an id
+            last_id=items[-1].id if items else None,  # type: ignore[attr-defined]  # (not expressible in T's bound)
             has_more=has_more,
         )
 

@@ -202,7 +202,9 @@ def with_output_cap(endpoint: str, body: dict[str, Any], max_line_output_tokens:
     """``body`` with its share of the line bound as its output limit, when it sets none (the
     endpoint's first limit field, e.g. ``max_completion_tokens`` for chat); as it is otherwise."""
     fields = OUTPUT_LIMIT_FIELDS.get(endpoint)
-    cap = output_cap(max_line_output_tokens, work_of(endpoint, body)) if fields else None
+    if not fields:
+        return body
+    cap = output_cap(max_line_output_tokens, work_of(endpoint, body))
     return body if cap is None else {**body, fields[0]: cap}
 
 

@@ -27,28 +27,28 @@ class S3TestEvent(BaseModel):
 # powertools' S3 models require fields S3 always sends but the local deployment's moto omits and
 # ingest never reads (who made the request, the bucket owner): optional here.
 class _Bucket(S3Bucket):
-    ownerIdentity: S3OwnerIdentify | None = None  # type: ignore[assignment]
+    ownerIdentity: S3OwnerIdentify | None = None  # type: ignore[assignment]  # optional here (above)
 
 
 class _Message(S3Message):
-    bucket: _Bucket  # type: ignore[assignment]
+    bucket: _Bucket
 
 
 class S3EventRecord(S3RecordModel):
-    userIdentity: S3Identity | None = None  # type: ignore[assignment]
-    requestParameters: S3RequestParameters | None = None  # type: ignore[assignment]
-    responseElements: S3ResponseElements | None = None  # type: ignore[assignment]
-    s3: _Message  # type: ignore[assignment]
+    userIdentity: S3Identity | None = None  # type: ignore[assignment]  # optional here (above)
+    requestParameters: S3RequestParameters | None = None  # type: ignore[assignment]  # optional here (above)
+    responseElements: S3ResponseElements | None = None  # type: ignore[assignment]  # optional here (above)
+    s3: _Message
 
 
 class S3Notification(S3Model):
-    Records: list[S3EventRecord]  # type: ignore[assignment]
+    Records: list[S3EventRecord]  # type: ignore[assignment]  # our record model (a list is invariant)
 
 
 class IngestRecord(SqsRecordModel):
     """An SQS record carrying an S3 notification (or S3's test event)."""
 
-    body: Json[S3TestEvent | S3Notification]  # type: ignore[assignment]
+    body: Json[S3TestEvent | S3Notification]
 
 
 def snapshot_keys(notification: S3TestEvent | S3Notification) -> list[str]:
@@ -64,3 +64,8 @@ def snapshot_keys(notification: S3TestEvent | S3Notification) -> list[str]:
         if schema.parse_batch_input_key(key):
             keys.append(key)
     return keys
+
+
+def snapshot_batches(notification: S3TestEvent | S3Notification) -> list[tuple[str, str]]:
+    """(tenant, batch_id) of each batch input snapshot a notification names (``snapshot_keys``)."""
+    return [batch for key in snapshot_keys(notification) if (batch := schema.parse_batch_input_key(key))]

@@ -10,10 +10,11 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 
-from functions.core import deps, schema
+from functions.core import deps
 
-from .events import IngestRecord, snapshot_keys
+from .events import IngestRecord, snapshot_batches
 from .logic import ingest
 
 logger = Logger(service="batch-api-ingest")
@@ -35,8 +36,7 @@ def _record_waits() -> Callable[[], None]:
 
 def handle_record(record: IngestRecord) -> None:
     now = deps.now()
-    for key in snapshot_keys(record.body):
-        tenant, batch_id = schema.parse_batch_input_key(key)  # type: ignore[misc]
+    for tenant, batch_id in snapshot_batches(record.body):
         status = ingest(
             deps.stores(), deps.settings(), tenant, batch_id,
             now=now, wait=_record_waits(), attempts=RECORD_ATTEMPTS,
@@ -48,5 +48,5 @@ processor = BatchProcessor(event_type=EventType.SQS, model=IngestRecord)
 
 
 @logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
     return process_partial_response(event=event, record_handler=handle_record, processor=processor, context=context)

@@ -9,16 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import guard, lifecycle, limits, schema
-from functions.core.lines import LineError, check_request, iter_lines, parse_request, shown
+from functions.core import guard, lifecycle, limits, schema, tenants
 from functions.core.guard import GuardPolicy
+from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request, shown
 from functions.core.messages import Chunk, ChunkManifest
+from functions.core.ports import Objects, Stores
 from functions.core.records import BatchRecord
 from functions.core.settings import Settings
-from functions.core import tenants
 from functions.core.tenants import TenantPolicy
-from functions.core.work import Bounds, work_of
-from functions.core.ports import Objects, Stores
+from functions.core.work import Bounds, Work, work_of
 
 
 class BatchNotVisibleYet(Exception):
@@ -60,11 +59,7 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
         fail("file_too_large", f"The input file is {size} bytes; at most {settings.max_batch_file_bytes} are allowed.")
         return result
     seen: set[str] = set()
-    current: dict[str, int] | None = None
-    # A small batch is cut again once its total is known (``chunk_lines``): its valid lines'
-    # offsets are kept while there are at most TARGET_CHUNKS full chunks' worth (memory bounded).
-    small: list[tuple[int, int, int]] | None = []
-    small_cap = limits.TARGET_CHUNKS * settings.chunk_max_lines
+    cutter = _Cutter(settings)
     for line in iter_lines(objects.iter_bytes(batch.input_key), max_line_bytes=settings.max_line_bytes):
         if line.blank:
             continue
@@ -73,65 +68,110 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
             fail("too_many_tasks", f"The batch has more than {settings.max_batch_lines} requests.", line=line.number)
             break
         try:
-            request = parse_request(line)
-            custom_id, model = check_request(request, endpoint=batch.endpoint)
-            if custom_id in seen:
-                raise LineError("duplicate_custom_id", f"The custom_id {shown(custom_id)} appears more than once.", "custom_id")
-            seen.add(custom_id)
-            if result.model is None:
-                route = settings.models.get(model)
-                if route is None or batch.endpoint not in route.endpoints:
-                    raise LineError(
-                        "model_not_found",
-                        f"The model {shown(model)} is not served for {batch.endpoint} by this deployment.",
-                        "body.model",
-                    )
-                if policy is not None and not policy.allows(model):
-                    raise LineError(
-                        "model_not_allowed",
-                        f"The model {shown(model)} is not allowed for this organization.",
-                        "body.model",
-                    )
-                result.model = model
-            elif model != result.model:
-                raise LineError(
-                    "mismatched_model",
-                    f"The model {shown(model)} differs from the model {shown(result.model)} of the first request; "
-                    "a batch uses one model.",
-                    "body.model",
-                )
-            asked = work_of(batch.endpoint, request["body"])
-            result.bounds.check(asked, batch.endpoint)
+            asked = _check_line(line, settings, batch, policy, result, seen)
         except LineError as error:
             if fail(error.code, error.message, error.param, line.number):
                 break
             continue
         if result.errors:
             continue  # keep validating, but no chunks will be sent
-        result.tokens += tenants.estimate_tokens(line.end - line.start)
-        result.sequences += asked.sequences
-        cap = result.bounds.output_cap(asked)
-        result.output_tokens += asked.output_tokens or (cap * asked.sequences if cap is not None else 0)
+        _count(result, line, asked)
+        cutter.add(line)
+    if not result.errors:
+        result.chunks = cutter.chunks(result.total)
+    if result.total == 0 and not result.errors:
+        fail("empty_file", "The input file has no requests.")
+    return result
+
+
+def _check_line(line: RawLine, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None, result: Validation,
+                seen: set[str]) -> Work:
+    """One line's request checked (its custom_id unique, its model the batch's one, its work within
+    the bounds): the work it asks for. Raises ``LineError``."""
+    request = parse_request(line)
+    custom_id, model = check_request(request, endpoint=batch.endpoint)
+    if custom_id in seen:
+        raise LineError("duplicate_custom_id", f"The custom_id {shown(custom_id)} appears more than once.", "custom_id")
+    seen.add(custom_id)
+    if result.model is None:
+        _check_model(model, settings, batch, policy)
+        result.model = model
+    elif model != result.model:
+        raise LineError(
+            "mismatched_model",
+            f"The model {shown(model)} differs from the model {shown(result.model)} of the first request; "
+            "a batch uses one model.",
+            "body.model",
+        )
+    asked = work_of(batch.endpoint, request["body"])
+    result.bounds.check(asked, batch.endpoint)
+    return asked
+
+
+def _check_model(model: str, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None) -> None:
+    """The first request's model: served for the batch's endpoint and allowed for the tenant."""
+    route = settings.models.get(model)
+    if route is None or batch.endpoint not in route.endpoints:
+        raise LineError(
+            "model_not_found",
+            f"The model {shown(model)} is not served for {batch.endpoint} by this deployment.",
+            "body.model",
+        )
+    if policy is not None and not policy.allows(model):
+        raise LineError(
+            "model_not_allowed",
+            f"The model {shown(model)} is not allowed for this organization.",
+            "body.model",
+        )
+
+
+def _count(result: Validation, line: RawLine, asked: Work) -> None:
+    """A valid line's share of the batch's estimates (prompt tokens, sequences, output tokens)."""
+    result.tokens += tenants.estimate_tokens(line.end - line.start)
+    result.sequences += asked.sequences
+    cap = result.bounds.output_cap(asked)
+    result.output_tokens += asked.output_tokens or (cap * asked.sequences if cap is not None else 0)
+
+
+class _Cutter:
+    """The valid lines cut into chunks as they stream: full chunks (``chunk_max_lines`` lines,
+    ``chunk_max_bytes`` bytes). A small batch is cut again once its total is known
+    (``chunk_lines``): its valid lines' offsets are kept while there are at most TARGET_CHUNKS full
+    chunks' worth (memory bounded)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_lines = settings.chunk_max_lines
+        self.max_bytes = settings.chunk_max_bytes
+        self.full: list[Chunk] = []
+        self.current: dict[str, int] | None = None
+        self.small: list[tuple[int, int, int]] | None = []
+        self.small_cap = limits.TARGET_CHUNKS * settings.chunk_max_lines
+
+    def add(self, line: RawLine) -> None:
+        current = self.current
         if current is not None and (
-            current["line_count"] >= settings.chunk_max_lines or line.end - current["byte_start"] > settings.chunk_max_bytes
+            current["line_count"] >= self.max_lines or line.end - current["byte_start"] > self.max_bytes
         ):
-            result.chunks.append(Chunk(chunk=len(result.chunks), **current))
+            self.full.append(Chunk(chunk=len(self.full), **current))
             current = None
         if current is None:
             current = {"byte_start": line.start, "byte_end": line.end, "first_line": line.number, "line_count": 0}
         current["line_count"] += 1
         current["byte_end"] = line.end
-        if small is not None and len(small) < small_cap:
-            small.append((line.start, line.end, line.number))
+        self.current = current
+        if self.small is not None and len(self.small) < self.small_cap:
+            self.small.append((line.start, line.end, line.number))
         else:
-            small = None
-    if current is not None and not result.errors:
-        result.chunks.append(Chunk(chunk=len(result.chunks), **current))
-    if small and not result.errors:
-        result.chunks = _cut(small, chunk_lines(result.total, settings.chunk_max_lines), settings.chunk_max_bytes)
-    if result.total == 0 and not result.errors:
-        fail("empty_file", "The input file has no requests.")
-    return result
+            self.small = None
+
+    def chunks(self, total: int) -> list[Chunk]:
+        """The chunks of the ``total`` lines added."""
+        if self.small:
+            return _cut(self.small, chunk_lines(total, self.max_lines), self.max_bytes)
+        full = list(self.full)
+        if self.current is not None:
+            full.append(Chunk(chunk=len(full), **self.current))
+        return full
 
 
 def chunk_lines(total: int, chunk_max_lines: int) -> int:
@@ -258,6 +298,7 @@ def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
 
 def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
     if batch.status == "in_progress":
+        assert batch.model is not None  # validation named it before the batch went in progress
         manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
         snapshot = {"guard": manifest.guard, "max_line_output_tokens": manifest.max_line_output_tokens}
         messages = [batch.work_message(c).model_copy(update=snapshot).model_dump_json(exclude_none=True)

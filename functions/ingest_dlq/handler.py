@@ -8,11 +8,12 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from pydantic import ValidationError
 
-from functions.core import deps, schema
-from functions.ingest.events import IngestRecord, snapshot_keys
+from functions.core import deps
+from functions.ingest.events import IngestRecord, snapshot_batches
 
 from .logic import handle_dead_letter
 
@@ -26,8 +27,7 @@ def handle_record(record: SQSRecord) -> None:
         logger.error("dead-lettered ingest message is not an ingest event; dropped", extra={"message_id": record.message_id})
         return
     now = deps.now()
-    for key in snapshot_keys(parsed.body):
-        tenant, batch_id = schema.parse_batch_input_key(key)  # type: ignore[misc]
+    for tenant, batch_id in snapshot_batches(parsed.body):
         status = handle_dead_letter(deps.stores(), deps.settings(), tenant, batch_id, now=now)
         logger.info("dead-lettered ingest event handled", extra={"batch_id": batch_id, "tenant": tenant, "status": status})
 
@@ -36,5 +36,5 @@ processor = BatchProcessor(event_type=EventType.SQS)
 
 
 @logger.inject_lambda_context(clear_state=True)
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
     return process_partial_response(event=event, record_handler=handle_record, processor=processor, context=context)

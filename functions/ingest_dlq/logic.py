@@ -36,7 +36,7 @@ def handle_dead_letter(stores: Stores, settings: Settings, tenant: str, batch_id
         return fail_validating(stores, batch, now).status
     try:
         return resume(stores, settings, batch, now)
-    except Exception:  # noqa: BLE001 - the sweeper redoes the fan-out; this message is done
+    except Exception:
         logger.exception(
             "retrying the fan-out of a dead-lettered batch failed; the sweeper will redo it",
             extra={"tenant": tenant, "batch_id": batch_id, "status": batch.status},

@@ -85,7 +85,9 @@ def decide(observed: Observation, state: State, service: ScaledService, now: int
     """The desired task count for ``service`` now, and the state to remember."""
     lo, hi, t = service.min_tasks, service.max_tasks, service.backlog_per_task
     current = observed.desired
-    clamp = lambda n: max(lo, min(hi, n))  # noqa: E731
+
+    def clamp(n: int) -> int:
+        return max(lo, min(hi, n))
 
     if observed.backlog == 0:
         idle_since = state.idle_since if state.idle_since is not None else now

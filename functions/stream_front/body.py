@@ -2,7 +2,7 @@
 chunked``, never more than a bound: the reader raises as soon as the body is over it."""
 
 from collections.abc import Iterator
-from typing import BinaryIO, Final
+from typing import Final, Protocol
 
 from functions.core.errors import InvalidRequest, PayloadTooLarge
 
@@ -10,11 +10,19 @@ from functions.core.errors import InvalidRequest, PayloadTooLarge
 CHUNK_BYTES: Final = 1024 * 1024
 
 
+class Stream(Protocol):
+    """Where a request's body is read from: the connection's buffered reader (http.server's
+    ``rfile``) or any binary file."""
+
+    def read(self, size: int, /) -> bytes: ...
+    def readline(self, size: int, /) -> bytes: ...
+
+
 class ClientGone(Exception):
     """The connection ended before the body did: nothing the request made may stay."""
 
 
-def chunks(stream: BinaryIO, *, content_length: str | None, transfer_encoding: str | None, limit: int,
+def chunks(stream: Stream, *, content_length: str | None, transfer_encoding: str | None, limit: int,
            what: str = "request body") -> Iterator[bytes]:
     """The body's bytes in chunks of at most CHUNK_BYTES. PayloadTooLarge once more than ``limit``
     bytes are declared or read; InvalidRequest for a malformed framing; ClientGone when the
@@ -35,7 +43,7 @@ def chunks(stream: BinaryIO, *, content_length: str | None, transfer_encoding: s
         yield data
 
 
-def _dechunked(stream: BinaryIO, limit: int, what: str) -> Iterator[bytes]:
+def _dechunked(stream: Stream, limit: int, what: str) -> Iterator[bytes]:
     total = 0
     while True:
         line = stream.readline(1024)

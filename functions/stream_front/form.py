@@ -113,9 +113,10 @@ class FormReader:
             raise InvalidRequest(f"{UNPARSABLE}: its part headers are not valid UTF-8.") from None
         message = Message()
         message["Content-Disposition"] = text
-        self._name = message.get_param("name", header="content-disposition")  # type: ignore[assignment]
-        if not isinstance(self._name, str):
+        name = message.get_param("name", header="content-disposition")
+        if not isinstance(name, str):
             raise InvalidRequest(f"{UNPARSABLE}: a part has no name.")
+        self._name = name
         filename = message.get_param("filename", header="content-disposition")
         if self._name == self._file_field:
             if self.form.has_file:

@@ -14,9 +14,9 @@ request that fails or whose client goes away leaves no File, no part, and no obj
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Final
+from typing import Any, Final, Protocol
 
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from pydantic import BaseModel
@@ -39,6 +39,21 @@ _PARTS = re.compile(r"^/v1/uploads/([^/]+)/parts$")
 _CONTENT = re.compile(r"^/v1/files/([^/]+)/content$")
 #: What a form may carry beside its file: its text fields and the part headers and boundaries.
 FORM_OVERHEAD: Final = MAX_PARTS * (MAX_FIELD_BYTES + 1024)
+
+
+def _path_id(pattern: re.Pattern[str], path: str) -> str:
+    """The id ``pattern`` takes from ``path``, a path ``StreamFront.takes`` accepted."""
+    match = pattern.match(path)
+    if match is None:
+        raise ValueError(f"not a streamed route: {path}")
+    return match.group(1)
+
+
+class RequestHeaders(Protocol):
+    """A request's headers as read here: by name, None when absent (a mapping, or http.server's
+    message of them)."""
+
+    def get(self, name: str, /) -> str | None: ...
 
 
 @dataclass
@@ -75,7 +90,7 @@ class StreamFront:
         return (method == "POST" and (path == "/v1/files" or _PARTS.match(path) is not None)) or (
             method == "GET" and _CONTENT.match(path) is not None)
 
-    def serve(self, method: str, path: str, headers: Mapping[str, str], stream: BinaryIO) -> Reply | None:
+    def serve(self, method: str, path: str, headers: RequestHeaders, stream: body.Stream) -> Reply | None:
         """The answer to the request, its body read from ``stream``; None when the client went
         away before its body ended (there is no one to answer)."""
         request_id = str(uuid.uuid4())
@@ -100,7 +115,7 @@ class StreamFront:
             )
         return reply
 
-    def _admit(self, stores: Stores, headers: Mapping[str, str]) -> str:
+    def _admit(self, stores: Stores, headers: RequestHeaders) -> str:
         record = resolve_key(stores.keys, headers.get(http.AUTH_HEADER))
         if record.disabled:
             raise AccountDeactivated(DEACTIVATED_MESSAGE)
@@ -109,20 +124,20 @@ class StreamFront:
         tenants.admit_request(stores.tenants, policies.get(record.tenant), now=self._now())
         return record.tenant
 
-    def _route(self, stores: Stores, tenant: str, method: str, path: str, headers: Mapping[str, str],
-               stream: BinaryIO) -> Reply:
+    def _route(self, stores: Stores, tenant: str, method: str, path: str, headers: RequestHeaders,
+               stream: body.Stream) -> Reply:
         if method == "GET":
-            return self._content(stores, tenant, _CONTENT.match(path).group(1))  # type: ignore[union-attr]
+            return self._content(stores, tenant, _path_id(_CONTENT, path))
         with self.slots.hold(tenant):
             return self._upload(stores, tenant, path, headers, stream)
 
-    def _upload(self, stores: Stores, tenant: str, path: str, headers: Mapping[str, str], stream: BinaryIO) -> Reply:
+    def _upload(self, stores: Stores, tenant: str, path: str, headers: RequestHeaders, stream: body.Stream) -> Reply:
         chunks = body.chunks(stream, content_length=headers.get("Content-Length"),
                              transfer_encoding=headers.get("Transfer-Encoding"),
                              limit=self._body_limit(path), what="request body")
         if path == "/v1/files":
             return self._create_file(stores, tenant, headers.get("Content-Type"), chunks)
-        upload_id = _PARTS.match(path).group(1)  # type: ignore[union-attr]
+        upload_id = _path_id(_PARTS, path)
         return self._add_part(stores, tenant, upload_id, headers.get("Content-Type"), chunks)
 
     def _body_limit(self, path: str) -> int:
@@ -141,7 +156,7 @@ class StreamFront:
             purpose = validate(_StreamedFileForm, {"purpose": form.fields.get("purpose")}, loc=("form",)).purpose
             # pydantic reads the seconds field's text as the form route does
             expires_after = ExpiresAfter.from_form(form.fields.get("expires_after[anchor]"),
-                                                   form.fields.get("expires_after[seconds]"))  # type: ignore[arg-type]
+                                                   form.fields.get("expires_after[seconds]"))
             filename = form.filename or "file"
             files.check_file(self._settings, filename, purpose, form.file_bytes, expires_after)
             quota = check_storage(stores, tenant, form.file_bytes)
@@ -176,7 +191,7 @@ class StreamFront:
 
 
 def _stream_form(stores: Stores, key: str, content_type: str | None, file_field: str, chunks: Iterator[bytes],
-                 limit: int | None = None):  # noqa: ANN202 - a Form
+                 limit: int | None = None):  # a Form
     """Read the form, its ``file_field`` streamed into the object ``key`` (at most ``limit``
     bytes): on any failure the object is never completed (its multipart upload aborted)."""
     writer: ObjectWriter | None = None

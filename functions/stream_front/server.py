@@ -12,7 +12,6 @@ requests carry no large body: the relay takes at most the API's own payload quot
 
 import http.client
 import json
-import socket
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -51,7 +50,10 @@ def write_reply(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
     handler.end_headers()
     if handler.command == "HEAD":
         return
-    for chunk in [payload] if payload is not None else reply.body:
+    if isinstance(reply.body, bytes):
+        handler.wfile.write(reply.body)
+        return
+    for chunk in reply.body:
         handler.wfile.write(chunk)
 
 
@@ -73,8 +75,9 @@ def relay(api_origin: str, method: str, target: str, headers: list[tuple[str, st
     return Reply(answer.status, out, body=payload)
 
 
-def make_server(front: StreamFront, api_origin: str, host: str = "0.0.0.0", port: int = PORT,  # noqa: S104 - a container's port, reached only through the load balancer
-                relay_to: Callable[..., Reply] = relay) -> ThreadingHTTPServer:
+def make_server(front: StreamFront, api_origin: str,
+                host: str = "0.0.0.0",  # a container's port, reached only through the load balancer
+                port: int = PORT, relay_to: Callable[..., Reply] = relay) -> ThreadingHTTPServer:
     """A threaded server: a streamed route goes to ``front``, anything else to the API."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -95,7 +98,7 @@ def make_server(front: StreamFront, api_origin: str, host: str = "0.0.0.0", port
                 else:
                     reply = self._relayed()
                 write_reply(self, reply)
-            except (ConnectionError, socket.timeout):
+            except (TimeoutError, ConnectionError):
                 self.close_connection = True
 
         def _relayed(self) -> Reply:
@@ -111,7 +114,7 @@ def make_server(front: StreamFront, api_origin: str, host: str = "0.0.0.0", port
 
         do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _serve
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
             pass  # each request is in the audit trail and the load balancer's logs
 
     server = ThreadingHTTPServer((host, port), Handler)

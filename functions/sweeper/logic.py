@@ -64,7 +64,7 @@ def sweep(stores: Stores, settings: Settings, *, now: int) -> Sweep:
         result.looked += 1
         try:
             action = sweep_batch(stores, settings, tenant, batch_id, now=now)
-        except Exception:  # noqa: BLE001 - one batch's fault must not stop the sweep
+        except Exception:
             logger.exception("sweeping a batch failed; the next sweep retries", extra={"tenant": tenant, "batch_id": batch_id})
             result.errors.append(batch_id)
             continue
@@ -93,10 +93,10 @@ def sweep_batch(stores: Stores, settings: Settings, tenant: str, batch_id: str, 
         return _expire(stores, settings, batch, now)
     if batch.status in ("in_progress", "cancelling", "finalizing") and chunk_lifecycle.all_counted(batch):
         return _complete(stores, settings, batch, now)
-    if batch.status in ("in_progress", "cancelling") and not batch.enqueued:
-        if now >= (batch.in_progress_at or batch.created_at) + settings.enqueue_grace_seconds:
-            resume(stores, settings, batch, now)
-            return RESTARTED
+    grace_over = now >= (batch.in_progress_at or batch.created_at) + settings.enqueue_grace_seconds
+    if batch.status in ("in_progress", "cancelling") and not batch.enqueued and grace_over:
+        resume(stores, settings, batch, now)
+        return RESTARTED
     return NOTHING
 
 

@@ -40,7 +40,9 @@ def fan_out(message: dict[str, Any]) -> None:
     if result.dropped is None:
         logger.info("webhook fan-out", extra={"event_type": message.get("detail-type"), "deliveries": result.webhook_ids})
         return
-    detail = message.get("detail") if isinstance(message.get("detail"), dict) else {}
+    detail = message.get("detail")
+    if not isinstance(detail, dict):
+        detail = {}
     logger.warning("webhook event dropped", extra={
         "reason": result.dropped, "event_type": message.get("detail-type"), "source": message.get("source"),
         "tenant": detail.get("tenant"), "batch_id": detail.get("id"), "event_id": message.get("id"),

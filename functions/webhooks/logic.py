@@ -27,7 +27,7 @@ import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, cast
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
@@ -304,4 +304,4 @@ def deliver_all(
                 results[i] = _conclude(repo, messages[i], status, error, now=now)
             except Exception as exc:  # noqa: BLE001 - the log write failed: the message comes back, the attempt is made again
                 results[i] = exc
-    return results  # type: ignore[return-value]
+    return cast(list[Outcome | Exception], results)  # each _Ready is its outcome now

@@ -11,6 +11,7 @@ webhook Lambda and the operator's ``batchctl`` read it, and no API returns it.
 
 from __future__ import annotations
 
+import builtins
 import secrets
 from typing import Any, Final
 
@@ -52,8 +53,10 @@ class EndpointRecord(BaseModel):
 
     def signing_secrets(self, now: int) -> list[str]:
         """The secrets a delivery is signed with at ``now`` (the receiver accepts any match)."""
-        keep = self.previous_secret and self.previous_until is not None and now < self.previous_until
-        return [self.secret, *([self.previous_secret] if keep else [])]  # type: ignore[list-item]
+        previous = self.previous_secret
+        if previous and self.previous_until is not None and now < self.previous_until:
+            return [self.secret, previous]
+        return [self.secret]
 
     def to_item(self) -> dict[str, Any]:
         return {schema.PK: webhooks_pk(self.tenant), schema.SK: ENDPOINT_PREFIX + self.id,
@@ -141,7 +144,7 @@ class WebhookRepo:
     def log(self, attempt: AttemptRecord) -> None:
         self._table.put(attempt.to_item())
 
-    def attempts(self, tenant: str, *, limit: int, now: int, endpoint_id: str | None = None) -> list[AttemptRecord]:
+    def attempts(self, tenant: str, *, limit: int, now: int, endpoint_id: str | None = None) -> builtins.list[AttemptRecord]:
         """The newest ``limit`` attempts (of one endpoint if given), newest first."""
         def keep(item: dict[str, Any]) -> bool:
             alive = not (schema.TTL in item and int(item[schema.TTL]) <= now)

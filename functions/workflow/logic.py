@@ -11,9 +11,9 @@ from functions.core import chunk_lifecycle, ids, lifecycle, limits, results, sch
 from functions.core.errors import ConditionFailed, Throttled
 from functions.core.lifecycle import CLOSABLE, SIGNAL_FIELD, Signal, is_terminal
 from functions.core.messages import Chunk, ChunkManifest
+from functions.core.ports import ObjectWriter, Stores
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.settings import Settings
-from functions.core.ports import ObjectWriter, Stores
 
 from .tasks import Check, Drain, Fail, Finalize, Register, TaskError
 
@@ -126,7 +126,8 @@ def finalize(stores: Stores, tenant: str, batch_id: str, signalled: Signal, now:
     if batch.closed_for == FAIL:  # a fail closed it and did not finish: end it as fail would
         status, values = "failed", _failed_values(assembled)
     else:
-        status, values = TERMINAL[Signal(batch.closed_for)], assembled.values()
+        # _close set closed_for: this reason, or the one of the task that closed the batch first
+        status, values = TERMINAL[Signal(batch.closed_for or reason)], assembled.values()
     batch = _finish(stores, batch, assembled, status, values, now)
     lifecycle.publish_status(stores.events, batch)
     return {"status": batch.status}
@@ -337,7 +338,7 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int,
                 exc_info=True, extra={"tenant": tenant, "batch_id": batch_id},
             )
             break
-        except Exception:  # noqa: BLE001 - the last resort: fail without files rather than not at all
+        except Exception:
             # A warning: the batch's failure itself is the error logged above.
             logger.warning(
                 "could not write the files of a failing batch; failing it without files",

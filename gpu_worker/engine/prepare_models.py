@@ -59,7 +59,7 @@ def _dist_file(dist_name: str, predicate) -> Path:
         sys.exit(f"{dist_name} is not installed in {sys.prefix}: run gpu_worker/engine/install.sh")
     for f in dist.files or ():
         if predicate(str(f)):
-            path = Path(dist.locate_file(f)).resolve()
+            path = Path(str(dist.locate_file(f))).resolve()
             if path.exists():
                 return path
     sys.exit(f"{dist_name}: no matching file in its RECORD")

@@ -19,7 +19,15 @@ from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig
 
-from .common import KEY_ITEMS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_api_writes, grant_items, log_group
+from .common import (
+    KEY_ITEMS,
+    acknowledge,
+    acknowledge_wildcards,
+    arn_in_findings,
+    grant_api_writes,
+    grant_items,
+    log_group,
+)
 from .lambdas import Lambdas
 from .storage import Storage
 

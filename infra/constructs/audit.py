@@ -37,8 +37,17 @@ from functions.core.settings import Settings
 from infra import names
 from infra.config import DeployConfig
 
-from .common import AUDIT_PARTITIONS, BUDGET_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_data_grants, \
-    acknowledge_wildcards, arn_in_findings, grant_charge, grant_items
+from .common import (
+    AUDIT_PARTITIONS,
+    BUDGET_PARTITIONS,
+    CHUNK_PARTITIONS,
+    acknowledge,
+    acknowledge_data_grants,
+    acknowledge_wildcards,
+    arn_in_findings,
+    grant_charge,
+    grant_items,
+)
 from .ingest import PART_KEYS
 
 #: The appender's table actions on ``AUDIT#*`` (``functions.core.aws.audit.AuditRepo``): GetItem (a
@@ -151,6 +160,7 @@ class Audit(Construct):
     def _grant(self, storage) -> None:
         assert self.function is not None and self.bucket is not None and self.key is not None
         role = self.function.role
+        assert role is not None
         grant_items(self.function, storage, APPEND_ACTIONS, (AUDIT_PARTITIONS,))
         grant_items(self.function, storage, ("dynamodb:GetItem",), (CHUNK_PARTITIONS,))  # a chunk's count marker
         grant_charge(self.function, storage)  # the counted chunk's budget, with its receipt

@@ -10,7 +10,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from functions.core import schema
 from infra import names
@@ -87,11 +87,15 @@ def dead_letter_queue(scope: Construct, id: str, *, of: str) -> sqs.Queue:
     return queue
 
 
-def acknowledge(scope: Construct, rule: str, reason: str) -> None:
+def acknowledge(scope: IConstruct | None, rule: str, reason: str) -> None:
     """Acknowledge (suppress) one cdk-nag finding on ``scope`` and its children, with the reason.
+    ``scope`` may be what CDK types as optional (a function's ``role``, a construct's
+    ``default_child``): it must be there.
 
     cdk-nag 3 has no prefix matching: an IAM5 finding is acknowledged with its full id, e.g.
     ``AwsSolutions-IAM5[Resource::*]``."""
+    if scope is None:
+        raise ValueError(f"nothing to acknowledge {rule} on")
     cdk.Validations.of(scope).acknowledge(cdk.Acknowledgment(id=rule, reason=reason))
 
 
@@ -102,7 +106,7 @@ def arn_in_findings(resource: Construct) -> str:
     return f"<{stack.resolve(stack.get_logical_id(cast(cdk.CfnElement, cfn)))}.Arn>"
 
 
-def acknowledge_wildcards(scope: Construct, findings: dict[str, str]) -> None:
+def acknowledge_wildcards(scope: IConstruct | None, findings: dict[str, str]) -> None:
     """Acknowledge IAM5 wildcard findings on ``scope``: ``{"Action::s3:GetObject*": reason, ...}``."""
     for finding, reason in findings.items():
         acknowledge(scope, f"AwsSolutions-IAM5[{finding}]", reason)
@@ -125,7 +129,7 @@ def state_machine_arn(scope: Construct) -> str:
     )
 
 
-def acknowledge_data_grants(scope: Construct, storage: Any, objects: dict[str, str], *, table: str | None) -> None:
+def acknowledge_data_grants(scope: IConstruct | None, storage: Any, objects: dict[str, str], *, table: str | None) -> None:
     """IAM5 acknowledgments for ``bucket.grant_read``/``grant_put`` on key patterns (``objects``:
     pattern -> why this role needs those keys) and ``table.grant_read_write_data`` (``table``: why
     this role reads and writes the table; None for a role granted items by ``grant_items``, which

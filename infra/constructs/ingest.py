@@ -22,8 +22,17 @@ from infra import names
 from infra.config import DeployConfig
 
 from .common import (
-    BATCH_PARTITIONS, BUDGET_PARTITIONS, CHUNK_PARTITIONS, ENQUEUED_PARTITIONS, TENANT_POLICIES, acknowledge,
-    acknowledge_data_grants, grant_items, grant_release, resource_prefix, state_machine_arn,
+    BATCH_PARTITIONS,
+    BUDGET_PARTITIONS,
+    CHUNK_PARTITIONS,
+    ENQUEUED_PARTITIONS,
+    TENANT_POLICIES,
+    acknowledge,
+    acknowledge_data_grants,
+    grant_items,
+    grant_release,
+    resource_prefix,
+    state_machine_arn,
 )
 from .lambdas import Lambdas
 from .storage import Storage

@@ -23,6 +23,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk.interfaces import aws_events as events_refs
 from constructs import Construct
 
 from functions.core.lifecycle import event_type
@@ -77,13 +78,13 @@ class _LogGroupTarget:
     def __init__(self, group: logs.LogGroup) -> None:
         self.group = group
 
-    def bind(self, rule: events.IRule, id: str | None = None) -> events.RuleTargetConfig:
+    def bind(self, rule: events_refs.IRuleRef, id: str | None = None) -> events.RuleTargetConfig:
         self.group.add_to_resource_policy(
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
                 principals=[iam.ServicePrincipal("events.amazonaws.com")],
                 resources=[self.group.log_group_arn],
-                conditions={"ArnEquals": {"aws:SourceArn": rule.rule_arn}},
+                conditions={"ArnEquals": {"aws:SourceArn": rule.rule_ref.rule_arn}},
             )
         )
         arn = cdk.Stack.of(self.group).format_arn(

@@ -120,8 +120,18 @@ from infra import names
 from infra.config import DeployConfig, StreamFrontConfig
 
 from .common import (
-    API_OWN_PARTITIONS, KEY_ITEMS, NOT_OWN_PARTITIONS, STORED_PARTITIONS, TENANT_POLICIES, acknowledge,
-    acknowledge_wildcards, arn_in_findings, grant_items, log_group, removal_policy, vpc_without_nat,
+    API_OWN_PARTITIONS,
+    KEY_ITEMS,
+    NOT_OWN_PARTITIONS,
+    STORED_PARTITIONS,
+    TENANT_POLICIES,
+    acknowledge,
+    acknowledge_wildcards,
+    arn_in_findings,
+    grant_items,
+    log_group,
+    removal_policy,
+    vpc_without_nat,
 )
 from .storage import Storage
 from .worker import REPO_ROOT, dockerignore_patterns
@@ -175,7 +185,7 @@ FRONT_ITEM_ACTIONS: Final = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:U
 #: The objects the front writes and reads: files (``files/<tenant>/<id>``) and Uploads parts.
 FRONT_OBJECTS: Final = (schema.file_key("*", "*").removesuffix("/*/*") + "/*", schema.UPLOADS_PREFIX + "*")
 
-assert API_OWN_PARTITIONS == schema.tenant_pk("*")  # the exclusion below relies on it
+assert schema.tenant_pk("*") == API_OWN_PARTITIONS  # the exclusion below relies on it
 assert ALB_IDLE_TIMEOUT.to_seconds() < SOCKET_TIMEOUT_SECONDS
 
 

@@ -15,6 +15,7 @@ Its rights: the table (read the Upload and File, settle the File), read and dele
 from collections.abc import Iterable
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
@@ -85,6 +86,6 @@ class Uploads(Construct):
         for function in functions:
             function.add_environment(Settings.env_name("assembly_queue_url"), self.queue.queue_url)
 
-    def grant_dispatch(self, grantee: object) -> None:
+    def grant_dispatch(self, grantee: iam.IGrantable) -> None:
         """Who hands uploads to the assembler (the API's complete)."""
-        self.queue.grant_send_messages(grantee)  # type: ignore[arg-type]
+        self.queue.grant_send_messages(grantee)

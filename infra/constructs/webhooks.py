@@ -19,9 +19,9 @@ from collections.abc import Iterable
 import aws_cdk as cdk
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_sqs as sqs
-from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from functions.core.settings import Settings

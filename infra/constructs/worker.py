@@ -53,9 +53,16 @@ from functions.core.settings import Settings
 from infra.config import DeployConfig, ModelConfig, NetworkConfig
 
 from .common import (
+    BATCH_PARTITIONS,
+    CHUNK_PARTITIONS,
+    acknowledge,
+    acknowledge_wildcards,
+    arn_in_findings,
     dead_letter_queue,
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge, acknowledge_wildcards, arn_in_findings, grant_items, grant_watch,
-    log_group, vpc_without_nat,
+    grant_items,
+    grant_watch,
+    log_group,
+    vpc_without_nat,
 )
 from .ingest import CHUNK_COUNT_ACTIONS, INPUT_KEYS, PART_KEYS
 from .lambdas import Lambdas

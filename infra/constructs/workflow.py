@@ -19,8 +19,16 @@ from infra import names, workflow
 from infra.config import DeployConfig
 
 from .common import (
-    BATCH_PARTITIONS, CHUNK_PARTITIONS, acknowledge_data_grants, acknowledge_wildcards, arn_in_findings, grant_items,
-    grant_release, grant_storage_charge, log_group, resource_prefix,
+    BATCH_PARTITIONS,
+    CHUNK_PARTITIONS,
+    acknowledge_data_grants,
+    acknowledge_wildcards,
+    arn_in_findings,
+    grant_items,
+    grant_release,
+    grant_storage_charge,
+    log_group,
+    resource_prefix,
 )
 from .events import BatchEvents
 from .ingest import BATCH_KEYS

@@ -32,7 +32,8 @@ def config_from_env(env: Mapping[str, str]) -> LocalConfig:
         engines=env.get(ENGINES_ENV, "1") != "0",
         fair_queues=env.get(FAIR_QUEUES_ENV, "1") != "0",
         # The governance switch (Settings.governance): BATCHAPI_GOVERNANCE=false turns it off locally.
-        settings=LocalConfig.settings.model_copy(update={"governance": env.get(Settings.env_name("governance"), "true").lower() != "false"}),
+        settings=LocalConfig.settings.model_copy(
+            update={"governance": env.get(Settings.env_name("governance"), "true").lower() != "false"}),
     )
 
 
@@ -58,7 +59,7 @@ def main() -> int:
     try:
         local.deployment.start()
         wait_until_answering(local.front.base_url, config.key)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever failed, stop what started and say why
         local.deployment.stop()
         print(f"infra.local: could not start: {exc}", file=sys.stderr)
         return 1

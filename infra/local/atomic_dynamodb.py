@@ -45,7 +45,7 @@ def _atomic(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             return fn(*args, **kwargs)
-    call.__wrapped_atomic__ = True  # type: ignore[attr-defined]
+    call.__wrapped_atomic__ = True  # type: ignore[attr-defined]  # a marker on the wrapper: installed once
     return call
 
 
@@ -69,7 +69,7 @@ def _touched(backend: Any, transact_items: list[dict[str, Any]]) -> list[tuple[A
         for op_type, op in entry.items():
             table = backend.tables.get(op.get("TableName")) if isinstance(op, dict) else None
             attrs = (op.get("Item") if op_type == "Put" else op.get("Key")) if table is not None else None
-            if not isinstance(attrs, dict):
+            if table is None or not isinstance(attrs, dict):
                 continue
             try:
                 hash_key = DynamoType(attrs[table.hash_key_attr])
@@ -117,7 +117,7 @@ def install() -> None:
         if not name.startswith("_") and callable(value) and not isinstance(value, (staticmethod, classmethod, type)):
             wrapped = _transact_write_items(value) if name == "transact_write_items" else value
             setattr(DynamoDBBackend, name, _atomic(wrapped))
-    dynamodb_models.copy = _NoTableCopy()  # type: ignore[assignment]  # the backup is _touched's
+    dynamodb_models.copy = _NoTableCopy()  # type: ignore[assignment]  # replaces moto's module: the backup is _touched's
 
 
 def lock() -> threading.RLock:

@@ -59,10 +59,11 @@ def main() -> int:
         bar = "#" * int(30 * done / total)
         print(f"\r  {batch.status:<12} [{bar:<30}] {done}/{total}", end="", flush=True)
     print()
-    if batch.status != "completed":
+    if batch.status != "completed" or batch.output_file_id is None:
         print(f"batch ended {batch.status}: {batch.errors}")
         return 1
-    print(f"usage: {batch.usage.input_tokens} input + {batch.usage.output_tokens} output tokens")
+    if batch.usage is not None:
+        print(f"usage: {batch.usage.input_tokens} input + {batch.usage.output_tokens} output tokens")
     for row in client.files.content(batch.output_file_id).text.splitlines()[:3]:
         result = json.loads(row)
         answer = result["response"]["body"]["choices"][0]["message"]["content"].strip().replace("\n", " ")

@@ -25,22 +25,22 @@ from functions.assembler import handler as assembler_handler
 from functions.audit_append import handler as audit_append_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.chunk_dlq import handler as chunk_dlq_handler
-from functions.ingest import handler as ingest_handler
-from functions.ingest_dlq import handler as ingest_dlq_handler
-from functions.sweeper import handler as sweeper_handler
-from functions.workflow import handler as workflow_handler
-from functions.webhooks import handler as webhooks_handler
 from functions.core import auth, clients, deps, http, limits, signing
 from functions.core.settings import Settings
+from functions.ingest import handler as ingest_handler
+from functions.ingest_dlq import handler as ingest_dlq_handler
 from functions.stream_front.routes import StreamFront
+from functions.sweeper import handler as sweeper_handler
+from functions.webhooks import handler as webhooks_handler
+from functions.workflow import handler as workflow_handler
 from infra import names
 
 from . import atomic_dynamodb, fair_queues, state
 from .front import LocalApi, make_server
+from .lambda_context import LocalLambdaContext
 from .lambda_front import LambdaFront
 from .pollers import Poller
 from .processes import Engines, EngineSpec, Supervisor, Workers, max_num_seqs
-from .lambda_context import LocalLambdaContext
 from .resources import create_resources, create_webhook_queue, ingest_dlq_url, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
 from .ttl import start_sweeper
@@ -129,7 +129,7 @@ class MotoServer:
             f"{self.endpoint}/moto-api/config", data=json.dumps(MOTO_CONFIG).encode(), method="POST",
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=10):  # noqa: S310 - loopback URL we built
+        with urllib.request.urlopen(request, timeout=10):  # loopback URL we built
             pass
         logging.getLogger("moto.stepfunctions.parser").setLevel(logging.CRITICAL)  # logs caught errors loudly
 
@@ -473,6 +473,9 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             audit_public_key_file=str(audit_key.public) if config.settings.governance else "",
         ),
     )
+    def dlq_url(model: str) -> Callable[[], str]:
+        return lambda: work_dlq_url(clients.client, config.prefix, model)
+
     deployment = Deployment([
         moto,
         lambdas,
@@ -496,10 +499,7 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
         Sweeper(config.settings.sweep_seconds),
         *audit_appender(config, environ),
         *(
-            Poller(
-                f"dlq-{model}", lambda: clients.client("sqs"),
-                lambda model=model: work_dlq_url(clients.client, config.prefix, model), chunk_dlq_handler.handler,
-            )
+            Poller(f"dlq-{model}", lambda: clients.client("sqs"), dlq_url(model), chunk_dlq_handler.handler)
             for model in config.settings.models
         ),
         *engine_components(config, environ),
@@ -544,7 +544,7 @@ def wait_until_answering(base_url: str, key: str, timeout: float = 10.0) -> None
     last: object = None
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310 - loopback URL we built
+            with urllib.request.urlopen(request, timeout=2) as response:  # loopback URL we built
                 if response.status == 200:
                     return
                 last = response.status

@@ -23,7 +23,8 @@ from typing import Any
 
 from moto.sqs import models
 
-_original = models.Queue.messages
+#: moto's own property, which its type hints show as a plain method.
+_original: Any = models.Queue.messages
 
 
 def fair_order(visible: Iterable[Any], in_flight: Counter[str]) -> list[Any]:
@@ -43,7 +44,8 @@ def _fair_messages(queue: Any) -> list[Any]:
 def install(enabled: bool = True) -> None:
     """Make moto's standard queues (in this process) receive as fair queues (or, ``enabled``
     False, by arrival again, as moto does)."""
-    models.Queue.messages = property(_fair_messages) if enabled else _original  # type: ignore[method-assign]
+    # A property over what moto's type hints show as a method.
+    models.Queue.messages = property(_fair_messages) if enabled else _original  # type: ignore[assignment]
 
 
 def installed() -> bool:

@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -116,6 +117,14 @@ class TokenBucket:
             return True
 
 
+@dataclass(frozen=True)
+class _Allowed:
+    """What an authorizer that allows a call returned."""
+
+    principal: Any
+    policy: Any
+
+
 class LocalApi:
     """Turns HTTP requests into authorizer + proxy events and Lambda results into responses."""
 
@@ -154,19 +163,11 @@ class LocalApi:
     def _handle(self, method: str, target: str, pairs: Headers, body: bytes, request_id: str) -> Answer:
         split = urlsplit(target)
         path = split.path
+        refused = self._refused(path, pairs, body, request_id)
+        if refused is not None:
+            return refused
         query_single, query_multi = single_and_multi(parse_qsl(split.query, keep_blank_values=True))
         headers_single, headers_multi = single_and_multi(pairs)
-
-        if not path.startswith(http.API_PREFIX + "/") or path == http.API_PREFIX + "/":
-            return self.gateway("MISSING_AUTHENTICATION_TOKEN", request_id, MISSING_TOKEN_MESSAGE)
-        if self._bucket is not None and not self._bucket.take():
-            return self.gateway("THROTTLED", request_id, "Too Many Requests")
-        if len(body) > self.payload_limit:
-            return self.gateway("REQUEST_TOO_LARGE", request_id, "Request Too Long")
-
-        method_arn = f"arn:aws:execute-api:us-east-1:{ACCOUNT}:{API_ID}/{STAGE}/{method}{path}"
-        if not first_header(pairs, http.AUTH_HEADER):  # the identity source is missing: no authorizer call
-            return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
         # What API Gateway passes of the request to both the REQUEST authorizer and the proxy.
         request = {
             "resource": "/v1/{proxy+}",
@@ -179,23 +180,9 @@ class LocalApi:
             "pathParameters": {"proxy": path.removeprefix(http.API_PREFIX + "/")},
             "stageVariables": None,
         }
-        auth_event = {
-            "type": "REQUEST",
-            "methodArn": method_arn,
-            **request,
-            "requestContext": {"requestId": request_id, "stage": STAGE, "apiId": API_ID, "httpMethod": method},
-        }
-        try:
-            policy = self._authorizer(auth_event, LocalLambdaContext("authorizer"))
-            effect = policy["policyDocument"]["Statement"][0]["Effect"]
-            principal = policy["principalId"]
-        except Exception as exc:  # noqa: BLE001 - "Unauthorized" is the 401 contract; anything else a 500
-            if str(exc) == "Unauthorized":
-                return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
-            return self.gateway("AUTHORIZER_CONFIGURATION_ERROR", request_id, INTERNAL_ERROR_MESSAGE)
-        if effect != "Allow":
-            return self.gateway("ACCESS_DENIED", request_id, "User is not authorized to access this resource")
-
+        allowed = self._authorize(method, path, request, request_id)
+        if not isinstance(allowed, _Allowed):
+            return allowed
         binary = http.is_binary_media_type(first_header(pairs, "Content-Type"), self.binary_media_types)
         event = {
             **request,
@@ -209,7 +196,7 @@ class LocalApi:
                 "accountId": ACCOUNT,
                 "apiId": API_ID,
                 "identity": {"sourceIp": "127.0.0.1"},
-                "authorizer": {"principalId": principal, **(policy.get("context") or {})},
+                "authorizer": {"principalId": allowed.principal, **(allowed.policy.get("context") or {})},
             },
             "body": (base64.b64encode(body).decode() if binary else body.decode("utf-8", "replace")) if body else None,
             "isBase64Encoded": bool(body) and binary,
@@ -225,6 +212,44 @@ class LocalApi:
         outcome = self._invoke(event)
         if outcome is None:
             return self.gateway("INTEGRATION_TIMEOUT", request_id, TIMEOUT_MESSAGE)
+        return self._response(outcome, pairs, request_id)
+
+    def _refused(self, path: str, pairs: Headers, body: bytes, request_id: str) -> Answer | None:
+        """API Gateway's answer to a request it refuses before the authorizer (None: it goes on)."""
+        if not path.startswith(http.API_PREFIX + "/") or path == http.API_PREFIX + "/":
+            return self.gateway("MISSING_AUTHENTICATION_TOKEN", request_id, MISSING_TOKEN_MESSAGE)
+        if self._bucket is not None and not self._bucket.take():
+            return self.gateway("THROTTLED", request_id, "Too Many Requests")
+        if len(body) > self.payload_limit:
+            return self.gateway("REQUEST_TOO_LARGE", request_id, "Request Too Long")
+        if not first_header(pairs, http.AUTH_HEADER):  # the identity source is missing: no authorizer call
+            return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
+        return None
+
+    def _authorize(self, method: str, path: str, request: dict[str, Any], request_id: str) -> _Allowed | Answer:
+        """The REQUEST authorizer's principal and policy when it allows the call, else API Gateway's
+        answer."""
+        auth_event = {
+            "type": "REQUEST",
+            "methodArn": f"arn:aws:execute-api:us-east-1:{ACCOUNT}:{API_ID}/{STAGE}/{method}{path}",
+            **request,
+            "requestContext": {"requestId": request_id, "stage": STAGE, "apiId": API_ID, "httpMethod": method},
+        }
+        try:
+            policy = self._authorizer(auth_event, LocalLambdaContext("authorizer"))
+            effect = policy["policyDocument"]["Statement"][0]["Effect"]
+            principal = policy["principalId"]
+        except Exception as exc:  # noqa: BLE001 - "Unauthorized" is the 401 contract; anything else a 500
+            if str(exc) == "Unauthorized":
+                return self.gateway("UNAUTHORIZED", request_id, "Unauthorized")
+            return self.gateway("AUTHORIZER_CONFIGURATION_ERROR", request_id, INTERNAL_ERROR_MESSAGE)
+        if effect != "Allow":
+            return self.gateway("ACCESS_DENIED", request_id, "User is not authorized to access this resource")
+        return _Allowed(principal, policy)
+
+    def _response(self, outcome: Callable[[], Any], pairs: Headers, request_id: str) -> Answer:
+        """The api Lambda's proxy result as API Gateway answers it (its own 5xx for a failed,
+        malformed or oversized one)."""
         try:
             result = outcome()
             status = int(result["statusCode"])
@@ -324,70 +349,80 @@ def read_body(stream: Any, headers: Any, limit: int) -> bytes | None:
     return stream.read(int(length)) if int(length) else b""
 
 
-def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
-    class RequestHandler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class RequestHandler(BaseHTTPRequestHandler):
+    """The front's HTTP side: each request to the api (or, on a streamed route, to the streaming
+    front); ``make_server`` gives each server its subclass naming its ``api``."""
 
-        def _serve(self) -> None:
-            if api.stream is not None and api.stream.takes(self.command, urlsplit(self.path).path):
-                self._stream()
-                return
-            body = read_body(self.rfile, self.headers, api.payload_limit)
-            if body is None:  # API Gateway's answer to a malformed request
-                status, out_headers, payload = 400, [("Content-Type", "application/json")], json.dumps({"message": "Bad Request"}).encode()
-                self.close_connection = True  # the body's end is unknown: nothing more can be read
-            else:
-                if len(body) > api.payload_limit:
-                    self.close_connection = True  # the rest of an oversized body is never read
-                # API Gateway de-chunks the body and drops Transfer-Encoding before the integration
-                # (a header it "may drop, remap or modify": its "Important notes" for REST APIs).
-                headers = [(k, v) for k, v in self.headers.items() if k.lower() != "transfer-encoding"]
-                try:
-                    status, out_headers, payload = api.handle(self.command, self.path, headers, body)
-                except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
-                    status, out_headers, payload = api.gateway("INTEGRATION_FAILURE", str(uuid.uuid4()), INTERNAL_ERROR_MESSAGE)
-            self._send(status, out_headers, payload)
+    protocol_version = "HTTP/1.1"
+    api: LocalApi
 
-        def _stream(self) -> None:
-            """The distribution's large-body behaviour: the request goes to the streaming front,
-            its body read from the connection as it arrives, the answer's body sent as it comes."""
-            reply = api.stream.serve(self.command, urlsplit(self.path).path, self.headers, self.rfile)  # type: ignore[union-attr]
-            if reply is None:  # the client went away mid-body
-                self.close_connection = True
-                return
-            write_reply(self, reply)
+    def _serve(self) -> None:
+        api = self.api
+        if api.stream is not None and api.stream.takes(self.command, urlsplit(self.path).path):
+            self._stream(api.stream)
+            return
+        body = read_body(self.rfile, self.headers, api.payload_limit)
+        if body is None:  # API Gateway's answer to a malformed request
+            status, out_headers, payload = 400, [("Content-Type", "application/json")], json.dumps({"message": "Bad Request"}).encode()
+            self.close_connection = True  # the body's end is unknown: nothing more can be read
+        else:
+            if len(body) > api.payload_limit:
+                self.close_connection = True  # the rest of an oversized body is never read
+            status, out_headers, payload = self._answer(body)
+        self._send(status, out_headers, payload)
 
-        def _send(self, status: int, out_headers: Headers, payload: bytes) -> None:
-            self.send_response(status)
-            for k, v in out_headers:
-                if k.lower() not in ("content-length", "connection", "transfer-encoding"):
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            if self.command != "HEAD":  # a HEAD answer has the headers of its GET, never a body
-                self.wfile.write(payload)
+    def _answer(self, body: bytes) -> Answer:
+        # API Gateway de-chunks the body and drops Transfer-Encoding before the integration
+        # (a header it "may drop, remap or modify": its "Important notes" for REST APIs).
+        headers = [(k, v) for k, v in self.headers.items() if k.lower() != "transfer-encoding"]
+        try:
+            return self.api.handle(self.command, self.path, headers, body)
+        except Exception:  # noqa: BLE001 - the front answers, whatever went wrong behind it
+            return self.api.gateway("INTEGRATION_FAILURE", str(uuid.uuid4()), INTERNAL_ERROR_MESSAGE)
 
-        # The methods an ANY method covers on API Gateway ("Set up a method request": DELETE, GET,
-        # HEAD, OPTIONS, PATCH, POST, PUT) reach the api Lambda.
-        do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _serve
-
-        def __getattr__(self, name: str) -> Any:
-            """Any other method is API Gateway's MISSING_AUTHENTICATION_TOKEN (403, "including the
-            cases when the client attempts to invoke an unsupported API method": "Gateway response
-            types"), in the stack's envelope, never http.server's 501 HTML page."""
-            if not name.startswith("do_"):
-                raise AttributeError(name)
-            return self._unsupported
-
-        def _unsupported(self) -> None:
-            read_body(self.rfile, self.headers, api.payload_limit)
+    def _stream(self, stream: StreamFront) -> None:
+        """The distribution's large-body behaviour: the request goes to the streaming front,
+        its body read from the connection as it arrives, the answer's body sent as it comes."""
+        reply = stream.serve(self.command, urlsplit(self.path).path, self.headers, self.rfile)
+        if reply is None:  # the client went away mid-body
             self.close_connection = True
-            self._send(*api.gateway("MISSING_AUTHENTICATION_TOKEN", str(uuid.uuid4()), MISSING_TOKEN_MESSAGE))
+            return
+        write_reply(self, reply)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            pass
+    def _send(self, status: int, out_headers: Headers, payload: bytes) -> None:
+        self.send_response(status)
+        for k, v in out_headers:
+            if k.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":  # a HEAD answer has the headers of its GET, never a body
+            self.wfile.write(payload)
 
-    return FrontServer((host, port), RequestHandler)
+    # The methods an ANY method covers on API Gateway ("Set up a method request": DELETE, GET,
+    # HEAD, OPTIONS, PATCH, POST, PUT) reach the api Lambda.
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = do_OPTIONS = _serve
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other method is API Gateway's MISSING_AUTHENTICATION_TOKEN (403, "including the
+        cases when the client attempts to invoke an unsupported API method": "Gateway response
+        types"), in the stack's envelope, never http.server's 501 HTML page."""
+        if not name.startswith("do_"):
+            raise AttributeError(name)
+        return self._unsupported
+
+    def _unsupported(self) -> None:
+        read_body(self.rfile, self.headers, self.api.payload_limit)
+        self.close_connection = True
+        self._send(*self.api.gateway("MISSING_AUTHENTICATION_TOKEN", str(uuid.uuid4()), MISSING_TOKEN_MESSAGE))
+
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
+        pass
+
+
+def make_server(api: LocalApi, host: str, port: int) -> ThreadingHTTPServer:
+    handler = type("RequestHandler", (RequestHandler,), {"api": api})
+    return FrontServer((host, port), handler)
 
 
 class FrontServer(ThreadingHTTPServer):

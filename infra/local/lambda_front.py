@@ -82,7 +82,8 @@ class LambdaFront:
                 try:
                     self._forward()
                 except Exception as exc:  # noqa: BLE001 - the front answers whatever failed behind it
-                    self._send(502, [("Content-Type", "application/json")], json.dumps({"message": f"lambda front: {type(exc).__name__}"}).encode())
+                    answer = json.dumps({"message": f"lambda front: {type(exc).__name__}"}).encode()
+                    self._send(502, [("Content-Type", "application/json")], answer)
 
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -93,7 +94,8 @@ class LambdaFront:
                     return
                 conn = http.client.HTTPConnection(host, moto_port, timeout=300)
                 try:
-                    conn.request(self.command, self.path, body=body, headers={k: v for k, v in self.headers.items() if k.lower() not in _HOP})
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                    conn.request(self.command, self.path, body=body, headers=headers)
                     response = conn.getresponse()
                     self._send(response.status, response.getheaders(), response.read())
                 finally:

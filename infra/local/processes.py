@@ -137,7 +137,7 @@ class EngineSpec:
 
 def healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:  # loopback
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -223,23 +223,22 @@ class Workers:
         # The tenants' prefix-cache salts are derived from one secret per run (the state is moto's
         # memory, gone when the run stops); one the environment sets wins.
         salt_secret = {"WORKER_CACHE_SALT_SECRET": secrets.token_hex(32)}
+
+        def env_of(s: EngineSpec) -> Callable[[], Mapping[str, str]]:
+            return lambda: {
+                **LOCAL_WORKER_DEFAULTS,
+                **salt_secret,
+                # The deployment's, but the audit signing key's path: only the appender signs.
+                **{k: v for k, v in environ.items() if k != Settings.env_name("audit_local_key_file")},
+                "WORKER_MODEL": s.model,
+                "WORKER_ENGINE_URL": s.url,
+                # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so
+                # vLLM's waiting queue is never empty; WORKER_MAX_IN_FLIGHT (if set) still wins.
+                "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),
+            }
+
         self._children = [
-            ChildProcess(
-                f"worker-{s.model}",
-                [sys.executable, "-m", "gpu_worker"],
-                lambda s=s: {
-                    **LOCAL_WORKER_DEFAULTS,
-                    **salt_secret,
-                    # The deployment's, but the audit signing key's path: only the appender signs.
-                    **{k: v for k, v in environ.items() if k != Settings.env_name("audit_local_key_file")},
-                    "WORKER_MODEL": s.model,
-                    "WORKER_ENGINE_URL": s.url,
-                    # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so
-                    # vLLM's waiting queue is never empty; WORKER_MAX_IN_FLIGHT (if set) still wins.
-                    "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),
-                },
-                log_dir / f"worker-{s.model}.log",
-            )
+            ChildProcess(f"worker-{s.model}", [sys.executable, "-m", "gpu_worker"], env_of(s), log_dir / f"worker-{s.model}.log")
             for s in specs
         ]
 

@@ -14,7 +14,8 @@ ACCOUNT = "123456789012"
 REGION = "us-east-1"
 
 
-def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix: str, workflow_function_arn: str | None = None) -> Settings:
+def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix: str,
+                     workflow_function_arn: str | None = None) -> Settings:
     """Idempotently create the table, bucket, ingest queue + S3 notification, one work queue (with
     DLQ) per served model, the batch event bus (unless the settings name the default bus), and the
     batch state machine. Returns ``settings`` with the queue URLs
@@ -101,7 +102,7 @@ def create_webhook_queue(client: Callable[[str], Any], *, prefix: str, event_bus
     """The webhook queue (+ DLQ) and the EventBridge rule routing batch events to it from
     ``event_bus``, as infra/constructs/webhooks.py builds them (docs/webhooks.md); returns the
     URLs of the queue and of its dead-letter queue."""
-    from functions.webhooks import logic  # noqa: PLC0415 - only the local deployment needs it
+    from functions.webhooks import logic  # only the local deployment needs it
 
     sqs, events = client("sqs"), client("events")
     name = f"{prefix}-webhooks"

@@ -41,7 +41,7 @@ def main() -> None:
         key = boto3.client("kms").create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["Arn"]
         os.environ.update(settings.model_copy(update={"audit_signing_key_id": key}).to_env())
         deps.reset()
-        intents = [audit.api_intent("acme", method="POST", path="/v1/files", status=200, body='{"id": "file-%d"}' % i,
+        intents = [audit.api_intent("acme", method="POST", path="/v1/files", status=200, body=f'{{"id": "file-{i}"}}',
                                     authorization="Bearer sk-x", request_id=f"req-{i}", at=1_800_000_000 + i)
                    for i in range(args.intents)]
         sqs = boto3.client("sqs")

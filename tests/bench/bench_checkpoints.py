@@ -57,7 +57,8 @@ def one(n: int, k: int, policy: RunPolicy) -> tuple[int, int, int]:
     """(S3 PUTs, DynamoDB run-record writes, lines re-sent) for a death at step k."""
     stores = fake_stores()
     (message,) = seed(stores, n, per_chunk=n)
-    go = lambda engine: process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 0, policy=policy)
+    def go(engine):
+        return process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 0, policy=policy)
     try:
         asyncio.run(go(DiesAtStep(k)))
     except EngineDown:

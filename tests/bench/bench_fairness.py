@@ -22,6 +22,7 @@ from infra import names
 from tests.bench.local_batches import ENDED, chunk_logs, submit_chat
 from tests.e2e import conftest as e2e
 
+
 def wait(sdk, batch_id: str, poll: float = 0.1):
     while (batch := sdk.batches.retrieve(batch_id)).status not in ENDED:
         time.sleep(poll)

@@ -118,12 +118,11 @@ def main() -> None:
 
 def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Counter) -> dict[str, Any]:
     from functions.api.batches import create_batch
-    from functions.core import clients, deps, ids, schema
+    from functions.core import clients, deps, ids, results, schema
     from functions.core.chunk_lifecycle import Usage, record_chunk, start_chunk
     from functions.core.lines import iter_lines
     from functions.core.messages import ChunkManifest
     from functions.core.records import FileRecord
-    from functions.core import results
     from infra.local.resources import create_resources
 
     settings = create_resources(

@@ -31,6 +31,7 @@ from infra import names
 from tests.bench.local_batches import ENDED, chunk_logs, submit_chat
 from tests.e2e.conftest import start_local_deployment
 
+
 def one_batch(sdk, worker_log: Path, *, lines: int, max_tokens: int, poll: float, tag: str) -> dict[str, float]:
     batch, created = submit_chat(sdk, lines=lines, max_tokens=max_tokens, tag=tag)
     while batch.status not in ENDED:

@@ -74,10 +74,7 @@ READY_TIMEOUT = 300.0
 BATCH_TIMEOUT = 1800.0
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
-_WORDS = ("model batch river stone light engine garden window signal harbor paper letter winter summer "
-          "market station bridge mirror forest valley number answer request result table column circle "
-          "orange silver copper marble velvet thunder candle lantern compass anchor meadow canyon island "
-          "desert glacier harvest journey method pattern system network memory history science theory").split()
+_WORDS = ["model", "batch", "river", "stone", "light", "engine", "garden", "window", "signal", "harbor", "paper", "letter", "winter", "summer", "market", "station", "bridge", "mirror", "forest", "valley", "number", "answer", "request", "result", "table", "column", "circle", "orange", "silver", "copper", "marble", "velvet", "thunder", "candle", "lantern", "compass", "anchor", "meadow", "canyon", "island", "desert", "glacier", "harvest", "journey", "method", "pattern", "system", "network", "memory", "history", "science", "theory"]
 
 
 def _line(i: int, messages: list[dict], max_tokens: int) -> str:
@@ -131,7 +128,7 @@ class WebhookReceiver:
         receiver = self
 
         class Handle(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name
                 body = self.rfile.read(int(self.headers["content-length"]))
                 at = time.monotonic()
                 headers = {k.lower(): v for k, v in self.headers.items()}
@@ -277,7 +274,7 @@ def cpu_table(rows: list[dict]) -> str:
     med = statistics.median
     for (dataset, system), group in groups.items():
         spans = [r["window"][1] - r["window"][0] for r in group]
-        beside = med([sum(v for n, v in r["cpu"].items() if n != ENGINE) / span for r, span in zip(group, spans)])
+        beside = med([sum(v for n, v in r["cpu"].items() if n != ENGINE) / span for r, span in zip(group, spans, strict=False)])
         cells = " | ".join(f"{med([r['cpu'].get(n, 0.0) for r in group]):.2f}" for n in names)
         out.append(f"| {dataset} | {system} | {med(spans):.1f} | {med([r['cpu'].get(ENGINE, 0.0) for r in group]):.1f} | "
                    f"{cells} | {100 * beside:.0f} % |")

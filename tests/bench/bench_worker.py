@@ -157,13 +157,13 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
     from moto import mock_aws
 
     from functions.core import clients, deps, schema
+    from functions.core.aws import stores_from_settings
+    from functions.core.aws.sqs import SqsQueue
     from functions.core.messages import WorkMessage
     from functions.core.settings import ModelRoute, Settings
-    from functions.core.aws import stores_from_settings
     from gpu_worker.engine_client import EngineClient
     from gpu_worker.loop import Worker
     from gpu_worker.metrics import WorkerMetrics, make_logger
-    from functions.core.aws.sqs import SqsQueue
     from infra.local.resources import create_resources
     from tests.integration.worker.harness import worker_config
 
@@ -214,7 +214,7 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
                 await task
                 return seconds, metrics.totals
 
-        seconds, totals = asyncio.run(go())
+        seconds, _totals = asyncio.run(go())
         batch = stores.batches.get("bench", "batch_bench")
         deps.reset()
     return {"system": "our worker, SQS loop on moto (2 chunks)", "seconds": seconds, "output_tokens": batch.output_tokens,

@@ -10,8 +10,8 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from tests.helpers import free_port
 
+from tests.helpers import free_port
 
 
 @contextlib.contextmanager

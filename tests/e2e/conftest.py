@@ -31,7 +31,6 @@ from batchctl import keys as batchctl_keys
 from batchctl import targets as batchctl_targets
 from infra import names
 from infra.local import state as local_state
-
 from tests.helpers import free_port
 
 from . import target as e2e_target

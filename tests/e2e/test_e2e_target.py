@@ -219,7 +219,9 @@ def test_keys_are_batchctls_for_tenants_of_this_run_and_revoked_at_the_end(tmp_p
 
 def test_eventually_tries_at_once_then_until_the_bound() -> None:
     now, slept, answers = [0.0], [], iter([False, False, True])
-    clock = lambda: now[0]  # noqa: E731
+
+    def clock() -> float:
+        return now[0]
 
     def sleep(seconds: float) -> None:
         slept.append(seconds)

@@ -22,7 +22,7 @@ from openai.types.responses import Response
 from functions.core.wire import BatchOutputLine
 from infra import names
 
-from .test_batches_e2e import lines, sdk, submit, wait  # noqa: F401 - sdk is a fixture
+from .test_batches_e2e import lines, sdk, submit, wait
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
 

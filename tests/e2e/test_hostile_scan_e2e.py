@@ -44,7 +44,8 @@ def test_a_hostile_tenant_cannot_stall_another_or_walk_around_the_scan(local_eng
     a = local_engines.client(local_engines.new_key("hostile-a"))
     b = local_engines.client(local_engines.new_key("honest-b"))
     aws, github = SECRETS["AWS access key id"][1], SECRETS["GitHub token"][1]
-    user = lambda content: [{"role": "user", "content": content}]
+    def user(content):
+        return [{"role": "user", "content": content}]
     hostile = [
         row("long-slashes-key", model, messages=user("//" * (LONG // 2) + f" {aws}")),
         row("long-no-secret", model, messages=user("sk-" * (LONG // 3))),

@@ -7,11 +7,12 @@ checkpoint and its chunk's commit on a fast CPU too; the uneven lengths spread t
 over the run.
 """
 
+import itertools
 import time
 
 import pytest
 
-from tests.e2e.test_batches_e2e import TERMINAL, chat_line, check_invariants, sdk, submit  # noqa: F401 - sdk fixture
+from tests.e2e.test_batches_e2e import TERMINAL, chat_line, check_invariants, sdk, submit
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
 
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow]
 LINES = 100
 
 
-def test_a_batch_polled_while_it_runs_rises_in_steps(sdk):  # noqa: F811
+def test_a_batch_polled_while_it_runs_rises_in_steps(sdk):
     rows = [chat_line(i, max_tokens=4 + 4 * (i % 10)) for i in range(LINES)]
     for row in rows:
         row["body"]["ignore_eos"] = True
@@ -38,7 +39,7 @@ def test_a_batch_polled_while_it_runs_rises_in_steps(sdk):  # noqa: F811
     check_invariants(sdk, current, [r["custom_id"] for r in rows])
     final = polls[-1]
     assert final[0] + final[1] == LINES
-    for before, after in zip(polls, polls[1:]):
+    for before, after in itertools.pairwise(polls):
         assert after[0] >= before[0] and after[1] >= before[1], polls
     assert all(c <= final[0] and f <= final[1] for c, f in polls), polls
     assert len({c + f for c, f in polls}) >= 5, polls  # many steps, not one jump at the end

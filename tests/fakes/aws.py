@@ -26,14 +26,20 @@ from typing import Any
 
 from functions.core import lifecycle
 from functions.core.audit import AuditRecord
-from functions.core.lifecycle import Change
-from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
-from functions.core.ports import Received, Stores
 from functions.core.budgets import BUDGET_KINDS, Charge, Spent
-from functions.core.tenants import Reservation, TenantPolicy
+from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
+from functions.core.lifecycle import Change
+from functions.core.ports import Received, Stores
 from functions.core.records import (
-    ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
+    ApiKeyRecord,
+    BatchRecord,
+    ChunkRecord,
+    ChunkRunRecord,
+    FileRecord,
+    UploadPartRecord,
+    UploadRecord,
 )
+from functions.core.tenants import Reservation, TenantPolicy
 
 
 # --- Faults -----------------------------------------------------------------------------------
@@ -476,7 +482,7 @@ class FakeAudit(_Port):
 
     name = "chain"
 
-    def __init__(self, faults: Faults, budgets: "FakeBatches | None" = None):
+    def __init__(self, faults: Faults, budgets: FakeBatches | None = None):
         super().__init__(faults)
         self._budgets = budgets
         self.chains: dict[str, dict[int, AuditRecord]] = {}

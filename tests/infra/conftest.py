@@ -14,12 +14,11 @@ import pytest
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from aws_cdk.assertions import Template  # noqa: E402
+from aws_cdk.assertions import Template
 
-from infra.app import build  # noqa: E402
-from infra.config import CONTEXT_KEY  # noqa: E402
-from infra.stack import BatchApiStack  # noqa: E402
-
+from infra.app import build
+from infra.config import CONTEXT_KEY
+from infra.stack import BatchApiStack
 
 #: The deployment config of the session synth (a deployment's ``-c batchapi=...``).
 CONFIG: dict[str, Any] = {

@@ -19,7 +19,7 @@ def test_binary_media_types_come_from_the_http_contract(synth):
 
 
 def test_request_authorizer_reads_the_auth_header_and_caches(synth):
-    authorizer_id, authorizer = synth.one("AWS::ApiGateway::Authorizer")
+    _authorizer_id, authorizer = synth.one("AWS::ApiGateway::Authorizer")
     props = authorizer["Properties"]
     assert props["Type"] == "REQUEST"
     assert props["IdentitySource"] == f"method.request.header.{http.AUTH_HEADER}"

@@ -114,7 +114,7 @@ def test_the_reaper_is_invoked_for_files_and_for_uploads_that_held_stored_bytes(
 
 
 # --- the API's and the authorizer's real requests on moto --------------------------------------
-from tests.integration.conftest import aws, api_url, deployed, keys, stores, client  # noqa: E402,F401 - fixtures
+from tests.integration.conftest import api_url, aws, client, deployed, keys, stores  # noqa: E402 - fixtures
 
 
 class Recorder:

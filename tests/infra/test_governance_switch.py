@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from aws_cdk.assertions import Template
 
 from functions.core import schema
 from functions.core.settings import Settings
@@ -14,7 +15,6 @@ from infra.app import build
 from infra.config import CONTEXT_KEY
 from tests.infra.conftest import CONFIG, Synth
 from tests.infra.test_table_access import _lambda_statements, allows_any
-from aws_cdk.assertions import Template
 
 
 @pytest.fixture(scope="module")

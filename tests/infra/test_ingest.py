@@ -91,7 +91,7 @@ def test_one_work_queue_and_dlq_per_model(synth):
     for model in synth.config.models:
         name = names.work_queue_name(names.STACK_NAME, model.name)
         queue_id, queue = named[name]
-        dlq_id, dlq = named[names.dead_letter_queue_name(name)]
+        dlq_id, _dlq = named[names.dead_letter_queue_name(name)]
         assert queue_id == synth.logical_id(synth.stack.ingest.work_queues[model.name])
         assert dlq_id == synth.logical_id(synth.stack.ingest.work_dead_letters[model.name])
         # docs/deploy.md and docs/worker.md: a chunk goes to the DLQ after 50 receives (the last

@@ -163,7 +163,7 @@ def _worker_metrics_used(synth, namespaces: set[str]) -> list[tuple[str, str, fr
             fields = [f for f in entry if not isinstance(f, dict)]
             if fields and fields[0] in namespaces:
                 namespace, name, *dims = fields
-                used.append((namespace, name, frozenset(zip(dims[::2], dims[1::2]))))
+                used.append((namespace, name, frozenset(zip(dims[::2], dims[1::2], strict=False))))
     for resource in synth.resources("AWS::CloudWatch::Alarm").values():
         props = resource["Properties"]
         stats = [props] + [m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]

@@ -66,7 +66,10 @@ def test_table_matches_schema(synth):
     props = table["Properties"]
     ts = schema.TABLE_SCHEMA
     assert props["KeySchema"] == ts["KeySchema"]
-    key = lambda a: a["AttributeName"]  # noqa: E731
+
+    def key(a):
+        return a["AttributeName"]
+
     assert sorted(props["AttributeDefinitions"], key=key) == sorted(ts["AttributeDefinitions"], key=key)
     assert props["GlobalSecondaryIndexes"] == ts["GlobalSecondaryIndexes"]
     assert props["BillingMode"] == ts["BillingMode"] == "PAY_PER_REQUEST"

@@ -289,7 +289,7 @@ def test_the_task_role_reaches_this_buckets_files_and_parts_and_the_audit_queue_
 
 
 # --- the front's real requests on moto --------------------------------------------------------------
-from tests.integration.conftest import aws, deployed, keys, stores  # noqa: E402,F401 - fixtures
+from tests.integration.conftest import aws, deployed, keys, stores  # noqa: E402 - fixtures
 
 _S3_ACTIONS = {"CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject", "CompleteMultipartUpload": "s3:PutObject",
                "PutObject": "s3:PutObject", "AbortMultipartUpload": "s3:Abort*", "GetObject": "s3:GetObject*",

@@ -22,12 +22,17 @@ from moto import mock_aws
 from functions.core import clients, schema
 from functions.core.aws import stores_from_settings
 from functions.core.records import (
-    ApiKeyRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord,
+    ApiKeyRecord,
+    ChunkRecord,
+    ChunkRunRecord,
+    FileRecord,
+    UploadPartRecord,
+    UploadRecord,
 )
 from functions.core.settings import Settings
 from tests.builders import batch_record, cut, running_batch
-from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
+from tests.helpers import chat_jsonl
 from tests.integration.worker.harness import run_one_chunk
 
 #: The worker's table actions and partition patterns (docs/security.md): its batch items live in
@@ -178,9 +183,9 @@ def test_narrow_lambdas_name_only_their_actions_and_partitions(synth, label):
         assert statement["Effect"] == "Allow" and synth.render(statement["Resource"]) == table
     # None reads a tenant's file or upload records, an API key, the scaler's state; none deletes.
     others = [schema.key_pk("abc"), schema.scaler_pk("m"), "IDEMPOTENCY#create_batch#key"]
-    for kind, keys in _records("acme").items():
+    for kind, item_keys in _records("acme").items():
         if kind not in ALLOWED_KINDS:
-            others.append(keys[schema.PK])
+            others.append(item_keys[schema.PK])
     for pk in others:
         assert not allows_any(statements, "dynamodb:GetItem", [pk]), (label, pk)
         assert not allows_any(statements, "dynamodb:Query", [pk]), (label, pk)
@@ -220,9 +225,10 @@ ALLOWED_KINDS = {"batch", "terminal batch", "chunk marker", "chunk run"}
 def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth, tenant):
     records = _records(tenant)
     for name, statements in _worker_statements(synth).items():
-        for kind, keys in records.items():
+        for kind, item_keys in records.items():
             for action in WORKER_ACTIONS:
-                assert allows_any(statements, action, [keys[schema.PK]]) == (kind in ALLOWED_KINDS), (name, kind, keys)
+                assert allows_any(statements, action, [item_keys[schema.PK]]) == (kind in ALLOWED_KINDS), (
+                    name, kind, item_keys)
         # A transaction naming a file and the batch is denied as a whole (ForAllValues).
         assert not allows_any(statements, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
         # The budget item: read (a stop budget), never written (the appender charges it) or
@@ -357,7 +363,7 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
 
 
 # --- the real paths on moto: API, ingest, worker, the two DLQ consumers ------------------------
-from tests.integration.conftest import aws, api_url, deployed, keys, stores, client  # noqa: E402,F401 - fixtures
+from tests.integration.conftest import api_url, aws, client, deployed, keys, stores  # noqa: E402 - fixtures
 
 
 class Recorder:
@@ -381,9 +387,9 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     event through the ingest DLQ consumer: each role's DynamoDB requests are evaluated against its
     synthesized policy."""
     from functions.chunk_dlq import handler as chunk_dlq_handler
+    from functions.ingest_dlq import handler as ingest_dlq_handler
     from functions.workflow import handler as workflow_handler
     from infra.local.lambda_context import LocalLambdaContext
-    from functions.ingest_dlq import handler as ingest_dlq_handler
     from infra.local.pollers import drain_queue
     from infra.local.resources import ingest_dlq_url, ingest_queue_url
     from tests.integration.batch_helpers import line, run_ingest, submit, take_work

@@ -10,7 +10,7 @@ import fnmatch
 
 from functions.core import schema
 from functions.core.tenants import TenantPolicy
-from tests.infra.test_governance_switch import ungoverned  # noqa: F401 - fixture (governance off)
+from tests.infra.test_governance_switch import ungoverned
 from tests.infra.test_table_access import _lambda_statements, allows_any
 
 

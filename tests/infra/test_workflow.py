@@ -23,7 +23,7 @@ def test_definition_is_the_one_the_local_deployment_runs(synth):
     # ... which is what infra.local renders for its function: the same states, byte for byte.
     arn = "arn:aws:lambda:us-east-1:123456789012:function:workflow"
     deployed = props["DefinitionString"]
-    for key, value in props["DefinitionSubstitutions"].items():
+    for key, _value in props["DefinitionSubstitutions"].items():
         deployed = deployed.replace("${" + key + "}", arn)
     assert deployed == workflow.render(arn)
     assert "${" not in deployed

@@ -1,12 +1,13 @@
 """Helpers for batch tests: input lines, running ingest from its queue, reading work messages."""
 
 import json
+import time
 from typing import Any
 
 from functions.core import audit, clients
-from functions.core.records import ChunkRecord
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
+from functions.core.records import ChunkRecord
 from functions.core.settings import Settings
 from functions.ingest import handler as ingest_handler
 from infra.local.pollers import drain_queue
@@ -59,27 +60,23 @@ def executions(settings: Settings) -> list[dict[str, Any]]:
     return clients.client("stepfunctions").list_executions(stateMachineArn=settings.state_machine_arn)["executions"]
 
 
-import time as _time
-
-
-
 def wait_for_execution(settings: Settings, batch_id: str, timeout: float = 90.0) -> dict[str, Any]:
     sfn = clients.client("stepfunctions")
     arn = f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{batch_id}"
-    deadline = _time.monotonic() + timeout
-    while _time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         execution = sfn.describe_execution(executionArn=arn)
         if execution["status"] != "RUNNING":
             return execution
-        _time.sleep(0.05)
+        time.sleep(0.05)
     raise AssertionError(f"execution {batch_id} still running after {timeout}s")
 
 
 def wait_for_task_token(stores: Stores, tenant: str, batch_id: str, timeout: float = 10.0) -> str:
-    deadline = _time.monotonic() + timeout
-    while _time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         batch = stores.batches.get(tenant, batch_id)
         if batch and batch.task_token:
             return batch.task_token
-        _time.sleep(0.02)
+        time.sleep(0.02)
     raise AssertionError("the workflow never registered its task token")

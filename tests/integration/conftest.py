@@ -6,8 +6,8 @@ import contextlib
 import json
 import threading
 import time
-from unittest import mock
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
 from moto import mock_aws
@@ -21,6 +21,7 @@ from infra.local import atomic_dynamodb
 from infra.local.front import LocalApi, make_server
 from infra.local.resources import create_resources, ingest_queue_url
 from tests.conftest import PREFIX
+
 
 class Clock:
     """The API's clock, moved by tests (e.g. past an expiry)."""
@@ -45,7 +46,7 @@ def clock() -> Iterator[Clock]:
 EXECUTE_WORKFLOWS = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
 
 
-def _invoke_workflow_handler(self, function_name, qualifier, body, headers, response_headers):  # noqa: ANN001
+def _invoke_workflow_handler(self, function_name, qualifier, body, headers, response_headers):
     """Stands in for moto's no-Docker Lambda backend: the state machine's Lambda tasks run our
     workflow handler (errors shaped as the Lambda runtime reports them)."""
     from functions.workflow import handler as workflow_handler
@@ -53,7 +54,7 @@ def _invoke_workflow_handler(self, function_name, qualifier, body, headers, resp
 
     try:
         return json.dumps(workflow_handler.handler(json.loads(body or "{}"), LocalLambdaContext("workflow"))).encode()
-    except Exception as exc:  # noqa: BLE001 - reported to the state machine like Lambda does
+    except Exception as exc:
         response_headers["x-amz-function-error"] = "Unhandled"
         return json.dumps({"errorMessage": str(exc), "errorType": type(exc).__name__}).encode()
 

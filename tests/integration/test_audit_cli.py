@@ -14,7 +14,7 @@ from functions.core import anchor, audit, deps, schema, signing
 from functions.core.settings import Settings
 from infra import names
 from tests.integration.test_batchctl import create_stack, stack_outputs
-from tests.integration.test_tenants_cli import env, run_cli  # noqa: F401 - fixtures
+from tests.integration.test_tenants_cli import env, run_cli
 
 __all__ = ["env"]
 

@@ -7,8 +7,8 @@ import pytest
 
 from functions.authorizer import handler as authorizer
 from functions.core import auth, ids, schema
-from functions.core.records import key_id
 from functions.core.errors import AuthenticationFailed
+from functions.core.records import key_id
 from infra.local.lambda_context import LocalLambdaContext
 
 ARN = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/v1/files"
@@ -48,7 +48,7 @@ def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores, clock):
 @pytest.mark.parametrize("header", [None, "", "Bearer ", "Token sk-x", "Bearer sk-unknown"])
 def test_authorizer_rejects_with_unauthorized(stores, header):
     headers = {"Authorization": header} if header is not None else {}
-    with pytest.raises(Exception, match="^Unauthorized$"):
+    with pytest.raises(Exception, match=r"^Unauthorized$"):
         authorizer.handler({"headers": headers, "methodArn": ARN}, LocalLambdaContext("a"))
 
 

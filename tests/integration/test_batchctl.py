@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from openai import AuthenticationError, OpenAI
 
-from functions.core import auth, clients
-from functions.core.settings import Settings
 from batchctl import cli, targets
 from batchctl.settings import STACK_ENV
+from functions.core import auth, clients
+from functions.core.settings import Settings
 from infra import names
 from infra.local import state as local_state
 
@@ -131,11 +131,11 @@ def test_stack_name_from_env_or_flag(aws: None, settings: Settings, env: dict[st
     assert code == 1
     assert names.STACK_NAME in err  # the default stack does not exist here
 
-    code, out, err = run_cli("keys", "create", "--tenant", "t1", env={**env, STACK_ENV: "Staging"})
+    code, _out, err = run_cli("keys", "create", "--tenant", "t1", env={**env, STACK_ENV: "Staging"})
     assert code == 0, err
     assert "stack Staging" in err
 
-    code, out, err = run_cli("--stack", "Staging", "keys", "create", "--tenant", "t1", env={**env, STACK_ENV: "Nope"})
+    code, _out, err = run_cli("--stack", "Staging", "keys", "create", "--tenant", "t1", env={**env, STACK_ENV: "Nope"})
     assert code == 0, err
     assert "stack Staging" in err
 
@@ -208,7 +208,7 @@ def test_stale_state_file_falls_back_to_aws(stack: None, env: dict[str, str]) ->
     stale.write(local_state.state_path(env))
     assert not targets.local_answers(stale)
 
-    code, out, err = run_cli("keys", "create", "--tenant", "newco", env=env)
+    code, _out, err = run_cli("keys", "create", "--tenant", "newco", env=env)
     assert code == 0, err
     assert f"stack {names.STACK_NAME}" in err
 

@@ -8,9 +8,9 @@ import pytest
 from openai.types import Batch, Model
 
 from functions.core import schema
-from tests.helpers import assert_error, assert_openai_shape
 from functions.core.lifecycle import Change
 from tests.builders import set_batch
+from tests.helpers import assert_error, assert_openai_shape
 
 CHAT = "/v1/chat/completions"
 

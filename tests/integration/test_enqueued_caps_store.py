@@ -8,9 +8,9 @@ counted chunk's budget charge is written with its audit receipt, once."""
 import pytest
 
 from functions.core import lifecycle, schema
+from functions.core.budgets import Spent
 from functions.core.errors import ConditionFailed
 from functions.core.lifecycle import Change
-from functions.core.budgets import Spent
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, FileRecord
 from functions.core.tenants import Reservation

@@ -27,11 +27,11 @@ from functions.core.ports import Stores
 from functions.ingest import logic as ingest_logic
 from functions.workflow import logic as workflow
 from tests.agreement import assert_stores_agree
+from tests.builders import set_batch
 from tests.fakes.engine import InProcessEngine
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 from tests.integration.test_aws_faults import cancelled
 from tests.integration.worker.harness import run_one_chunk
-from tests.builders import set_batch
 
 
 class BotocoreFaults:

@@ -10,8 +10,8 @@ import pytest
 from openai.types import FileDeleted, FileObject
 
 from functions.core import deps, schema
-from infra.local.ttl import expire_once
 from functions.reaper.logic import purge_removed
+from infra.local.ttl import expire_once
 from tests.helpers import assert_error, assert_openai_shape
 
 JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'

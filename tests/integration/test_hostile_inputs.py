@@ -236,7 +236,8 @@ def test_a_file_of_only_blank_lines_fails_as_empty(client, deployed, content):
 
 @pytest.mark.workflow
 def test_an_engine_answer_over_the_response_bound_is_an_error_line_and_the_batch_completes(client, stores, deployed):
-    from tests.fakes.engine import FakeEngine, chat_answer, content as content_of
+    from tests.fakes.engine import FakeEngine, chat_answer
+    from tests.fakes.engine import content as content_of
 
     huge = "z" * (8 * 1024 * 1024 + 1)  # one byte over the worker's 8 MiB response bound
     engine = FakeEngine(lambda path, body, seen: (200, huge) if content_of(body) == "hi 1" else (200, chat_answer(body))).start()

@@ -12,7 +12,7 @@ import pytest
 from batchctl import cli
 from functions.core import audit, auth
 from functions.core.records import ApiKeyRecord, key_id
-from tests.integration.test_tenants_cli import env, run_cli, stack  # noqa: F401 - fixtures
+from tests.integration.test_tenants_cli import env, run_cli, stack
 
 
 def sdk(api_url: str, key: str) -> openai.OpenAI:
@@ -27,7 +27,7 @@ def create(env, tenant="acme") -> str:
     return key
 
 
-def test_keys_are_listed_by_id_hint_created_at_and_status_never_the_key(stack, env):  # noqa: F811
+def test_keys_are_listed_by_id_hint_created_at_and_status_never_the_key(stack, env):
     keys = [create(env) for _ in range(2)]
     create(env, "globex")
     code, out, err = run_cli("keys", "list", "--tenant", "acme", env=env)
@@ -39,7 +39,7 @@ def test_keys_are_listed_by_id_hint_created_at_and_status_never_the_key(stack, e
     assert not any(k in out or auth.hash_key(k) in out for k in keys)
 
 
-def test_revoke_by_id_stops_that_key_only_and_is_audited(appender, stack, env, api_url, stores):  # noqa: F811
+def test_revoke_by_id_stops_that_key_only_and_is_audited(appender, stack, env, api_url, stores):
     revoked, kept = create(env), create(env)
     sdk(api_url, revoked).files.list()
     revoked_id = key_id(auth.hash_key(revoked))
@@ -57,14 +57,14 @@ def test_revoke_by_id_stops_that_key_only_and_is_audited(appender, stack, env, a
 
 
 @pytest.mark.parametrize("value", ["3f2a9c01b7de", "key:3F2A9C01B7DE", "key:3f2a", "key:3f2a9c01b7dz"])
-def test_a_malformed_id_is_a_usage_error(value, env, capsys):  # noqa: F811
+def test_a_malformed_id_is_a_usage_error(value, env, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["keys", "revoke", "--id", value], env=env)
     assert info.value.code == 2 and "expected a key id" in capsys.readouterr().err
 
 
 @pytest.mark.settings(policy_cache_seconds=0)
-def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(appender, stack, env, api_url, stores):  # noqa: F811
+def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(appender, stack, env, api_url, stores):
     key, other = create(env), create(env, "globex")
     code, out, err = run_cli("tenants", "disable", "acme", env=env)
     assert code == 0, err
@@ -83,12 +83,12 @@ def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(appender, s
     assert actions == [("tenants.disable", 1, True), ("tenants.enable", 1, False)]
 
 
-def test_disable_needs_one_tenant(stack, env):  # noqa: F811
+def test_disable_needs_one_tenant(stack, env):
     assert run_cli("tenants", "disable", env=env)[0] == 2
     assert run_cli("tenants", "disable", "acme", "--tenant", "globex", env=env)[0] == 2
 
 
-def test_backfill_lists_a_key_stored_before_ids(stack, env, stores):  # noqa: F811
+def test_backfill_lists_a_key_stored_before_ids(stack, env, stores):
     old = ApiKeyRecord(key_hash=auth.hash_key("sk-from-before"), tenant="acme", created_at=1, hint="fore")
     stores.keys._table.put(old.to_item())  # the key item alone, as keys were stored before ids
     assert run_cli("keys", "list", "--tenant", "acme", env=env)[1] == ""
@@ -98,7 +98,7 @@ def test_backfill_lists_a_key_stored_before_ids(stack, env, stores):  # noqa: F8
     assert "0 keys" in run_cli("keys", "backfill", env=env)[2]
 
 
-def test_rate_and_storage_options_are_stored_and_get_shows_their_usage(stack, env, client):  # noqa: F811
+def test_rate_and_storage_options_are_stored_and_get_shows_their_usage(stack, env, client):
     code, out, err = run_cli("tenants", "set", "--tenant", "acme", "--requests-per-minute", "50",
                              "--max-stored-bytes", "2KiB", env=env)
     assert code == 0, err
@@ -116,7 +116,7 @@ def test_rate_and_storage_options_are_stored_and_get_shows_their_usage(stack, en
     (["--requests-per-minute", "fast"], "whole number"), (["--max-stored-bytes", "10 parsecs"], "byte count"),
     (["--max-stored-bytes", "-1"], "byte count"), (["--max-stored-bytes", "1.5GB"], "byte count"),
 ])
-def test_bad_rate_and_storage_values_exit_2_saying_why(argv, says, env, capsys):  # noqa: F811
+def test_bad_rate_and_storage_values_exit_2_saying_why(argv, says, env, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["tenants", "set", "--tenant", "acme", *argv], env=env)
     assert info.value.code == 2 and says in capsys.readouterr().err

@@ -6,8 +6,7 @@ a condition (``tests/integration/test_port_contracts.py`` for the others)."""
 
 import pytest
 
-from functions.core import lifecycle
-from functions.core import auth
+from functions.core import auth, lifecycle
 from functions.core.errors import ConditionFailed
 from functions.core.ports import Stores
 from functions.core.records import ApiKeyRecord, FileRecord, UploadRecord

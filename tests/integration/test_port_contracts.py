@@ -106,10 +106,9 @@ def test_finish_is_atomic(ports: Stores):
 
 
 def test_a_writer_leaves_nothing_on_error_or_when_empty(ports: Stores):
-    with pytest.raises(RuntimeError):
-        with ports.objects.writer("x/failed") as w:
-            w.write(b"partial")
-            raise RuntimeError("died mid-assembly")
+    with pytest.raises(RuntimeError), ports.objects.writer("x/failed") as w:
+        w.write(b"partial")
+        raise RuntimeError("died mid-assembly")
     with ports.objects.writer("x/empty"):
         pass
     with ports.objects.writer("x/ok") as w:

@@ -4,6 +4,7 @@ every 3 lines), ``client.batches.retrieve`` after every store call of the worker
 request_counts rising in many steps, never going down, never above the final counts."""
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_a_batch_polled_while_its_chunks_run_shows_counts_rising_in_steps(client
     poll()
     final = (59, 1)  # one line rejected by the engine
     assert polls[-1] == final
-    for before, after in zip(polls, polls[1:]):
+    for before, after in itertools.pairwise(polls):
         assert after[0] >= before[0] and after[1] >= before[1], polls
     assert all(c <= final[0] and f <= final[1] for c, f in polls), polls
     # checkpoints every 3 lines of a chunk (not its last lines), then its commit

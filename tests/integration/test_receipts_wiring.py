@@ -13,8 +13,8 @@ from functions.core.aws import stores_from_settings
 from functions.core.messages import WorkMessage
 from functions.core.settings import Settings
 from tests.builders import running_batch, work_message
-from tests.helpers import chat_jsonl
 from tests.conftest import PREFIX, TEST_SETTINGS
+from tests.helpers import chat_jsonl
 from tests.integration.worker.harness import run_one_chunk
 
 CHAT = "/v1/chat/completions"

@@ -20,8 +20,8 @@ from functions.core.errors import Throttled
 from functions.core.settings import Settings
 from functions.stream_front.routes import StreamFront
 from functions.stream_front.server import HEALTH_PATH
-from functions.stream_front.slots import Slots
 from functions.stream_front.server import make_server as service_server
+from functions.stream_front.slots import Slots
 from infra.local.front import LocalApi, make_server
 from tests.helpers import raw_client
 
@@ -250,9 +250,7 @@ def test_a_tenants_slow_uploads_hold_only_its_own_share(streamed_url: str, keys,
 
 def test_a_full_process_is_a_503_the_sdk_retries() -> None:
     slots = Slots(total=1, per_tenant=1)
-    with slots.hold("a"):
-        with pytest.raises(Throttled):
-            with slots.hold("b"):
-                pass
+    with slots.hold("a"), pytest.raises(Throttled), slots.hold("b"):
+        pass
     with slots.hold("b"):
         assert slots.held() == 1 and slots.held("b") == 1

@@ -14,7 +14,15 @@ from functions.ingest import logic as ingest_logic
 from functions.sweeper import handler as sweeper_handler
 from infra.local.lambda_context import LocalLambdaContext
 from tests.agreement import assert_api_agrees
-from tests.integration.batch_helpers import executions, line, run_ingest, submit, take_work, wait_for_execution, wait_for_task_token
+from tests.integration.batch_helpers import (
+    executions,
+    line,
+    run_ingest,
+    submit,
+    take_work,
+    wait_for_execution,
+    wait_for_task_token,
+)
 from tests.integration.worker.harness import run_one_chunk
 
 pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30)]

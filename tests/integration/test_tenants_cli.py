@@ -45,7 +45,7 @@ def test_create_then_the_api_enforces_it_and_set_changes_only_what_it_is_given(
     stack: None, env: dict[str, str], client, stores, clock
 ) -> None:
     clock.now = 1_699_956_000 + 60  # a minute into a clock hour: both creates fall in it
-    code, out, err = run_cli("tenants", "create", "--tenant", "acme", "--batches-per-hour", "1",
+    code, _out, err = run_cli("tenants", "create", "--tenant", "acme", "--batches-per-hour", "1",
                              "--allowed-models", "test-chat,other", "--max-enqueued-tokens", "test-chat=5000", env=env)
     assert code == 0, err
     assert stores.tenants.get("acme").batches_per_hour == 1
@@ -55,7 +55,7 @@ def test_create_then_the_api_enforces_it_and_set_changes_only_what_it_is_given(
     with pytest.raises(openai.RateLimitError):
         submit(client, content)
 
-    code, out, err = run_cli("tenants", "set", "--tenant", "acme", "--batches-per-hour", "none",
+    code, _out, err = run_cli("tenants", "set", "--tenant", "acme", "--batches-per-hour", "none",
                              "--max-enqueued-tokens", "other=7", env=env)
     assert code == 0, err
     policy = stores.tenants.get("acme")
@@ -98,7 +98,7 @@ def test_bad_values_exit_2(argv: list[str], env: dict[str, str], capsys) -> None
 
 
 def test_set_takes_the_line_bounds_the_input_budget_and_the_output_reservation(stack: None, env: dict[str, str], stores) -> None:
-    code, out, err = run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "4", "--line-max-output-tokens", "2048",
+    code, _out, err = run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "4", "--line-max-output-tokens", "2048",
                              "--input-token-budget", "500000", "--reserve-output-tokens", "on", env=env)
     assert code == 0, err
     policy = stores.tenants.get("acme")

@@ -28,7 +28,7 @@ def ended(call: Callable[[], int]) -> int | BaseException:
     def run() -> None:
         try:
             result.append(call())
-        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+        except BaseException as exc:
             result.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)

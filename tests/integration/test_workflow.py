@@ -12,7 +12,6 @@ from functions.core.wire import BatchOutputLine
 from functions.workflow import logic
 from tests.agreement import assert_api_agrees, assert_usage_agrees
 from tests.fakes.engine import InProcessEngine, rejecting
-from tests.integration.worker.harness import run_one_chunk, wait_until
 from tests.integration.batch_helpers import (
     line,
     run_ingest,
@@ -21,6 +20,7 @@ from tests.integration.batch_helpers import (
     wait_for_execution,
     wait_for_task_token,
 )
+from tests.integration.worker.harness import run_one_chunk, wait_until
 
 pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30)]
 
@@ -124,7 +124,7 @@ def test_engine_rejections_land_in_the_error_file(client, stores, deployed):
         run_one_chunk(stores, m, engine=engine)
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
-    out, err = assert_invariants(client, done, ["req-0", "reject-1", "req-2"])
+    _out, err = assert_invariants(client, done, ["req-0", "reject-1", "req-2"])
     assert done.status == "completed" and [l.custom_id for l in err] == ["reject-1"]
     assert err[0].response.status_code == 400 and err[0].response.body["error"]["message"] == "rejected"
     assert err[0].error is None
@@ -139,7 +139,7 @@ def test_only_errors(client, stores, deployed):
         run_one_chunk(stores, m, engine=InProcessEngine(rejecting("hi 0", "hi 1", "hi 2")))
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
-    out, err = assert_invariants(client, done, [f"reject-{i}" for i in range(3)])
+    _out, err = assert_invariants(client, done, [f"reject-{i}" for i in range(3)])
     assert done.status == "completed" and done.output_file_id is None and len(err) == 3
 
 
@@ -180,7 +180,7 @@ def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
 
 def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(4)])
-    first, second = take_work(deployed)
+    first, _second = take_work(deployed)
     from functions.core import chunk_lifecycle
 
     chunk_lifecycle.start_chunk(stores, first)  # a worker is on it

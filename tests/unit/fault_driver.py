@@ -149,10 +149,10 @@ class Driver:
         def check(op: str) -> None:
             self.calls[(self.phase, op)] += 1
             for f in self.faults:
-                if f.phase == self.phase and f.op == op and f.raised < f.times and f.chunk in (None, self.chunk):
-                    if self.calls[(self.phase, op)] > f.skip:
-                        f.raised += 1
-                        raise f.error()
+                if (f.phase == self.phase and f.op == op and f.raised < f.times and f.chunk in (None, self.chunk)
+                        and self.calls[(self.phase, op)] > f.skip):
+                    f.raised += 1
+                    raise f.error()
             original(op)
 
         self.stores.faults.check = check  # type: ignore[method-assign]
@@ -249,7 +249,7 @@ class Driver:
             except Killed:
                 self.log.append(f"worker killed on chunk {message.chunk}")
                 self._visible_again(r.receipt)  # its visibility timeout ends: SQS delivers it again
-            except Exception as exc:  # noqa: BLE001 - the loop releases it for another attempt
+            except Exception as exc:
                 self.log.append(f"chunk {message.chunk} raised {type(exc).__name__}")
                 self.phase = "sqs"
                 if not self.queue.release(r.receipt, 0):

@@ -72,8 +72,8 @@ def test_a_failed_send_keeps_the_count_and_the_redelivery_sends_the_receipt():
 
 
 def test_the_counting_worker_s_receipt_names_the_digests_it_wrote_without_reading_the_parts_back():
-    from functions.core.wire import BatchOutputLine
     from functions.core.results import write_parts as write_real_parts
+    from functions.core.wire import BatchOutputLine
 
     stores = fake_stores()
     stores.batches.put(batch())

@@ -159,7 +159,7 @@ def test_plan_by_selection_and_the_skipped_reasons():
 
 def test_plan_refusals():
     errors = SimpleNamespace(data=[SimpleNamespace(code="invalid_json_line", message="Line 3 is not JSON.", line=3)])
-    with pytest.raises(b.RetryRefused, match="failed validation.*invalid_json_line.*line 3"):
+    with pytest.raises(b.RetryRefused, match=r"failed validation.*invalid_json_line.*line 3"):
         b.plan_retry(batch("failed", error_file_id=None, errors=errors), [], "retryable")
     with pytest.raises(b.RetryRefused, match="still in_progress"):
         b.plan_retry(batch("in_progress", error_file_id=None), [], "retryable")

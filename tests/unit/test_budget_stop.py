@@ -7,12 +7,12 @@ never sent; the chunk is still counted exactly once and charges only what ran.""
 import asyncio
 import json
 
-from functions.core.budgets import BudgetCaps
 from functions.core import schema, tenants
+from functions.core.budgets import BudgetCaps
 from functions.core.messages import WorkMessage
 from functions.core.tenants import TenantPolicy
-from gpu_worker.budget import BudgetWatch
 from gpu_worker.admission import Admission
+from gpu_worker.budget import BudgetWatch
 from tests.builders import delivered, running_batch, work_message
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores

@@ -4,8 +4,8 @@ order rather than in vLLM's first-come queue; an engine without /metrics keeps t
 
 import asyncio
 
-from gpu_worker.capacity import CapacityWatch, EngineLoad, capacity_for, headroom, parse_metrics
 from gpu_worker.admission import Admission
+from gpu_worker.capacity import CapacityWatch, EngineLoad, capacity_for, headroom, parse_metrics
 from gpu_worker.config import WorkerConfig
 
 #: As vLLM 0.32 renders them (two served names, to show label sets are summed).

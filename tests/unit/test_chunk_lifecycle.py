@@ -3,10 +3,9 @@ chunks; the last chunk (or its duplicate) signals; faults at the store propagate
 
 import pytest
 
-from functions.core import lifecycle
-from functions.core import chunk_lifecycle
-from functions.core.lifecycle import Signal
+from functions.core import chunk_lifecycle, lifecycle
 from functions.core.errors import Throttled
+from functions.core.lifecycle import Signal
 from functions.core.messages import WorkMessage
 from functions.core.records import BatchRecord
 from functions.core.results import Parts

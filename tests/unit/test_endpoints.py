@@ -17,7 +17,7 @@ from functions.core.settings import ModelRoute, Settings
 from gpu_worker.line_runner import run_line
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine
-from tests.unit.test_entrypoint import run  # noqa: F401 - the entrypoint fixture
+from tests.unit.test_entrypoint import run
 
 NOW = 1_700_000_000
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -157,7 +157,7 @@ def test_a_model_id_that_is_only_a_prefix_of_a_served_one_is_404():
 
 
 # --- the GPU image asks vLLM for cached tokens ----------------------------------------------------
-def test_the_engine_gets_prompt_token_details_once_even_when_engine_args_has_it(run):  # noqa: F811
+def test_the_engine_gets_prompt_token_details_once_even_when_engine_args_has_it(run):
     import signal
 
     start, lines = run

@@ -108,7 +108,7 @@ def test_sigterm_drains_the_worker_before_stopping_the_engine(run):
 
 
 def test_an_engine_that_ignores_sigterm_is_killed(run):
-    start, lines = run
+    start, _lines = run
     p = start(ENGINE_IGNORE_TERM="1", ENGINE_STOP_SECONDS="1")
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0

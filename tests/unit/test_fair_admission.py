@@ -42,7 +42,7 @@ def entries(order: str, arrivals: list[tuple[str, int]]) -> list[tuple[str, int]
 @pytest.mark.parametrize("order", [ORDER_FILE, ORDER_SMART])
 def test_a_small_tenant_enters_before_the_giants_waiting_lines(order: str) -> None:
     a = [("a", 8)] * 6
-    assert entries(order, a + [("b", 8), ("b", 8)]) == [("b", 8), ("b", 8)] + a
+    assert entries(order, [*a, ("b", 8), ("b", 8)]) == [("b", 8), ("b", 8), *a]
 
 
 def test_one_tenant_alone_keeps_the_smart_order() -> None:

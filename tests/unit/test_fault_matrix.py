@@ -39,7 +39,18 @@ from tests.agreement import assert_stores_agree
 from tests.builders import assert_fields
 from tests.fakes.aws import conflict, throttle
 from tests.fakes.engine import REJECTED, chat_answer, content
-from tests.unit.fault_driver import BATCH, LINES, RECONCILE, START, TENANT, WINDOW, Driver, Killed, custom_ids, engine_answer
+from tests.unit.fault_driver import (
+    BATCH,
+    LINES,
+    RECONCILE,
+    START,
+    TENANT,
+    WINDOW,
+    Driver,
+    Killed,
+    custom_ids,
+    engine_answer,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reliability.md"
 NODE = "tests/unit/test_fault_matrix.py::test_fault"
@@ -303,7 +314,7 @@ def _cancel_at(message: int, *, lose: bool = False, throttled: bool = False) -> 
             d.fail("api", "workflows.signal", throttle)
         try:
             cancel_batch(d.stores, TENANT, BATCH, now=d.now)
-        except Exception:  # noqa: BLE001 - the API answered 503; the batch is cancelling
+        except Exception:
             d.log.append("cancel's signal raised")
         d.phase = "worker"
 

@@ -45,7 +45,7 @@ def text(obj) -> str:
 def nested(depth: int) -> str:
     """A request line whose JSON nests exactly ``depth`` levels (the line's object is level 1)."""
     inner = "[" * (depth - 2) + "]" * (depth - 2)
-    return '{"custom_id": "deep", "method": "POST", "url": "%s", "body": {"model": "chat", "x": %s}}' % (CHAT, inner)
+    return f'{{"custom_id": "deep", "method": "POST", "url": "{CHAT}", "body": {{"model": "chat", "x": {inner}}}}}'
 
 
 def raw(line: str, number: int = 1):
@@ -145,7 +145,7 @@ def test_a_custom_id_of_512_characters_is_accepted_and_513_is_an_invalid_value()
 @pytest.mark.parametrize("field", ["url", "method"])
 def test_a_huge_echoed_value_is_cut_to_a_short_prefix(field):
     value = "/v1/" + "z" * 300_000
-    code, param, message = rejection(text(request(**{field: value})))
+    _code, param, message = rejection(text(request(**{field: value})))
     assert param == field
     assert len(message) <= MESSAGE
     assert "/v1/" + "z" * (ECHO - 10) in message and "\u2026" in message
@@ -187,7 +187,7 @@ def test_ingest_fails_each_hostile_line_with_its_code_param_and_line():
         ("invalid_method", "method", 7),
     ]
     assert all(len(e["message"]) <= MESSAGE for e in batch.errors)
-    (event_type, detail), = stores.events.published
+    (_event_type, detail), = stores.events.published
     assert len(json.dumps(detail, ensure_ascii=False).encode()) < EVENTBRIDGE_EVENT
 
 

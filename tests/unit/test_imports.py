@@ -6,6 +6,9 @@ inside ``functions``, AWS SDK calls live in the adapters: ``boto3``/``botocore``
 
 Every ``import``/``from ... import`` anywhere in a module counts (also inside functions), relative
 imports resolved to the absolute module they name.
+
+And no import cycles: no product module needs, while it loads, a module that needs it back. Only
+what runs at load time counts here (a function's imports are deliberate lazy ones).
 """
 
 import ast
@@ -150,3 +153,109 @@ def test_relative_imports_resolve_inside_their_package() -> None:
     assert {n for _, n in imported_modules("from .aws import sqs", "functions.core", is_package=True)} >= {
         "functions.core.aws", "functions.core.aws.sqs",
     }
+
+
+# --- no import cycles -------------------------------------------------------------------------
+PACKAGES = ("functions", "gpu_worker", "infra", "batchctl")
+
+
+def module_level_imports(source: str, module: str, *, is_package: bool = False) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """What a module imports when it is loaded, as (absolute module, names taken from it; none for
+    ``import m``): its top-level statements (also inside a top-level ``try``/``if``), never a
+    function's lazy imports nor ``if TYPE_CHECKING:``."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+
+    def walk(body: list[ast.stmt]) -> Iterator[str]:
+        for node in body:
+            if isinstance(node, ast.Import):
+                yield from ((alias.name, ()) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                yield target, tuple(alias.name for alias in node.names)
+            elif isinstance(node, ast.If):
+                test = node.test
+                if not (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") and not (
+                    isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+                ):
+                    yield from walk(node.body)
+                yield from walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    yield from walk(block)
+
+    yield from walk(ast.parse(source).body)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each product module -> the product modules it needs loaded at load time: ``from p import m``
+    of a submodule ``m`` needs ``p.m`` (its package is loaded first anyway, by the import system);
+    ``from p import name`` of anything else needs ``p`` itself, run to its end."""
+    paths = {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        needed = set()
+        for target, names in module_level_imports(path.read_text(), name, is_package=path.name == "__init__.py"):
+            modules = {f"{target}.{n}" for n in names if f"{target}.{n}" in paths}
+            needed |= modules if len(modules) == len(names) and names else {target} | modules
+        graph[name] = {t for t in needed if t in paths and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_import_cycles_between_product_modules() -> None:
+    """Loading a module never needs a module that needs it back (imports inside functions are
+    deliberate lazy imports and do not count)."""
+    assert cycles(import_graph()) == []
+
+
+def test_cycle_finder_names_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_module_level_imports_skip_lazy_and_type_checking_ones() -> None:
+    source = (
+        "import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from infra import names\n"
+        "def f():\n    from batchctl import cli\ntry:\n    from . import schema\nexcept ImportError:\n    pass\n"
+    )
+    found = dict(module_level_imports(source, "functions.core.x"))
+    assert found == {"os": (), "typing": ("TYPE_CHECKING",), "functions.core": ("schema",)}

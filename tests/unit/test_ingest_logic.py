@@ -2,6 +2,7 @@
 (file size, 100 reported errors), a cancel between validation and fan-out, redelivered events and
 a throttled send that a redelivery resumes."""
 
+import itertools
 import json
 
 import pytest
@@ -66,7 +67,7 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
     work = sent(stores)
     assert [(m.chunk, m.first_line, m.line_count) for m in work] == [(0, 1, 2), (1, 3, 2), (2, 5, 1)]
     assert work[0].byte_start == 0 and work[-1].byte_end == len(content)
-    assert all(a.byte_end == b.byte_start for a, b in zip(work, work[1:]))  # contiguous, whole lines
+    assert all(a.byte_end == b.byte_start for a, b in itertools.pairwise(work))  # contiguous, whole lines
     assert all(m.model == "chat" and m.expires_at == NOW - 10 + 86_400 for m in work)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
     assert [c.chunk for c in manifest.chunks] == [0, 1, 2]

@@ -9,7 +9,7 @@ from aws_lambda_powertools.utilities.data_classes.api_gateway_authorizer_event i
 
 from functions.authorizer.handler import authorize
 from functions.core import audit, auth
-from functions.core.errors import AccountDeactivated, AuthenticationFailed
+from functions.core.errors import AccountDeactivated, AuthenticationFailed, Throttled
 from functions.core.records import ApiKeyRecord, key_id
 from functions.core.tenants import TenantPolicy
 from tests.fakes.aws import fake_stores, throttle
@@ -93,7 +93,7 @@ def test_disable_keeps_the_rest_of_the_policy(stores):
 def test_a_disable_cut_short_by_the_store_finishes_when_run_again(stores):
     keys = [auth.create_key(stores.keys, "acme", now=1) for _ in range(3)]
     stores.faults.fail("keys.set_disabled", throttle())
-    with pytest.raises(Exception):
+    with pytest.raises(Throttled):
         auth.set_disabled(stores.keys, stores.tenants, "acme", True, now=5)
     # The policy says disabled already: no key can be created meanwhile.
     with pytest.raises(auth.TenantDisabled):

@@ -62,7 +62,7 @@ def check_step(before: BatchRecord, after: BatchRecord, moved: bool) -> None:
         assert (before.status, after.status) in lifecycle.EDGES, f"illegal move {before.status} -> {after.status}"
     if lifecycle.is_terminal(before.status):
         assert after.status == before.status, "a terminal batch moved"
-    for status, stamp in lifecycle.STAMPS.items():
+    for _status, stamp in lifecycle.STAMPS.items():
         if getattr(before, stamp) is not None:
             assert getattr(after, stamp) == getattr(before, stamp), f"{stamp} set twice"
     if after.status != "validating":

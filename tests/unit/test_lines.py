@@ -2,6 +2,7 @@
 exactly at the 1 MiB read boundary, a newline or CRLF or BOM split across reads, a multi-byte UTF-8
 character split across reads, and a too-long line spanning reads. Offsets are the file's own."""
 
+import itertools
 import json
 
 import pytest
@@ -14,7 +15,7 @@ MIB = 1024 * 1024
 def reads(data: bytes, *cuts: int) -> list[bytes]:
     """``data`` as the reads an object store returns, split at ``cuts``."""
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def request(custom_id: str, content: str = "hi", pad: int = 0) -> bytes:

@@ -5,6 +5,7 @@ between) a checkpoint's writes and a redelivery; a counted chunk is not counted 
 chunking rule that spreads a small batch over several chunks."""
 
 import asyncio
+import itertools
 import json
 
 from functions.api.batches import list_batches, wire
@@ -61,7 +62,7 @@ def flaky_on_rerun(path, body, seen):
 
 
 def assert_monotone_and_bounded(polls, final):
-    for before, after in zip(polls, polls[1:]):
+    for before, after in itertools.pairwise(polls):
         assert after[0] >= before[0] and after[1] >= before[1], polls
     for completed, failed in polls:
         assert completed <= final[0] and failed <= final[1], (polls, final)
@@ -216,7 +217,7 @@ def chunks_of(n: int, settings: Settings = SETTINGS, blank_every: int = 0):
 def test_a_small_batch_is_spread_over_eight_chunks():
     chunks, data = chunks_of(200, blank_every=7)
     assert [c.line_count for c in chunks] == [25] * 8
-    for before, after in zip(chunks, chunks[1:]):
+    for before, after in itertools.pairwise(chunks):
         assert after.byte_start >= before.byte_end and after.chunk == before.chunk + 1
     # every request line is in exactly one chunk's bytes
     lines = [ln for c in chunks for ln in data[c.byte_start:c.byte_end].split(b"\n") if ln.strip()]

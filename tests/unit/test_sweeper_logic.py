@@ -7,17 +7,18 @@ import json
 import pytest
 
 from functions.core import lifecycle, schema
+from functions.core.errors import Throttled
+from functions.core.messages import Chunk, ChunkManifest
 from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.core.wire import BatchOutputLine
 from functions.sweeper import logic as sweeper
-from functions.core.errors import Throttled
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
-from tests.unit.chunk_steps import run_chunk
 from tests.agreement import assert_stores_agree
 from tests.builders import assert_fields, batch_record, cut, put_manifest
 from tests.fakes.aws import fake_stores, throttle
+from tests.unit.chunk_steps import run_chunk
 
 CHAT = "/v1/chat/completions"
 QUEUE = "https://sqs.local/work-chat"

@@ -113,7 +113,10 @@ def test_a_cancelled_transaction_leaves_every_item_as_it_was_and_a_passing_one_a
     atomic_dynamodb.install()  # moto's whole-table backup replaced by one of the items named
     client = clients.client("dynamodb")
     _table(client, "tx")
-    key = lambda pk, sk: {"pk": {"S": pk}, "sk": {"S": sk}}  # noqa: E731
+
+    def key(pk, sk):
+        return {"pk": {"S": pk}, "sk": {"S": sk}}
+
     client.put_item(TableName="tx", Item={**key("a", "1"), "n": {"N": "1"}, "tag": {"S": "old"}})
     client.put_item(TableName="tx", Item={**key("c", "1"), "state": {"S": "open"}})
     for i in range(50):  # the rest of the table, untouched either way

@@ -4,6 +4,7 @@ the Standard Webhooks library, as a receiver verifies them."""
 import base64
 import json
 import time
+from datetime import UTC
 
 import openai
 import pytest
@@ -54,7 +55,7 @@ def test_our_signature_is_the_librarys_signature() -> None:
     from datetime import datetime, timezone
 
     secret = signing.new_secret()
-    theirs = standardwebhooks.Webhook(secret).sign("wh_1", datetime.fromtimestamp(1_700_000_000, tz=timezone.utc), "{}")
+    theirs = standardwebhooks.Webhook(secret).sign("wh_1", datetime.fromtimestamp(1_700_000_000, tz=UTC), "{}")
     assert signing.sign(secret, "wh_1", 1_700_000_000, "{}") == theirs
 
 

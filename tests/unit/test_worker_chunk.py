@@ -7,11 +7,16 @@ import asyncio
 
 import pytest
 
+from functions.core import schema
 from functions.core.chunk_lifecycle import Usage
+from functions.core.wire import BatchOutputLine
+from gpu_worker.attempt import RunPolicy
+from gpu_worker.engine_client import EngineDown
+from gpu_worker.engine_gate import EngineGate
 from tests.builders import assert_fields
 from tests.chunks import process_chunk
-from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.fakes.aws import fake_stores
+from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed
 
 
@@ -143,21 +148,13 @@ def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
 
 
 # --- poison isolation, the chunk's own budget, checkpoints (docs/reliability.md) ----------------
-import pytest
-
-from functions.core import schema
-from functions.core.wire import BatchOutputLine
-from gpu_worker.attempt import RunPolicy
-from gpu_worker.engine_gate import EngineGate
-from gpu_worker.engine_client import EngineDown
-from tests.fakes.engine import CrashingEngine
-
 
 def parts(stores, chunk=0):
     """The counted (out, err) result lines of a chunk."""
     marker = stores.batches.counted_chunk("acme", "batch_1", chunk)
-    read = lambda kind: [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
-        schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, kind)).splitlines()]
+    def read(kind):
+        return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
+            schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, kind)).splitlines()]
     return read("out"), read("err")
 
 
@@ -199,7 +196,8 @@ def test_a_careful_line_goes_alone_so_another_chunk_on_the_worker_is_not_blamed(
     gate = EngineGate()  # one worker: both chunks at once
 
     async def together():
-        go = lambda m: process_chunk(stores, m, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, gate=gate)
+        def go(m):
+            return process_chunk(stores, m, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, gate=gate)
         return await asyncio.gather(go(poisoned), go(innocent), return_exceptions=True)
 
     results = asyncio.run(together())

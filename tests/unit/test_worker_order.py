@@ -117,7 +117,7 @@ def test_file_order_sends_lines_as_they_came():
 
 def test_the_output_parts_keep_input_order_and_equal_file_orders():
     _, smart_stores, smart = run_all_waiting("smart")
-    _, file_stores, file = run_all_waiting("file")
+    _, file_stores, _file = run_all_waiting("file")
     for number in (0, 1):
         out, err = results(smart_stores, number)
         assert [c for c, _ in out] == [f"req-{i}" for i in range(4 * number, 4 * number + 4)] and err == []

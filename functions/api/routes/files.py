@@ -41,7 +41,7 @@ def get_file(file_id: str) -> FileObject:
 
 
 @router.get("/v1/files/<file_id>/content")
-def get_file_content(file_id: str):  # noqa: ANN201 - a raw Response (bytes or a redirect)
+def get_file_content(file_id: str):  # a raw Response (bytes or a redirect)
     settings = deps.settings()
     if not http.is_binary_media_type(router.current_event.headers.get("Accept")):
         # No Accept header matches no binary media type: API Gateway would hand this client the

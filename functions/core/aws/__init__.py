@@ -6,15 +6,15 @@ import functools
 
 from .. import clients
 from ..ports import Stores
-from ..tenants import TenantPolicy
 from ..settings import Settings
+from ..tenants import TenantPolicy
 from .dynamodb import Table
 from .eventbridge import EventBridge
 from .repos import BatchRepo, FileRepo, KeyRepo, UploadRepo
 from .s3 import ObjectStore
 from .sqs import SqsAuditLog, SqsQueues
-from .stored import StoredBytesRepo
 from .stepfunctions import StepFunctions
+from .stored import StoredBytesRepo
 from .tenants import TenantRepo
 
 

@@ -92,7 +92,7 @@ class Table:
         resp = self._call(self._table.delete_item, Key={schema.PK: pk, schema.SK: sk}, ReturnValues="ALL_OLD")
         return resp.get("Attributes")
 
-    def update(self, op: "Update") -> dict[str, Any]:
+    def update(self, op: Update) -> dict[str, Any]:
         """Apply one conditional update; returns the new item (ConditionFailed if it does not hold)."""
         request = op.render(self._table.name)["Update"]
         del request["TableName"]

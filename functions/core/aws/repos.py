@@ -3,19 +3,26 @@ one DynamoDB table: every key built by ``schema`` and the records, every read ke
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
 
-from .. import schema
-from ..errors import ConditionFailed
-from ..records import (
-    ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord, chunks_pk,
-)
-from .. import lifecycle
-from ..lifecycle import Change
+from .. import lifecycle, schema
 from ..budgets import BUDGET_KINDS, Spent
+from ..errors import ConditionFailed
+from ..lifecycle import Change
+from ..records import (
+    ApiKeyRecord,
+    BatchRecord,
+    ChunkRecord,
+    ChunkRunRecord,
+    FileRecord,
+    UploadPartRecord,
+    UploadRecord,
+    chunks_pk,
+)
 from ..tenants import Release, Reservation
 from . import stored
 from .dynamodb import Check, Delete, Put, Table, Update, _render
@@ -202,7 +209,7 @@ class KeyRepo:
             return False
         return True
 
-    def all_keys(self) -> list[ApiKeyRecord]:
+    def all_keys(self) -> builtins.list[ApiKeyRecord]:
         return [ApiKeyRecord.from_item(i) for i in self._table.scan_prefix(schema.key_pk("")) if i[schema.SK] == "KEY"]
 
     def add_listing(self, record: ApiKeyRecord) -> bool:
@@ -330,7 +337,7 @@ class BatchRepo:
         self._table.update(Update(keys[schema.PK], keys[schema.SK], values=values, remove=absent,
                                   expect={"version": record.version - 1}))
 
-    def _file_ops(self, tenant: str, files: Sequence[FileRecord]) -> list[Any]:
+    def _file_ops(self, tenant: str, files: Sequence[FileRecord]) -> builtins.list[Any]:
         """The puts of a finished batch's files, and (keeping the ledger) their bytes added to the
         tenant's stored bytes without a condition: a batch always ends."""
         if not self._track:
@@ -340,7 +347,7 @@ class BatchRepo:
             *stored.charge(tenant, [(FileRecord.sort_key(f.id), f.bytes) for f in files]),
         ]
 
-    def open_batches(self) -> list[tuple[str, str]]:
+    def open_batches(self) -> builtins.list[tuple[str, str]]:
         """(tenant, batch_id) of every open (non-terminal) batch: one Query of the sparse
         ``schema.GSI_OPEN`` (paginated), oldest expiry first. The index is eventually consistent:
         a batch made terminal a moment ago may still be listed (read it by key)."""

@@ -11,6 +11,7 @@ from .. import http, limits
 from ..anchor import WormObject
 from .errors import translate
 
+
 class ObjectStore:
     def __init__(self, s3: Any, bucket: str):
         self._s3 = s3
@@ -41,7 +42,7 @@ class ObjectStore:
             body = self._s3.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
         yield from body.iter_chunks(chunk_size)
 
-    def writer(self, key: str) -> "MultipartWriter":
+    def writer(self, key: str) -> MultipartWriter:
         return MultipartWriter(self._s3, self.bucket, key)
 
     def size(self, key: str) -> int:
@@ -141,7 +142,7 @@ class MultipartWriter:
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
         self._buffer.clear()
 
-    def __enter__(self) -> "MultipartWriter":
+    def __enter__(self) -> MultipartWriter:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:

@@ -127,7 +127,7 @@ class SqsAuditLog:
     def __init__(self, sqs: Any, url: str):
         self._sqs, self.url = sqs, url
 
-    def record(self, intent: "AuditIntent") -> None:
+    def record(self, intent: AuditIntent) -> None:
         with translate():
             self._sqs.send_message(
                 QueueUrl=self.url, MessageBody=intent.model_dump_json(), MessageGroupId=intent.tenant,

@@ -6,6 +6,7 @@ partition (one item per hour window) and request counters in its ``schema.reques
 from __future__ import annotations
 
 from .. import schema
+from ..budgets import BUDGET_KINDS
 from ..errors import ConditionFailed
 from ..tenants import TenantPolicy
 from .dynamodb import Table
@@ -43,7 +44,7 @@ class TenantRepo:
         if rules.budget_caps(policy) is not None:
             period = rules.budget_sk(policy.budget_period, now)
             item = self._table.get(schema.budget_pk(policy.tenant), period) or {}
-            used["budget"] = {"period": period, **{kind: int(item.get(kind, 0)) for kind in rules.BUDGET_KINDS}}
+            used["budget"] = {"period": period, **{kind: int(item.get(kind, 0)) for kind in BUDGET_KINDS}}
         # The tenant's files and pending uploads (every tenant's are counted, governance on).
         used["stored_bytes"] = StoredBytesRepo(self._table).used(policy.tenant)
         if policy.requests_per_minute is not None:

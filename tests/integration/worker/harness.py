@@ -85,7 +85,7 @@ class WorkerThread:
             except RuntimeError as exc:
                 if not self.killed:
                     self.error = exc
-            except BaseException as exc:  # noqa: BLE001 - reported by join()
+            except BaseException as exc:
                 self.error = exc
             finally:
                 self._ready.set()

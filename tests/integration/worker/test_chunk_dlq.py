@@ -8,9 +8,9 @@ from functions.chunk_dlq import handler as chunk_dlq_handler
 from functions.chunk_dlq.logic import fail_chunk
 from functions.core import clients, schema
 from infra.local.pollers import drain_queue
+from tests.builders import set_batch
 from tests.integration.batch_helpers import line, run_ingest, submit, take_work
 from tests.integration.worker.harness import dlq_url, queue_depth, run_one_chunk
-from tests.builders import set_batch
 
 pytestmark = pytest.mark.settings(chunk_max_lines=2)
 
@@ -74,8 +74,9 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     assert run_one_chunk(stores, first).outcome.counted
     assert dead_letter(deployed, [second.model_dump_json()]) == 1
     marker = stores.batches.counted_chunk("acme", batch.id, 1)
-    read = lambda kind: [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
-        schema.chunk_part_key("acme", batch.id, 1, marker.attempt, kind)).splitlines()]
+    def read(kind):
+        return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
+            schema.chunk_part_key("acme", batch.id, 1, marker.attempt, kind)).splitlines()]
     assert [l.custom_id for l in read("out")] == ["req-2"]
     assert [(l.custom_id, l.error.code) for l in read("err")] == [("req-3", "server_error")]
     done = stores.batches.get("acme", batch.id)

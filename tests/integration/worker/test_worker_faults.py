@@ -15,9 +15,9 @@ from functions.chunk_dlq.logic import ERROR_CODE as DLQ_CODE
 from functions.core import clients, schema
 from infra import names
 from infra.local.pollers import drain_queue
+from tests.fakes.engine import HANG, FakeEngine, chat_answer, content
 from tests.integration.batch_helpers import line, wait_for_execution
 from tests.integration.test_workflow import assert_invariants, read_file, start
-from tests.fakes.engine import HANG, FakeEngine, chat_answer, content
 from tests.integration.worker.harness import WorkerThread, dlq_url, queue_depth, wait_until, worker_config
 
 pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=3, drain_poll_seconds=0, drain_grace_seconds=30)]
@@ -73,7 +73,7 @@ def test_engine_500s_become_error_lines_with_status_and_body(client, stores, dep
         return (500, boom) if content(body) in ("hi 1", "hi 4") else (200, chat_answer(body))
 
     fake.respond = respond
-    done, out, err, _ = run_lines(client, stores, deployed, fake, 6)
+    done, _out, err, _ = run_lines(client, stores, deployed, fake, 6)
     assert [l.custom_id for l in err] == ["req-1", "req-4"]
     for l in err:
         assert l.error is None and l.response.status_code == 500 and l.response.body == boom
@@ -90,7 +90,7 @@ def test_timeouts_are_retried_then_become_error_lines(client, stores, deployed, 
         return 200, chat_answer(body)
 
     fake.respond = respond
-    done, out, err, _ = run_lines(client, stores, deployed, fake, 4, request_timeout_seconds=2, max_attempts=3)
+    _done, out, err, _ = run_lines(client, stores, deployed, fake, 4, request_timeout_seconds=2, max_attempts=3)
     assert [l.custom_id for l in out] == ["req-0", "req-2", "req-3"]
     (timed_out,) = err
     assert timed_out.custom_id == "req-1" and timed_out.response is None

@@ -14,9 +14,11 @@ import urllib.request
 import pytest
 from moto.server import ThreadedMotoServer
 
-from functions.core import clients, deps
+from functions.core import clients, deps, schema
 from functions.core.aws import stores_from_settings
+from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
+from functions.core.records import BatchRecord
 from infra.local import atomic_dynamodb
 from infra.local.resources import create_resources
 from tests.builders import cut, running_batch
