@@ -64,13 +64,21 @@ def public_key(target: Target, path: str | None = None) -> bytes | None:
     return KmsSigner(targets.client(target, "kms"), target.audit_key).public_key() if target.audit_key else None
 
 
-def note(log: AuditLog | None, tenant: str, action: str, *, target: str | None = None,
-         details: dict[str, Any] | None = None, now: int | None = None) -> audit.AuditIntent | None:
+def note(
+    log: AuditLog | None,
+    tenant: str,
+    action: str,
+    *,
+    target: str | None = None,
+    details: dict[str, Any] | None = None,
+    now: int | None = None,
+) -> audit.AuditIntent | None:
     """Send an operator's change of ``tenant`` to the audit queue (no log: nothing)."""
     if log is None:
         return None
-    intent = audit.operator_intent(tenant, action, at=int(time.time()) if now is None else now, target=target,
-                                   details=details)
+    intent = audit.operator_intent(
+        tenant, action, at=int(time.time()) if now is None else now, target=target, details=details
+    )
     log.record(intent)
     return intent
 
@@ -78,19 +86,26 @@ def note(log: AuditLog | None, tenant: str, action: str, *, target: str | None =
 def add_parsers(commands: argparse._SubParsersAction) -> None:
     chain = commands.add_parser("audit", help="tenants' audit chains").add_subparsers(dest="action", required=True)
     verify = chain.add_parser(
-        "verify", help="hold a tenant's chain against its WORM copies and signed checkpoints: exit 0 intact, "
-                       "1 tampering found, 3 not verifiable")
+        "verify",
+        help="hold a tenant's chain against its WORM copies and signed checkpoints: exit 0 intact, "
+        "1 tampering found, 3 not verifiable",
+    )
     verify.add_argument("--tenant", required=True, type=targets.tenant_arg)
     verify.add_argument("--worm", metavar="BUCKET", help="the Object Lock bucket (default: the deployment's)")
-    verify.add_argument("--public-key", metavar="PEM", dest="public_key",
-                        help="verify checkpoints with this public key (default: the deployment's key; pin one you "
-                             "exported to be independent of the KMS key)")
+    verify.add_argument(
+        "--public-key",
+        metavar="PEM",
+        dest="public_key",
+        help="verify checkpoints with this public key (default: the deployment's key; pin one you "
+        "exported to be independent of the KMS key)",
+    )
     export = chain.add_parser("export", help="write a tenant's chain as JSONL")
     export.add_argument("--tenant", required=True, type=targets.tenant_arg)
     where = export.add_mutually_exclusive_group()
     where.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout)")
-    where.add_argument("--s3", metavar="BUCKET[/PREFIX]",
-                       help="write one object <PREFIX><tenant>/<first>-<last>.jsonl to BUCKET")
+    where.add_argument(
+        "--s3", metavar="BUCKET[/PREFIX]", help="write one object <PREFIX><tenant>/<first>-<last>.jsonl to BUCKET"
+    )
     chain.add_parser("public-key", help="print the deployment's checkpoint public key (PEM), to pin it")
 
 
@@ -114,11 +129,16 @@ def examine(store: AuditStore, worm: WormStore, tenant: str, key: bytes) -> anch
 
 
 def report(tenant: str, found: anchor.Examination) -> str:
-    lag = (f"{found.unanchored} after it not anchored yet ({found.uncopied} of them not copied yet)"
-           if found.anchored else f"none anchored yet ({found.uncopied} not copied yet)")
-    summary = (f"{found.records} records, {found.copies} WORM copies, newest signed checkpoint at seq "
-               f"{found.anchored}: {lag}" if found.anchored else f"{found.records} records, {found.copies} WORM "
-               f"copies, no signed checkpoint: {lag}")
+    lag = (
+        f"{found.unanchored} after it not anchored yet ({found.uncopied} of them not copied yet)"
+        if found.anchored
+        else f"none anchored yet ({found.uncopied} not copied yet)"
+    )
+    summary = (
+        f"{found.records} records, {found.copies} WORM copies, newest signed checkpoint at seq {found.anchored}: {lag}"
+        if found.anchored
+        else f"{found.records} records, {found.copies} WORM copies, no signed checkpoint: {lag}"
+    )
     if found.intact:
         return f"OK: tenant {tenant!r}: {summary}\n"
     lines = [f"BROKEN: tenant {tenant!r}: {len(found.findings)} findings; {summary}"]
@@ -128,8 +148,16 @@ def report(tenant: str, found: anchor.Examination) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(args: argparse.Namespace, store: AuditStore, *, out: TextIO, err: TextIO, s3: Any = None,
-        worm: WormStore | None = None, key: bytes | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    store: AuditStore,
+    *,
+    out: TextIO,
+    err: TextIO,
+    s3: Any = None,
+    worm: WormStore | None = None,
+    key: bytes | None = None,
+) -> int:
     """``worm`` and ``key``: the target's Object Lock bucket and checkpoint key (``verify``);
     ``key`` alone for ``public-key``."""
     if args.action == "public-key":
@@ -142,8 +170,9 @@ def run(args: argparse.Namespace, store: AuditStore, *, out: TextIO, err: TextIO
         return 0
     if args.action == "verify":
         if worm is None or key is None:
-            print("batchctl: this deployment has no audit anchors (governance off?): nothing to verify against",
-                  file=err)
+            print(
+                "batchctl: this deployment has no audit anchors (governance off?): nothing to verify against", file=err
+            )
             return UNVERIFIABLE
         found = examine(store, worm, args.tenant, key)
         out.write(report(args.tenant, found))
@@ -157,8 +186,9 @@ def run(args: argparse.Namespace, store: AuditStore, *, out: TextIO, err: TextIO
         bucket, _, prefix = args.s3.partition("/")
         key_name = export_key(prefix.rstrip("/") + "/" if prefix else "", args.tenant, records)
         # A checksum: S3 requires one on every PUT into an Object Lock bucket.
-        s3.put_object(Bucket=bucket, Key=key_name, Body=body, ContentType="application/jsonl",
-                      ChecksumAlgorithm="SHA256")
+        s3.put_object(
+            Bucket=bucket, Key=key_name, Body=body, ContentType="application/jsonl", ChecksumAlgorithm="SHA256"
+        )
         print(f"s3://{bucket}/{key_name}: {len(records)} records", file=out)
     elif args.out:
         with open(args.out, "wb") as f:

@@ -88,11 +88,17 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     wait.add_argument("batch_id")
     wait.add_argument("--timeout", type=float, default=0, help="seconds (0: no limit)")
     wait.add_argument("--interval", type=float, default=2.0)
-    retry = batches.add_parser("retry", parents=[api], help="a new batch of a finished batch's failed, expired or cancelled requests")
+    retry = batches.add_parser(
+        "retry", parents=[api], help="a new batch of a finished batch's failed, expired or cancelled requests"
+    )
     retry.add_argument("batch_id")
-    retry.add_argument("--only", choices=tuple(RETRY_SELECTIONS), default="retryable",
-                       help="never-ran: expired/cancelled/batch failure only; retryable (default): also transient "
-                            "failures (no engine answer, 408/429/5xx); all: also other engine rejections (4xx)")
+    retry.add_argument(
+        "--only",
+        choices=tuple(RETRY_SELECTIONS),
+        default="retryable",
+        help="never-ran: expired/cancelled/batch failure only; retryable (default): also transient "
+        "failures (no engine answer, 408/429/5xx); all: also other engine rejections (4xx)",
+    )
     download = batches.add_parser("download", parents=[api], help="download a batch's output and error files")
     download.add_argument("batch_id")
     download.add_argument("-o", "--output", type=Path, help="default: <batch_id>_output.jsonl")
@@ -170,12 +176,25 @@ def progress_line(batch: Any) -> str:
 
 def _state(batch: Any) -> tuple[Any, ...]:
     counts = batch.request_counts
-    return (batch.status, counts.completed if counts else 0, counts.failed if counts else 0, counts.total if counts else 0)
+    return (
+        batch.status,
+        counts.completed if counts else 0,
+        counts.failed if counts else 0,
+        counts.total if counts else 0,
+    )
 
 
-def wait_for(client: OpenAI, batch_id: str, *, timeout: float, interval: float, err: TextIO,
-             sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
-             tty: bool | None = None):
+def wait_for(
+    client: OpenAI,
+    batch_id: str,
+    *,
+    timeout: float,
+    interval: float,
+    err: TextIO,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    tty: bool | None = None,
+):
     """Poll ``batch_id`` until it is terminal (returned) or ``timeout`` seconds pass (TimeoutError;
     0: no limit). On a terminal (``tty``, default ``err.isatty()``) one line redrawn in place;
     otherwise a line per change, or per ``PLAIN_EVERY_SECONDS``."""
@@ -207,15 +226,31 @@ def wait_for(client: OpenAI, batch_id: str, *, timeout: float, interval: float, 
 NEVER_RAN_CODES = frozenset({"batch_expired", "batch_cancelled", "batch_failed", "batch_incomplete"})
 #: The request line itself is invalid (the line checks of functions/core/lines.py and ingest): the
 #: same line fails the same way, so it is never retried.
-INVALID_LINE_CODES = frozenset({
-    "invalid_json_line", "invalid_method", "invalid_url", "invalid_value", "line_too_large",
-    "missing_required_parameter", "duplicate_custom_id", "model_not_found", "mismatched_model",
-})
+INVALID_LINE_CODES = frozenset(
+    {
+        "invalid_json_line",
+        "invalid_method",
+        "invalid_url",
+        "invalid_value",
+        "line_too_large",
+        "missing_required_parameter",
+        "duplicate_custom_id",
+        "model_not_found",
+        "mismatched_model",
+    }
+)
 #: No engine answer, but the same request would most likely fail again (under the same tenant
 #: policy, a refused prompt or a blocked result, a check past its time or size bound:
 #: functions/core/guard.py; a check whose process died is transient).
-REJECTED_CODES = frozenset({"response_too_large", guard.PROMPT_SECRET_DETECTED, guard.OUTPUT_BLOCKED,
-                            guard.POLICY_CHECK_TIMEOUT, guard.POLICY_CHECK_INPUT_TOO_LARGE})
+REJECTED_CODES = frozenset(
+    {
+        "response_too_large",
+        guard.PROMPT_SECRET_DETECTED,
+        guard.OUTPUT_BLOCKED,
+        guard.POLICY_CHECK_TIMEOUT,
+        guard.POLICY_CHECK_INPUT_TOO_LARGE,
+    }
+)
 #: Engine answers worth another try: request timeout, rate limited, server errors.
 TRANSIENT_STATUSES = frozenset({408, 429})
 RETRY_SELECTIONS: dict[str, frozenset[str]] = {
@@ -292,8 +327,10 @@ class RetryPlan:
 def plan_retry(batch: Any, error_lines: Iterable[bytes], only: str) -> RetryPlan:
     """Which requests of ``batch`` to retry, from its error file's lines (refusals as RetryRefused)."""
     if batch.status not in TERMINAL_STATUSES:
-        raise RetryRefused(f"batch {batch.id} is still {batch.status}: wait for it to end "
-                           f"(batchctl batches wait {batch.id}) before retrying it")
+        raise RetryRefused(
+            f"batch {batch.id} is still {batch.status}: wait for it to end "
+            f"(batchctl batches wait {batch.id}) before retrying it"
+        )
     if not batch.error_file_id:
         if batch.status == "failed" and batch.errors and batch.errors.data:
             first = batch.errors.data[0]
@@ -342,8 +379,10 @@ def retry(client: OpenAI, batch_id: str, *, only: str, err: TextIO):
     plan = plan_retry(batch, _lines(_stream(client, batch.error_file_id)) if batch.error_file_id else (), only)
     skipped = ", ".join(f"{reason} x{n}" for reason, n in sorted(plan.skipped.items()))
     if not plan.custom_ids:
-        raise RetryRefused(f"nothing to retry: none of the {plan.total} error lines of {batch_id} is selected by "
-                           f"--only {only} (skipped: {skipped})")
+        raise RetryRefused(
+            f"nothing to retry: none of the {plan.total} error lines of {batch_id} is selected by "
+            f"--only {only} (skipped: {skipped})"
+        )
     missing = set(plan.custom_ids)
     with tempfile.TemporaryDirectory() as tmp:
         # streamed to a file: memory is one line plus the set of custom_ids
@@ -354,22 +393,33 @@ def retry(client: OpenAI, batch_id: str, *, only: str, err: TextIO):
                 f.write(raw + b"\n")
                 kept += 1
         if missing:
-            print(f"batchctl: warning: {len(missing)} custom_id(s) of the error file are not in the input file "
-                  f"{batch.input_file_id}: {', '.join(sorted(missing)[:5])}", file=err)
+            print(
+                f"batchctl: warning: {len(missing)} custom_id(s) of the error file are not in the input file "
+                f"{batch.input_file_id}: {', '.join(sorted(missing)[:5])}",
+                file=err,
+            )
         if not kept:
             raise RetryRefused(f"nothing to retry: no line of input file {batch.input_file_id} matches the error file")
         metadata, recorded = retry_metadata(batch.metadata, batch_id)
         if not recorded:
-            print(f"batchctl: warning: batch {batch_id} already has {limits.METADATA_MAX_PAIRS} metadata pairs: "
-                  f"{RETRY_OF} is not recorded on the new batch", file=err)
+            print(
+                f"batchctl: warning: batch {batch_id} already has {limits.METADATA_MAX_PAIRS} metadata pairs: "
+                f"{RETRY_OF} is not recorded on the new batch",
+                file=err,
+            )
         file = upload_file(client, path, "batch")
     # The batch's own endpoint and window (str in the SDK's Batch): the API took them once already.
     new = client.batches.create(
-        input_file_id=file.id, endpoint=cast(Any, batch.endpoint), completion_window=cast(Any, batch.completion_window),
+        input_file_id=file.id,
+        endpoint=cast(Any, batch.endpoint),
+        completion_window=cast(Any, batch.completion_window),
         metadata=metadata,
     )
-    print(f"batchctl: retrying {kept} of the {plan.total} error lines of {batch_id} as {new.id}"
-          + (f" (skipped: {skipped})" if skipped else ""), file=err)
+    print(
+        f"batchctl: retrying {kept} of the {plan.total} error lines of {batch_id} as {new.id}"
+        + (f" (skipped: {skipped})" if skipped else ""),
+        file=err,
+    )
     return new
 
 
@@ -388,8 +438,9 @@ def run(args: argparse.Namespace, client: OpenAI, *, out: TextIO, err: TextIO) -
 def _create(client: OpenAI, args: argparse.Namespace) -> Batch:
     file_id = args.input_file_id or upload_file(client, args.input, "batch").id
     metadata = dict(item.split("=", 1) for item in args.metadata) or None
-    return client.batches.create(input_file_id=file_id, endpoint=args.endpoint, completion_window=args.window,
-                                 metadata=metadata)
+    return client.batches.create(
+        input_file_id=file_id, endpoint=args.endpoint, completion_window=args.window, metadata=metadata
+    )
 
 
 def _list(client: OpenAI, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -443,12 +494,16 @@ _SHOWN: dict[str, Callable[[OpenAI, argparse.Namespace], Batch]] = {
 }
 #: The other actions: their exit status.
 _ACTIONS: dict[str, Callable[[OpenAI, argparse.Namespace, TextIO, TextIO], int]] = {
-    "list": _list, "wait": _wait, "retry": _retry, "download": _download,
+    "list": _list,
+    "wait": _wait,
+    "retry": _retry,
+    "download": _download,
 }
 
 
-def api_client(args: argparse.Namespace, settings: CliSettings, *, local_base_url: str | None,
-               aws_base_url: Callable[[], str]) -> OpenAI:
+def api_client(
+    args: argparse.Namespace, settings: CliSettings, *, local_base_url: str | None, aws_base_url: Callable[[], str]
+) -> OpenAI:
     """The SDK client for the chosen deployment."""
     base_url = args.base_url or settings.base_url
     key = args.api_key or settings.api_key
@@ -462,8 +517,15 @@ def api_client(args: argparse.Namespace, settings: CliSettings, *, local_base_ur
     return OpenAI(base_url=base_url, api_key=key)
 
 
-def main_user(args: argparse.Namespace, settings: CliSettings, *, local_base_url: str | None,
-              aws_base_url: Callable[[], str], out: TextIO, err: TextIO) -> int:
+def main_user(
+    args: argparse.Namespace,
+    settings: CliSettings,
+    *,
+    local_base_url: str | None,
+    aws_base_url: Callable[[], str],
+    out: TextIO,
+    err: TextIO,
+) -> int:
     try:
         client = api_client(args, settings, local_base_url=local_base_url, aws_base_url=aws_base_url)
         return run(args, client, out=out, err=err)

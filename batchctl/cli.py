@@ -18,10 +18,16 @@ from .settings import STACK_ENV, CliSettings
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="batchctl", description="Administer a Batch API deployment.")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--local", dest="target", action="store_const", const="local",
-                       help="use the running local deployment (make up)")
-    where.add_argument("--aws", dest="target", action="store_const", const="aws",
-                       help="use the deployed stack (standard AWS credential chain)")
+    where.add_argument(
+        "--local", dest="target", action="store_const", const="local", help="use the running local deployment (make up)"
+    )
+    where.add_argument(
+        "--aws",
+        dest="target",
+        action="store_const",
+        const="aws",
+        help="use the deployed stack (standard AWS credential chain)",
+    )
     p.add_argument("--stack", help=f"CloudFormation stack name (default: ${STACK_ENV} or {CliSettings().stack})")
     commands = p.add_subparsers(dest="command", required=True)
     keys.add_parsers(commands)
@@ -60,10 +66,12 @@ def main(
     if args.command in ("files", "batches"):
         state = local_state.LocalState.read(path)
         return batches.main_user(
-            args, settings,
+            args,
+            settings,
             local_base_url=state.api_base_url if state is not None and targets.local_answers(state) else None,
             aws_base_url=lambda: targets.api_url(targets.cloudformation(region), stack),
-            out=out, err=err,
+            out=out,
+            err=err,
         )
     try:
         target = targets.resolve_target(
@@ -74,15 +82,35 @@ def main(
         )
         print(f"batchctl: {target.description}", file=err)
         if args.command == "webhooks":
-            return webhooks.run(args, webhooks.webhook_repo(target), local=target.kind == "local",
-                                now=int(time.time()), out=out, err=err)
+            return webhooks.run(
+                args,
+                webhooks.webhook_repo(target),
+                local=target.kind == "local",
+                now=int(time.time()),
+                out=out,
+                err=err,
+            )
         if args.command == "audit":
             return run_audit(args, target, out=out, err=err)
         if args.command == "tenants":
-            return tenants.run(args, tenants.tenant_repo(target), now=int(time.time()), out=out, err=err,
-                               audit_store=audit.audit_log(target), keys=keys.key_repo(target))
-        return keys.run(args, keys.key_repo(target), now=int(time.time()), out=out, err=err,
-                        audit_store=audit.audit_log(target), tenants=tenants.tenant_repo(target))
+            return tenants.run(
+                args,
+                tenants.tenant_repo(target),
+                now=int(time.time()),
+                out=out,
+                err=err,
+                audit_store=audit.audit_log(target),
+                keys=keys.key_repo(target),
+            )
+        return keys.run(
+            args,
+            keys.key_repo(target),
+            now=int(time.time()),
+            out=out,
+            err=err,
+            audit_store=audit.audit_log(target),
+            tenants=tenants.tenant_repo(target),
+        )
     except targets.TargetError as exc:
         print(f"batchctl: {exc}", file=err)
         return 1

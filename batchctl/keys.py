@@ -38,8 +38,14 @@ def revoke_key(keys: KeyRepo, key: str) -> str | None:
 def key_id_arg(value: str) -> str:
     """An argparse ``type`` for ``--id``: ``key:`` and 12 lowercase hex digits."""
     digits = value.removeprefix(KEY_ID_PREFIX)
-    if not value.startswith(KEY_ID_PREFIX) or len(digits) != KEY_ID_HEX or any(c not in "0123456789abcdef" for c in digits):
-        raise argparse.ArgumentTypeError(f"expected a key id such as key:3f2a9c01b7de (as `keys list` prints), got {value!r}")
+    if (
+        not value.startswith(KEY_ID_PREFIX)
+        or len(digits) != KEY_ID_HEX
+        or any(c not in "0123456789abcdef" for c in digits)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected a key id such as key:3f2a9c01b7de (as `keys list` prints), got {value!r}"
+        )
     return value
 
 
@@ -60,8 +66,16 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     keys.add_parser("backfill", help="give keys stored before key ids their id and listing (a table scan: run once)")
 
 
-def run(args: argparse.Namespace, keys: KeyRepo, *, now: int, out: TextIO, err: TextIO,
-        audit_store: AuditLog | None = None, tenants: TenantStore | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    keys: KeyRepo,
+    *,
+    now: int,
+    out: TextIO,
+    err: TextIO,
+    audit_store: AuditLog | None = None,
+    tenants: TenantStore | None = None,
+) -> int:
     """``audit_store``: where each change is sent for the tenant's audit chain (docs/audit.md),
     naming the key by its id (``key:<hash prefix>``), never the key. ``tenants``: the policies
     ``backfill`` reads (a disabled tenant's backfilled keys are marked disabled)."""

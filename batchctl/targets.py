@@ -48,9 +48,14 @@ class Target:
 
 def local_target(state: local_state.LocalState) -> Target:
     return Target(
-        kind="local", table_name=state.table_name, endpoint_url=state.moto_endpoint, region=state.region,
-        description=f"local deployment at {state.api_base_url}", audit_queue_url=state.audit_queue_url,
-        audit_bucket=state.audit_bucket_name, audit_key=state.audit_public_key_file,
+        kind="local",
+        table_name=state.table_name,
+        endpoint_url=state.moto_endpoint,
+        region=state.region,
+        description=f"local deployment at {state.api_base_url}",
+        audit_queue_url=state.audit_queue_url,
+        audit_bucket=state.audit_bucket_name,
+        audit_key=state.audit_public_key_file,
     )
 
 
@@ -127,9 +132,15 @@ def output(outputs: dict[str, str], stack: str, key: str) -> str:
 
 def target_from_outputs(outputs: dict[str, str], stack: str, region: str | None = None) -> Target:
     api = outputs.get(names.OUTPUT_API_URL, "?")
-    return Target(kind="aws", table_name=output(outputs, stack, names.OUTPUT_TABLE), region=region,
-                  description=f"stack {stack} ({api})", audit_queue_url=outputs.get(names.OUTPUT_AUDIT_QUEUE, ""),
-                  audit_bucket=outputs.get(names.OUTPUT_AUDIT_BUCKET, ""), audit_key=outputs.get(names.OUTPUT_AUDIT_KEY, ""))
+    return Target(
+        kind="aws",
+        table_name=output(outputs, stack, names.OUTPUT_TABLE),
+        region=region,
+        description=f"stack {stack} ({api})",
+        audit_queue_url=outputs.get(names.OUTPUT_AUDIT_QUEUE, ""),
+        audit_bucket=outputs.get(names.OUTPUT_AUDIT_BUCKET, ""),
+        audit_key=outputs.get(names.OUTPUT_AUDIT_KEY, ""),
+    )
 
 
 def aws_target(cloudformation: Any, stack: str, region: str | None = None) -> Target:

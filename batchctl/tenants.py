@@ -51,7 +51,9 @@ def _switch(value: str) -> bool:
 def _per_minute(value: str) -> int | None:
     number = _count(value)
     if number == 0:
-        raise argparse.ArgumentTypeError("must be at least 1 (to refuse every request of a tenant: batchctl tenants disable)")
+        raise argparse.ArgumentTypeError(
+            "must be at least 1 (to refuse every request of a tenant: batchctl tenants disable)"
+        )
     return number
 
 
@@ -65,7 +67,7 @@ def _size(value: str) -> int | None:
         return None
     text = value.strip().lower().replace(" ", "")
     digits = text.rstrip("kmgtib")
-    unit = text[len(digits):]
+    unit = text[len(digits) :]
     if not digits.isdigit() or (unit and unit not in _SIZES):
         raise argparse.ArgumentTypeError(
             f"expected a byte count such as 1000000, 500MB or 10GiB (KB/MB/GB/TB, KiB/MiB/GiB/TiB), or 'none', got {value!r}"
@@ -97,24 +99,58 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
     unset = argparse.SUPPRESS
     option("--allowed-models", type=_models, default=unset, help="comma-separated models this tenant may use, or 'all'")
     option("--batches-per-hour", type=_count, default=unset, help="batch creations per clock hour, or 'none'")
-    option("--max-enqueued-requests", type=_cap, action="append", default=unset, metavar="MODEL=N",
-           help="per model: requests enqueued at once, or MODEL=none (over it a batch fails: token_limit_exceeded); repeatable")
-    option("--max-enqueued-tokens", type=_cap, action="append", default=unset, metavar="MODEL=N",
-           help="per model: prompt tokens enqueued at once (estimated: bytes / 4), or MODEL=none; repeatable")
-    option("--output-token-budget", type=_count, default=unset,
-           help="output tokens per period (every attempt's, charged as chunks are counted), or 'none'")
+    option(
+        "--max-enqueued-requests",
+        type=_cap,
+        action="append",
+        default=unset,
+        metavar="MODEL=N",
+        help="per model: requests enqueued at once, or MODEL=none (over it a batch fails: token_limit_exceeded); repeatable",
+    )
+    option(
+        "--max-enqueued-tokens",
+        type=_cap,
+        action="append",
+        default=unset,
+        metavar="MODEL=N",
+        help="per model: prompt tokens enqueued at once (estimated: bytes / 4), or MODEL=none; repeatable",
+    )
+    option(
+        "--output-token-budget",
+        type=_count,
+        default=unset,
+        help="output tokens per period (every attempt's, charged as chunks are counted), or 'none'",
+    )
     option("--input-token-budget", type=_count, default=unset, help="input (prompt) tokens per period, or 'none'")
     option("--budget-period", choices=("day", "month"), default=unset)
     option("--budget-action", choices=("reject", "stop"), default=unset)
-    option("--requests-per-minute", type=_per_minute, default=unset,
-           help="API requests per clock minute, every route (over it: 429 with Retry-After), or 'none'")
-    option("--max-stored-bytes", type=_size, default=unset, metavar="BYTES",
-           help="bytes of files and pending uploads the tenant may hold (500MB, 10GiB...; over it a create is a 400), or 'none'")
-    option("--reserve-output-tokens", type=_switch, default=unset,
-           help="on|off: the token cap also reserves the output tokens the lines ask for")
-    bounds = parser.add_argument_group("work one line may ask (lower than the deployment's; 'none' leaves the deployment's)").add_argument
-    for name, what in (("max-n", "n (or best_of) per line"), ("max-inputs", "inputs per line (prompts, embedding inputs, documents)"),
-                       ("max-output-tokens", "output tokens per line, all its sequences together")):
+    option(
+        "--requests-per-minute",
+        type=_per_minute,
+        default=unset,
+        help="API requests per clock minute, every route (over it: 429 with Retry-After), or 'none'",
+    )
+    option(
+        "--max-stored-bytes",
+        type=_size,
+        default=unset,
+        metavar="BYTES",
+        help="bytes of files and pending uploads the tenant may hold (500MB, 10GiB...; over it a create is a 400), or 'none'",
+    )
+    option(
+        "--reserve-output-tokens",
+        type=_switch,
+        default=unset,
+        help="on|off: the token cap also reserves the output tokens the lines ask for",
+    )
+    bounds = parser.add_argument_group(
+        "work one line may ask (lower than the deployment's; 'none' leaves the deployment's)"
+    ).add_argument
+    for name, what in (
+        ("max-n", "n (or best_of) per line"),
+        ("max-inputs", "inputs per line (prompts, embedding inputs, documents)"),
+        ("max-output-tokens", "output tokens per line, all its sequences together"),
+    ):
         bounds(f"--line-{name}", type=_count, default=unset, help=f"{what}, or 'none'")
     guard.add_arguments(parser.add_argument_group("prompt and output policy"), default=unset)
 
@@ -126,8 +162,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     get = tenants.add_parser("get", help="print a tenant's policy (the default one if none is stored)")
     get.add_argument("--tenant", required=True, type=targets.tenant_arg)
     tenants.add_parser("list", help="print every stored policy, one JSON object a line")
-    for action, what in (("disable", "refuse every key of a tenant (the authorizer answers 401 account_deactivated)"),
-                         ("enable", "accept a disabled tenant's keys again")):
+    for action, what in (
+        ("disable", "refuse every key of a tenant (the authorizer answers 401 account_deactivated)"),
+        ("enable", "accept a disabled tenant's keys again"),
+    ):
         switch = tenants.add_parser(action, help=what)
         switch.add_argument("name", nargs="?", type=targets.tenant_arg, metavar="TENANT")
         switch.add_argument("--tenant", type=targets.tenant_arg, help="the tenant (or give it as TENANT)")
@@ -137,8 +175,17 @@ def apply(policy: TenantPolicy, args: argparse.Namespace, *, now: int) -> Tenant
     """``policy`` with the options given in ``args`` (options not given keep their value)."""
     data: dict[str, Any] = policy.model_dump()
     given = vars(args)
-    for name in ("allowed_models", "batches_per_hour", "output_token_budget", "input_token_budget", "budget_period",
-                 "budget_action", "reserve_output_tokens", "requests_per_minute", "max_stored_bytes"):
+    for name in (
+        "allowed_models",
+        "batches_per_hour",
+        "output_token_budget",
+        "input_token_budget",
+        "budget_period",
+        "budget_action",
+        "reserve_output_tokens",
+        "requests_per_minute",
+        "max_stored_bytes",
+    ):
         if name in given:
             data[name] = given[name]
     line_bounds = {name: given[f"line_{name}"] for name in PolicyBounds.model_fields if f"line_{name}" in given}
@@ -162,8 +209,16 @@ def show(policy: TenantPolicy) -> str:
     return json.dumps(policy.model_dump(), sort_keys=True)
 
 
-def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None, out: TextIO, err: TextIO,
-        audit_store: AuditLog | None = None, keys: KeyStore | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    tenants: TenantRepo,
+    *,
+    now: int | None = None,
+    out: TextIO,
+    err: TextIO,
+    audit_store: AuditLog | None = None,
+    keys: KeyStore | None = None,
+) -> int:
     """``keys``: the key store ``disable``/``enable`` mark."""
     now = int(time.time()) if now is None else now
     if args.action == "list":
@@ -203,7 +258,13 @@ def run(args: argparse.Namespace, tenants: TenantRepo, *, now: int | None = None
         return 2
     tenants.put(policy)
     # The tenant's audit chain records the change and the policy as now stored (docs/audit.md).
-    audit.note(audit_store, args.tenant, f"tenants.{args.action}", target=args.tenant,
-               details={"policy": policy.model_dump(mode="json")}, now=now)
+    audit.note(
+        audit_store,
+        args.tenant,
+        f"tenants.{args.action}",
+        target=args.tenant,
+        details={"policy": policy.model_dump(mode="json")},
+        now=now,
+    )
     print(show(policy), file=out)
     return 0

@@ -30,8 +30,12 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     create = hooks.add_parser("create", help="add an endpoint and print its signing secret (shown once)")
     create.add_argument("--tenant", required=True, type=targets.tenant_arg)
     create.add_argument("--url", required=True, help="https:// (plain http to loopback in the local deployment only)")
-    create.add_argument("--events", type=_events, default=list(logic.EVENT_TYPES),
-                        help=f"comma-separated (default: all of {','.join(logic.EVENT_TYPES)})")
+    create.add_argument(
+        "--events",
+        type=_events,
+        default=list(logic.EVENT_TYPES),
+        help=f"comma-separated (default: all of {','.join(logic.EVENT_TYPES)})",
+    )
     listing = hooks.add_parser("list", help="a tenant's endpoints (secrets masked)")
     listing.add_argument("--tenant", required=True, type=targets.tenant_arg)
     rotate = hooks.add_parser("rotate", help="replace an endpoint's signing secret and print the new one")
@@ -48,8 +52,14 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def _public(record: EndpointRecord) -> dict[str, object]:
-    return {"id": record.id, "url": record.url, "events": record.events, "created_at": record.created_at,
-            "updated_at": record.updated_at, "signing_secret_hint": signing.secret_hint(record.secret)}
+    return {
+        "id": record.id,
+        "url": record.url,
+        "events": record.events,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "signing_secret_hint": signing.secret_hint(record.secret),
+    }
 
 
 def run(args: argparse.Namespace, repo: WebhookRepo, *, local: bool, now: int, out: TextIO, err: TextIO) -> int:
@@ -58,8 +68,15 @@ def run(args: argparse.Namespace, repo: WebhookRepo, *, local: bool, now: int, o
         if problem:
             print(f"batchctl: {problem}", file=err)
             return 2
-        record = EndpointRecord(tenant=args.tenant, id=new_endpoint_id(), url=args.url, events=args.events,
-                                secret=signing.new_secret(), created_at=now, updated_at=now)
+        record = EndpointRecord(
+            tenant=args.tenant,
+            id=new_endpoint_id(),
+            url=args.url,
+            events=args.events,
+            secret=signing.new_secret(),
+            created_at=now,
+            updated_at=now,
+        )
         repo.create(record)
         print(json.dumps({**_public(record), "signing_secret": record.secret}, indent=2), file=out)
         print("batchctl: the signing secret is shown once; store it now", file=err)

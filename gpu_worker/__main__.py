@@ -42,11 +42,19 @@ def queue_url(config: WorkerConfig, settings: Settings) -> str:
 async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue: WorkQueue) -> int:
     logger = make_logger(config.service)
     logger.append_keys(model=config.model)
-    metrics = WorkerMetrics(namespace=config.metrics_namespace, service=config.service, logger=logger, model=config.model)
+    metrics = WorkerMetrics(
+        namespace=config.metrics_namespace, service=config.service, logger=logger, model=config.model
+    )
     async with EngineClient.from_config(config) as engine:
         worker = Worker(
-            config, stores=stores, queue=queue, engine=engine, metrics=metrics, logger=logger,
-            max_line_bytes=settings.max_line_bytes, chunk_max_lines=settings.chunk_max_lines,
+            config,
+            stores=stores,
+            queue=queue,
+            engine=engine,
+            metrics=metrics,
+            logger=logger,
+            max_line_bytes=settings.max_line_bytes,
+            chunk_max_lines=settings.chunk_max_lines,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,7 +77,9 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gpu_worker: configuration error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, settings, stores_from_settings(settings, concurrent=True), SqsQueue(clients.client("sqs"), url)))
+    return asyncio.run(
+        serve(config, settings, stores_from_settings(settings, concurrent=True), SqsQueue(clients.client("sqs"), url))
+    )
 
 
 if __name__ == "__main__":

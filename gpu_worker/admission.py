@@ -113,8 +113,9 @@ class Admission:
         return (-length_class(expected_output(body)), group, arrival)
 
     @asynccontextmanager
-    async def slot(self, body: dict[str, Any], owner: object = None, rank: int = 0,
-                   tenant: object = None) -> AsyncIterator[None]:
+    async def slot(
+        self, body: dict[str, Any], owner: object = None, rank: int = 0, tenant: object = None
+    ) -> AsyncIterator[None]:
         key = (rank, *self.key(body, tenant))
         if self.in_flight < self.capacity and not self._heap:
             self.in_flight += 1

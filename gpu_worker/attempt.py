@@ -57,9 +57,20 @@ class Attempt:
     Anything else (the engine died with its lines in flight, the worker was killed) is a real
     failure, found by the next attempt."""
 
-    def __init__(self, stores: Stores, message: WorkMessage, attempt: str, engines: ChunkEngines, *, io: Io,
-                 background: Io, now: Callable[[], float], policy: RunPolicy,
-                 prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None, guard: LineChecks | None = None):
+    def __init__(
+        self,
+        stores: Stores,
+        message: WorkMessage,
+        attempt: str,
+        engines: ChunkEngines,
+        *,
+        io: Io,
+        background: Io,
+        now: Callable[[], float],
+        policy: RunPolicy,
+        prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        guard: LineChecks | None = None,
+    ):
         self.stores, self.message, self.attempt, self.engines = stores, message, attempt, engines
         self.io, self.background, self.now, self.policy = io, background, now, policy
         self.record: ChunkRunRecord | None = None
@@ -90,8 +101,11 @@ class Attempt:
             if not self.engines.died_in_flight:
                 await self.end_benignly("engine already down")
             else:
-                log.warning("chunk %s/%d: the engine died with its lines in flight (a real failure)",
-                            self.message.batch_id, self.message.chunk)
+                log.warning(
+                    "chunk %s/%d: the engine died with its lines in flight (a real failure)",
+                    self.message.batch_id,
+                    self.message.chunk,
+                )
             raise
         except Exception:
             await self.end_benignly("store error")
@@ -99,11 +113,19 @@ class Attempt:
 
     async def _open_and_run(self, requests: list[RawLine], on_dispatch: Callable[[], None]) -> None:
         policy = self.policy
-        start = await self.io(chunk_lifecycle.begin_run, self.stores, self.message, self.attempt,
-                              max_strikes=policy.max_strikes, max_failures=policy.max_failures)
+        start = await self.io(
+            chunk_lifecycle.begin_run,
+            self.stores,
+            self.message,
+            self.attempt,
+            max_strikes=policy.max_strikes,
+            max_failures=policy.max_failures,
+        )
         self.record, self.careful = start.record, start.record.careful
         if start.record.segments:
-            for line in await self.io(results.read_checkpoints, self.stores.objects, self.message, start.record.cover()):
+            for line in await self.io(
+                results.read_checkpoints, self.stores.objects, self.message, start.record.cover()
+            ):
                 self.done.append(LineResult.written(line))
         self.saved = self.reused = len(self.done)
         on_dispatch()
@@ -112,15 +134,18 @@ class Attempt:
         elif start.record.careful:
             await self._run_careful(requests, start.record)
         else:
-            await self._run_together(requests[self.reused:])
+            await self._run_together(requests[self.reused :])
 
     def _fail_unwritten(self, requests: list[RawLine], record: ChunkRunRecord) -> None:
         """The poison budget is spent: every line no attempt wrote fails, a blamed one as
         ``engine_crashed``, the others as ``chunk_failed``."""
         text = results.chunk_failed_message(record.failures)
         for index in range(self.reused, len(requests)):
-            code, why = (results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE) if index in record.blamed else (
-                results.CHUNK_FAILED, text)
+            code, why = (
+                (results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE)
+                if index in record.blamed
+                else (results.CHUNK_FAILED, text)
+            )
             self.crashed += code == results.ENGINE_CRASHED
             self.done.append(LineResult(results.error_line(_custom_id(requests[index]), code, why)))
 
@@ -132,11 +157,17 @@ class Attempt:
             end = careful_group_end(record, index, len(requests), self.policy.careful_group_lines)
             if index in record.blamed:
                 self.crashed += 1
-                self.done.append(LineResult(results.error_line(
-                    _custom_id(requests[index]), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE)))
+                self.done.append(
+                    LineResult(
+                        results.error_line(
+                            _custom_id(requests[index]), results.ENGINE_CRASHED, results.ENGINE_CRASHED_MESSAGE
+                        )
+                    )
+                )
             else:
-                self.record = await self.io(chunk_lifecycle.mark_in_flight, self.stores, self.message, self.attempt,
-                                            (index, end), self.record)
+                self.record = await self.io(
+                    chunk_lifecycle.mark_in_flight, self.stores, self.message, self.attempt, (index, end), self.record
+                )
                 await self._run_alone(requests[index:end])
             await self.flush()  # every group, the last too: a written line is never blamed
             index = end
@@ -170,28 +201,35 @@ class Attempt:
     async def add(self, result: LineResult, *, remaining: int, force: bool = False) -> None:
         self.done.append(result)
         waiting = len(self.done) - self.saved
-        due = force or (self.policy.checkpoint_lines and waiting >= self.policy.checkpoint_lines) or (
-            self.policy.checkpoint_seconds and self.now() - self.flushed_at >= self.policy.checkpoint_seconds
+        due = (
+            force
+            or (self.policy.checkpoint_lines and waiting >= self.policy.checkpoint_lines)
+            or (self.policy.checkpoint_seconds and self.now() - self.flushed_at >= self.policy.checkpoint_seconds)
         )
         if due and (remaining > 0 or force):
             await self.flush()
 
     async def flush(self) -> None:
-        lines = [r.line for r in self.done[self.saved:]]
+        lines = [r.line for r in self.done[self.saved :]]
         if not lines:
             return
         spent = self.unrecorded_spend()
-        self.record = await self.background(_checkpoint, self.stores, self.message, self.attempt, self.saved, lines,
-                                            self.record, spent)
+        self.record = await self.background(
+            _checkpoint, self.stores, self.message, self.attempt, self.saved, lines, self.record, spent
+        )
         self.spent_recorded += spent
         self.saved += len(lines)
         self.flushed_at = self.now()
 
     async def end_benignly(self, why: str) -> None:
         try:
-            await self.io(chunk_lifecycle.end_run, self.stores, self.message, self.attempt, self.record, self.unrecorded_spend())
+            await self.io(
+                chunk_lifecycle.end_run, self.stores, self.message, self.attempt, self.record, self.unrecorded_spend()
+            )
         except Exception:  # then the next attempt counts this one as failed: a careful run, no line lost
-            log.exception("chunk %s/%d: could not record a benign end (%s)", self.message.batch_id, self.message.chunk, why)
+            log.exception(
+                "chunk %s/%d: could not record a benign end (%s)", self.message.batch_id, self.message.chunk, why
+            )
 
 
 def careful_group_end(record: ChunkRunRecord, index: int, count: int, size: int) -> int:
@@ -212,8 +250,15 @@ def _custom_id(raw: RawLine) -> str:
         return results.custom_id_of(None, raw)
 
 
-def _checkpoint(stores: Stores, message: WorkMessage, attempt: str, start: int, lines: list[BatchOutputLine],
-                current: ChunkRunRecord | None, spent: Spend = Spend()) -> ChunkRunRecord:
+def _checkpoint(
+    stores: Stores,
+    message: WorkMessage,
+    attempt: str,
+    start: int,
+    lines: list[BatchOutputLine],
+    current: ChunkRunRecord | None,
+    spent: Spend = Spend(),
+) -> ChunkRunRecord:
     """Write a checkpoint, then record it on the run record with its lines' outcomes, the live
     progress (a crash between the two only leaves an object nobody reads: its lines run again,
     and were never shown as done)."""

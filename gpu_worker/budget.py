@@ -37,8 +37,14 @@ class BudgetWatch:
     """Shared by a worker's chunks. ``stop_reason(message)``: None while the message's batch may
     run lines, else the error message of a line that must not run."""
 
-    def __init__(self, stores: Stores, io: Callable[..., Awaitable[Any]], *, now: Callable[[], float] = time.time,
-                 every: float = BUDGET_READ_SECONDS):
+    def __init__(
+        self,
+        stores: Stores,
+        io: Callable[..., Awaitable[Any]],
+        *,
+        now: Callable[[], float] = time.time,
+        every: float = BUDGET_READ_SECONDS,
+    ):
         self.stores, self.io, self.now, self.every = stores, io, now, every
         self._readings: dict[tuple[str, str], _Reading] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}

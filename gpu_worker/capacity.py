@@ -59,11 +59,19 @@ def parse_metrics(text: str) -> EngineLoad | None:
         if match and match.group(1) in WANTED and match.group(2) != "NaN":
             name, value = match.group(1), float(match.group(2))
             # Counts add up over label sets; the KV cache's use is one engine's: the highest.
-            values[name] = max(values.get(name, 0.0), value) if name == "vllm:kv_cache_usage_perc" else values.get(name, 0.0) + value
+            values[name] = (
+                max(values.get(name, 0.0), value)
+                if name == "vllm:kv_cache_usage_perc"
+                else values.get(name, 0.0) + value
+            )
     if "vllm:num_requests_running" not in values or "vllm:num_requests_waiting" not in values:
         return None
-    return EngineLoad(int(values["vllm:num_requests_running"]), int(values["vllm:num_requests_waiting"]),
-                      int(values.get("vllm:num_preemptions", 0)), float(values.get("vllm:kv_cache_usage_perc", 0.0)))
+    return EngineLoad(
+        int(values["vllm:num_requests_running"]),
+        int(values["vllm:num_requests_waiting"]),
+        int(values.get("vllm:num_preemptions", 0)),
+        float(values.get("vllm:kv_cache_usage_perc", 0.0)),
+    )
 
 
 def capacity_for(load: EngineLoad, *, headroom: int, cap: int, max_num_seqs: int, preempted: bool = False) -> int:
@@ -80,9 +88,18 @@ class CapacityWatch:
     """Reads the engine's load every ``every`` seconds and applies ``capacity_for`` through
     ``apply`` (the admission's ``resize``). ``read`` returns the /metrics text (None: no answer)."""
 
-    def __init__(self, read: Callable[[], Awaitable[str | None]], apply: Callable[[int], None], *, headroom: int,
-                 cap: int, max_num_seqs: int, every: float = READ_SECONDS,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, needed: Callable[[], bool] = lambda: True):
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[str | None]],
+        apply: Callable[[int], None],
+        *,
+        headroom: int,
+        cap: int,
+        max_num_seqs: int,
+        every: float = READ_SECONDS,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        needed: Callable[[], bool] = lambda: True,
+    ):
         self.read, self.apply, self.every, self._sleep, self.needed = read, apply, every, sleep, needed
         self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
@@ -103,8 +120,9 @@ class CapacityWatch:
         else:
             preempted = self.last is not None and load.preemptions > self.last.preemptions
             self.last = load
-            self.capacity = capacity_for(load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs,
-                                         preempted=preempted)
+            self.capacity = capacity_for(
+                load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs, preempted=preempted
+            )
         self.apply(self.capacity)
         self.reads += 1
         return self.capacity

@@ -61,7 +61,9 @@ class ChunkReport:
 def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> list[RawLine]:
     """The chunk's lines (blank ones included: they keep line numbers), one ranged GET."""
     data = stores.objects.iter_range(message.input_key, message.byte_start, message.byte_end)
-    return list(iter_lines(data, max_line_bytes=max_line_bytes, start=message.byte_start, first_number=message.first_line))
+    return list(
+        iter_lines(data, max_line_bytes=max_line_bytes, start=message.byte_start, first_number=message.first_line)
+    )
 
 
 def already_counted(stores: Stores, message: WorkMessage) -> bool:
@@ -105,9 +107,16 @@ class ChunkRunner:
     #: Runs the messages' policy checks (the worker's ``PolicyChecks``; default: in this thread).
     checks: Checks = IN_PROCESS
 
-    async def process(self, message: WorkMessage, *, io: Io | None = None, owner: object = None,
-                      attempt: str | None = None, on_dispatch: Callable[[], None] = _nothing,
-                      on_commit: Callable[[], None] = _nothing) -> ChunkReport:
+    async def process(
+        self,
+        message: WorkMessage,
+        *,
+        io: Io | None = None,
+        owner: object = None,
+        attempt: str | None = None,
+        on_dispatch: Callable[[], None] = _nothing,
+        on_commit: Callable[[], None] = _nothing,
+    ) -> ChunkReport:
         """Start the chunk, run an attempt at the lines no earlier attempt checkpointed, commit it.
         ``io``: this chunk's urgent store calls (None: the runner's); ``owner`` names its lines
         waiting in the admission; ``attempt``: the attempt's id (None: a new one).
@@ -118,14 +127,32 @@ class ChunkRunner:
         requests = await self._start(message, io)
         if requests is None:
             return ChunkReport(skipped=True)
-        run = Attempt(self.stores, message, attempt or secrets.token_hex(6), self._engines(message, owner), io=io,
-                      background=self.background or io, now=self.now, policy=self.policy,
-                      prepare=preparer(message, self.salts), guard=self.checks.bind(message.tenant, message.guard))
+        run = Attempt(
+            self.stores,
+            message,
+            attempt or secrets.token_hex(6),
+            self._engines(message, owner),
+            io=io,
+            background=self.background or io,
+            now=self.now,
+            policy=self.policy,
+            prepare=preparer(message, self.salts),
+            guard=self.checks.bind(message.tenant, message.guard),
+        )
         await run.run(requests, on_dispatch=on_dispatch)
         done = await commit(run, on_commit=on_commit, commits=self.commits)
         return ChunkReport(
-            False, done.completed, done.failed, done.usage, done.outcome, self.now() - started, run.careful, run.reused,
-            run.crashed, first_sent_at=run.engines.first_sent_at, last_answer_at=run.engines.last_answer_at,
+            False,
+            done.completed,
+            done.failed,
+            done.usage,
+            done.outcome,
+            self.now() - started,
+            run.careful,
+            run.reused,
+            run.crashed,
+            first_sent_at=run.engines.first_sent_at,
+            last_answer_at=run.engines.last_answer_at,
             committed_at=done.counted_at,
         )
 
@@ -137,8 +164,10 @@ class ChunkRunner:
         thread): none depends on another's answer, and the read is wasted only for a chunk that
         is skipped. The run record is opened (``Attempt``) only after both checks said go."""
         opened, counted, raws = await asyncio.gather(
-            io(chunk_lifecycle.start_chunk, self.stores, message), io(already_counted, self.stores, message),
-            io(read_chunk, self.stores, message, max_line_bytes=self.max_line_bytes), return_exceptions=True,
+            io(chunk_lifecycle.start_chunk, self.stores, message),
+            io(already_counted, self.stores, message),
+            io(read_chunk, self.stores, message, max_line_bytes=self.max_line_bytes),
+            return_exceptions=True,
         )
         for answer in (opened, counted):  # the checks' errors first: they decide whether the read matters
             if isinstance(answer, BaseException):
@@ -152,12 +181,24 @@ class ChunkRunner:
             raise raws
         requests = [r for r in raws if not r.blank]
         if len(requests) != message.line_count:
-            log.warning("chunk %s/%d has %d lines, the message says %d", message.batch_id, message.chunk, len(requests),
-                        message.line_count)
+            log.warning(
+                "chunk %s/%d has %d lines, the message says %d",
+                message.batch_id,
+                message.chunk,
+                len(requests),
+                message.line_count,
+            )
         return requests
 
     def _engines(self, message: WorkMessage, owner: object) -> ChunkEngines:
         budget = self.budget
         stop = (lambda: budget.stop_reason(message)) if budget is not None and message.budget_stop is not None else None
-        return ChunkEngines(self.engine, self.gate, admission=self.admission, owner=owner, tenant=message.tenant,
-                            now=self.now, stop=stop)
+        return ChunkEngines(
+            self.engine,
+            self.gate,
+            admission=self.admission,
+            owner=owner,
+            tenant=message.tenant,
+            now=self.now,
+            stop=stop,
+        )

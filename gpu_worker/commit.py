@@ -42,18 +42,27 @@ class Committed:
     counted_at: float
 
 
-async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
-                 commits: set[asyncio.Future[Any]] | None) -> Committed:
+async def commit(
+    attempt: Attempt, *, on_commit: Callable[[], None], commits: set[asyncio.Future[Any]] | None
+) -> Committed:
     """Write the attempt's results as the chunk's parts and count it (``on_commit`` is called as
     the parts start being written: from then on the chunk is never abandoned)."""
     usage = chunk_lifecycle.Usage()
     for r in attempt.done:
         usage.add_response(r.usage)
     on_commit()
-    task = asyncio.ensure_future(_write_and_count(
-        attempt.stores, attempt.message, [r.line for r in attempt.done], usage, attempt.total_spend(), io=attempt.io,
-        now=attempt.now, background=attempt.background,
-    ))
+    task = asyncio.ensure_future(
+        _write_and_count(
+            attempt.stores,
+            attempt.message,
+            [r.line for r in attempt.done],
+            usage,
+            attempt.total_spend(),
+            io=attempt.io,
+            now=attempt.now,
+            background=attempt.background,
+        )
+    )
     if commits is not None:
         commits.add(task)
         task.add_done_callback(commits.discard)
@@ -65,20 +74,36 @@ async def commit(attempt: Attempt, *, on_commit: Callable[[], None],
         try:
             await attempt.flush()
         except Exception:
-            log.exception("chunk %s/%d: could not checkpoint before releasing", attempt.message.batch_id,
-                          attempt.message.chunk)
+            log.exception(
+                "chunk %s/%d: could not checkpoint before releasing", attempt.message.batch_id, attempt.message.chunk
+            )
         await attempt.end_benignly("store error while committing")
         raise
     return Committed(completed, failed, usage, outcome, counted_at)
 
 
 async def _write_and_count(
-    stores: Stores, message: WorkMessage, lines: list[BatchOutputLine], usage: chunk_lifecycle.Usage, spent: Spend, *, io: Io,
-    now: Callable[[], float], background: Io,
+    stores: Stores,
+    message: WorkMessage,
+    lines: list[BatchOutputLine],
+    usage: chunk_lifecycle.Usage,
+    spent: Spend,
+    *,
+    io: Io,
+    now: Callable[[], float],
+    background: Io,
 ) -> tuple[int, int, ChunkOutcome, float]:
     parts = await io(results.write_parts, stores.objects, message, lines)
-    outcome = await io(chunk_lifecycle.record_chunk, stores, message, parts=parts, usage=usage, now=int(now()), receipt=False,
-                       spent=spent)
+    outcome = await io(
+        chunk_lifecycle.record_chunk,
+        stores,
+        message,
+        parts=parts,
+        usage=usage,
+        now=int(now()),
+        receipt=False,
+        spent=spent,
+    )
     counted_at = now()
     # The count and the signal are done: the receipt may wait behind other chunks' commits.
     await background(chunk_lifecycle.record_receipt, stores, message, outcome)

@@ -35,7 +35,11 @@ from .config import WorkerConfig
 
 OVERLOAD_STATUSES = frozenset({429, 503})
 #: The error codes of a line whose request reached the engine but whose answer was never read.
-ENGINE_TIMEOUT, ENGINE_CONNECTION_ERROR, RESPONSE_TOO_LARGE = "engine_timeout", "engine_connection_error", "response_too_large"
+ENGINE_TIMEOUT, ENGINE_CONNECTION_ERROR, RESPONSE_TOO_LARGE = (
+    "engine_timeout",
+    "engine_connection_error",
+    "response_too_large",
+)
 UNREAD_ANSWERS = frozenset({ENGINE_TIMEOUT, ENGINE_CONNECTION_ERROR, RESPONSE_TOO_LARGE})
 #: How much of an answer is read at a time.
 READ_CHUNK_BYTES = 64 * 1024
@@ -243,10 +247,17 @@ class EngineClient:
             except ResponseTooLarge as exc:
                 self.stats.answered[exc.status] = self.stats.answered.get(exc.status, 0) + 1
                 self.stats.too_large += 1
-                return Reply(None, None, request_id, attempts, RESPONSE_TOO_LARGE, (
-                    f"The engine answered with status {exc.status} and a body larger than {exc.limit} bytes, "
-                    "the most this deployment reads of one answer; the request was not retried."
-                ))
+                return Reply(
+                    None,
+                    None,
+                    request_id,
+                    attempts,
+                    RESPONSE_TOO_LARGE,
+                    (
+                        f"The engine answered with status {exc.status} and a body larger than {exc.limit} bytes, "
+                        "the most this deployment reads of one answer; the request was not retried."
+                    ),
+                )
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 self.stats.connection_errors += 1
                 failures += 1

@@ -27,9 +27,18 @@ class GatedEngine:
     engine now (None: it may), asked once the line has its slot (``BudgetWatch``); such a line is
     answered with that reason as a ``budget_exceeded`` error, never sent."""
 
-    def __init__(self, engine: Engine, gate: EngineGate, *, held: bool, admission: Admission | None = None,
-                 owner: object = None, now: Callable[[], float] = time.time, group: object = None,
-                 stop: Callable[[], Awaitable[str | None]] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        gate: EngineGate,
+        *,
+        held: bool,
+        admission: Admission | None = None,
+        owner: object = None,
+        now: Callable[[], float] = time.time,
+        group: object = None,
+        stop: Callable[[], Awaitable[str | None]] | None = None,
+    ):
         self._engine, self._gate, self._held = engine, gate, held
         self._admission, self._owner, self._now = admission, owner, now
         self._group = group  # the tenant (Admission's fair share)
@@ -69,19 +78,28 @@ class GatedEngine:
             return reply
 
 
-
 class ChunkEngines:
     """A chunk's two ways into the engine: ``together`` (beside other chunks' lines, through the
     worker's ``admission``; ``owner`` names this chunk's waiting lines there, ``tenant`` its fair
     share) and ``alone`` (a careful group's, inside ``exclusive()``: no other chunk's line is in
     the engine with it). ``stop``: the budget's, asked before any line is sent."""
 
-    def __init__(self, engine: Engine, gate: EngineGate, *, admission: Admission | None, owner: object, tenant: object,
-                 now: Callable[[], float], stop: Callable[[], Awaitable[str | None]] | None):
+    def __init__(
+        self,
+        engine: Engine,
+        gate: EngineGate,
+        *,
+        admission: Admission | None,
+        owner: object,
+        tenant: object,
+        now: Callable[[], float],
+        stop: Callable[[], Awaitable[str | None]] | None,
+    ):
         self.gate = gate
         self.alone = GatedEngine(engine, gate, held=True, now=now, stop=stop)
-        self.together = GatedEngine(engine, gate, held=False, admission=admission, owner=owner, now=now, group=tenant,
-                                    stop=stop)
+        self.together = GatedEngine(
+            engine, gate, held=False, admission=admission, owner=owner, now=now, group=tenant, stop=stop
+        )
 
     def exclusive(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.gate.exclusive()
@@ -97,4 +115,6 @@ class ChunkEngines:
 
     @property
     def last_answer_at(self) -> float | None:
-        return max((t for t in (self.alone.last_answer_at, self.together.last_answer_at) if t is not None), default=None)
+        return max(
+            (t for t in (self.alone.last_answer_at, self.together.last_answer_at) if t is not None), default=None
+        )

@@ -45,9 +45,15 @@ class LineResult:
         return cls(line, results.usage_of(line))
 
 
-async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoints: Iterable[str] = (),
-                   guard: LineChecks | None = None,
-                   prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> LineResult:
+async def run_line(
+    engine: Engine,
+    raw: RawLine,
+    *,
+    endpoint: str | None,
+    endpoints: Iterable[str] = (),
+    guard: LineChecks | None = None,
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
     None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``. ``guard``: the
     checks of the tenant's prompt and output policy (the work message's snapshot, bound to the
@@ -74,12 +80,20 @@ async def run_line(engine: Engine, raw: RawLine, *, endpoint: str | None, endpoi
         body = prepare(body)
     reply = await engine.post(endpoint, body)
     if reply.status is None:
-        spent = unread_spend(work_of(endpoint, body), len(raw.text), reply.attempts) if reply.error_code in UNREAD_ANSWERS else Spend()
+        spent = (
+            unread_spend(work_of(endpoint, body), len(raw.text), reply.attempts)
+            if reply.error_code in UNREAD_ANSWERS
+            else Spend()
+        )
         return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message), spent=spent)
     spent = answered_spend(reply.body.get("usage") if isinstance(reply.body, dict) else None)
     line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
     usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
-    if guard is not None and results.succeeded(line) and (violation := await guard.check_output(reply.body)) is not None:
+    if (
+        guard is not None
+        and results.succeeded(line)
+        and (violation := await guard.check_output(reply.body)) is not None
+    ):
         # No usage (an error line), but the engine did the work: it is charged.
         return LineResult(results.error_line(custom_id, violation.code, violation.message), spent=spent)
     return LineResult(line, usage, spent)

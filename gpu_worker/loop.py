@@ -100,19 +100,27 @@ class Worker:
         self.admission = Admission(cap, config.order)
         #: The admission follows what the engine runs (capacity.py); None: the configured cap.
         read = getattr(engine, "metrics_text", None)
-        self.capacity = CapacityWatch(
-            read, self.admission.resize, headroom=headroom(cap, config.engine_seqs()), cap=cap,
-            max_num_seqs=config.engine_seqs(), every=config.capacity_read_seconds,
-            needed=lambda: self.admission.waiting > 0,
-        ) if config.measure_capacity and read is not None else None
+        self.capacity = (
+            CapacityWatch(
+                read,
+                self.admission.resize,
+                headroom=headroom(cap, config.engine_seqs()),
+                cap=cap,
+                max_num_seqs=config.engine_seqs(),
+                every=config.capacity_read_seconds,
+                needed=lambda: self.admission.waiting > 0,
+            )
+            if config.measure_capacity and read is not None
+            else None
+        )
         self.policy = RunPolicy(
-            checkpoint_lines=config.checkpoint_lines, checkpoint_seconds=config.checkpoint_seconds,
+            checkpoint_lines=config.checkpoint_lines,
+            checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
         )
         #: Ranks of chunks' urgent store calls, by arrival (0: the worker's own calls, first).
         self._ranks = itertools.count(1)
-        self._store_pool = StorePool(threads=config.store_threads if stores.concurrent else 1,
-                                         on_start=stores.prepare)
+        self._store_pool = StorePool(threads=config.store_threads if stores.concurrent else 1, on_start=stores.prepare)
         #: Tenants' ``stop`` budgets, read at most every few seconds for the whole worker.
         self.budget = BudgetWatch(stores, self._stores, now=clock)
         self._queue_pool = ThreadPoolExecutor(4, thread_name_prefix="worker-sqs")
@@ -120,8 +128,17 @@ class Worker:
         self.checks = PolicyChecks(config.policy_check_processes, seconds=config.policy_check_seconds)
         #: What every chunk runs with (each chunk's urgent store calls get their own rank, ``_handle``).
         self.chunks = ChunkRunner(
-            stores, engine, io=self._stores, background=self._stores_later, max_line_bytes=max_line_bytes, now=clock,
-            gate=self.gate, admission=self.admission, budget=self.budget, policy=self.policy, commits=self._commits,
+            stores,
+            engine,
+            io=self._stores,
+            background=self._stores_later,
+            max_line_bytes=max_line_bytes,
+            now=clock,
+            gate=self.gate,
+            admission=self.admission,
+            budget=self.budget,
+            policy=self.policy,
+            commits=self._commits,
             salts=CacheSalts(config.cache_salt_secret.get_secret_value() if config.cache_salt_secret else None),
             checks=self.checks,
         )
@@ -154,13 +171,16 @@ class Worker:
 
     def backlog(self) -> int:
         """Lines not yet sent to the engine: waiting for a slot, or in chunks not yet dispatched."""
-        return self.admission.waiting + self.engine.waiting + sum(o.lines for o in self._open.values() if not o.dispatched)
+        return (
+            self.admission.waiting + self.engine.waiting + sum(o.lines for o in self._open.values() if not o.dispatched)
+        )
 
     def filling(self) -> int:
         """Open chunks with lines not yet in the engine. A chunk's tail (its last lines running,
         or its commit) does not count: slow last lines never keep new lines out."""
-        return sum(1 for o in self._open.values()
-                   if not o.dispatched or self.admission.waiting_for(o.received.message_id))
+        return sum(
+            1 for o in self._open.values() if not o.dispatched or self.admission.waiting_for(o.received.message_id)
+        )
 
     async def _stores(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await self._store_pool.call(URGENT, fn, *args, **kwargs)
@@ -183,8 +203,14 @@ class Worker:
                 return
             if self.capacity is not None:
                 watch = asyncio.create_task(self.capacity.run())
-            self.log.info("taking work", extra={"queue_url": self.queue.url, "in_flight_cap": self.engine.max_in_flight,
-                                               "max_open_chunks": self.max_open})
+            self.log.info(
+                "taking work",
+                extra={
+                    "queue_url": self.queue.url,
+                    "in_flight_cap": self.engine.max_in_flight,
+                    "max_open_chunks": self.max_open,
+                },
+            )
             await self._take_work()
         finally:
             await self._drain()
@@ -205,7 +231,9 @@ class Worker:
         if not health.done():
             health.cancel()
             return False
-        self.log.info("engine healthy", extra={"engine_url": self.engine.base_url, "waited_seconds": round(health.result(), 1)})
+        self.log.info(
+            "engine healthy", extra={"engine_url": self.engine.base_url, "waited_seconds": round(health.result(), 1)}
+        )
         return True
 
     async def _take_work(self) -> None:
@@ -224,9 +252,9 @@ class Worker:
                 # Enough chunks to fill the cap (estimated at chunk_max_lines each), at most 10.
                 room = -(-(self.engine.max_in_flight - self.backlog()) // self.chunk_max_lines)
                 want = max(1, min(10, self.max_open - self.filling(), room))
-                receive = asyncio.ensure_future(self._sqs(
-                    self.queue.receive, want, self.config.poll_wait_seconds, self.config.visibility_seconds
-                ))
+                receive = asyncio.ensure_future(
+                    self._sqs(self.queue.receive, want, self.config.poll_wait_seconds, self.config.visibility_seconds)
+                )
                 await asyncio.wait({receive, stop}, return_when=asyncio.FIRST_COMPLETED)
                 received = await receive  # a long poll in progress returns within poll_wait_seconds
                 if not received and self.config.poll_wait_seconds == 0:
@@ -253,7 +281,9 @@ class Worker:
     async def _drain(self) -> None:
         """Let in-flight chunks finish for up to drain_seconds, then release the rest."""
         if self._tasks:
-            self.log.info("draining", extra={"open_chunks": len(self._tasks), "drain_seconds": self.config.drain_seconds})
+            self.log.info(
+                "draining", extra={"open_chunks": len(self._tasks), "drain_seconds": self.config.drain_seconds}
+            )
             _, pending = await asyncio.wait(set(self._tasks), timeout=self.config.drain_seconds)
             for task in pending:
                 task.cancel()
@@ -278,19 +308,29 @@ class Worker:
                 return
             if not message.bound():
                 # Another tenant's input (forged or misrouted): read nothing; like a malformed message.
-                self.log.error("work message not bound to its tenant",
-                               extra={"message_id": r.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
+                self.log.error(
+                    "work message not bound to its tenant",
+                    extra={"message_id": r.message_id, "tenant": message.tenant, "batch_id": message.batch_id},
+                )
                 self.metrics.chunk_failed()
                 await self._sqs(self.queue.release, r.receipt, self.config.failure_retry_seconds)
                 return
             state.lines, state.message = message.line_count, message
-            keys = {"batch_id": message.batch_id, "chunk": message.chunk, "message_id": r.message_id, "receive_count": r.receive_count}
+            keys = {
+                "batch_id": message.batch_id,
+                "chunk": message.chunk,
+                "message_id": r.message_id,
+                "receive_count": r.receive_count,
+            }
             if r.receive_count > 1:
                 self.metrics.chunk_redelivered()
             # This chunk's urgent store calls rank by its arrival: an earlier chunk's go first.
             io = functools.partial(self._store_pool.call_ranked, URGENT, next(self._ranks))
             report = await self.chunks.process(
-                message, io=io, owner=r.message_id, on_dispatch=lambda: setattr(state, "dispatched", True),
+                message,
+                io=io,
+                owner=r.message_id,
+                on_dispatch=lambda: setattr(state, "dispatched", True),
                 on_commit=lambda: setattr(state, "committing", True),
             )
             await self._sqs(self.queue.delete, r.receipt)
@@ -300,20 +340,35 @@ class Worker:
                 return
             usage = report.usage
             self.metrics.chunk_done(
-                completed=report.completed, failed=report.failed,
-                input_tokens=usage.input_tokens if usage else 0, output_tokens=usage.output_tokens if usage else 0,
-                careful=report.careful, reused=report.reused, crashed=report.crashed,
+                completed=report.completed,
+                failed=report.failed,
+                input_tokens=usage.input_tokens if usage else 0,
+                output_tokens=usage.output_tokens if usage else 0,
+                careful=report.careful,
+                reused=report.reused,
+                crashed=report.crashed,
             )
             outcome = report.outcome
-            self.log.info("chunk done", extra={
-                **keys, "completed": report.completed, "failed": report.failed, "seconds": round(report.seconds, 3),
-                "output_tokens": usage.output_tokens if usage else 0,
-                "counted": bool(outcome and outcome.counted), "last": bool(outcome and outcome.last),
-                "careful": report.careful, "reused": report.reused, "crashed": report.crashed,
-                # The fixed overhead around the engine (docs/benchmarks.md, "Fixed overhead").
-                "received_at": state.received_at, "first_sent_at": report.first_sent_at, "last_answer_at": report.last_answer_at,
-                "committed_at": report.committed_at,
-            })
+            self.log.info(
+                "chunk done",
+                extra={
+                    **keys,
+                    "completed": report.completed,
+                    "failed": report.failed,
+                    "seconds": round(report.seconds, 3),
+                    "output_tokens": usage.output_tokens if usage else 0,
+                    "counted": bool(outcome and outcome.counted),
+                    "last": bool(outcome and outcome.last),
+                    "careful": report.careful,
+                    "reused": report.reused,
+                    "crashed": report.crashed,
+                    # The fixed overhead around the engine (docs/benchmarks.md, "Fixed overhead").
+                    "received_at": state.received_at,
+                    "first_sent_at": report.first_sent_at,
+                    "last_answer_at": report.last_answer_at,
+                    "committed_at": report.committed_at,
+                },
+            )
         except asyncio.CancelledError:
             if state.closed is not None and not self.stopping:
                 # Its batch ended (cancelled or expired past the drain, finalized): nothing of this
@@ -321,9 +376,14 @@ class Worker:
                 # vLLM aborts a request whose client goes away); the message goes.
                 await asyncio.shield(self._sqs(self.queue.delete, r.receipt))
                 self.metrics.chunk_skipped()
-                self.log.info("chunk abandoned: its batch ended", extra={
-                    "batch_id": state.message.batch_id if state.message else None, "status": state.closed,
-                    "message_id": r.message_id})
+                self.log.info(
+                    "chunk abandoned: its batch ended",
+                    extra={
+                        "batch_id": state.message.batch_id if state.message else None,
+                        "status": state.closed,
+                        "message_id": r.message_id,
+                    },
+                )
                 return
             # Drain deadline passed (SIGTERM): hand the chunk to another worker at once.
             await asyncio.shield(self._release(r, 0, "released on shutdown"))
@@ -398,6 +458,9 @@ class Worker:
 
     def report(self) -> dict[str, Any]:
         return self.metrics.flush(
-            self.engine.stats, in_flight=self.engine.in_flight, waiting=self.admission.waiting + self.engine.waiting,
-            open_chunks=len(self._open), cap=self.admission.capacity,  # what the engine may hold now (capacity.py)
+            self.engine.stats,
+            in_flight=self.engine.in_flight,
+            waiting=self.admission.waiting + self.engine.waiting,
+            open_chunks=len(self._open),
+            cap=self.admission.capacity,  # what the engine may hold now (capacity.py)
         )

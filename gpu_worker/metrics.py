@@ -41,7 +41,9 @@ _ENGINE_COUNTERS = ("requests", "retries", "timeouts", "connection_errors", "ove
 
 
 class WorkerMetrics:
-    def __init__(self, *, namespace: str, service: str, logger: Logger, model: str, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, *, namespace: str, service: str, logger: Logger, model: str, clock: Callable[[], float] = time.monotonic
+    ):
         self.logger = logger
         self.totals = Totals()
         self._metrics = Metrics(namespace=namespace, service=service)
@@ -53,8 +55,15 @@ class WorkerMetrics:
 
     # --- events ------------------------------------------------------------------------------
     def chunk_done(
-        self, *, completed: int, failed: int, input_tokens: int, output_tokens: int,
-        careful: bool = False, reused: int = 0, crashed: int = 0,
+        self,
+        *,
+        completed: int,
+        failed: int,
+        input_tokens: int,
+        output_tokens: int,
+        careful: bool = False,
+        reused: int = 0,
+        crashed: int = 0,
     ) -> None:
         t = self.totals
         t.chunks_careful += careful
@@ -103,17 +112,26 @@ class WorkerMetrics:
         m = self._metrics
         m.add_dimension(name="model", value=self._model)  # flushing clears dimensions
         for name, unit in (
-            ("chunks_done", MetricUnit.Count), ("chunks_skipped", MetricUnit.Count),
-            ("chunks_released", MetricUnit.Count), ("chunks_failed", MetricUnit.Count),
-            ("chunks_redelivered", MetricUnit.Count), ("lines_completed", MetricUnit.Count),
-            ("lines_failed", MetricUnit.Count), ("input_tokens", MetricUnit.Count), ("output_tokens", MetricUnit.Count),
-            ("chunks_careful", MetricUnit.Count), ("lines_reused", MetricUnit.Count), ("lines_crashed", MetricUnit.Count),
+            ("chunks_done", MetricUnit.Count),
+            ("chunks_skipped", MetricUnit.Count),
+            ("chunks_released", MetricUnit.Count),
+            ("chunks_failed", MetricUnit.Count),
+            ("chunks_redelivered", MetricUnit.Count),
+            ("lines_completed", MetricUnit.Count),
+            ("lines_failed", MetricUnit.Count),
+            ("input_tokens", MetricUnit.Count),
+            ("output_tokens", MetricUnit.Count),
+            ("chunks_careful", MetricUnit.Count),
+            ("lines_reused", MetricUnit.Count),
+            ("lines_crashed", MetricUnit.Count),
         ):
             m.add_metric(name=_camel(name), unit=unit, value=delta[name])
         for name, value in engine_delta.items():
             m.add_metric(name=_camel(f"engine_{name}"), unit=MetricUnit.Count, value=value)
         m.add_metric(name="LinesPerSecond", unit=MetricUnit.CountPerSecond, value=summary["lines_per_second"])
-        m.add_metric(name="OutputTokensPerSecond", unit=MetricUnit.CountPerSecond, value=summary["output_tokens_per_second"])
+        m.add_metric(
+            name="OutputTokensPerSecond", unit=MetricUnit.CountPerSecond, value=summary["output_tokens_per_second"]
+        )
         m.add_metric(name="InFlight", unit=MetricUnit.Count, value=in_flight)
         m.add_metric(name="OpenChunks", unit=MetricUnit.Count, value=open_chunks)
         m.flush_metrics()

@@ -91,8 +91,14 @@ async def run_file(
 
 
 async def run_paths(
-    input_path: Path, output_path: Path, errors_path: Path | None, engine: EngineClient, *, health_timeout: float,
-    guard: guards.GuardPolicy | None = None, checks: Checks = IN_PROCESS,
+    input_path: Path,
+    output_path: Path,
+    errors_path: Path | None,
+    engine: EngineClient,
+    *,
+    health_timeout: float,
+    guard: guards.GuardPolicy | None = None,
+    checks: Checks = IN_PROCESS,
 ) -> Summary:
     await engine.wait_healthy(health_timeout)
     with open(input_path, "rb") as source, open(output_path, "wb") as output:
@@ -111,8 +117,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, type=Path, help="output JSONL (results, input order)")
     p.add_argument("--errors", type=Path, help="error lines go here (default: into the output file)")
     p.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--max-in-flight", type=int, default=0,
-                   help="requests in flight (default: 2 x --engine-max-num-seqs, or 512)")
+    p.add_argument(
+        "--max-in-flight", type=int, default=0, help="requests in flight (default: 2 x --engine-max-num-seqs, or 512)"
+    )
     p.add_argument("--engine-max-num-seqs", type=int, default=0, help="the engine's --max-num-seqs, if known")
     p.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for the engine's /health")
     # The same prompt and output policy a tenant's batches pass (docs/governance.md).
@@ -123,12 +130,22 @@ def command(args: argparse.Namespace, *, err: TextIO) -> int:
     config = WorkerConfig(
         engine_url=args.engine_url, max_in_flight=args.max_in_flight, engine_max_num_seqs=args.engine_max_num_seqs
     )
+
     async def go() -> Summary:
         # One tenant: it may use every check process (reserve 0).
-        async with EngineClient.from_config(config) as engine, PolicyChecks(
-                config.policy_check_processes, seconds=config.policy_check_seconds, reserve=0) as checks:
-            return await run_paths(args.input, args.output, args.errors, engine, health_timeout=args.health_timeout,
-                                   guard=guards.from_arguments(args), checks=checks)
+        async with (
+            EngineClient.from_config(config) as engine,
+            PolicyChecks(config.policy_check_processes, seconds=config.policy_check_seconds, reserve=0) as checks,
+        ):
+            return await run_paths(
+                args.input,
+                args.output,
+                args.errors,
+                engine,
+                health_timeout=args.health_timeout,
+                guard=guards.from_arguments(args),
+                checks=checks,
+            )
 
     try:
         summary = asyncio.run(go())

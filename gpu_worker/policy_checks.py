@@ -128,7 +128,8 @@ class _Process:
         if self.proc is None or self.proc.returncode is not None:
             self.imported = set()
             self.proc = await asyncio.create_subprocess_exec(
-                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            )
             try:
                 first = await asyncio.wait_for(_read(self.proc), START_SECONDS)
             except BaseException:
@@ -216,9 +217,15 @@ class PolicyChecks(Checks):
     """The pool (module docstring). Use as ``async with PolicyChecks(...) as checks`` or call
     ``close`` when done."""
 
-    def __init__(self, processes: int = 0, *, seconds: float = limits.POLICY_CHECK_SECONDS,
-                 max_input_bytes: int = limits.POLICY_CHECK_MAX_INPUT_BYTES, reserve: int = 1,
-                 command: Sequence[str] = COMMAND):
+    def __init__(
+        self,
+        processes: int = 0,
+        *,
+        seconds: float = limits.POLICY_CHECK_SECONDS,
+        max_input_bytes: int = limits.POLICY_CHECK_MAX_INPUT_BYTES,
+        reserve: int = 1,
+        command: Sequence[str] = COMMAND,
+    ):
         self.processes = processes or default_processes()
         self.seconds, self.max_input_bytes = seconds, max_input_bytes
         #: The most processes one tenant's jobs hold at once.
@@ -253,24 +260,36 @@ class PolicyChecks(Checks):
         answer = await self._run(tenant, "output", policy, body, "result was not written")
         return answer if isinstance(answer, Violation) else _violation(answer)
 
-    async def _run(self, tenant: str, op: str, policy: GuardPolicy, body: Any, outcome: str) -> dict[str, Any] | Violation:
+    async def _run(
+        self, tenant: str, op: str, policy: GuardPolicy, body: Any, outcome: str
+    ) -> dict[str, Any] | Violation:
         data = json.dumps({"op": op, "policy": policy.model_dump(), "body": body}, separators=(",", ":")).encode()
         if len(data) > self.max_input_bytes:
-            return Violation(POLICY_CHECK_INPUT_TOO_LARGE, f"The {_what(op)} is larger than this organization's "
-                             f"policy checks take ({self.max_input_bytes} bytes); the {outcome}.")
+            return Violation(
+                POLICY_CHECK_INPUT_TOO_LARGE,
+                f"The {_what(op)} is larger than this organization's "
+                f"policy checks take ({self.max_input_bytes} bytes); the {outcome}.",
+            )
         if self._closed:
             return Violation(POLICY_CHECK_FAILED, f"The {_what(op)}'s policy check could not run; the {outcome}.")
-        job = _Job(tenant, policy_process.HEADER.pack(len(data)) + data, asyncio.get_running_loop().create_future(),
-                   tuple(policy.output_checks) if op == "output" else ())
+        job = _Job(
+            tenant,
+            policy_process.HEADER.pack(len(data)) + data,
+            asyncio.get_running_loop().create_future(),
+            tuple(policy.output_checks) if op == "output" else (),
+        )
         self._tenants.add(job)
         self._dispatch()
         answer = await job.done
         if answer.get("timeout"):
-            return Violation(POLICY_CHECK_TIMEOUT, f"The {_what(op)}'s policy check did not finish within "
-                             f"{self.seconds:g} s; the {outcome}.")
+            return Violation(
+                POLICY_CHECK_TIMEOUT,
+                f"The {_what(op)}'s policy check did not finish within {self.seconds:g} s; the {outcome}.",
+            )
         if "error" in answer:
-            return Violation(POLICY_CHECK_FAILED, f"The {_what(op)}'s policy check could not run "
-                             f"({answer['error']}); the {outcome}.")
+            return Violation(
+                POLICY_CHECK_FAILED, f"The {_what(op)}'s policy check could not run ({answer['error']}); the {outcome}."
+            )
         return answer
 
     def _dispatch(self) -> None:
@@ -292,8 +311,9 @@ class PolicyChecks(Checks):
                 answer = await asyncio.wait_for(slot.call(job.payload), self.seconds)
             except TimeoutError:
                 self.timeouts += 1
-                log.warning("a policy check ran past %s s: its process is replaced", self.seconds,
-                            extra={"tenant": job.tenant})
+                log.warning(
+                    "a policy check ran past %s s: its process is replaced", self.seconds, extra={"tenant": job.tenant}
+                )
                 await slot.kill()
                 answer = {"timeout": True}
             except asyncio.CancelledError:  # close(): the worker stops
@@ -305,7 +325,9 @@ class PolicyChecks(Checks):
                 self.failures += 1
                 log.warning("a policy check process failed: %r", exc, extra={"tenant": job.tenant})
                 await slot.kill()
-                answer = {"error": "the check process ended" if isinstance(exc, EOFError | OSError) else type(exc).__name__}
+                answer = {
+                    "error": "the check process ended" if isinstance(exc, EOFError | OSError) else type(exc).__name__
+                }
             if not job.done.done():
                 job.done.set_result(answer)
         finally:

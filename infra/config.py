@@ -36,10 +36,21 @@ LOG_RETENTION_DAYS: Final = frozenset(
 
 #: Settings fields the stack wires from its own resources (or from other config fields); every
 #: other Settings field is a limit a config may override.
-_WIRED_SETTINGS: Final = frozenset({
-    "table_name", "bucket_name", "models", "state_machine_arn", "event_bus_name", "completion_windows", "governance",
-    "audit_queue_url", "audit_bucket_name", "audit_signing_key_id", "audit_local_key_file",
-})
+_WIRED_SETTINGS: Final = frozenset(
+    {
+        "table_name",
+        "bucket_name",
+        "models",
+        "state_machine_arn",
+        "event_bus_name",
+        "completion_windows",
+        "governance",
+        "audit_queue_url",
+        "audit_bucket_name",
+        "audit_signing_key_id",
+        "audit_local_key_file",
+    }
+)
 
 #: WorkerConfig fields the stack wires (the model, its queue, the engine on loopback); every other
 #: field is a knob a model's ``worker`` section may set (``WORKER_<FIELD>`` in the container).
@@ -317,8 +328,10 @@ class DeployConfig(_Strict):
     @model_validator(mode="after")
     def _audit_anchored(self) -> Self:
         if self.governance and self.audit_object_lock is None:
-            raise ValueError("audit_object_lock: governance keeps audit chains, anchored in an Object Lock bucket: "
-                             "it cannot be null while governance is on")
+            raise ValueError(
+                "audit_object_lock: governance keeps audit chains, anchored in an Object Lock bucket: "
+                "it cannot be null while governance is on"
+            )
         return self
 
     @field_validator("log_retention_days")
@@ -347,9 +360,11 @@ class DeployConfig(_Strict):
     def _domain_certificates(self) -> Self:
         front = self.stream_front
         if front is not None and self.domain is not None and front.certificate_arn is None:
-            raise ValueError("stream_front.certificate_arn: with stream_front on, the domain is served by CloudFront, "
-                             "which needs its certificate in us-east-1 (or set stream_front: false to keep the domain "
-                             "on API Gateway)")
+            raise ValueError(
+                "stream_front.certificate_arn: with stream_front on, the domain is served by CloudFront, "
+                "which needs its certificate in us-east-1 (or set stream_front: false to keep the domain "
+                "on API Gateway)"
+            )
         if front is not None and self.domain is None and front.certificate_arn is not None:
             raise ValueError("stream_front.certificate_arn is the certificate of domain.name: set domain too")
         return self

@@ -44,32 +44,63 @@ class BatchApiStack(cdk.Stack):
         self.events = BatchEvents(self, "Events")
         self.ingest = Ingest(self, "Ingest", config=config, storage=self.storage, lambdas=self.lambdas)
         # The upload assembler's queue goes into the one Settings (docs/uploads.md).
-        self.uploads = Uploads(self, "Uploads", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.ingest.settings)
+        self.uploads = Uploads(
+            self, "Uploads", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.ingest.settings
+        )
         self.uploads.share_settings(self.ingest.functions.values())
         # Webhooks (docs/webhooks.md): terminal batch events fanned out to tenants' endpoints; its
         # queue goes into the one Settings too.
-        self.webhooks = Webhooks(self, "Webhooks", config=config, storage=self.storage, lambdas=self.lambdas,
-                                 settings=self.uploads.settings, bus=self.events.bus)
+        self.webhooks = Webhooks(
+            self,
+            "Webhooks",
+            config=config,
+            storage=self.storage,
+            lambdas=self.lambdas,
+            settings=self.uploads.settings,
+            bus=self.events.bus,
+        )
         self.settings = self.webhooks.settings
         self.webhooks.share_settings([*self.ingest.functions.values(), self.uploads.function])
         # The audit chains (docs/audit.md, governance on): the audit queue's URL goes into the one
         # Settings; only its appender writes the chains, every writer may only send to the queue.
-        self.audit = Audit(self, "Audit", config=config, storage=self.storage, lambdas=self.lambdas,
-                           settings=self.webhooks.settings)
+        self.audit = Audit(
+            self, "Audit", config=config, storage=self.storage, lambdas=self.lambdas, settings=self.webhooks.settings
+        )
         self.settings = self.audit.settings
         self.audit.share_settings([*self.ingest.functions.values(), self.uploads.function, self.webhooks.function])
-        common: dict[str, Any] = {"config": config, "storage": self.storage, "lambdas": self.lambdas, "settings": self.settings}
+        common: dict[str, Any] = {
+            "config": config,
+            "storage": self.storage,
+            "lambdas": self.lambdas,
+            "settings": self.settings,
+        }
         self.workflow = Workflow(self, "Workflow", **common, batch_events=self.events)
         self.api = Api(self, "Api", **common)
         self.uploads.grant_dispatch(self.api.api_function)
         # The large bodies' path (infra/constructs/stream_front.py): a distribution in front of the
         # API, its file and part routes streamed by a Fargate service; none with stream_front false.
-        self.stream_front = (StreamFront(self, "StreamFront", config=config, storage=self.storage, settings=self.settings,
-                                         rest_api=self.api.rest_api) if config.stream_front is not None else None)
+        self.stream_front = (
+            StreamFront(
+                self,
+                "StreamFront",
+                config=config,
+                storage=self.storage,
+                settings=self.settings,
+                rest_api=self.api.rest_api,
+            )
+            if config.stream_front is not None
+            else None
+        )
         self.reaper = Reaper(self, "Reaper", **common)
         self.workers = Workers(
-            self, "Workers", config=config, settings=self.settings, storage=self.storage,
-            work_queues=self.ingest.work_queues, workflow=self.workflow, lambdas=self.lambdas,
+            self,
+            "Workers",
+            config=config,
+            settings=self.settings,
+            storage=self.storage,
+            work_queues=self.ingest.work_queues,
+            workflow=self.workflow,
+            lambdas=self.lambdas,
         )
 
         # Who may drive the workflow: ingest starts one execution per batch (and publishes the
@@ -81,7 +112,8 @@ class BatchApiStack(cdk.Stack):
         self.workflow.grant_signal(self.ingest.dlq_function)
         # Who sends audit intents: the API (its actions), the chunk counters (receipts).
         writers: list[iam.IGrantable] = [
-            self.api.api_function, self.ingest.dlq_function,
+            self.api.api_function,
+            self.ingest.dlq_function,
             *(w.task_definition.task_role for w in self.workers.workers.values()),
             *([self.stream_front.task_role] if self.stream_front is not None else []),
         ]
@@ -100,12 +132,19 @@ class BatchApiStack(cdk.Stack):
         self.monitoring.watch_rest_api(self.api.rest_api)
         self.monitoring.watch_batch_events(self.events.bus)
         self.monitoring.watch_workflow(self.workflow.state_machine)
-        self.monitoring.watch_functions({
-            **self.api.functions, **self.ingest.functions, **self.workflow.functions, "reaper": self.reaper.function,
-            "sweeper": self.sweeper.function, "assembler": self.uploads.function, "scaler": self.workers.scaler.function,
-            "webhooks": self.webhooks.function,
-            **({"audit-append": self.audit.function} if self.audit.function is not None else {}),
-        })
+        self.monitoring.watch_functions(
+            {
+                **self.api.functions,
+                **self.ingest.functions,
+                **self.workflow.functions,
+                "reaper": self.reaper.function,
+                "sweeper": self.sweeper.function,
+                "assembler": self.uploads.function,
+                "scaler": self.workers.scaler.function,
+                "webhooks": self.webhooks.function,
+                **({"audit-append": self.audit.function} if self.audit.function is not None else {}),
+            }
+        )
         self.monitoring.watch_queue("ingest", self.ingest.ingest_queue)
         self.monitoring.watch_dead_letter_queue("ingest", self.ingest.ingest_dead_letters)
         self.monitoring.watch_dead_letter_queue("reaper", self.reaper.dead_letters)
@@ -119,8 +158,10 @@ class BatchApiStack(cdk.Stack):
         for model in config.models:
             worker_config = model.worker_config()
             self.monitoring.watch_model(
-                model.name, self.workers.workers[model.name],
-                namespace=worker_config.metrics_namespace, service=worker_config.service,
+                model.name,
+                self.workers.workers[model.name],
+                namespace=worker_config.metrics_namespace,
+                service=worker_config.service,
             )
             self.monitoring.watch_work_dead_letters(model.name, self.ingest.work_dead_letters[model.name])
 

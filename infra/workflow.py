@@ -23,7 +23,12 @@ from functions.workflow.logic import WAIT
 
 FUNCTION_PLACEHOLDER = "WorkflowFunctionArn"
 _LAMBDA_RETRY = {
-    "ErrorEquals": ["Lambda.ServiceException", "Lambda.AWSLambdaException", "Lambda.SdkClientException", "Lambda.TooManyRequestsException"],
+    "ErrorEquals": [
+        "Lambda.ServiceException",
+        "Lambda.AWSLambdaException",
+        "Lambda.SdkClientException",
+        "Lambda.TooManyRequestsException",
+    ],
     "IntervalSeconds": 1,
     "MaxAttempts": 5,
     "BackoffRate": 2,
@@ -51,7 +56,7 @@ def _invoke(action: str, extra: dict[str, str], *, wait_for_token: bool = False)
 def definition() -> dict[str, Any]:
     return {
         "Comment": "One execution per batch: wait for completion, cancel or expiry (checking the batch when no signal "
-                   "came); drain; finalize.",
+        "came); drain; finalize.",
         "StartAt": "WaitForSignal",
         "States": {
             "WaitForSignal": {
@@ -81,8 +86,12 @@ def definition() -> dict[str, Any]:
                 "Choices": [{"Variable": f"$.signal.{SIGNAL_FIELD}", "StringEquals": WAIT, "Next": "WaitAgain"}],
                 "Default": "Drain",
             },
-            "WaitAgain": {"Type": "Pass", "InputPath": "$.signal.timeout_seconds", "ResultPath": "$.timeout_seconds",
-                          "Next": "WaitForSignal"},
+            "WaitAgain": {
+                "Type": "Pass",
+                "InputPath": "$.signal.timeout_seconds",
+                "ResultPath": "$.timeout_seconds",
+                "Next": "WaitForSignal",
+            },
             "Drain": {
                 **_invoke("drain", {"signal.$": f"$.signal.{SIGNAL_FIELD}"}),
                 "ResultSelector": {"drained.$": "$.Payload.drained", "reason.$": "$.Payload.reason"},
@@ -112,7 +121,11 @@ def definition() -> dict[str, Any]:
                 "Retry": [_LAMBDA_RETRY, _ANY_RETRY],
                 "Next": "Failed",
             },
-            "Failed": {"Type": "Fail", "Error": "BatchFailed", "Cause": "The batch could not be finalized; see its errors."},
+            "Failed": {
+                "Type": "Fail",
+                "Error": "BatchFailed",
+                "Cause": "The batch could not be finalized; see its errors.",
+            },
         },
     }
 

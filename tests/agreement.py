@@ -23,8 +23,14 @@ def _lines(body: bytes) -> list[BatchOutputLine]:
 
 
 def check_agreement(
-    *, status: str, completed: int, failed: int, total: int,
-    output: list[BatchOutputLine], errors: list[BatchOutputLine], custom_ids: list[str] | None,
+    *,
+    status: str,
+    completed: int,
+    failed: int,
+    total: int,
+    output: list[BatchOutputLine],
+    errors: list[BatchOutputLine],
+    custom_ids: list[str] | None,
 ) -> None:
     """The invariant on what a batch says and what its files hold (``custom_ids``: the input's
     custom_ids in input order, if the caller knows them)."""
@@ -39,7 +45,9 @@ def check_agreement(
     assert len({l.id for l in output + errors}) == len(output) + len(errors), "a line id appears twice"
     if custom_ids is not None:
         missing, extra = sorted(set(custom_ids) - set(seen)), sorted(set(seen) - set(custom_ids))
-        assert sorted(seen) == sorted(custom_ids), f"the files do not hold exactly the input's requests: missing {missing}, extra {extra}"
+        assert sorted(seen) == sorted(custom_ids), (
+            f"the files do not hold exactly the input's requests: missing {missing}, extra {extra}"
+        )
         order = {c: i for i, c in enumerate(custom_ids)}
         for part in (output, errors):
             ids = [l.custom_id for l in part]
@@ -61,13 +69,20 @@ def assert_stores_agree(
         record = stores.files.get(tenant, file_id, now)
         assert record is not None, f"file {file_id} has no record"
         body = stores.objects.get(record.s3_key)
-        assert record.bytes == len(body) > 0, f"file {file_id}: record says {record.bytes} bytes, object has {len(body)}"
+        assert record.bytes == len(body) > 0, (
+            f"file {file_id}: record says {record.bytes} bytes, object has {len(body)}"
+        )
         assert record.purpose == "batch_output"
         files.append(_lines(body))
     output, errors = files
     check_agreement(
-        status=batch.status, completed=batch.completed, failed=batch.failed, total=batch.total,
-        output=output, errors=errors, custom_ids=custom_ids,
+        status=batch.status,
+        completed=batch.completed,
+        failed=batch.failed,
+        total=batch.total,
+        output=output,
+        errors=errors,
+        custom_ids=custom_ids,
     )
     return output, errors
 
@@ -94,7 +109,9 @@ def assert_usage_agrees(stores: Stores, tenant: str, batch_id: str) -> dict[str,
     return said
 
 
-def assert_api_agrees(client: Any, batch: Any, custom_ids: list[str] | None = None) -> tuple[list[BatchOutputLine], list[BatchOutputLine]]:
+def assert_api_agrees(
+    client: Any, batch: Any, custom_ids: list[str] | None = None
+) -> tuple[list[BatchOutputLine], list[BatchOutputLine]]:
     """The same check as a tenant sees it: ``batch`` as the SDK returned it, files read through
     the Files API with ``client`` (an ``openai.OpenAI``)."""
     files: list[list[BatchOutputLine]] = []
@@ -109,7 +126,12 @@ def assert_api_agrees(client: Any, batch: Any, custom_ids: list[str] | None = No
     output, errors = files
     counts = batch.request_counts
     check_agreement(
-        status=batch.status, completed=counts.completed, failed=counts.failed, total=counts.total,
-        output=output, errors=errors, custom_ids=custom_ids,
+        status=batch.status,
+        completed=counts.completed,
+        failed=counts.failed,
+        total=counts.total,
+        output=output,
+        errors=errors,
+        custom_ids=custom_ids,
     )
     return output, errors

@@ -28,8 +28,11 @@ def batch_record(*, tenant: str = TENANT, id: str = BATCH_ID, created_at: int = 
     """A batch as the API creates it: ``validating``, of input file ``file-1`` snapshotted under
     ``schema.batch_input_key``, on chat completions, expiring a 24h window after ``created_at``."""
     values: dict[str, Any] = {
-        "input_file_id": "file-1", "endpoint": CHAT, "completion_window": "24h",
-        "expires_at": created_at + WINDOW, "input_key": schema.batch_input_key(tenant, id),
+        "input_file_id": "file-1",
+        "endpoint": CHAT,
+        "completion_window": "24h",
+        "expires_at": created_at + WINDOW,
+        "input_key": schema.batch_input_key(tenant, id),
     }
     return BatchRecord(tenant=tenant, id=id, created_at=created_at, **{**values, **fields})
 
@@ -54,7 +57,10 @@ def set_batch(stores: Stores, tenant: str, batch_id: str, **values: Any) -> Batc
 def file_record(*, tenant: str = TENANT, id: str = "file-1", **fields: Any) -> FileRecord:
     """A processed batch-purpose file of ``bytes`` (default 0) under its ``schema.file_key``."""
     values: dict[str, Any] = {
-        "filename": "input.jsonl", "purpose": "batch", "bytes": 0, "created_at": CREATED,
+        "filename": "input.jsonl",
+        "purpose": "batch",
+        "bytes": 0,
+        "created_at": CREATED,
         "s3_key": schema.file_key(tenant, id),
     }
     return FileRecord(tenant=tenant, id=id, **{**values, **fields})
@@ -64,7 +70,10 @@ def upload_record(*, tenant: str = TENANT, id: str = "upload_1", **fields: Any) 
     """A pending batch-purpose upload, open for an hour from its creation."""
     created = fields.pop("created_at", CREATED)
     values: dict[str, Any] = {
-        "filename": "input.jsonl", "purpose": "batch", "bytes": 0, "mime_type": "text/jsonl",
+        "filename": "input.jsonl",
+        "purpose": "batch",
+        "bytes": 0,
+        "mime_type": "text/jsonl",
         "expires_at": created + 3600,
     }
     return UploadRecord(tenant=tenant, id=id, created_at=created, **{**values, **fields})
@@ -76,9 +85,17 @@ def work_message(batch: BatchRecord | None = None, **fields: Any) -> WorkMessage
     endpoint, model and expiry), else of ``batch_record()``'s on model ``test-chat``."""
     batch = batch or batch_record(model="test-chat")
     values: dict[str, Any] = {
-        "batch_id": batch.id, "tenant": batch.tenant, "chunk": 0, "input_key": batch.input_key,
-        "byte_start": 0, "byte_end": 0, "first_line": 1, "line_count": 1, "endpoint": batch.endpoint,
-        "model": batch.model or "test-chat", "expires_at": batch.expires_at,
+        "batch_id": batch.id,
+        "tenant": batch.tenant,
+        "chunk": 0,
+        "input_key": batch.input_key,
+        "byte_start": 0,
+        "byte_end": 0,
+        "first_line": 1,
+        "line_count": 1,
+        "endpoint": batch.endpoint,
+        "model": batch.model or "test-chat",
+        "expires_at": batch.expires_at,
     }
     return WorkMessage(**{**values, **fields})
 
@@ -97,8 +114,10 @@ def cut(lines: Sequence[bytes], counts: Sequence[int] | int) -> list[Chunk]:
     assert sum(counts) == len(lines), (counts, len(lines))
     chunks, offset, first = [], 0, 0
     for number, count in enumerate(counts):
-        size = sum(len(line) for line in lines[first:first + count])
-        chunks.append(Chunk(chunk=number, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=count))
+        size = sum(len(line) for line in lines[first : first + count])
+        chunks.append(
+            Chunk(chunk=number, byte_start=offset, byte_end=offset + size, first_line=first + 1, line_count=count)
+        )
         offset, first = offset + size, first + count
     return chunks
 
@@ -107,7 +126,9 @@ def manifest(chunks: Sequence[Chunk], **fields: Any) -> ChunkManifest:
     return ChunkManifest(chunks=list(chunks), **fields)
 
 
-def put_manifest(stores: Stores, chunks: Sequence[Chunk], *, tenant: str = TENANT, batch_id: str = BATCH_ID, **fields: Any) -> ChunkManifest:
+def put_manifest(
+    stores: Stores, chunks: Sequence[Chunk], *, tenant: str = TENANT, batch_id: str = BATCH_ID, **fields: Any
+) -> ChunkManifest:
     """Store the chunk manifest of a batch where ingest writes it (``schema.batch_manifest_key``)."""
     written = manifest(chunks, **fields)
     stores.objects.put(schema.batch_manifest_key(tenant, batch_id), written.model_dump_json().encode())
@@ -119,7 +140,9 @@ def chat_line(n: int, *, model: str = "test-chat", custom_id: str | None = None,
     """Request line ``n`` of a chat batch input (``req-<n>``), with its newline; ``body`` adds or
     overrides body fields."""
     request = {
-        "custom_id": custom_id or f"req-{n}", "method": "POST", "url": CHAT,
+        "custom_id": custom_id or f"req-{n}",
+        "method": "POST",
+        "url": CHAT,
         "body": {"model": model, "messages": [{"role": "user", "content": f"hi {n}"}], **body},
     }
     return (json.dumps(request) + "\n").encode()

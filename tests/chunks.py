@@ -10,9 +10,21 @@ from functions.core.ports import Engine, Stores
 from gpu_worker.chunk import ChunkReport, ChunkRunner
 
 
-async def process_chunk(stores: Stores, message: WorkMessage, engine: Engine, *, owner: object = None,
-                        attempt: str | None = None, on_dispatch: Callable[[], None] = lambda: None,
-                        on_commit: Callable[[], None] = lambda: None, **runner: Any) -> ChunkReport:
+async def process_chunk(
+    stores: Stores,
+    message: WorkMessage,
+    engine: Engine,
+    *,
+    owner: object = None,
+    attempt: str | None = None,
+    on_dispatch: Callable[[], None] = lambda: None,
+    on_commit: Callable[[], None] = lambda: None,
+    **runner: Any,
+) -> ChunkReport:
     return await ChunkRunner(stores, engine, **runner).process(
-        message, owner=owner, attempt=attempt, on_dispatch=on_dispatch, on_commit=on_commit,
+        message,
+        owner=owner,
+        attempt=attempt,
+        on_dispatch=on_dispatch,
+        on_commit=on_commit,
     )

@@ -2,14 +2,20 @@
 Level fixtures live beside their tests: tests/unit (in-memory fakes), tests/integration (moto),
 tests/e2e (the local deployment), tests/infra (CDK assertions)."""
 
-
 import pytest
 
 # Shared helpers assert too: rewritten like test modules, so a failing helper assertion shows its
 # operands (which field, which line) instead of a bare AssertionError. Before they are imported.
 pytest.register_assert_rewrite(
-    "tests.agreement", "tests.builders", "tests.chunks", "tests.fakes", "tests.helpers", "tests.wire_bytes",
-    "tests.unit.chunk_steps", "tests.unit.fault_driver", "tests.integration.batch_helpers",
+    "tests.agreement",
+    "tests.builders",
+    "tests.chunks",
+    "tests.fakes",
+    "tests.helpers",
+    "tests.wire_bytes",
+    "tests.unit.chunk_steps",
+    "tests.unit.fault_driver",
+    "tests.integration.batch_helpers",
     "tests.integration.worker.harness",
 )
 
@@ -70,9 +76,12 @@ def xdist_group(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked ``e2e`` or ``engine`` outside GROUPS would start its own deployment or engine
     in the other process, beside the group's: refused at collection, so GROUPS follows the marks."""
-    stray = [item.nodeid for item in items
-             if (item.get_closest_marker("e2e") or item.get_closest_marker("engine"))
-             and xdist_group(item.nodeid) != "engine"]
+    stray = [
+        item.nodeid
+        for item in items
+        if (item.get_closest_marker("e2e") or item.get_closest_marker("engine"))
+        and xdist_group(item.nodeid) != "engine"
+    ]
     if stray:
         raise pytest.UsageError(f"tests marked e2e/engine outside tests/conftest.py GROUPS: {stray}")
 

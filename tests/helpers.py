@@ -19,7 +19,9 @@ def assert_openai_shape(model: type[OpenAIModel], data: dict[str, Any]) -> OpenA
     return model.model_validate(data)
 
 
-def assert_error(response: httpx2.Response, status: int, code: str | None, param: str | None = None, *, message: str | None = None) -> dict[str, Any]:
+def assert_error(
+    response: httpx2.Response, status: int, code: str | None, param: str | None = None, *, message: str | None = None
+) -> dict[str, Any]:
     """The response is OpenAI's error envelope with this status, code and param."""
     assert response.status_code == status, response.text
     body = response.json()
@@ -64,7 +66,14 @@ def free_port() -> int:
 def chat_jsonl(n: int, model: str = "test-chat") -> bytes:
     """``n`` chat request lines (custom_id ``req-<i>``), the bytes of a batch input file."""
     return "".join(
-        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]}}) + "\n"
+        json.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}]},
+            }
+        )
+        + "\n"
         for i in range(n)
     ).encode()

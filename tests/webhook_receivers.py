@@ -98,7 +98,7 @@ class StallingReceiver:
         try:
             while not self._stop.is_set():
                 if self.mode == "drip":
-                    conn.send(prefix[sent:sent + 1] if sent < len(prefix) else b"a")
+                    conn.send(prefix[sent : sent + 1] if sent < len(prefix) else b"a")
                     sent += 1
                 try:
                     if conn.recv(65536) == b"":  # the client closed (or shut down) its side

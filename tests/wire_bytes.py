@@ -58,7 +58,9 @@ class WireBytes:
             finally:
                 moved, self.current = self.current, None
             moved["api_out"] = len(answer.get("body") or "")
-            self.requests.append(Request(f"{event['httpMethod']} {event['path']}", moved, time.perf_counter() - started))
+            self.requests.append(
+                Request(f"{event['httpMethod']} {event['path']}", moved, time.perf_counter() - started)
+            )
             return answer
 
         return counted

@@ -17,14 +17,18 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
     if body.endpoint not in served:
         raise InvalidRequest(
             f"Invalid value for 'endpoint': {body.endpoint!r}. Supported values are: "
-            + ", ".join(repr(e) for e in served) + ".",
-            param="endpoint", code="invalid_value",
+            + ", ".join(repr(e) for e in served)
+            + ".",
+            param="endpoint",
+            code="invalid_value",
         )
     if body.completion_window not in settings.completion_windows:
         raise InvalidRequest(
             f"Invalid value for 'completion_window': {body.completion_window!r}. Supported values are: "
-            + ", ".join(repr(w) for w in settings.completion_windows) + ".",
-            param="completion_window", code="invalid_value",
+            + ", ".join(repr(w) for w in settings.completion_windows)
+            + ".",
+            param="completion_window",
+            code="invalid_value",
         )
     input_file_id = body.input_file_id
     file = stores.files.get(tenant, input_file_id, now) if ids.is_valid(input_file_id, ids.FILE) else None
@@ -33,7 +37,8 @@ def create_batch(stores: Stores, settings: Settings, tenant: str, body: CreateBa
     if file.purpose != "batch":
         raise InvalidRequest(
             f"File {input_file_id} has purpose {file.purpose!r}; a batch input file must have purpose 'batch'.",
-            param="input_file_id", code="invalid_file_purpose",
+            param="input_file_id",
+            code="invalid_file_purpose",
         )
     ready(file, param="input_file_id")  # an Upload still being assembled is a clear 400 (docs/uploads.md)
     # Last: only a create that would otherwise succeed counts against the hourly limit (429).

@@ -31,7 +31,8 @@ def check_size(purpose: str, size: int, *, max_batch_bytes: int, max_bytes: int,
     if size > limit:
         raise InvalidRequest(
             f"The file is {size} bytes; files with purpose {purpose!r} may be at most {limit} bytes.",
-            param=param, code="file_too_large",
+            param=param,
+            code="file_too_large",
         )
 
 

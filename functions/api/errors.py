@@ -40,8 +40,9 @@ _SOURCES = ("body", "query", "path", "form", "header")
 
 def envelope(error: ApiError) -> Response:
     headers = {"Retry-After": str(error.retry_after)} if isinstance(error, RateLimited) else None
-    return Response(status_code=error.status, content_type="application/json", body=json.dumps(error.body()),
-                    headers=headers)
+    return Response(
+        status_code=error.status, content_type="application/json", body=json.dumps(error.body()), headers=headers
+    )
 
 
 def proxy_response(error: ApiError) -> dict[str, Any]:
@@ -71,25 +72,32 @@ def register(app: APIGatewayRestResolver, logger: Logger) -> None:
     def handle_content_type(_: RequestUnsupportedContentType) -> Response:
         # a body whose Content-Type the route does not read (text/plain, octet-stream, ...)
         sent = app.current_event.headers.get("Content-Type") or ""
-        return envelope(InvalidRequest(
-            f"Unsupported Content-Type {sent[:100]!r}: send the body as application/json, or as "
-            "multipart/form-data to the routes that take a file.", code="unsupported_content_type",
-        ))
+        return envelope(
+            InvalidRequest(
+                f"Unsupported Content-Type {sent[:100]!r}: send the body as application/json, or as "
+                "multipart/form-data to the routes that take a file.",
+                code="unsupported_content_type",
+            )
+        )
 
     @app.exception_handler(UnicodeDecodeError)
     def handle_undecodable(_: UnicodeDecodeError) -> Response:
         # powertools decodes a JSON body, and multipart part headers, as UTF-8 and lets the error through
-        return envelope(InvalidRequest(
-            "We could not parse the body of your request: its JSON, or its multipart part headers, are not valid UTF-8."
-        ))
+        return envelope(
+            InvalidRequest(
+                "We could not parse the body of your request: its JSON, or its multipart part headers, are not valid UTF-8."
+            )
+        )
 
     @app.exception_handler(ValueError)
     def handle_value_error(error: ValueError) -> Response:
         # powertools raises a bare ValueError for a multipart Content-Type without a boundary
         if str(error).startswith(MISSING_BOUNDARY):
-            return envelope(InvalidRequest(
-                "We could not parse the multipart/form-data body of your request: its Content-Type header has no boundary."
-            ))
+            return envelope(
+                InvalidRequest(
+                    "We could not parse the multipart/form-data body of your request: its Content-Type header has no boundary."
+                )
+            )
         return handle_unexpected(error)
 
     @app.exception_handler(IdempotencyValidationError)
@@ -153,7 +161,15 @@ def _map_error(loc: list[str], kind: str, ctx: dict[str, Any]) -> ApiError:
             detail = "it must be an object of strings."
         return InvalidRequest(f"Invalid value for '{param}': {detail}", param=param, code="invalid_value")
     if loc[-1] == "[key]":
-        detail = f"keys may be at most {ctx.get('max_length')} characters." if kind == "string_too_long" else "keys must be strings."
+        detail = (
+            f"keys may be at most {ctx.get('max_length')} characters."
+            if kind == "string_too_long"
+            else "keys must be strings."
+        )
         return InvalidRequest(f"Invalid value for '{param}': {detail}", param=param, code="invalid_value")
-    detail = f"values may be at most {ctx.get('max_length')} characters." if kind == "string_too_long" else "values must be strings."
+    detail = (
+        f"values may be at most {ctx.get('max_length')} characters."
+        if kind == "string_too_long"
+        else "values must be strings."
+    )
     return InvalidRequest(f"Invalid value for '{param}.{loc[1]}': {detail}", param=param, code="invalid_value")

@@ -31,8 +31,17 @@ def create_file(
     # Bytes first, then the record that makes them visible (with its stored-bytes reservation): a
     # crash in between leaves only unreferenced bytes, never a File without content.
     stores.objects.put(schema.file_key(tenant, file_id), content)
-    return register_file(stores, tenant, file_id, filename=filename, purpose=purpose, size=len(content),
-                         expires_after=expires_after, quota=quota, now=now)
+    return register_file(
+        stores,
+        tenant,
+        file_id,
+        filename=filename,
+        purpose=purpose,
+        size=len(content),
+        expires_after=expires_after,
+        quota=quota,
+        now=now,
+    )
 
 
 def check_file(settings: Settings, filename: str, purpose: str, size: int, expires_after: ExpiresAfter | None) -> None:
@@ -41,7 +50,9 @@ def check_file(settings: Settings, filename: str, purpose: str, size: int, expir
     problem = filename_problem(filename)
     if problem is not None:
         raise InvalidRequest(f"Invalid value for 'filename': {problem}.", param="filename", code="invalid_value")
-    check_size(purpose, size, max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file")
+    check_size(
+        purpose, size, max_batch_bytes=settings.max_batch_file_bytes, max_bytes=settings.max_file_bytes, param="file"
+    )
 
 
 def register_file(
@@ -112,10 +123,14 @@ def ready(record: FileRecord, *, param: str = "file_id") -> FileRecord:
     if record.status == "uploaded":
         raise InvalidRequest(
             f"File {record.id} is still being assembled from its upload (status 'uploaded'); retry once "
-            "client.files.retrieve shows status 'processed'.", param=param, code="file_not_ready",
+            "client.files.retrieve shows status 'processed'.",
+            param=param,
+            code="file_not_ready",
         )
     if record.status == "error":
-        raise InvalidRequest(f"File {record.id} has no content: {record.status_details}", param=param, code="file_error")
+        raise InvalidRequest(
+            f"File {record.id} has no content: {record.status_details}", param=param, code="file_error"
+        )
     return record
 
 

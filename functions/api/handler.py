@@ -74,10 +74,15 @@ def record_audit(event: dict[str, Any], response: dict[str, Any], request_id: st
     headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
     try:
         audit.record_api_request(
-            log, tenant, method=event.get("httpMethod") or "", path=event.get("path") or "",
+            log,
+            tenant,
+            method=event.get("httpMethod") or "",
+            path=event.get("path") or "",
             status=int(response.get("statusCode") or 0),
             body=None if response.get("isBase64Encoded") else response.get("body"),
-            authorization=headers.get(http.AUTH_HEADER.lower()), request_id=request_id, at=deps.now(),
+            authorization=headers.get(http.AUTH_HEADER.lower()),
+            request_id=request_id,
+            at=deps.now(),
         )
     except Exception:
         logger.exception("audit_append_failed", extra={"tenant": tenant})

@@ -30,9 +30,11 @@ from .protocol import CompleteUploadBody, CreateUploadBody
 
 def create_upload(stores: Stores, settings: Settings, tenant: str, body: CreateUploadBody, *, now: int) -> Upload:
     check_size(
-        body.purpose, body.bytes,
+        body.purpose,
+        body.bytes,
         # OpenAI: an Upload accepts at most 8 GB (files.create's 512 MB per file does not apply)
-        max_batch_bytes=settings.max_batch_file_bytes, max_bytes=limits.UPLOAD_MAX_BYTES,
+        max_batch_bytes=settings.max_batch_file_bytes,
+        max_bytes=limits.UPLOAD_MAX_BYTES,
         param="bytes",
     )
     record = UploadRecord(
@@ -65,7 +67,9 @@ def pending_upload(stores: Stores, tenant: str, upload_id: str, now: int) -> Upl
     status = record.effective_status(now)
     if status != "pending":
         raise InvalidRequest(
-            f"Upload {upload_id} is {status}; it no longer accepts this operation.", param="upload_id", code="upload_not_pending"
+            f"Upload {upload_id} is {status}; it no longer accepts this operation.",
+            param="upload_id",
+            code="upload_not_pending",
         )
     return record
 
@@ -84,8 +88,14 @@ def check_part(size: int, limit: int, *, hint: bool = False) -> None:
     if size <= 0:
         raise InvalidRequest("The part is empty.", param="data", code="empty_file")
     if size > limit:
-        advice = (" (a Lambda request carries about 6 MB after base64): use "
-                  f"client.uploads.upload_file_chunked(..., part_size={limit})") if hint else ""
+        advice = (
+            (
+                " (a Lambda request carries about 6 MB after base64): use "
+                f"client.uploads.upload_file_chunked(..., part_size={limit})"
+            )
+            if hint
+            else ""
+        )
         raise PayloadTooLarge(f"The part is {size} bytes; parts may be at most {limit} bytes{advice}.", param="data")
 
 
@@ -117,25 +127,38 @@ def _listed_parts(stores: Stores, record: UploadRecord, part_ids: list[str]) -> 
     """The parts ``part_ids`` lists (each once, all of this upload) and their total bytes, which
     must be the upload's."""
     if not part_ids:
-        raise InvalidRequest("Invalid value for 'part_ids': at least one part is required.", param="part_ids", code="invalid_value")
+        raise InvalidRequest(
+            "Invalid value for 'part_ids': at least one part is required.", param="part_ids", code="invalid_value"
+        )
     if len(set(part_ids)) != len(part_ids):
-        raise InvalidRequest("Invalid value for 'part_ids': a part is listed twice.", param="part_ids", code="invalid_value")
+        raise InvalidRequest(
+            "Invalid value for 'part_ids': a part is listed twice.", param="part_ids", code="invalid_value"
+        )
     if len(part_ids) > limits.S3_MAX_PARTS:
-        raise InvalidRequest(f"Invalid value for 'part_ids': at most {limits.S3_MAX_PARTS} parts.", param="part_ids", code="invalid_value")
+        raise InvalidRequest(
+            f"Invalid value for 'part_ids': at most {limits.S3_MAX_PARTS} parts.",
+            param="part_ids",
+            code="invalid_value",
+        )
     parts = stores.uploads.parts(record.tenant, record.id, part_ids)
     missing = [p for p in part_ids if p not in parts]
     if missing:
-        raise InvalidRequest(f"Part {missing[0]} does not belong to upload {record.id}.", param="part_ids", code="invalid_value")
+        raise InvalidRequest(
+            f"Part {missing[0]} does not belong to upload {record.id}.", param="part_ids", code="invalid_value"
+        )
     total = sum(parts[p].bytes for p in part_ids)
     if total != record.bytes:
         raise InvalidRequest(
             f"The parts add up to {total} bytes, but the upload was created with bytes={record.bytes}.",
-            param="part_ids", code="bytes_mismatch",
+            param="part_ids",
+            code="bytes_mismatch",
         )
     return parts, total
 
 
-def complete_upload(stores: Stores, settings: Settings, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int) -> Upload:
+def complete_upload(
+    stores: Stores, settings: Settings, tenant: str, upload_id: str, body: CompleteUploadBody, *, now: int
+) -> Upload:
     part_ids, md5 = body.part_ids, body.md5
     record = _get(stores, tenant, upload_id)
     if record.status == "completed" and record.file_id:

@@ -24,8 +24,16 @@ def handle(body: str, receives: int) -> None:
         logger.exception("assembly gave up", extra={"tenant": tenant, "upload_id": upload_id, "receives": receives})
         uploads.give_up(deps.stores(), tenant, upload_id, f"{type(exc).__name__}", now=deps.now())
         return
-    logger.info("assembled", extra={"tenant": tenant, "upload_id": upload_id, "outcome": done.outcome,
-                                    "file_id": done.file_id, "bytes": done.bytes})
+    logger.info(
+        "assembled",
+        extra={
+            "tenant": tenant,
+            "upload_id": upload_id,
+            "outcome": done.outcome,
+            "file_id": done.file_id,
+            "bytes": done.bytes,
+        },
+    )
 
 
 @logger.inject_lambda_context(clear_state=True)

@@ -44,7 +44,9 @@ def appender_stores() -> AppenderStores:
     return AppenderStores(
         chain=AuditRepo(Table(clients.dynamodb_table(settings.table_name))),
         worm=WormObjects(clients.client("s3"), settings.audit_bucket_name),
-        signer=signer(settings), batches=stores.batches, objects=stores.objects,
+        signer=signer(settings),
+        batches=stores.batches,
+        objects=stores.objects,
     )
 
 
@@ -60,8 +62,12 @@ def handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
             logger.error("audit_intent_invalid", extra={"message_id": record.message_id, "error": str(exc)[:500]})
             return
         taken = run.take(intent)
-        extra = {"tenant": intent.tenant, "action": intent.action, "outcome": taken.outcome,
-                 "seq": taken.record.seq if taken.record else None}
+        extra = {
+            "tenant": intent.tenant,
+            "action": intent.action,
+            "outcome": taken.outcome,
+            "seq": taken.record.seq if taken.record else None,
+        }
         if taken.outcome in ("refused", "conflict"):
             logger.error(f"audit_intent_{taken.outcome}", extra=extra | {"reason": taken.reason})
         elif taken.skipped:  # the table's tail was cut: the chain goes on after the copies

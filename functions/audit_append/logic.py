@@ -122,15 +122,31 @@ def receipt(stores: AppenderStores, intent: AuditIntent) -> Receipt | str:
         return f"chunk {chunk} of batch {batch_id} is not counted"
     if all(v is None for v in digests.values()):
         digests = _part_digests(stores.objects, intent.tenant, batch_id, chunk, marker.attempt)
-    return Receipt(AuditIntent(
-        tenant=intent.tenant, at=marker.recorded_at, actor=audit.WORKER, action=audit.CHUNK_RECEIPT, outcome="ok",
-        target=batch_id, dedupe=audit.receipt_key(batch_id, chunk),
-        details={
-            "batch": batch_id, "chunk": chunk, "attempt": marker.attempt, **lines,
-            "completed": marker.completed, "failed": marker.failed, **digests,
-            "usage": {k: getattr(marker, k) for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")},
-        },
-    ), marker.budget_charge())
+    return Receipt(
+        AuditIntent(
+            tenant=intent.tenant,
+            at=marker.recorded_at,
+            actor=audit.WORKER,
+            action=audit.CHUNK_RECEIPT,
+            outcome="ok",
+            target=batch_id,
+            dedupe=audit.receipt_key(batch_id, chunk),
+            details={
+                "batch": batch_id,
+                "chunk": chunk,
+                "attempt": marker.attempt,
+                **lines,
+                "completed": marker.completed,
+                "failed": marker.failed,
+                **digests,
+                "usage": {
+                    k: getattr(marker, k)
+                    for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
+                },
+            },
+        ),
+        marker.budget_charge(),
+    )
 
 
 def dedupe_key(intent: AuditIntent) -> str | None:
@@ -191,8 +207,9 @@ class Invocation:
                     seq, prev = seq + 1, AuditRecord.model_validate_json(copy).hash
                 return seq, prev
 
-            appended = audit.append_intent(chain, intent, charge=charge, position=position, known_new=True,
-                                           sleep=self.sleep)
+            appended = audit.append_intent(
+                chain, intent, charge=charge, position=position, known_new=True, sleep=self.sleep
+            )
             if appended is None:  # appended meanwhile under the same key: confirm that one
                 return self.take(intent)
             record, outcome = appended, "appended"
@@ -224,8 +241,9 @@ class Invocation:
         record, coverable = self.heads[tenant]
         if not coverable:
             return None
-        checkpoint = Checkpoint(tenant=tenant, seq=record.seq, hash=record.hash, at=self.now(),
-                                key_id=self.stores.signer.key_id)
+        checkpoint = Checkpoint(
+            tenant=tenant, seq=record.seq, hash=record.hash, at=self.now(), key_id=self.stores.signer.key_id
+        )
         body = anchor.signed(checkpoint, self.stores.signer.sign(checkpoint.message())).to_json().encode()
         self.stores.worm.put_once(anchor.checkpoint_key(tenant, record.seq), body)
         return checkpoint

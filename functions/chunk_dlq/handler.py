@@ -22,19 +22,31 @@ def handle_record(record: SQSRecord) -> None:
         message = WorkMessage.model_validate_json(record.body)
     except ValidationError as exc:
         # Not a work message: nothing can be recorded for it. Log and drop (retrying cannot help).
-        logger.error("dead-lettered message is not a work message", extra={"message_id": record.message_id, "error": str(exc)[:500]})
+        logger.error(
+            "dead-lettered message is not a work message",
+            extra={"message_id": record.message_id, "error": str(exc)[:500]},
+        )
         return
     if not message.bound():
         # Its input is not its tenant's batch input (WorkMessage.bound): read and record nothing.
-        logger.error("dead-lettered message not bound to its tenant",
-                     extra={"message_id": record.message_id, "tenant": message.tenant, "batch_id": message.batch_id})
+        logger.error(
+            "dead-lettered message not bound to its tenant",
+            extra={"message_id": record.message_id, "tenant": message.tenant, "batch_id": message.batch_id},
+        )
         return
     receives = int(record.attributes.approximate_receive_count or 0)
     outcome = fail_chunk(deps.stores(), message, now=deps.now())
     logger.warning(
         "dead-lettered chunk",
-        extra={"batch_id": message.batch_id, "tenant": message.tenant, "chunk": message.chunk,
-               "receives": receives, "action": outcome.action, "failed": outcome.failed, "last": outcome.last},
+        extra={
+            "batch_id": message.batch_id,
+            "tenant": message.tenant,
+            "chunk": message.chunk,
+            "receives": receives,
+            "action": outcome.action,
+            "failed": outcome.failed,
+            "last": outcome.last,
+        },
     )
 
 

@@ -44,7 +44,9 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterO
         # A worker did count it (and died before deleting the message): keep its results.
         return DeadLetterOutcome("already_counted")
     run = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
-    lines = results.salvaged_lines(stores.objects, message, run.cover() if run is not None else [], ERROR_CODE, error_message(message))
+    lines = results.salvaged_lines(
+        stores.objects, message, run.cover() if run is not None else [], ERROR_CODE, error_message(message)
+    )
     usage = chunk_lifecycle.Usage()
     for line in lines:
         usage.add_response(results.usage_of(line))  # None for the error lines

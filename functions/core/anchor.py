@@ -114,8 +114,16 @@ def signed(checkpoint: Checkpoint, signature: bytes) -> SignedCheckpoint:
 SignatureCheck = Callable[[bytes, bytes], bool]
 
 Kind = Literal[
-    "link", "rewritten", "deleted", "cut_tail", "forged_insert", "forged_checkpoint", "copy_invalid",
-    "copy_overwritten", "copy_hidden", "copy_missing",
+    "link",
+    "rewritten",
+    "deleted",
+    "cut_tail",
+    "forged_insert",
+    "forged_checkpoint",
+    "copy_invalid",
+    "copy_overwritten",
+    "copy_hidden",
+    "copy_missing",
 ]
 
 
@@ -155,8 +163,13 @@ def _copy(tenant: str, seq: int, obj: WormObject) -> tuple[AuditRecord | None, l
     """The record a WORM copy holds, and what is wrong with the copy itself."""
     found: list[Finding] = []
     if obj.versions > 1:
-        found.append(Finding("copy_overwritten", seq, f"its WORM copy has {obj.versions} versions (a write without "
-                                                      "If-None-Match); the first one is used"))
+        found.append(
+            Finding(
+                "copy_overwritten",
+                seq,
+                f"its WORM copy has {obj.versions} versions (a write without If-None-Match); the first one is used",
+            )
+        )
     if obj.hidden:
         found.append(Finding("copy_hidden", seq, "a delete marker hides its WORM copy; the first version is used"))
     try:
@@ -174,8 +187,9 @@ def _missing(seq: int, head: int, where: str) -> Finding:
     return Finding("deleted", seq, f"{where}, but not in the table: deleted")
 
 
-def _check_copies(tenant: str, table: dict[int, AuditRecord], copies: dict[int, WormObject],
-                  findings: list[Finding]) -> dict[int, AuditRecord]:
+def _check_copies(
+    tenant: str, table: dict[int, AuditRecord], copies: dict[int, WormObject], findings: list[Finding]
+) -> dict[int, AuditRecord]:
     """The records the WORM copies hold, by seq; what is wrong with them goes to ``findings``."""
     head = max(table, default=0)
     copied: dict[int, AuditRecord] = {}
@@ -198,23 +212,32 @@ def _signed(tenant: str, seq: int, obj: WormObject, signature_ok: SignatureCheck
         signed_checkpoint = SignedCheckpoint.model_validate_json(obj.body)
         checkpoint = signed_checkpoint.checkpoint
         ok = (checkpoint.tenant, checkpoint.seq) == (tenant, seq) and signature_ok(
-            checkpoint.message(), signed_checkpoint.signature_bytes())
+            checkpoint.message(), signed_checkpoint.signature_bytes()
+        )
     except (ValidationError, ValueError):
         return None
     return checkpoint if ok else None
 
 
-def _check_checkpoints(tenant: str, table: dict[int, AuditRecord], copied: dict[int, AuditRecord],
-                       checkpoints: dict[int, WormObject], signature_ok: SignatureCheck,
-                       findings: list[Finding]) -> tuple[int, int]:
+def _check_checkpoints(
+    tenant: str,
+    table: dict[int, AuditRecord],
+    copied: dict[int, AuditRecord],
+    checkpoints: dict[int, WormObject],
+    signature_ok: SignatureCheck,
+    findings: list[Finding],
+) -> tuple[int, int]:
     """(the newest valid checkpoint's seq, how many are valid); what is wrong goes to ``findings``."""
     head = max(table, default=0)
     anchored, valid = 0, 0
     for seq in sorted(checkpoints):
         checkpoint = _signed(tenant, seq, checkpoints[seq], signature_ok)
         if checkpoint is None:
-            findings.append(Finding("forged_checkpoint", seq, "a checkpoint whose signature does not hold with the "
-                                                              "deployment's key"))
+            findings.append(
+                Finding(
+                    "forged_checkpoint", seq, "a checkpoint whose signature does not hold with the deployment's key"
+                )
+            )
             continue
         valid += 1
         anchored = max(anchored, seq)
@@ -225,8 +248,9 @@ def _check_checkpoints(tenant: str, table: dict[int, AuditRecord], copied: dict[
         if seq not in copied:
             findings.append(Finding("copy_missing", seq, "a signed checkpoint with no WORM copy of its record"))
         elif copied[seq].hash != checkpoint.hash:
-            findings.append(Finding("copy_invalid", seq, "its WORM copy's hash is not the one its signed checkpoint "
-                                                         "holds"))
+            findings.append(
+                Finding("copy_invalid", seq, "its WORM copy's hash is not the one its signed checkpoint holds")
+            )
     return anchored, valid
 
 
@@ -260,12 +284,22 @@ def examine(
     anchored, valid = _check_checkpoints(tenant, table, copied, checkpoints, signature_ok, findings)
     for record in records:
         if record.seq <= anchored and record.seq not in copied:
-            findings.append(Finding("forged_insert", record.seq, f"no WORM copy, at or below the newest checkpoint "
-                                                                 f"(seq {anchored}): inserted outside the appender (or its intent is "
-                                                                 f"dead-lettered, docs/audit.md)"))
+            findings.append(
+                Finding(
+                    "forged_insert",
+                    record.seq,
+                    f"no WORM copy, at or below the newest checkpoint "
+                    f"(seq {anchored}): inserted outside the appender (or its intent is "
+                    f"dead-lettered, docs/audit.md)",
+                )
+            )
     later = [r for r in records if r.seq > anchored]
     return Examination(
-        records=len(records), copies=len(copies), checkpoints=valid, anchored=anchored, unanchored=len(later),
+        records=len(records),
+        copies=len(copies),
+        checkpoints=valid,
+        anchored=anchored,
+        unanchored=len(later),
         uncopied=sum(1 for r in later if r.seq not in copied),
         findings=sorted(findings, key=lambda f: (f.seq, f.kind)),
     )

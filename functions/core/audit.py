@@ -127,12 +127,31 @@ def chain_hash(body: dict[str, Any]) -> str:
 
 
 def link(
-    tenant: str, seq: int, prev_hash: str, *, at: int, actor: str, action: str, outcome: str,
-    target: str | None = None, request_id: str | None = None, details: dict[str, Any] | None = None,
+    tenant: str,
+    seq: int,
+    prev_hash: str,
+    *,
+    at: int,
+    actor: str,
+    action: str,
+    outcome: str,
+    target: str | None = None,
+    request_id: str | None = None,
+    details: dict[str, Any] | None = None,
 ) -> AuditRecord:
     """The record ``seq`` after ``prev_hash``, with its hash."""
-    body: dict[str, Any] = dict(tenant=tenant, seq=seq, at=at, actor=actor, action=action, target=target,
-                request_id=request_id, outcome=outcome, details=details or {}, prev_hash=prev_hash)
+    body: dict[str, Any] = dict(
+        tenant=tenant,
+        seq=seq,
+        at=at,
+        actor=actor,
+        action=action,
+        target=target,
+        request_id=request_id,
+        outcome=outcome,
+        details=details or {},
+        prev_hash=prev_hash,
+    )
     # Through the model once, so the hash covers exactly what the model serializes.
     draft = AuditRecord(**body, hash=GENESIS)
     return draft.model_copy(update={"hash": draft.computed_hash()})
@@ -178,8 +197,18 @@ def append(
         if dedupe is not None and not (known_new and attempt == 1) and store.dedupe_seq(tenant, dedupe) is not None:
             return None
         seq, prev_hash = position(store.head(tenant))
-        record = link(tenant, seq, prev_hash, at=at, actor=actor, action=action, outcome=outcome, target=target,
-                      request_id=request_id, details=details)
+        record = link(
+            tenant,
+            seq,
+            prev_hash,
+            at=at,
+            actor=actor,
+            action=action,
+            outcome=outcome,
+            target=target,
+            request_id=request_id,
+            details=details,
+        )
         try:
             store.put(record, dedupe=dedupe, charge=charge)
             return record
@@ -189,13 +218,28 @@ def append(
     raise Throttled(f"audit chain of tenant {tenant!r}: {attempts} appends lost to concurrent writers")
 
 
-def append_intent(store: AuditStore, intent: AuditIntent, *, charge: Charge | None = None, position: Position = after,
-                  known_new: bool = False, sleep: Callable[[float], None] = time.sleep) -> AuditRecord | None:
+def append_intent(
+    store: AuditStore,
+    intent: AuditIntent,
+    *,
+    charge: Charge | None = None,
+    position: Position = after,
+    known_new: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> AuditRecord | None:
     """``append`` of an intent's content under its dedupe key."""
     fields = intent.content()
     tenant = fields.pop("tenant")
-    return append(store, tenant, **fields, dedupe=intent.dedupe, charge=charge, position=position, known_new=known_new,
-                  sleep=sleep)
+    return append(
+        store,
+        tenant,
+        **fields,
+        dedupe=intent.dedupe,
+        charge=charge,
+        position=position,
+        known_new=known_new,
+        sleep=sleep,
+    )
 
 
 @dataclass(frozen=True)
@@ -272,8 +316,15 @@ def key_actor(authorization: str | None) -> str:
 
 
 def api_intent(
-    tenant: str, *, method: str, path: str, status: int, body: str | None, authorization: str | None,
-    request_id: str | None, at: int,
+    tenant: str,
+    *,
+    method: str,
+    path: str,
+    status: int,
+    body: str | None,
+    authorization: str | None,
+    request_id: str | None,
+    at: int,
 ) -> AuditIntent | None:
     """The intent of one API request if its action is audited (None otherwise): the target is the
     id in the path, else the id the answer names (a create); a refusal carries its error code.
@@ -293,9 +344,17 @@ def api_intent(
         error = answer.get("error")
         if status >= 400 and isinstance(error, dict):
             details = {"error_code": error.get("code"), "error_type": error.get("type")}
-    return AuditIntent(tenant=tenant, at=at, actor=key_actor(authorization), action=action, outcome=str(status),
-                       target=target, request_id=request_id, details=details,
-                       dedupe=api_key(request_id or uuid.uuid4().hex))
+    return AuditIntent(
+        tenant=tenant,
+        at=at,
+        actor=key_actor(authorization),
+        action=action,
+        outcome=str(status),
+        target=target,
+        request_id=request_id,
+        details=details,
+        dedupe=api_key(request_id or uuid.uuid4().hex),
+    )
 
 
 def record_api_request(log: AuditLog, tenant: str, **request: Any) -> AuditIntent | None:
@@ -306,11 +365,20 @@ def record_api_request(log: AuditLog, tenant: str, **request: Any) -> AuditInten
     return intent
 
 
-def operator_intent(tenant: str, action: str, *, at: int, target: str | None = None,
-                    details: dict[str, Any] | None = None) -> AuditIntent:
+def operator_intent(
+    tenant: str, action: str, *, at: int, target: str | None = None, details: dict[str, Any] | None = None
+) -> AuditIntent:
     """An operator's change (``batchctl keys|tenants``), keyed on a fresh uuid."""
-    return AuditIntent(tenant=tenant, at=at, actor=OPERATOR, action=action, outcome="ok", target=target,
-                       details=details or {}, dedupe=operator_key())
+    return AuditIntent(
+        tenant=tenant,
+        at=at,
+        actor=OPERATOR,
+        action=action,
+        outcome="ok",
+        target=target,
+        details=details or {},
+        dedupe=operator_key(),
+    )
 
 
 #: What a receipt's sender names beside the chunk: its input lines and the parts' digests. The
@@ -318,22 +386,36 @@ def operator_intent(tenant: str, action: str, *, at: int, target: str | None = N
 RECEIPT_DIGESTS: Final = ("out_sha256", "err_sha256")
 
 
-def receipt_intent(message: WorkMessage, marker: ChunkRecord, *, at: int,
-                   digests: Mapping[str, str | None] | None = None) -> AuditIntent:
+def receipt_intent(
+    message: WorkMessage, marker: ChunkRecord, *, at: int, digests: Mapping[str, str | None] | None = None
+) -> AuditIntent:
     """The receipt of a counted chunk (``marker``): its batch, chunk and input lines, and the
     sha256 of each result part of the counted attempt when the sender has them (the counting
     worker computed them while writing the parts, ``Parts.digests``); without them the appender
     reads the parts back and hashes them."""
-    details: dict[str, Any] = {"batch": marker.batch_id, "chunk": marker.chunk,
-                               "first_line": message.first_line, "line_count": message.line_count}
+    details: dict[str, Any] = {
+        "batch": marker.batch_id,
+        "chunk": marker.chunk,
+        "first_line": message.first_line,
+        "line_count": message.line_count,
+    }
     if digests:
         details |= {name: digests.get(name) for name in RECEIPT_DIGESTS}
-    return AuditIntent(tenant=marker.tenant, at=at, actor=WORKER, action=CHUNK_RECEIPT, outcome="ok",
-                       target=marker.batch_id, details=details, dedupe=receipt_key(marker.batch_id, marker.chunk))
+    return AuditIntent(
+        tenant=marker.tenant,
+        at=at,
+        actor=WORKER,
+        action=CHUNK_RECEIPT,
+        outcome="ok",
+        target=marker.batch_id,
+        details=details,
+        dedupe=receipt_key(marker.batch_id, marker.chunk),
+    )
 
 
-def append_receipt(stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int,
-                   digests: dict[str, str] | None = None) -> AuditIntent | None:
+def append_receipt(
+    stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int, digests: dict[str, str] | None = None
+) -> AuditIntent | None:
     """Send the receipt of a counted chunk (``receipt_intent``) to the audit queue; keyed on
     (batch, chunk), so however often this runs (a redelivered message, a retried worker) the
     chain holds one receipt. None if these stores record no receipts (``Stores.audit_log`` None)."""

@@ -46,7 +46,9 @@ def create_key(keys: KeyStore, tenant: str, now: int, key: str | None = None) ->
             if keys.get(record.key_hash) is not None:
                 continue  # the same key, created concurrently: decide again
             if keys.get_by_id(record.id) is None and all(r.id != record.id for r in keys.list(tenant)):
-                raise TenantDisabled(f"tenant {tenant!r} is disabled: enable it first (batchctl tenants enable)") from None
+                raise TenantDisabled(
+                    f"tenant {tenant!r} is disabled: enable it first (batchctl tenants enable)"
+                ) from None
             if key is not None:
                 raise ValueError(f"the key id {record.id} is taken by another key") from None
             # another key holds this id: a new random key gets another one
@@ -63,12 +65,16 @@ def revoke_key_id(keys: KeyStore, key_id: str) -> ApiKeyRecord | None:
     return keys.delete(record.key_hash) if record is not None else None
 
 
-def set_disabled(keys: KeyStore, tenants: TenantStore, tenant: str, disabled: bool, *, now: int) -> tuple[TenantPolicy, int]:
+def set_disabled(
+    keys: KeyStore, tenants: TenantStore, tenant: str, disabled: bool, *, now: int
+) -> tuple[TenantPolicy, int]:
     """Disable (or enable) ``tenant``: its policy first (so a key created from then on is
     refused, ``KeyStore.create``), then every key it has; returns the policy as stored and how many
     keys changed. Idempotent: running it again finishes what a crash left half done."""
     check_tenant(tenant)
-    policy = (tenants.get(tenant) or default_policy(tenant)).model_copy(update={"disabled": disabled, "updated_at": now})
+    policy = (tenants.get(tenant) or default_policy(tenant)).model_copy(
+        update={"disabled": disabled, "updated_at": now}
+    )
     tenants.put(policy)
     changed = 0
     for record in keys.list(tenant):

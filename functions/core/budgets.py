@@ -52,5 +52,3 @@ def budget_sk(period: str, now: int) -> str:
     """The budget item of the ``period`` ("day"/"month") holding ``now`` (UTC calendar periods)."""
     stamp = datetime.fromtimestamp(now, tz=UTC)
     return stamp.strftime("DAY#%Y-%m-%d") if period == "day" else stamp.strftime("MONTH#%Y-%m")
-
-

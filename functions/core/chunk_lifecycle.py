@@ -37,6 +37,7 @@ def all_counted(batch: BatchRecord) -> bool:
     """Every chunk of the batch is counted (a batch not yet cut into chunks never is)."""
     return batch.chunk_count > 0 and batch.chunks_done >= batch.chunk_count
 
+
 #: Chunk markers outlive the batch's window by this much (finalize reads them).
 MARKER_RETENTION_SECONDS = 7 * 86_400
 
@@ -68,8 +69,16 @@ def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
         return None
 
 
-def record_chunk(stores: Stores, message: WorkMessage, *, parts: Parts, usage: Usage, now: int,
-                 receipt: bool = True, spent: Spend = Spend()) -> ChunkOutcome:
+def record_chunk(
+    stores: Stores,
+    message: WorkMessage,
+    *,
+    parts: Parts,
+    usage: Usage,
+    now: int,
+    receipt: bool = True,
+    spent: Spend = Spend(),
+) -> ChunkOutcome:
     """Count a finished chunk (the attempt that wrote ``parts``) once; if every chunk is now
     counted, resume the workflow; then append the chunk's audit receipt. ``usage`` is the counted
     lines' (the batch's usage); ``spent`` what the engine spent on the chunk in every attempt (its
@@ -149,7 +158,10 @@ class RunStart:
 
 
 def _change_run(
-    stores: Stores, message: WorkMessage, current: ChunkRunRecord | None, change: Callable[[ChunkRunRecord], ChunkRunRecord]
+    stores: Stores,
+    message: WorkMessage,
+    current: ChunkRunRecord | None,
+    change: Callable[[ChunkRunRecord], ChunkRunRecord],
 ) -> ChunkRunRecord:
     """Apply ``change`` to the run record and store it (optimistic: ``current`` is tried first,
     then the stored record is read again after each concurrent change)."""
@@ -157,7 +169,9 @@ def _change_run(
         if current is None or attempt > 0:
             current = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
         base = current or ChunkRunRecord(
-            tenant=message.tenant, batch_id=message.batch_id, chunk=message.chunk,
+            tenant=message.tenant,
+            batch_id=message.batch_id,
+            chunk=message.chunk,
             expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
         )
         new = change(base.model_copy(deep=True)).model_copy(update={"version": base.version + 1})
@@ -210,8 +224,9 @@ def _add_spend(run: ChunkRunRecord, spent: Spend) -> None:
     run.spent_output_tokens += spent.output_tokens
 
 
-def end_run(stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None,
-            spent: Spend = Spend()) -> ChunkRunRecord:
+def end_run(
+    stores: Stores, message: WorkMessage, attempt: str, current: ChunkRunRecord | None = None, spent: Spend = Spend()
+) -> ChunkRunRecord:
     """A benign end of attempt ``attempt`` (shutdown, an engine already down, a store error): it
     does not spend the chunk's poison budget. ``spent``: what the engine spent on its lines since
     it last recorded it (they run again: the budget is charged for both runs)."""
@@ -241,8 +256,13 @@ def mark_in_flight(
 
 
 def add_segment(
-    stores: Stores, message: WorkMessage, attempt: str, segment: tuple[int, int], current: ChunkRunRecord | None,
-    outcomes: str | None = None, spent: Spend = Spend(),
+    stores: Stores,
+    message: WorkMessage,
+    attempt: str,
+    segment: tuple[int, int],
+    current: ChunkRunRecord | None,
+    outcomes: str | None = None,
+    spent: Spend = Spend(),
 ) -> ChunkRunRecord:
     """Record a checkpoint written (its object exists): its lines are never run again.
     ``outcomes``: one character per line, "1" succeeded, "0" failed (the live progress);

@@ -153,32 +153,46 @@ class GuardPolicy(BaseModel):
                 try:
                     regex = parse_pattern(pattern)
                 except ValueError:  # stored before RE2 ran them: fail closed until the operator replaces it
-                    return Violation(OUTPUT_BLOCKED, f"The result was blocked: deny pattern {index} of this "
-                                                     "organization's output policy cannot be run (it is not RE2 syntax).")
+                    return Violation(
+                        OUTPUT_BLOCKED,
+                        f"The result was blocked: deny pattern {index} of this "
+                        "organization's output policy cannot be run (it is not RE2 syntax).",
+                    )
                 if any(regex.search(text) for text in texts):
-                    return Violation(OUTPUT_BLOCKED, f"The result was blocked by this organization's output policy "
-                                                     f"(deny pattern {index}).")
+                    return Violation(
+                        OUTPUT_BLOCKED,
+                        f"The result was blocked by this organization's output policy (deny pattern {index}).",
+                    )
         for name in self.output_checks:
             try:
                 reason = resolve_check(name)(body)
             except Exception as exc:  # noqa: BLE001 - fail closed: a check that cannot run blocks
-                return Violation(OUTPUT_BLOCKED, f"The result was blocked: the output check {name} could not run "
-                                                 f"({type(exc).__name__}).")
+                return Violation(
+                    OUTPUT_BLOCKED,
+                    f"The result was blocked: the output check {name} could not run ({type(exc).__name__}).",
+                )
             if reason:
-                return Violation(OUTPUT_BLOCKED, f"The result was blocked by this organization's output policy: "
-                                                 f"{str(reason)[:200]}")
+                return Violation(
+                    OUTPUT_BLOCKED, f"The result was blocked by this organization's output policy: {str(reason)[:200]}"
+                )
         return None
 
 
 def _refused(types: set[str], *, in_place: bool = True) -> Violation:
     names = ", ".join(sorted(types))
     if in_place:
-        return Violation(PROMPT_SECRET_DETECTED, f"The request contains a secret ({names}); this organization's policy "
-                                                 "refuses requests with secrets. Remove it and submit the request again.")
-    return Violation(PROMPT_SECRET_DETECTED, f"The request contains a secret ({names}) that cannot be redacted in place "
-                                             "(it is hidden by invisible or look-alike characters, split across text parts, "
-                                             "escaped in tool-call arguments, or in a key); this organization's policy "
-                                             "refuses it. Remove it and submit the request again.")
+        return Violation(
+            PROMPT_SECRET_DETECTED,
+            f"The request contains a secret ({names}); this organization's policy "
+            "refuses requests with secrets. Remove it and submit the request again.",
+        )
+    return Violation(
+        PROMPT_SECRET_DETECTED,
+        f"The request contains a secret ({names}) that cannot be redacted in place "
+        "(it is hidden by invisible or look-alike characters, split across text parts, "
+        "escaped in tool-call arguments, or in a key); this organization's policy "
+        "refuses it. Remove it and submit the request again.",
+    )
 
 
 def active(policy: GuardPolicy | None) -> GuardPolicy | None:
@@ -301,8 +315,10 @@ def parse_pattern(pattern: str) -> Any:
         return re2.compile(pattern, options)
     except re2.error as exc:
         reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
-        raise ValueError(f"not a valid RE2 regular expression {pattern!r}: {reason} (deny patterns run in "
-                         "linear time: backreferences and lookarounds are not available)") from None
+        raise ValueError(
+            f"not a valid RE2 regular expression {pattern!r}: {reason} (deny patterns run in "
+            "linear time: backreferences and lookarounds are not available)"
+        ) from None
 
 
 def _scannable(text: str) -> str:
@@ -360,12 +376,28 @@ def _check_arg(value: str) -> str | None:
 def add_arguments(group: Any, *, default: Any = None) -> None:
     """The policy's options on an argparse parser or group (``default``: what an option not
     given leaves, e.g. ``argparse.SUPPRESS``)."""
-    group.add_argument("--prompt-secrets", choices=PROMPT_SECRET_MODES, default=default,
-                       help="secrets in request bodies: let through (off), refuse the line, or redact them")
-    group.add_argument("--output-deny", type=_pattern_arg, action="append", default=default, metavar="REGEX",
-                       help="block a result whose generated text matches REGEX; repeatable; 'none' clears the list")
-    group.add_argument("--output-check", type=_check_arg, action="append", default=default, metavar="MODULE:FUNCTION",
-                       help="a check given each result body (returns None or a reason); repeatable; 'none' clears")
+    group.add_argument(
+        "--prompt-secrets",
+        choices=PROMPT_SECRET_MODES,
+        default=default,
+        help="secrets in request bodies: let through (off), refuse the line, or redact them",
+    )
+    group.add_argument(
+        "--output-deny",
+        type=_pattern_arg,
+        action="append",
+        default=default,
+        metavar="REGEX",
+        help="block a result whose generated text matches REGEX; repeatable; 'none' clears the list",
+    )
+    group.add_argument(
+        "--output-check",
+        type=_check_arg,
+        action="append",
+        default=default,
+        metavar="MODULE:FUNCTION",
+        help="a check given each result body (returns None or a reason); repeatable; 'none' clears",
+    )
 
 
 def from_arguments(args: argparse.Namespace, base: GuardPolicy | None = None) -> GuardPolicy | None:

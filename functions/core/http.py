@@ -117,18 +117,27 @@ GATEWAY_ERRORS: Final = {
         GatewayError("AUTHORIZER_CONFIGURATION_ERROR", 500, "server_error", None, _KEY_CHECK_FAILED),
         # The stage's (or a usage plan's) rate limit.
         GatewayError(
-            "THROTTLED", 429, "rate_limit_error", "rate_limit_exceeded",
+            "THROTTLED",
+            429,
+            "rate_limit_error",
+            "rate_limit_exceeded",
             "Rate limit reached for requests to this API. Retry after the number of seconds in the Retry-After header.",
             THROTTLE_RETRY_AFTER_SECONDS,
         ),
         GatewayError(
-            "QUOTA_EXCEEDED", 429, "rate_limit_error", "quota_exceeded",
+            "QUOTA_EXCEEDED",
+            429,
+            "rate_limit_error",
+            "quota_exceeded",
             "The request quota of this API key is used up. Retry after the number of seconds in the Retry-After header.",
             QUOTA_RETRY_AFTER_SECONDS,
         ),
         # More than API Gateway's 10 MB payload quota.
         GatewayError(
-            "REQUEST_TOO_LARGE", 413, "invalid_request_error", "request_too_large",
+            "REQUEST_TOO_LARGE",
+            413,
+            "invalid_request_error",
+            "request_too_large",
             f"The request is larger than the {limits.API_GATEWAY_PAYLOAD_LIMIT} bytes this API accepts. Upload large "
             f"files with the Uploads API (client.uploads.upload_file_chunked(..., part_size={limits.MAX_UPLOAD_PART_BYTES})).",
         ),

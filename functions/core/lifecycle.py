@@ -98,8 +98,19 @@ NOTE_ENQUEUED: Final = Transition("note_enqueued", STATUSES, None)
 NOTE_CHUNK_STARTED: Final = Transition("note_chunk_started", ("in_progress",), None, {"accepting": True})
 
 TRANSITIONS: Final[tuple[Transition, ...]] = (
-    START, REFUSE, REQUEST_CANCEL, CANCEL_UNSTARTED, DRAIN_EXPIRY, DRAIN_CANCEL, CLOSE, CLOSE_AS_IS,
-    *FINISH.values(), FAIL_WITHOUT_FILES, NOTE_TOKEN, NOTE_ENQUEUED, NOTE_CHUNK_STARTED,
+    START,
+    REFUSE,
+    REQUEST_CANCEL,
+    CANCEL_UNSTARTED,
+    DRAIN_EXPIRY,
+    DRAIN_CANCEL,
+    CLOSE,
+    CLOSE_AS_IS,
+    *FINISH.values(),
+    FAIL_WITHOUT_FILES,
+    NOTE_TOKEN,
+    NOTE_ENQUEUED,
+    NOTE_CHUNK_STARTED,
 )
 #: Every (from, to) status pair a transition allows.
 EDGES: Final = frozenset((s, t.target) for t in TRANSITIONS if t.target is not None for s in t.sources if s != t.target)
@@ -126,9 +137,16 @@ class Change:
         return is_terminal(self.values.get("status", ""))
 
 
-def change(transition: Transition, now: int, *, values: Mapping[str, Any] | None = None,
-           defaults: Mapping[str, Any] | None = None, add: Mapping[str, Any] | None = None,
-           expect: Mapping[str, Any] | None = None, counter: Reservation | None = None) -> Change:
+def change(
+    transition: Transition,
+    now: int,
+    *,
+    values: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    add: Mapping[str, Any] | None = None,
+    expect: Mapping[str, Any] | None = None,
+    counter: Reservation | None = None,
+) -> Change:
     """The write that makes ``transition`` at ``now``: the target status and its timestamp (set
     once), the transition's conditions, and the caller's own attributes. A terminal target also
     takes the batch out of the open-batch index."""
@@ -144,7 +162,9 @@ def change(transition: Transition, now: int, *, values: Mapping[str, Any] | None
     conditions: dict[str, Any] = {} if transition.sources == STATUSES else {"status": sources}
     conditions.update(transition.expect)
     conditions.update(expect or {})
-    return Change(values=values, defaults=defaults, add=dict(add or {}), remove=remove, expect=conditions, counter=counter)
+    return Change(
+        values=values, defaults=defaults, add=dict(add or {}), remove=remove, expect=conditions, counter=counter
+    )
 
 
 def start(now: int, *, values: Mapping[str, Any], reservation: Reservation | None = None) -> Change:
@@ -153,8 +173,12 @@ def start(now: int, *, values: Mapping[str, Any], reservation: Reservation | Non
     and only by a batch that holds none yet: a repeated ingest reserves nothing twice)."""
     if reservation is None:
         return change(START, now, values={**values, "accepting": True})
-    held = {"reserved_model": reservation.model, "reserved_requests": reservation.requests,
-            "reserved_tokens": reservation.tokens, HOLDS: True}
+    held = {
+        "reserved_model": reservation.model,
+        "reserved_requests": reservation.requests,
+        "reserved_tokens": reservation.tokens,
+        HOLDS: True,
+    }
     return change(START, now, values={**values, "accepting": True, **held}, expect={HOLDS: None}, counter=reservation)
 
 
@@ -169,15 +193,22 @@ def drain(now: int, *, expiring: bool, grace_seconds: int) -> Change:
     return change(DRAIN_EXPIRY if expiring else DRAIN_CANCEL, now, defaults={"drain_deadline": now + grace_seconds})
 
 
-def close(now: int, *, closed_for: str, planned_output_file_id: str, planned_error_file_id: str,
-          finalizing: bool) -> Change:
+def close(
+    now: int, *, closed_for: str, planned_output_file_id: str, planned_error_file_id: str, finalizing: bool
+) -> Change:
     """Stop the batch taking chunks and plan its files (``finalizing`` if asked). The planned file
     ids and ``closed_for`` are set only where absent, so every retry and every concurrent task
     writes the same files."""
-    return change(CLOSE if finalizing else CLOSE_AS_IS, now, values={"accepting": False}, defaults={
-        "planned_output_file_id": planned_output_file_id, "planned_error_file_id": planned_error_file_id,
-        "closed_for": closed_for,
-    })
+    return change(
+        CLOSE if finalizing else CLOSE_AS_IS,
+        now,
+        values={"accepting": False},
+        defaults={
+            "planned_output_file_id": planned_output_file_id,
+            "planned_error_file_id": planned_error_file_id,
+            "closed_for": closed_for,
+        },
+    )
 
 
 def finish(now: int, *, status: str, closed_from: str, values: Mapping[str, Any]) -> Change:
@@ -214,8 +245,9 @@ def release_of(batch: BatchRecord) -> Release | None:
     """What a batch's terminal write gives back to its enqueued-cap counter (None: holds nothing)."""
     if not batch.holds_reservation or batch.reserved_model is None:
         return None
-    return Release(tenant=batch.tenant, model=batch.reserved_model,
-                   requests=batch.reserved_requests, tokens=batch.reserved_tokens)
+    return Release(
+        tenant=batch.tenant, model=batch.reserved_model, requests=batch.reserved_requests, tokens=batch.reserved_tokens
+    )
 
 
 def settle(change: Change, write: Callable[[Change], T], read: Callable[[], BatchRecord | None]) -> T:
@@ -241,8 +273,9 @@ def settle(change: Change, write: Callable[[Change], T], read: Callable[[], Batc
                 again = False
                 continue  # the caller's own condition failed, or a concurrent release: once more
         try:
-            return write(replace(change, remove=(*change.remove, HOLDS), expect={**change.expect, HOLDS: True},
-                                 counter=release))
+            return write(
+                replace(change, remove=(*change.remove, HOLDS), expect={**change.expect, HOLDS: True}, counter=release)
+            )
         except ConditionFailed:
             continue
     raise ConditionFailed("the batch's condition does not hold")
@@ -258,8 +291,9 @@ class Outcome:
     moved: bool
 
 
-def apply(stores: Stores, batch: BatchRecord, change: Change, *, files: Sequence[FileRecord] = (),
-          publish: bool = True) -> Outcome:
+def apply(
+    stores: Stores, batch: BatchRecord, change: Change, *, files: Sequence[FileRecord] = (), publish: bool = True
+) -> Outcome:
     """Write ``change`` to ``batch`` (with ``files`` in the same transaction). If its condition
     does not hold, the batch is read again and returned unmoved. A terminal move made by this
     call publishes the batch's status (``publish``; at least once: subscribers dedupe on id and

@@ -66,7 +66,12 @@ ASSEMBLER_MAX_RECEIVES: Final = 3
 #: Every endpoint a batch can target: OpenAI's four that vLLM serves, and vLLM's score and rerank
 #: (docs/engine.md "Endpoints"). Which ones a deployment serves is per model (``ModelRoute.endpoints``).
 DEFAULT_ENDPOINTS: Final = (
-    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/score",
+    "/v1/rerank",
 )
 DEFAULT_COMPLETION_WINDOWS: Final = ("24h",)
 #: A batch holds at most 50,000 requests.
@@ -132,6 +137,7 @@ def window_seconds(window: str) -> int:
     if not match:
         raise ValueError(f"not a completion window: {window!r}")
     return int(match.group(1)) * _UNIT[match.group(2)]
+
 
 # --- Hostile content (this deployment's own bounds; OpenAI documents none of them) -------------
 #: A request's custom_id may be at most this many characters (OpenAI documents no limit).

@@ -107,9 +107,7 @@ def has_lone_surrogate(text: str) -> bool:
 def usable_custom_id(value: Any) -> TypeGuard[str]:
     """A custom_id a result line can carry: a non-empty string of at most MAX_CUSTOM_ID_CHARS
     characters, valid Unicode."""
-    return (
-        isinstance(value, str) and 0 < len(value) <= limits.MAX_CUSTOM_ID_CHARS and not has_lone_surrogate(value)
-    )
+    return isinstance(value, str) and 0 < len(value) <= limits.MAX_CUSTOM_ID_CHARS and not has_lone_surrogate(value)
 
 
 #: A JSON escape of a UTF-16 surrogate: the only way a lone one can get into a parsed line.
@@ -146,7 +144,9 @@ def parse_request(line: RawLine) -> dict[str, Any]:
         raise LineError("invalid_json_line", f"Line {line.number} is not a JSON object.")
     # Cheap screens first: a line with few brackets cannot nest deeply, a line without a
     # surrogate escape cannot hold a lone surrogate (raw UTF-8 cannot encode one).
-    if line.text.count(b"{") + line.text.count(b"[") > limits.MAX_JSON_DEPTH and _deeper_than(obj, limits.MAX_JSON_DEPTH):
+    if line.text.count(b"{") + line.text.count(b"[") > limits.MAX_JSON_DEPTH and _deeper_than(
+        obj, limits.MAX_JSON_DEPTH
+    ):
         raise LineError("invalid_json_line", _too_deep(line))
     if _SURROGATE_ESCAPE.search(line.text):
         custom_id = obj.get("custom_id")
@@ -192,7 +192,9 @@ def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
         )
     method = obj.get("method")
     if method != "POST":
-        raise LineError("invalid_method", f"Invalid value for 'method': {shown(method)}. Only 'POST' is supported.", "method")
+        raise LineError(
+            "invalid_method", f"Invalid value for 'method': {shown(method)}. Only 'POST' is supported.", "method"
+        )
     url = obj.get("url")
     if url != endpoint:
         raise LineError(
@@ -209,10 +211,14 @@ def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
         raise LineError("missing_required_parameter", "Missing required parameter: 'body.model'.", "body.model")
     stream = body.get("stream")
     if stream is True:
-        raise LineError("invalid_value", "Streaming is not supported in batches: 'body.stream' must not be true.", "body.stream")
+        raise LineError(
+            "invalid_value", "Streaming is not supported in batches: 'body.stream' must not be true.", "body.stream"
+        )
     if stream is not None and not isinstance(stream, bool):
         # OpenAI's schema types it boolean; an engine would read "True" or 1 as streaming on.
         raise LineError(
-            "invalid_type", f"Invalid type for 'body.stream': expected a boolean, but got {shown(stream)}.", "body.stream"
+            "invalid_type",
+            f"Invalid type for 'body.stream': expected a boolean, but got {shown(stream)}.",
+            "body.stream",
         )
     return custom_id, model

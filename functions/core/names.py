@@ -43,6 +43,7 @@ def event_bus_name(prefix: str) -> str:
     "Who may publish"): its resource policy admits the stack's publishers only."""
     return f"{prefix}-batch-events"
 
+
 # --- Queues and workflow (the stack and the local deployment name them alike) -------------------
 #: After this many receives a work message goes to its queue's DLQ: the last resort only. A
 #: chunk's poison budget is recorded by the workers (``limits.CHUNK_MAX_STRIKES`` /

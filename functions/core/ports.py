@@ -64,6 +64,7 @@ class FileStore(Protocol):
         (governance on) also reserves ``record.bytes`` on it in the same write (the record then
         ``holds_storage``), only while the tenant's bytes stay at most ``max_stored_bytes`` (None:
         no quota). ConditionFailed otherwise (nothing written)."""
+
     def get(self, tenant: str, file_id: str, now: int) -> FileRecord | None: ...
     def delete(self, tenant: str, file_id: str) -> FileRecord | None: ...
     def list(
@@ -77,12 +78,15 @@ class FileStore(Protocol):
 class UploadStore(Protocol):
     def create(self, record: UploadRecord, *, max_stored_bytes: int | None = None) -> None:
         """Store a new Upload, reserving its declared bytes as ``FileStore.create`` does."""
+
     def get(self, tenant: str, upload_id: str) -> UploadRecord | None: ...
     def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
         """Move a pending upload to ``status``; ConditionFailed if it is no longer pending."""
+
     def complete(self, record: UploadRecord, file: FileRecord) -> None:
         """Atomically create the File and mark the pending upload completed with its id; an
         upload that ``holds_storage`` hands its reservation to the File in the same write."""
+
     def add_part(self, part: UploadPartRecord) -> None: ...
     def parts(self, tenant: str, upload_id: str, part_ids: list[str]) -> dict[str, UploadPartRecord]: ...
 
@@ -93,16 +97,21 @@ class KeyStore(Protocol):
     def create(self, record: ApiKeyRecord) -> None:
         """Store the key, its tenant listing and its id, in one write, only if none of them exists
         and the tenant is not disabled (its policy's ``disabled``); ConditionFailed otherwise."""
+
     def get(self, key_hash: str) -> ApiKeyRecord | None: ...
     def get_by_id(self, key_id: str) -> ApiKeyRecord | None: ...
     def list(self, tenant: str) -> list[ApiKeyRecord]:
         """The tenant's keys, by id (strongly consistent: a key just created is there)."""
+
     def delete(self, key_hash: str) -> ApiKeyRecord | None:
         """Remove the key with its listing and id; the removed key, or None if there was none."""
+
     def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
         """Mark (or unmark) the key and its listing disabled; False if the key is gone."""
+
     def all_keys(self) -> builtins.list[ApiKeyRecord]:
         """Every key (a table scan: for ``batchctl keys backfill`` only)."""
+
     def add_listing(self, record: ApiKeyRecord) -> bool:
         """Write the listing and id of a key stored without them; False if they exist."""
 
@@ -113,12 +122,15 @@ class TenantStore(Protocol):
     def get(self, tenant: str) -> TenantPolicy | None: ...
     def put(self, policy: TenantPolicy) -> None:
         """Create or replace the tenant's policy."""
+
     def list(self) -> list[TenantPolicy]:
         """Every stored policy, by tenant name."""
+
     def count_creation(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         """Add one to the tenant's creation counter of the window starting at ``window_start``,
         only while it is below ``limit`` (atomic: concurrent creates never push it past the limit);
         True if counted, False if the window is full. The counter item expires at ``expires_at``."""
+
     def count_request(self, tenant: str, window_start: int, *, limit: int, expires_at: int) -> bool:
         """The same for the tenant's request counter of the minute window at ``window_start``
         (``requests_per_minute``)."""
@@ -149,14 +161,18 @@ class AuditStore(Protocol):
 
     def head(self, tenant: str) -> AuditRecord | None:
         """The record with the highest seq (strongly consistent), None for an empty chain."""
+
     def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
         """Write ``record`` only if its seq is free (and, with ``dedupe``, together with a marker of
         that key holding the seq, only if the key is new, and with ``charge``, its ADD to the
         tenant's budget item, in one transaction); ConditionFailed otherwise."""
+
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         """The seq of the record written with the dedupe ``key``, None if there is none."""
+
     def record(self, tenant: str, seq: int) -> AuditRecord | None:
         """The record ``seq`` of ``tenant``'s chain (strongly consistent), None if absent."""
+
     def records(self, tenant: str) -> list[AuditRecord]:
         """The whole chain as stored, in sort key (seq) order."""
 
@@ -167,8 +183,10 @@ class WormStore(Protocol):
 
     def put_once(self, key: str, body: bytes) -> bool:
         """Write ``key`` only if no object has it; False (nothing written) if one does."""
+
     def find(self, key: str) -> bytes | None:
         """The current bytes of ``key``, None if there is no such object."""
+
     def originals(self, prefix: str) -> dict[str, WormObject]:
         """Every key under ``prefix`` with its first version (the bytes written first, which
         Object Lock keeps), how many versions it has and whether a delete marker hides it."""
@@ -190,31 +208,40 @@ class BatchStore(Protocol):
     def create(self, record: BatchRecord) -> None: ...
     def get(self, tenant: str, batch_id: str) -> BatchRecord | None: ...
     def list(self, tenant: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]: ...
-    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+    def transition(
+        self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()
+    ) -> BatchRecord:
         """Apply one lifecycle ``Change`` (``functions.core.lifecycle``) as one conditional write,
         with ``files`` created and the change's enqueued-cap counter change in the same
         transaction; a terminal change releases a held reservation (``lifecycle.settle``). Returns
         the batch as now stored; ConditionFailed if the change's condition (or a cap) does not
         hold (nothing written)."""
+
     def count_chunk(self, marker: ChunkRecord) -> bool:
         """Write the chunk's marker and add its counts to the batch in one transaction, only while
         the batch accepts chunks. True if this call counted it; False for a duplicate or a late
         chunk."""
+
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None: ...
     def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]: ...
     def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
         """The run record of one chunk (its attempts and checkpoints; None before the first)."""
+
     def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
         """The batch's count markers and run records, by chunk, read together (one strongly
         consistent Query of the chunk partition): the live progress of an open batch."""
+
     def save_chunk_run(self, record: ChunkRunRecord) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
         ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""
+
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""
+
     def budget_used(self, tenant: str, period_sk: str) -> Spent:
         """The tokens charged to the tenant's budget item ``period_sk`` (``budgets.budget_sk``) by
         counted chunks whose marker carries a ``budget_period`` (``count_chunk``)."""
+
     def open_batches(self) -> builtins.list[tuple[str, str]]:
         """(tenant, batch_id) of every batch not in a terminal state (the sweeper's work list;
         never a table scan). Eventually consistent: a batch may show up moments after it ended."""
@@ -241,8 +268,10 @@ class WorkQueue(Protocol):
     def receive(self, max_messages: int, wait_seconds: int, visibility_seconds: int) -> list[Received]: ...
     def extend(self, receipt: str, seconds: int) -> bool:
         """Keep a message invisible ``seconds`` more; False if the receipt is no longer valid."""
+
     def release(self, receipt: str, after_seconds: int = 0) -> bool:
         """Make a message visible again (at once, or after ``after_seconds``)."""
+
     def delete(self, receipt: str) -> None: ...
 
 
@@ -257,6 +286,7 @@ class Workflows(Protocol):
 
     def start(self, name: str, payload: dict[str, Any]) -> None:
         """Start the execution ``name``; starting it again is a no-op."""
+
     def signal(self, token: str, output: dict[str, Any]) -> bool:
         """Resume the waiting task with ``output``; False if the token is no longer valid."""
 

@@ -41,7 +41,13 @@ class Record(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     _KEY_FIELDS: ClassVar[tuple[str, ...]] = (
-        schema.PK, schema.SK, schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK, schema.GSI_OPEN_PK, schema.GSI_OPEN_SK, schema.TTL,
+        schema.PK,
+        schema.SK,
+        schema.GSI_PURPOSE_PK,
+        schema.GSI_PURPOSE_SK,
+        schema.GSI_OPEN_PK,
+        schema.GSI_OPEN_SK,
+        schema.TTL,
     )
 
     def keys(self) -> dict[str, str]:
@@ -232,11 +238,20 @@ class ApiKeyRecord(Record):
     def listing_item(self) -> dict[str, Any]:
         """The key's item in its tenant's key partition (``schema.tenant_keys_pk``): the same
         fields, so a listing needs no read of the key items."""
-        return {**self.to_item(), schema.PK: schema.tenant_keys_pk(self.tenant), schema.SK: self.listing_sort_key(self.id)}
+        return {
+            **self.to_item(),
+            schema.PK: schema.tenant_keys_pk(self.tenant),
+            schema.SK: self.listing_sort_key(self.id),
+        }
 
     def id_item(self) -> dict[str, Any]:
         """The id's lookup item (``schema.key_id_pk``): where ``revoke --id`` finds the key."""
-        return {schema.PK: schema.key_id_pk(self.id), schema.SK: "KEYID", "tenant": self.tenant, "key_hash": self.key_hash}
+        return {
+            schema.PK: schema.key_id_pk(self.id),
+            schema.SK: "KEYID",
+            "tenant": self.tenant,
+            "key_hash": self.key_hash,
+        }
 
 
 class BatchRecord(Record):
@@ -316,7 +331,10 @@ class BatchRecord(Record):
     def open_keys(self) -> dict[str, str]:
         """The attributes that list an open batch in ``schema.GSI_OPEN`` (the sweeper's index):
         written with the batch, removed by the write that makes it terminal (``OPEN_ATTRIBUTES``)."""
-        return {schema.GSI_OPEN_PK: schema.OPEN_PARTITION, schema.GSI_OPEN_SK: f"{self.expires_at:012d}#{self.tenant}#{self.id}"}
+        return {
+            schema.GSI_OPEN_PK: schema.OPEN_PARTITION,
+            schema.GSI_OPEN_SK: f"{self.expires_at:012d}#{self.tenant}#{self.id}",
+        }
 
     #: What a terminal write removes so that the batch leaves the open-batch index.
     OPEN_ATTRIBUTES: ClassVar[tuple[str, ...]] = (schema.GSI_OPEN_PK, schema.GSI_OPEN_SK)
@@ -325,8 +343,14 @@ class BatchRecord(Record):
         """The SQS work message for one chunk of this batch."""
         assert self.model is not None, "a batch has a model once it is in progress"
         return WorkMessage(
-            **chunk.model_dump(), batch_id=self.id, tenant=self.tenant, input_key=self.input_key,
-            endpoint=self.endpoint, model=self.model, expires_at=self.expires_at, budget_period=self.budget_period,
+            **chunk.model_dump(),
+            batch_id=self.id,
+            tenant=self.tenant,
+            input_key=self.input_key,
+            endpoint=self.endpoint,
+            model=self.model,
+            expires_at=self.expires_at,
+            budget_period=self.budget_period,
             budget_stop=self.budget_stop,
         )
 
@@ -341,9 +365,24 @@ class BatchRecord(Record):
 
     #: Fields the wire Batch shows exactly as the record stores them.
     _WIRE_FIELDS: ClassVar[set[str]] = {
-        "id", "endpoint", "model", "input_file_id", "completion_window", "status", "output_file_id",
-        "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
-        "failed_at", "expired_at", "cancelling_at", "cancelled_at", "metadata",
+        "id",
+        "endpoint",
+        "model",
+        "input_file_id",
+        "completion_window",
+        "status",
+        "output_file_id",
+        "error_file_id",
+        "created_at",
+        "in_progress_at",
+        "expires_at",
+        "finalizing_at",
+        "completed_at",
+        "failed_at",
+        "expired_at",
+        "cancelling_at",
+        "cancelled_at",
+        "metadata",
     }
 
     def to_wire(self) -> Batch:
@@ -471,6 +510,7 @@ class ChunkRunRecord(Record):
 
     def spend(self) -> Spend:
         return Spend(self.spent_input_tokens, self.spent_output_tokens)
+
     expires_at: int
 
     PREFIX: ClassVar[str] = "RUN#"
@@ -506,7 +546,7 @@ class ChunkRunRecord(Record):
         for start, stop in self.cover():
             marks = self.outcomes.get(f"{start}-{stop}")
             if marks is not None and len(marks) == stop - start:
-                kept = marks[end - start:] if end > start else marks
+                kept = marks[end - start :] if end > start else marks
                 succeeded += kept.count("1")
                 failed += kept.count("0")
             end = stop

@@ -29,7 +29,10 @@ def response_line(custom_id: str, status_code: int, body: Any, request_id: str) 
 
 def error_line(custom_id: str, code: str, message: str) -> BatchOutputLine:
     return BatchOutputLine(
-        id=ids.new_id(ids.BATCH_REQUEST), custom_id=custom_id, response=None, error=BatchLineError(code=code, message=message)
+        id=ids.new_id(ids.BATCH_REQUEST),
+        custom_id=custom_id,
+        response=None,
+        error=BatchLineError(code=code, message=message),
     )
 
 
@@ -104,12 +107,18 @@ def chunk_failed_message(failures: int) -> str:
     )
 
 
-def write_checkpoint(objects: Objects, message: WorkMessage, start: int, lines: list[BatchOutputLine]) -> tuple[int, int]:
+def write_checkpoint(
+    objects: Objects, message: WorkMessage, start: int, lines: list[BatchOutputLine]
+) -> tuple[int, int]:
     """Write the results of request lines [start, start + len(lines)) of a running chunk (input
     order) under their segment's key; returns the segment."""
     end = start + len(lines)
     body = b"".join(line.model_dump_json().encode() + b"\n" for line in lines)
-    objects.put(schema.chunk_checkpoint_key(message.tenant, message.batch_id, message.chunk, start, end), body, "application/jsonl")
+    objects.put(
+        schema.chunk_checkpoint_key(message.tenant, message.batch_id, message.chunk, start, end),
+        body,
+        "application/jsonl",
+    )
     return start, end
 
 
@@ -122,7 +131,7 @@ def read_checkpoints(objects: Objects, message: WorkMessage, cover: list[tuple[i
         lines = [BatchOutputLine.model_validate_json(raw) for raw in data.splitlines() if raw.strip()]
         if len(lines) != end - start:
             raise ValueError(f"checkpoint {start}-{end} of chunk {message.chunk} holds {len(lines)} lines")
-        out.extend(lines[len(out) - start:])
+        out.extend(lines[len(out) - start :])
     return out
 
 
@@ -134,7 +143,7 @@ def salvaged_lines(
     first lines (``cover``: ``ChunkRunRecord.cover()``, [] for none), then an error line
     (``code``, ``text``) for each of the rest. The one code path of the DLQ consumer and finalize."""
     kept = read_checkpoints(objects, message, cover) if cover else []
-    return kept + list(unrun_lines(objects, message, code, text))[len(kept):]
+    return kept + list(unrun_lines(objects, message, code, text))[len(kept) :]
 
 
 def usage_of(line: BatchOutputLine) -> dict[str, Any] | None:

@@ -83,7 +83,7 @@ def tenant_of_batches_pk(pk: str) -> str:
     prefix = tenant_pk("")
     if not (pk.startswith(prefix) and pk.endswith(BATCHES_SUFFIX)):
         raise ValueError(f"not a batch partition: {pk!r}")
-    return pk[len(prefix):-len(BATCHES_SUFFIX)]
+    return pk[len(prefix) : -len(BATCHES_SUFFIX)]
 
 
 def chunks_pk(tenant: str, batch_id: str) -> str:

@@ -148,7 +148,7 @@ def _rewrite(pattern: str, *, ignorecase: bool) -> str | None:
             elif escape in "DSwWbBAZ":
                 return None
             else:
-                out.append(pattern[i:i + 2])
+                out.append(pattern[i : i + 2])
             i += 2
             continue
         if char == "[" and opened < 0:
@@ -161,7 +161,7 @@ def _rewrite(pattern: str, *, ignorecase: bool) -> str | None:
                     i += 1
             continue
         if char == "]" and opened >= 0:
-            members = "[" + pattern[opened + 1:i].removeprefix("^") + "]"
+            members = "[" + pattern[opened + 1 : i].removeprefix("^") + "]"
             if ignorecase and re.fullmatch(members, "i", re.IGNORECASE):
                 out.append(_TURKISH_I)  # in a negated class too: Python's excludes them then
             opened = -1
@@ -185,7 +185,9 @@ def linear_regex(regex: re.Pattern[str]) -> Any | None:
     pattern = _rewrite(regex.pattern, ignorecase=bool(regex.flags & re.IGNORECASE))
     if pattern is None:
         return None
-    flags = "".join(flag for bit, flag in ((re.IGNORECASE, "i"), (re.DOTALL, "s"), (re.MULTILINE, "m")) if regex.flags & bit)
+    flags = "".join(
+        flag for bit, flag in ((re.IGNORECASE, "i"), (re.DOTALL, "s"), (re.MULTILINE, "m")) if regex.flags & bit
+    )
     options = re2.Options()
     options.log_errors = False
     try:
@@ -204,8 +206,10 @@ def _detectors() -> tuple[Any, ...]:
         if all(c is not None for c in compiled):
             plugin.denylist = tuple(compiled)
         elif name not in LINEAR_ON_PYTHON_RE:
-            raise RuntimeError(f"RE2 cannot run every regex of {name}: add it to LINEAR_ON_PYTHON_RE only if "
-                               "they are linear on Python's re")
+            raise RuntimeError(
+                f"RE2 cannot run every regex of {name}: add it to LINEAR_ON_PYTHON_RE only if "
+                "they are linear on Python's re"
+            )
         plugins.append(plugin)
     return tuple(plugins)
 
@@ -392,7 +396,7 @@ def redacted(text: str, secrets: Sequence[Secret]) -> str:
         return text
     pieces, at = [], 0
     for secret in secrets:
-        pieces.append(text[at:secret.start])
+        pieces.append(text[at : secret.start])
         pieces.append(f"[REDACTED:{secret.type}]")
         at = secret.end
     pieces.append(text[at:])
@@ -402,4 +406,3 @@ def redacted(text: str, secrets: Sequence[Secret]) -> str:
 def redact(text: str) -> str:
     """``text`` with every secret replaced by ``[REDACTED:<type>]``."""
     return redacted(text, find_secrets(text))
-

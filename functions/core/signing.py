@@ -42,13 +42,15 @@ def verifier(public_key_der: bytes) -> SignatureCheck:
 def public_key_der(pem: bytes) -> bytes:
     """A PEM public key (``FileSigner.public_pem``) as DER SubjectPublicKeyInfo."""
     return serialization.load_pem_public_key(pem).public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
 
 def public_key_pem(der: bytes) -> bytes:
     """A DER public key as PEM (what ``--public-key`` reads)."""
     return serialization.load_der_public_key(der).public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
 
 
 class FileSigner:
@@ -59,7 +61,8 @@ class FileSigner:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(pem)
@@ -74,7 +77,8 @@ class FileSigner:
 
     def public_key(self) -> bytes:
         return self._key.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
 
     def public_pem(self) -> bytes:
         return public_key_pem(self.public_key())

@@ -153,16 +153,18 @@ def admit_creation(tenants: Any, tenant: str, *, now: int, budget_used: Any = No
     ``insufficient_quota``): one GetItem of the period's budget item (``budget_used(tenant, sk)``,
     ``BatchStore.budget_used``), only for such a tenant."""
     policy = tenants.get(tenant)
-    if (policy is not None and policy.budget_action == "reject" and budget_used is not None
-            and (kind := over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now))))):
+    if (
+        policy is not None
+        and policy.budget_action == "reject"
+        and budget_used is not None
+        and (kind := over_budget(policy, lambda: budget_used(tenant, budget_sk(policy.budget_period, now))))
+    ):
         raise quota_exceeded(policy, kind)
     if policy is None or policy.batches_per_hour is None:
         return policy
     start = window_start(now)
     limit = policy.batches_per_hour
-    if not tenants.count_creation(
-        tenant, start, limit=limit, expires_at=start + HOUR_SECONDS + COUNTER_GRACE_SECONDS
-    ):
+    if not tenants.count_creation(tenant, start, limit=limit, expires_at=start + HOUR_SECONDS + COUNTER_GRACE_SECONDS):
         raise RateLimited(
             f"Rate limit reached for batch creations: at most {limit} per hour for this organization. "
             f"Try again in {retry_after(now)} seconds.",
@@ -190,7 +192,9 @@ def admit_request(tenants: TenantStore, policy: TenantPolicy | None, *, now: int
     if limit is None:
         return
     start = minute_start(now)
-    if tenants.count_request(policy.tenant, start, limit=limit, expires_at=start + MINUTE_SECONDS + COUNTER_GRACE_SECONDS):
+    if tenants.count_request(
+        policy.tenant, start, limit=limit, expires_at=start + MINUTE_SECONDS + COUNTER_GRACE_SECONDS
+    ):
         return
     wait = max(1, start + MINUTE_SECONDS - now)
     raise RequestRateLimited(
@@ -251,9 +255,14 @@ class Reservation(BaseModel):
         """(counter attribute, cap, amount) of each capped dimension: the reservation holds only
         while every attribute stays within its cap after the addition (the DynamoDB adapter renders
         this as its condition, the fake checks it as it is)."""
-        return [(attribute, cap, n) for attribute, cap, n in
-                (("requests", self.max_requests, self.requests), ("tokens", self.max_tokens, self.tokens))
-                if cap is not None]
+        return [
+            (attribute, cap, n)
+            for attribute, cap, n in (
+                ("requests", self.max_requests, self.requests),
+                ("tokens", self.max_tokens, self.tokens),
+            )
+            if cap is not None
+        ]
 
     def fits(self, requests: int, tokens: int) -> bool:
         """Whether this reservation fits on a counter at (``requests``, ``tokens``)."""
@@ -303,8 +312,14 @@ def reservation(policy: TenantPolicy | None, model: str, requests: int, tokens: 
     max_tokens = policy.max_enqueued_tokens.get(model)
     if max_requests is None and max_tokens is None:
         return None
-    return Reservation(tenant=policy.tenant, model=model, requests=requests, tokens=tokens,
-                       max_requests=max_requests, max_tokens=max_tokens)
+    return Reservation(
+        tenant=policy.tenant,
+        model=model,
+        requests=requests,
+        tokens=tokens,
+        max_requests=max_requests,
+        max_tokens=max_tokens,
+    )
 
 
 # --- Token budgets (output_token_budget, input_token_budget / budget_period / budget_action) -----
@@ -338,8 +353,10 @@ BUDGET_EXCEEDED = "budget_exceeded"
 
 def budget_line_message(caps: BudgetCaps, kind: str, period: str) -> str:
     """The error message of a line a worker did not run because a budget was used up."""
-    return (f"This organization's {caps.describe(kind, period)} was used up while this batch ran; this request was not run. "
-            f"Retry it in the next {period}.")
+    return (
+        f"This organization's {caps.describe(kind, period)} was used up while this batch ran; this request was not run. "
+        f"Retry it in the next {period}."
+    )
 
 
 def budget_error(policy: TenantPolicy, kind: str) -> dict[str, Any]:

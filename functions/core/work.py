@@ -120,8 +120,10 @@ def answered_spend(usage: Any) -> Spend:
     embeddings or responses shape; nothing without one)."""
     if not isinstance(usage, dict):
         return Spend()
-    return Spend(int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
-                 int(usage.get("completion_tokens") or usage.get("output_tokens") or 0))
+    return Spend(
+        int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
+        int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
+    )
 
 
 def unread_spend(work: Work, prompt_bytes: int, attempts: int) -> Spend:
@@ -179,7 +181,11 @@ class Bounds(BaseModel):
                 f"but got an array with length {work.inputs} instead.",
                 f"body.{field}",
             )
-        if self.max_output_tokens is not None and (total := work.output_tokens) is not None and total > self.max_output_tokens:
+        if (
+            self.max_output_tokens is not None
+            and (total := work.output_tokens) is not None
+            and total > self.max_output_tokens
+        ):
             assert work.output_field is not None
             raise LineError(
                 "integer_above_max_value",

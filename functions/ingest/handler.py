@@ -38,8 +38,13 @@ def handle_record(record: IngestRecord) -> None:
     now = deps.now()
     for tenant, batch_id in snapshot_batches(record.body):
         status = ingest(
-            deps.stores(), deps.settings(), tenant, batch_id,
-            now=now, wait=_record_waits(), attempts=RECORD_ATTEMPTS,
+            deps.stores(),
+            deps.settings(),
+            tenant,
+            batch_id,
+            now=now,
+            wait=_record_waits(),
+            attempts=RECORD_ATTEMPTS,
         )
         logger.info("ingested", extra={"batch_id": batch_id, "tenant": tenant, "status": status})
 

@@ -43,12 +43,16 @@ class Validation:
     bounds: Bounds = field(default_factory=Bounds)
 
 
-def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None = None) -> Validation:
+def validate(
+    objects: Objects, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None = None
+) -> Validation:
     """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
     custom_ids (bounded by the line limit). ``policy`` is the tenant's (None: no record, every
     served model allowed)."""
-    result = Validation(guard=guard.active(policy.guard if policy is not None else None),
-                        bounds=settings.line_bounds.tighter(policy.line_bounds if policy is not None else None))
+    result = Validation(
+        guard=guard.active(policy.guard if policy is not None else None),
+        bounds=settings.line_bounds.tighter(policy.line_bounds if policy is not None else None),
+    )
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
         result.errors.append({"code": code, "message": message, "param": param, "line": line})
@@ -84,8 +88,14 @@ def validate(objects: Objects, settings: Settings, batch: BatchRecord, policy: T
     return result
 
 
-def _check_line(line: RawLine, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None, result: Validation,
-                seen: set[str]) -> Work:
+def _check_line(
+    line: RawLine,
+    settings: Settings,
+    batch: BatchRecord,
+    policy: TenantPolicy | None,
+    result: Validation,
+    seen: set[str],
+) -> Work:
     """One line's request checked (its custom_id unique, its model the batch's one, its work within
     the bounds): the work it asks for. Raises ``LineError``."""
     request = parse_request(line)
@@ -263,12 +273,22 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
     result = validate(stores.objects, settings, batch, policy)
     if result.errors:
         return _fail_validation(stores, batch, result.errors, now)
-    if policy is not None and policy.budget_action == "stop" and (kind := tenants.over_budget(
-            policy, lambda: stores.batches.budget_used(batch.tenant, tenants.budget_sk(policy.budget_period, now)))):
+    if (
+        policy is not None
+        and policy.budget_action == "stop"
+        and (
+            kind := tenants.over_budget(
+                policy, lambda: stores.batches.budget_used(batch.tenant, tenants.budget_sk(policy.budget_period, now))
+            )
+        )
+    ):
         return _fail_validation(stores, batch, [tenants.budget_error(policy, kind)], now)  # nothing of it runs
     # The manifest is deterministic: a repeated ingest writes the same bytes.
-    manifest = ChunkManifest(chunks=result.chunks, guard=result.guard,
-                             max_line_output_tokens=result.bounds.max_output_tokens).model_dump_json(exclude_none=True).encode()
+    manifest = (
+        ChunkManifest(chunks=result.chunks, guard=result.guard, max_line_output_tokens=result.bounds.max_output_tokens)
+        .model_dump_json(exclude_none=True)
+        .encode()
+    )
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
     values: dict[str, Any] = {"model": result.model, "total": result.total, "chunk_count": len(result.chunks)}
     if (caps := tenants.budget_caps(policy)) is not None:  # its chunks charge the budget
@@ -277,8 +297,12 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
         if policy.budget_action == "stop":  # and its workers stop its lines at the budget
             values["budget_stop"] = caps.model_dump()
     assert result.model is not None
-    reserved_tokens = result.tokens + (result.output_tokens if policy is not None and policy.reserve_output_tokens else 0)
-    held = tenants.reservation(policy, result.model, result.sequences, reserved_tokens)  # None: no cap, no counter write
+    reserved_tokens = result.tokens + (
+        result.output_tokens if policy is not None and policy.reserve_output_tokens else 0
+    )
+    held = tenants.reservation(
+        policy, result.model, result.sequences, reserved_tokens
+    )  # None: no cap, no counter write
     # The reservation and the move in one transaction: a duplicate ingest reserves nothing twice.
     started = lifecycle.apply(stores, batch, lifecycle.start(now, values=values, reservation=held))
     if started.moved or held is None or started.batch.status != "validating":
@@ -299,10 +323,14 @@ def _cancel_before_start(stores: Stores, batch: BatchRecord, now: int) -> str:
 def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> None:
     if batch.status == "in_progress":
         assert batch.model is not None  # validation named it before the batch went in progress
-        manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id)))
+        manifest = ChunkManifest.model_validate_json(
+            stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id))
+        )
         snapshot = {"guard": manifest.guard, "max_line_output_tokens": manifest.max_line_output_tokens}
-        messages = [batch.work_message(c).model_copy(update=snapshot).model_dump_json(exclude_none=True)
-                    for c in manifest.chunks]  # the policy rides along (None: left out)
+        messages = [
+            batch.work_message(c).model_copy(update=snapshot).model_dump_json(exclude_none=True)
+            for c in manifest.chunks
+        ]  # the policy rides along (None: left out)
         stores.queues.queue(settings.models[batch.model].queue_url).send(messages)
     stores.workflows.start(
         batch.id,
@@ -315,4 +343,3 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
         },
     )
     stores.batches.transition(batch.tenant, batch.id, lifecycle.note_enqueued())
-

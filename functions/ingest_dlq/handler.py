@@ -24,12 +24,16 @@ def handle_record(record: SQSRecord) -> None:
     try:
         parsed = IngestRecord.model_validate(record.raw_event)
     except ValidationError:
-        logger.error("dead-lettered ingest message is not an ingest event; dropped", extra={"message_id": record.message_id})
+        logger.error(
+            "dead-lettered ingest message is not an ingest event; dropped", extra={"message_id": record.message_id}
+        )
         return
     now = deps.now()
     for tenant, batch_id in snapshot_batches(parsed.body):
         status = handle_dead_letter(deps.stores(), deps.settings(), tenant, batch_id, now=now)
-        logger.info("dead-lettered ingest event handled", extra={"batch_id": batch_id, "tenant": tenant, "status": status})
+        logger.info(
+            "dead-lettered ingest event handled", extra={"batch_id": batch_id, "tenant": tenant, "status": status}
+        )
 
 
 processor = BatchProcessor(event_type=EventType.SQS)

@@ -30,7 +30,9 @@ def handle_dead_letter(stores: Stores, settings: Settings, tenant: str, batch_id
     the sweeper."""
     batch = stores.batches.get(tenant, batch_id)
     if batch is None:
-        logger.warning("dead-lettered ingest event for a batch that does not exist", extra={"tenant": tenant, "batch_id": batch_id})
+        logger.warning(
+            "dead-lettered ingest event for a batch that does not exist", extra={"tenant": tenant, "batch_id": batch_id}
+        )
         return MISSING
     if batch.status == "validating":
         return fail_validating(stores, batch, now).status

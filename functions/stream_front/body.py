@@ -22,8 +22,9 @@ class ClientGone(Exception):
     """The connection ended before the body did: nothing the request made may stay."""
 
 
-def chunks(stream: Stream, *, content_length: str | None, transfer_encoding: str | None, limit: int,
-           what: str = "request body") -> Iterator[bytes]:
+def chunks(
+    stream: Stream, *, content_length: str | None, transfer_encoding: str | None, limit: int, what: str = "request body"
+) -> Iterator[bytes]:
     """The body's bytes in chunks of at most CHUNK_BYTES. PayloadTooLarge once more than ``limit``
     bytes are declared or read; InvalidRequest for a malformed framing; ClientGone when the
     connection ends early."""

@@ -64,16 +64,19 @@ class FormReader:
         self._value = bytearray()
         self._sink: Sink | None = None
         self._ended = False
-        self._parser = MultipartParser(boundary_of(content_type), {
-            "on_part_begin": self._part_begin,
-            "on_header_field": lambda d, s, e: self._header_name.extend(d[s:e]),
-            "on_header_value": lambda d, s, e: self._header_value.extend(d[s:e]),
-            "on_header_end": self._header_end,
-            "on_headers_finished": self._headers_finished,
-            "on_part_data": self._part_data,
-            "on_part_end": self._part_end,
-            "on_end": self._end,
-        })
+        self._parser = MultipartParser(
+            boundary_of(content_type),
+            {
+                "on_part_begin": self._part_begin,
+                "on_header_field": lambda d, s, e: self._header_name.extend(d[s:e]),
+                "on_header_value": lambda d, s, e: self._header_value.extend(d[s:e]),
+                "on_header_end": self._header_end,
+                "on_headers_finished": self._headers_finished,
+                "on_part_data": self._part_data,
+                "on_part_end": self._part_end,
+                "on_end": self._end,
+            },
+        )
 
     def feed(self, chunk: bytes) -> None:
         try:

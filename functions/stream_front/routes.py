@@ -77,8 +77,14 @@ class StreamFront:
     """Serves the streamed routes. ``stores`` and ``settings`` are the deployment's; ``now`` its
     clock (seconds)."""
 
-    def __init__(self, stores: Callable[[], Stores], settings: Settings, now: Callable[[], int],
-                 policies: tenants.PolicyCache | None = None, slots: Slots | None = None):
+    def __init__(
+        self,
+        stores: Callable[[], Stores],
+        settings: Settings,
+        now: Callable[[], int],
+        policies: tenants.PolicyCache | None = None,
+        slots: Slots | None = None,
+    ):
         self._stores, self._settings, self._now = stores, settings, now
         self._policies = policies
         self.slots = slots or Slots()
@@ -88,7 +94,8 @@ class StreamFront:
         """Whether ``method path`` is one of the streamed routes (any other request to the same
         paths, such as ``GET /v1/files``, is the API Lambda's)."""
         return (method == "POST" and (path == "/v1/files" or _PARTS.match(path) is not None)) or (
-            method == "GET" and _CONTENT.match(path) is not None)
+            method == "GET" and _CONTENT.match(path) is not None
+        )
 
     def serve(self, method: str, path: str, headers: RequestHeaders, stream: body.Stream) -> Reply | None:
         """The answer to the request, its body read from ``stream``; None when the client went
@@ -110,8 +117,15 @@ class StreamFront:
         reply.headers.append((http.REQUEST_ID_HEADER, request_id))
         if tenant is not None and stores.audit_log is not None:
             audit.record_api_request(
-                stores.audit_log, tenant, method=method, path=path, status=reply.status, body=reply.audit_body,
-                authorization=headers.get(http.AUTH_HEADER), request_id=request_id, at=self._now(),
+                stores.audit_log,
+                tenant,
+                method=method,
+                path=path,
+                status=reply.status,
+                body=reply.audit_body,
+                authorization=headers.get(http.AUTH_HEADER),
+                request_id=request_id,
+                at=self._now(),
             )
         return reply
 
@@ -124,17 +138,22 @@ class StreamFront:
         tenants.admit_request(stores.tenants, policies.get(record.tenant), now=self._now())
         return record.tenant
 
-    def _route(self, stores: Stores, tenant: str, method: str, path: str, headers: RequestHeaders,
-               stream: body.Stream) -> Reply:
+    def _route(
+        self, stores: Stores, tenant: str, method: str, path: str, headers: RequestHeaders, stream: body.Stream
+    ) -> Reply:
         if method == "GET":
             return self._content(stores, tenant, _path_id(_CONTENT, path))
         with self.slots.hold(tenant):
             return self._upload(stores, tenant, path, headers, stream)
 
     def _upload(self, stores: Stores, tenant: str, path: str, headers: RequestHeaders, stream: body.Stream) -> Reply:
-        chunks = body.chunks(stream, content_length=headers.get("Content-Length"),
-                             transfer_encoding=headers.get("Transfer-Encoding"),
-                             limit=self._body_limit(path), what="request body")
+        chunks = body.chunks(
+            stream,
+            content_length=headers.get("Content-Length"),
+            transfer_encoding=headers.get("Transfer-Encoding"),
+            limit=self._body_limit(path),
+            what="request body",
+        )
         if path == "/v1/files":
             return self._create_file(stores, tenant, headers.get("Content-Type"), chunks)
         upload_id = _path_id(_PARTS, path)
@@ -152,30 +171,45 @@ class StreamFront:
         form = _stream_form(stores, key, content_type, "file", chunks)
         try:
             if not form.has_file:
-                raise InvalidRequest("Missing required parameter: 'file'.", param="file", code="missing_required_parameter")
+                raise InvalidRequest(
+                    "Missing required parameter: 'file'.", param="file", code="missing_required_parameter"
+                )
             purpose = validate(_StreamedFileForm, {"purpose": form.fields.get("purpose")}, loc=("form",)).purpose
             # pydantic reads the seconds field's text as the form route does
-            expires_after = ExpiresAfter.from_form(form.fields.get("expires_after[anchor]"),
-                                                   form.fields.get("expires_after[seconds]"))
+            expires_after = ExpiresAfter.from_form(
+                form.fields.get("expires_after[anchor]"), form.fields.get("expires_after[seconds]")
+            )
             filename = form.filename or "file"
             files.check_file(self._settings, filename, purpose, form.file_bytes, expires_after)
             quota = check_storage(stores, tenant, form.file_bytes)
         except BaseException:
             stores.objects.delete(key)
             raise
-        created = files.register_file(stores, tenant, file_id, filename=filename, purpose=purpose,
-                                      size=form.file_bytes, expires_after=expires_after, quota=quota, now=self._now())
+        created = files.register_file(
+            stores,
+            tenant,
+            file_id,
+            filename=filename,
+            purpose=purpose,
+            size=form.file_bytes,
+            expires_after=expires_after,
+            quota=quota,
+            now=self._now(),
+        )
         return _json(created.model_dump(mode="json"))
 
-    def _add_part(self, stores: Stores, tenant: str, upload_id: str, content_type: str | None,
-                  chunks: Iterator[bytes]) -> Reply:
+    def _add_part(
+        self, stores: Stores, tenant: str, upload_id: str, content_type: str | None, chunks: Iterator[bytes]
+    ) -> Reply:
         upload = uploads.pending_upload(stores, tenant, upload_id, self._now())
         part_id = ids.new_id(ids.PART)
         key = schema.upload_part_key(tenant, upload_id, part_id)
         form = _stream_form(stores, key, content_type, "data", chunks, limit=limits.MAX_STREAMED_PART_BYTES)
         try:
             if not form.has_file:
-                raise InvalidRequest("Missing required parameter: 'data'.", param="data", code="missing_required_parameter")
+                raise InvalidRequest(
+                    "Missing required parameter: 'data'.", param="data", code="missing_required_parameter"
+                )
             uploads.check_part(form.file_bytes, limits.MAX_STREAMED_PART_BYTES)
             part = uploads.register_part(stores, upload, part_id, size=form.file_bytes, now=self._now())
         except BaseException:
@@ -185,13 +219,25 @@ class StreamFront:
 
     def _content(self, stores: Stores, tenant: str, file_id: str) -> Reply:
         record = files.stored_file(stores, tenant, file_id, self._now())
-        return Reply(200, [("Content-Type", "application/octet-stream"),
-                           ("Content-Disposition", http.content_disposition(record.filename))],
-                     body=stores.objects.iter_bytes(record.s3_key), length=record.bytes)
+        return Reply(
+            200,
+            [
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Disposition", http.content_disposition(record.filename)),
+            ],
+            body=stores.objects.iter_bytes(record.s3_key),
+            length=record.bytes,
+        )
 
 
-def _stream_form(stores: Stores, key: str, content_type: str | None, file_field: str, chunks: Iterator[bytes],
-                 limit: int | None = None):  # a Form
+def _stream_form(
+    stores: Stores,
+    key: str,
+    content_type: str | None,
+    file_field: str,
+    chunks: Iterator[bytes],
+    limit: int | None = None,
+):  # a Form
     """Read the form, its ``file_field`` streamed into the object ``key`` (at most ``limit``
     bytes): on any failure the object is never completed (its multipart upload aborted)."""
     writer: ObjectWriter | None = None
@@ -237,5 +283,6 @@ def _error(error: ApiError, *, close: bool) -> Reply:
     rendered = envelope(error)
     text = str(rendered.body)
     headers = [(k, str(v)) for k, v in rendered.headers.items() if k.lower() != "content-type"]
-    return Reply(error.status, [("Content-Type", "application/json"), *headers], body=text.encode(), close=close,
-                 audit_body=text)
+    return Reply(
+        error.status, [("Content-Type", "application/json"), *headers], body=text.encode(), close=close, audit_body=text
+    )

@@ -32,8 +32,19 @@ SOCKET_TIMEOUT_SECONDS: Final = 120
 #: How long the relay waits on the API (its integration timeout, and a margin).
 RELAY_TIMEOUT_SECONDS: Final = api_http.INTEGRATION_TIMEOUT_SECONDS + 5
 #: Headers that describe one hop, never relayed (RFC 9110, section 7.6.1).
-_HOP_HEADERS: Final = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer",
-                                 "transfer-encoding", "upgrade", "host", "content-length"})
+_HOP_HEADERS: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 
 
 def write_reply(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
@@ -57,16 +68,26 @@ def write_reply(handler: BaseHTTPRequestHandler, reply: Reply) -> None:
         handler.wfile.write(chunk)
 
 
-def relay(api_origin: str, method: str, target: str, headers: list[tuple[str, str]], body: bytes,
-          timeout: float = RELAY_TIMEOUT_SECONDS) -> Reply:
+def relay(
+    api_origin: str,
+    method: str,
+    target: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    timeout: float = RELAY_TIMEOUT_SECONDS,
+) -> Reply:
     """``method target`` sent to the API at ``api_origin`` (``https://host[/stage]``) with the
     request's end-to-end headers; its answer as a Reply."""
     origin = urlsplit(api_origin)
     connection_type = http.client.HTTPSConnection if origin.scheme == "https" else http.client.HTTPConnection
     connection = connection_type(origin.netloc, timeout=timeout)
     try:
-        connection.request(method, origin.path.rstrip("/") + target, body=body or None,
-                           headers={k: v for k, v in headers if k.lower() not in _HOP_HEADERS})
+        connection.request(
+            method,
+            origin.path.rstrip("/") + target,
+            body=body or None,
+            headers={k: v for k, v in headers if k.lower() not in _HOP_HEADERS},
+        )
         answer = connection.getresponse()
         payload = answer.read()
     finally:
@@ -75,9 +96,13 @@ def relay(api_origin: str, method: str, target: str, headers: list[tuple[str, st
     return Reply(answer.status, out, body=payload)
 
 
-def make_server(front: StreamFront, api_origin: str,
-                host: str = "0.0.0.0",  # a container's port, reached only through the load balancer
-                port: int = PORT, relay_to: Callable[..., Reply] = relay) -> ThreadingHTTPServer:
+def make_server(
+    front: StreamFront,
+    api_origin: str,
+    host: str = "0.0.0.0",  # a container's port, reached only through the load balancer
+    port: int = PORT,
+    relay_to: Callable[..., Reply] = relay,
+) -> ThreadingHTTPServer:
     """A threaded server: a streamed route goes to ``front``, anything else to the API."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -103,8 +128,11 @@ def make_server(front: StreamFront, api_origin: str,
 
         def _relayed(self) -> Reply:
             length = self.headers.get("Content-Length") or "0"
-            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower() or not length.isdigit() \
-                    or int(length) > limits.API_GATEWAY_PAYLOAD_LIMIT:
+            if (
+                "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+                or not length.isdigit()
+                or int(length) > limits.API_GATEWAY_PAYLOAD_LIMIT
+            ):
                 return _front_error(413, "This request's body cannot be relayed to the API.", close=True)
             body = self.rfile.read(int(length)) if int(length) else b""
             try:
@@ -123,7 +151,19 @@ def make_server(front: StreamFront, api_origin: str,
 
 
 def _front_error(status: int, message: str, *, close: bool) -> Reply:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                                 "param": None, "code": None}}).encode()
-    return Reply(status, [("Content-Type", "application/json"), (api_http.REQUEST_ID_HEADER, str(uuid.uuid4()))],
-                 body=body, close=close)
+    body = json.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if status < 500 else "server_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    ).encode()
+    return Reply(
+        status,
+        [("Content-Type", "application/json"), (api_http.REQUEST_ID_HEADER, str(uuid.uuid4()))],
+        body=body,
+        close=close,
+    )

@@ -25,8 +25,11 @@ class Slots:
         its share; Throttled (503) when the process is full. Neither waits."""
         with self._lock:
             if self._held[tenant] >= self._per_tenant:
-                raise RateLimited(f"This organization has {self._per_tenant} uploads in progress; "
-                                  "wait for one to finish and try again.", retry_after=RETRY_AFTER_SECONDS)
+                raise RateLimited(
+                    f"This organization has {self._per_tenant} uploads in progress; "
+                    "wait for one to finish and try again.",
+                    retry_after=RETRY_AFTER_SECONDS,
+                )
             if self._held.total() >= self._total:
                 raise Throttled("The server is handling too many uploads; try again shortly.")
             self._held[tenant] += 1

@@ -65,7 +65,9 @@ def sweep(stores: Stores, settings: Settings, *, now: int) -> Sweep:
         try:
             action = sweep_batch(stores, settings, tenant, batch_id, now=now)
         except Exception:
-            logger.exception("sweeping a batch failed; the next sweep retries", extra={"tenant": tenant, "batch_id": batch_id})
+            logger.exception(
+                "sweeping a batch failed; the next sweep retries", extra={"tenant": tenant, "batch_id": batch_id}
+            )
             result.errors.append(batch_id)
             continue
         if action != NOTHING:
@@ -113,8 +115,10 @@ def _complete(stores: Stores, settings: Settings, batch: BatchRecord, now: int) 
     """Finalize an all-counted batch its workflow left open, once it has been quiet (no chunk
     counted, no cancel, no close) for ``completion_grace``."""
     counted = stores.batches.counted_chunks(batch.tenant, batch.id)
-    touched = max([m.recorded_at for m in counted.values()]
-                  + [t or 0 for t in (batch.in_progress_at, batch.cancelling_at, batch.finalizing_at)])
+    touched = max(
+        [m.recorded_at for m in counted.values()]
+        + [t or 0 for t in (batch.in_progress_at, batch.cancelling_at, batch.finalizing_at)]
+    )
     if now < touched + completion_grace(settings):
         return NOTHING
     # The signal the workflow would have finalized with: a cancel and a close that decided why
@@ -134,6 +138,16 @@ def _expire(stores: Stores, settings: Settings, batch: BatchRecord, now: int) ->
     except Exception as exc:
         if now < batch.expires_at + 2 * settings.expiry_grace_seconds:
             raise  # logged by ``sweep``; the next sweep finalizes again
-        logger.exception("finalizing an overdue batch keeps failing; failing it", extra={"tenant": batch.tenant, "batch_id": batch.id})
-        workflow.fail(stores, batch.tenant, batch.id, TaskError(Error="SweeperFinalizeFailed", Cause=repr(exc)), now, retried=False)
+        logger.exception(
+            "finalizing an overdue batch keeps failing; failing it",
+            extra={"tenant": batch.tenant, "batch_id": batch.id},
+        )
+        workflow.fail(
+            stores,
+            batch.tenant,
+            batch.id,
+            TaskError(Error="SweeperFinalizeFailed", Cause=repr(exc)),
+            now,
+            retried=False,
+        )
         return FAILED

@@ -38,16 +38,27 @@ def fan_out(message: dict[str, Any]) -> None:
     queue = deps.stores().queues.queue(deps.settings().webhook_queue_url)
     result = logic.fan_out(repo(), batches(), queue, message, now=deps.now())
     if result.dropped is None:
-        logger.info("webhook fan-out", extra={"event_type": message.get("detail-type"), "deliveries": result.webhook_ids})
+        logger.info(
+            "webhook fan-out", extra={"event_type": message.get("detail-type"), "deliveries": result.webhook_ids}
+        )
         return
     detail = message.get("detail")
     if not isinstance(detail, dict):
         detail = {}
-    logger.warning("webhook event dropped", extra={
-        "reason": result.dropped, "event_type": message.get("detail-type"), "source": message.get("source"),
-        "tenant": detail.get("tenant"), "batch_id": detail.get("id"), "event_id": message.get("id"),
-    })
-    with single_metric(name=logic.DROPPED_METRIC, unit=MetricUnit.Count, value=1, namespace=METRICS_NAMESPACE) as metric:
+    logger.warning(
+        "webhook event dropped",
+        extra={
+            "reason": result.dropped,
+            "event_type": message.get("detail-type"),
+            "source": message.get("source"),
+            "tenant": detail.get("tenant"),
+            "batch_id": detail.get("id"),
+            "event_id": message.get("id"),
+        },
+    )
+    with single_metric(
+        name=logic.DROPPED_METRIC, unit=MetricUnit.Count, value=1, namespace=METRICS_NAMESPACE
+    ) as metric:
         metric.add_dimension(name="service", value="webhooks")
 
 
@@ -84,7 +95,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             logger.exception("webhook message failed; it will be retried", extra={"message_id": record["messageId"]})
         failures.append(record["messageId"])
     outcomes = logic.deliver_all(
-        repo(), [m for _, m in due], post=http.post, now=now, allow_loopback_http=settings.webhook_allow_loopback_http,
+        repo(),
+        [m for _, m in due],
+        post=http.post,
+        now=now,
+        allow_loopback_http=settings.webhook_allow_loopback_http,
     )
     for (record, message), outcome in zip(due, outcomes, strict=True):
         try:
@@ -92,7 +107,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                 raise outcome  # not attempted, or its attempt not logged
             settle(record, message, outcome)
         except Exception:
-            logger.exception("webhook delivery not settled; it will be retried",
-                             extra={"message_id": record["messageId"], "webhook_id": message.webhook_id})
+            logger.exception(
+                "webhook delivery not settled; it will be retried",
+                extra={"message_id": record["messageId"], "webhook_id": message.webhook_id},
+            )
             failures.append(record["messageId"])
     return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}

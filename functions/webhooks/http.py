@@ -29,7 +29,9 @@ class _Exchange:
         host, https = parts.hostname or "", parts.scheme == "https"
         port = parts.port or (443 if https else 80)  # given, so an IPv6 literal is not parsed for one
         if https:
-            self._conn: http.client.HTTPConnection = http.client.HTTPSConnection(host, port, timeout=deadline, context=_TLS)
+            self._conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                host, port, timeout=deadline, context=_TLS
+            )
         else:
             self._conn = http.client.HTTPConnection(host, port, timeout=deadline)
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

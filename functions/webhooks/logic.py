@@ -129,10 +129,16 @@ def webhook_id(evt_id: str, endpoint_id: str) -> str:
 
 def payload(event_type: str, batch_id: str, created_at: int) -> str:
     """The body OpenAI sends for a batch event (``BatchCompletedWebhookEvent`` and siblings)."""
-    return json.dumps({
-        "id": event_id(batch_id, event_type), "object": "event", "created_at": created_at,
-        "type": event_type, "data": {"id": batch_id},
-    }, separators=(",", ":"))
+    return json.dumps(
+        {
+            "id": event_id(batch_id, event_type),
+            "object": "event",
+            "created_at": created_at,
+            "type": event_type,
+            "data": {"id": batch_id},
+        },
+        separators=(",", ":"),
+    )
 
 
 class Delivery(BaseModel):
@@ -206,9 +212,16 @@ def fan_out(repo: WebhookRepo, batches: BatchReader, queue: Sender, event: dict[
     body = payload(event_type, batch.id, _terminal_time(batch, now))
     evt = event_id(batch.id, event_type)
     messages = [
-        Delivery(tenant=batch.tenant, endpoint_id=e.id, webhook_id=webhook_id(evt, e.id), event_id=evt,
-                 event_type=event_type, body=body)
-        for e in repo.list(batch.tenant) if event_type in e.events
+        Delivery(
+            tenant=batch.tenant,
+            endpoint_id=e.id,
+            webhook_id=webhook_id(evt, e.id),
+            event_id=evt,
+            event_type=event_type,
+            body=body,
+        )
+        for e in repo.list(batch.tenant)
+        if event_type in e.events
     ]
     if messages:
         queue.send([m.model_dump_json() for m in messages])
@@ -237,7 +250,9 @@ class _Ready:
 def _log(repo: WebhookRepo, message: Delivery, now: int, **fields: Any) -> AttemptRecord:
     record = AttemptRecord(
         **message.model_dump(include={"tenant", "endpoint_id", "webhook_id", "event_id", "event_type"}),
-        attempt=message.attempt, at=now, **fields,
+        attempt=message.attempt,
+        at=now,
+        **fields,
     )
     repo.log(record)
     return record
@@ -271,7 +286,9 @@ def _conclude(repo: WebhookRepo, message: Delivery, status: int | None, error: s
     if message.attempt >= ATTEMPTS:
         return Outcome(_log(repo, message, now, outcome="failed", status_code=status, error=error), give_up=True)
     retry = message.next_attempt(now)
-    return Outcome(_log(repo, message, now, outcome="retry", status_code=status, error=error, next_at=retry.due), retry=retry)
+    return Outcome(
+        _log(repo, message, now, outcome="retry", status_code=status, error=error, next_at=retry.due), retry=retry
+    )
 
 
 def deliver(repo: WebhookRepo, message: Delivery, *, post: Post, now: int, allow_loopback_http: bool) -> Outcome:
@@ -284,7 +301,12 @@ def deliver(repo: WebhookRepo, message: Delivery, *, post: Post, now: int, allow
 
 
 def deliver_all(
-    repo: WebhookRepo, messages: list[Delivery], *, post: Post, now: int, allow_loopback_http: bool,
+    repo: WebhookRepo,
+    messages: list[Delivery],
+    *,
+    post: Post,
+    now: int,
+    allow_loopback_http: bool,
 ) -> list[Outcome | Exception]:
     """``deliver`` each message, their POSTs at once (one thread each), so every attempt has its
     whole deadline whatever the others' receivers do. Per message, in order: its outcome, or the

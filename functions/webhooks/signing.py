@@ -28,13 +28,13 @@ def new_secret() -> str:
 
 def secret_hint(secret: str) -> str:
     """A masked form for listings (the secret itself is shown once)."""
-    return f"{secret[:len(SECRET_PREFIX) + 3]}...{secret[-3:]}"
+    return f"{secret[: len(SECRET_PREFIX) + 3]}...{secret[-3:]}"
 
 
 def _key(secret: str) -> bytes:
     if not secret.startswith(SECRET_PREFIX):
         raise ValueError("a webhook secret starts with whsec_")
-    return base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+    return base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:

@@ -59,8 +59,11 @@ class EndpointRecord(BaseModel):
         return [self.secret]
 
     def to_item(self) -> dict[str, Any]:
-        return {schema.PK: webhooks_pk(self.tenant), schema.SK: ENDPOINT_PREFIX + self.id,
-                **self.model_dump(exclude_none=True)}
+        return {
+            schema.PK: webhooks_pk(self.tenant),
+            schema.SK: ENDPOINT_PREFIX + self.id,
+            **self.model_dump(exclude_none=True),
+        }
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> EndpointRecord:
@@ -90,8 +93,12 @@ class AttemptRecord(BaseModel):
 
     def to_item(self) -> dict[str, Any]:
         sk = f"{LOG_PREFIX}{self.at:010d}#{self.webhook_id}#{self.attempt:02d}"
-        return {schema.PK: webhooks_pk(self.tenant), schema.SK: sk, schema.TTL: self.at + LOG_RETENTION_SECONDS,
-                **self.model_dump(exclude_none=True)}
+        return {
+            schema.PK: webhooks_pk(self.tenant),
+            schema.SK: sk,
+            schema.TTL: self.at + LOG_RETENTION_SECONDS,
+            **self.model_dump(exclude_none=True),
+        }
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> AttemptRecord:
@@ -126,7 +133,8 @@ class WebhookRepo:
             return None
         values: dict[str, Any] = {"secret": secret, "updated_at": now}
         values.update(
-            {"previous_secret": record.secret, "previous_until": now + PREVIOUS_SECRET_SECONDS} if keep_old
+            {"previous_secret": record.secret, "previous_until": now + PREVIOUS_SECRET_SECONDS}
+            if keep_old
             else {"previous_until": now}
         )
         try:
@@ -144,8 +152,11 @@ class WebhookRepo:
     def log(self, attempt: AttemptRecord) -> None:
         self._table.put(attempt.to_item())
 
-    def attempts(self, tenant: str, *, limit: int, now: int, endpoint_id: str | None = None) -> builtins.list[AttemptRecord]:
+    def attempts(
+        self, tenant: str, *, limit: int, now: int, endpoint_id: str | None = None
+    ) -> builtins.list[AttemptRecord]:
         """The newest ``limit`` attempts (of one endpoint if given), newest first."""
+
         def keep(item: dict[str, Any]) -> bool:
             alive = not (schema.TTL in item and int(item[schema.TTL]) <= now)
             return alive and (endpoint_id is None or item.get("endpoint_id") == endpoint_id)

@@ -32,7 +32,9 @@ NEVER_RAN: dict[str, tuple[str, str]] = {
 TERMINAL: dict[Signal, str] = {Signal.COMPLETE: "completed", Signal.CANCEL: "cancelled", Signal.EXPIRE: "expired"}
 
 
-def run(task: Register | Check | Drain | Finalize | Fail, stores: Stores, settings: Settings, *, now: int) -> dict[str, Any]:
+def run(
+    task: Register | Check | Drain | Finalize | Fail, stores: Stores, settings: Settings, *, now: int
+) -> dict[str, Any]:
     """Run one task of the state machine at time ``now``."""
     match task:
         case Register():
@@ -83,7 +85,10 @@ def check(stores: Stores, tenant: str, batch_id: str, reconcile_seconds: int, no
     batch = _batch(stores, tenant, batch_id)
     outcome = _owed(batch) or (Signal.EXPIRE if now >= batch.expires_at else None)
     if outcome is None:
-        return {SIGNAL_FIELD: WAIT, "timeout_seconds": limits.signal_wait_seconds(batch.expires_at, now, reconcile_seconds)}
+        return {
+            SIGNAL_FIELD: WAIT,
+            "timeout_seconds": limits.signal_wait_seconds(batch.expires_at, now, reconcile_seconds),
+        }
     return {SIGNAL_FIELD: str(outcome), "timeout_seconds": 0}
 
 
@@ -94,7 +99,9 @@ def reason_for(batch: BatchRecord, signalled: Signal) -> Signal:
     return Signal(signalled) if signalled in (Signal.EXPIRE, Signal.CANCEL) else Signal.COMPLETE
 
 
-def drain(stores: Stores, settings: Settings, tenant: str, batch_id: str, signalled: Signal, now: int) -> dict[str, Any]:
+def drain(
+    stores: Stores, settings: Settings, tenant: str, batch_id: str, signalled: Signal, now: int
+) -> dict[str, Any]:
     """Wait for chunks already running (within the grace period) before finalizing a batch that
     was cancelled or expired; an expiring batch shows ``finalizing`` meanwhile and takes no new
     chunks. Returns {"drained": bool, "reason": ...}."""
@@ -141,8 +148,13 @@ def _close(stores: Stores, batch: BatchRecord, closed_for: str, *, finalizing: b
     """Stop the batch taking chunks (and show it ``finalizing`` if asked) and plan its files
     (``lifecycle.close``: every retry and every concurrent task writes the same files).
     ConditionFailed if the batch is no longer closable (another task finished it)."""
-    change = lifecycle.close(now, closed_for=closed_for, finalizing=finalizing,
-                             planned_output_file_id=ids.new_id(ids.FILE), planned_error_file_id=ids.new_id(ids.FILE))
+    change = lifecycle.close(
+        now,
+        closed_for=closed_for,
+        finalizing=finalizing,
+        planned_output_file_id=ids.new_id(ids.FILE),
+        planned_error_file_id=ids.new_id(ids.FILE),
+    )
     return stores.batches.transition(batch.tenant, batch.id, change)
 
 
@@ -198,9 +210,13 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
             if marker is not None:
                 # The marker's counts say which parts hold lines: no request for an empty part.
                 if marker.completed:
-                    completed += _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "out"), output)
+                    completed += _append_part(
+                        stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "out"), output
+                    )
                 if marker.failed:
-                    failed += _append_part(stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors)
+                    failed += _append_part(
+                        stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors
+                    )
             else:
                 for ok, count in _write_salvaged(stores, batch, chunk, batch.closed_for, output, errors, usage).items():
                     salvaged[ok] += count
@@ -209,7 +225,10 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
         # counts a tenant reads agree with the files; the difference is logged.
         logger.warning(
             "batch parts disagree with its counters: %d completed and %d failed lines in the counted parts, counters %d and %d",
-            completed, failed, batch.completed, batch.failed,
+            completed,
+            failed,
+            batch.completed,
+            batch.failed,
             extra={"tenant": tenant, "batch_id": batch_id},
         )
     completed += salvaged[True]
@@ -217,8 +236,14 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     expiry = batch.output_expires_after or limits.OUTPUT_FILE_DEFAULT_EXPIRY_SECONDS
     files = [
         FileRecord(
-            tenant=tenant, id=file_id, filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output",
-            bytes=writer.bytes, created_at=now, expires_at=now + expiry, s3_key=writer.key,
+            tenant=tenant,
+            id=file_id,
+            filename=f"{batch_id}_{kind}.jsonl",
+            purpose="batch_output",
+            bytes=writer.bytes,
+            created_at=now,
+            expires_at=now + expiry,
+            s3_key=writer.key,
         )
         for file_id, kind, writer in (
             (batch.planned_output_file_id, "output", output),
@@ -227,15 +252,18 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
         if writer.bytes > 0
     ]
     return Assembled(
-        files=files, completed=completed, failed=failed,
+        files=files,
+        completed=completed,
+        failed=failed,
         output_file_id=batch.planned_output_file_id if output.bytes else None,
         error_file_id=batch.planned_error_file_id if errors.bytes else None,
         usage=usage,
     )
 
 
-def _finish(stores: Stores, batch: BatchRecord, assembled: Assembled, status: str, values: dict[str, Any],
-            now: int) -> BatchRecord:
+def _finish(
+    stores: Stores, batch: BatchRecord, assembled: Assembled, status: str, values: dict[str, Any], now: int
+) -> BatchRecord:
     """Create the files and set the terminal state in one transaction, only if the batch is still
     as this task closed it; returns the batch as stored after (finished by us or by another: the
     caller publishes its status either way)."""
@@ -253,8 +281,13 @@ def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
 
 
 def _write_salvaged(
-    stores: Stores, batch: BatchRecord, chunk: Chunk, closed_for: str,
-    output: ObjectWriter, errors: ObjectWriter, usage: chunk_lifecycle.Usage,
+    stores: Stores,
+    batch: BatchRecord,
+    chunk: Chunk,
+    closed_for: str,
+    output: ObjectWriter,
+    errors: ObjectWriter,
+    usage: chunk_lifecycle.Usage,
 ) -> dict[bool, int]:
     """Write an uncounted chunk's lines: its checkpointed results (2xx to ``output``, the rest to
     ``errors``, as ``results.write_parts`` splits them; their usage added to ``usage``) and a
@@ -262,7 +295,9 @@ def _write_salvaged(
     code, message = NEVER_RAN[closed_for]
     run = stores.batches.chunk_run(batch.tenant, batch.id, chunk.chunk)
     counts = {True: 0, False: 0}
-    for line in results.salvaged_lines(stores.objects, batch.work_message(chunk), run.cover() if run else [], code, message):
+    for line in results.salvaged_lines(
+        stores.objects, batch.work_message(chunk), run.cover() if run else [], code, message
+    ):
         ok = results.succeeded(line)
         (output if ok else errors).write(line.model_dump_json().encode() + b"\n")
         usage.add_response(results.usage_of(line))
@@ -309,7 +344,9 @@ TRANSIENT: tuple[type[BaseException], ...] = (Throttled, TimeoutError, Connectio
 FAIL_ATTEMPTS = 3
 
 
-def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int, *, retried: bool = True) -> dict[str, Any]:
+def fail(
+    stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int, *, retried: bool = True
+) -> dict[str, Any]:
     """The workflow's last resort: any unrecoverable failure lands the batch in ``failed``,
     keeping what completed. It closes the batch and assembles its files as ``finalize`` does
     (``assemble``; never-ran requests are error lines, ``batch_failed`` unless another task closed
@@ -321,9 +358,15 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int,
     ``FAILED_ERROR``; the workflow's full error is logged."""
     batch = _batch(stores, tenant, batch_id)
     logger.error(
-        "batch workflow failed: %s", error.describe(),
-        extra={"tenant": tenant, "batch_id": batch_id, "error": error.Error, "cause": error.Cause,
-               "status": batch.status},
+        "batch workflow failed: %s",
+        error.describe(),
+        extra={
+            "tenant": tenant,
+            "batch_id": batch_id,
+            "error": error.Error,
+            "cause": error.Cause,
+            "status": batch.status,
+        },
     )
     for _ in range(FAIL_ATTEMPTS):
         if is_terminal(batch.status) or batch.status not in CLOSABLE:
@@ -335,14 +378,16 @@ def fail(stores: Stores, tenant: str, batch_id: str, error: TaskError, now: int,
                 raise  # the Fail state runs it again: the files are worth a retry
             logger.warning(
                 "a transient error again while failing an overdue batch; failing it without files",
-                exc_info=True, extra={"tenant": tenant, "batch_id": batch_id},
+                exc_info=True,
+                extra={"tenant": tenant, "batch_id": batch_id},
             )
             break
         except Exception:
             # A warning: the batch's failure itself is the error logged above.
             logger.warning(
                 "could not write the files of a failing batch; failing it without files",
-                exc_info=True, extra={"tenant": tenant, "batch_id": batch_id},
+                exc_info=True,
+                extra={"tenant": tenant, "batch_id": batch_id},
             )
             break
     if not is_terminal(batch.status):

@@ -181,7 +181,7 @@ def _smoke_test(folder: Path, tokenizer) -> None:
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
     log(f"{CHAT_MODEL}: smoke test answer: {text!r}")
     if not text:
         sys.exit("the converted model generated nothing")
@@ -209,8 +209,9 @@ def prepare_embedding_model(models_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
-    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16",
-                        help="dtype of the saved chat model (default: bfloat16)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, default="bfloat16", help="dtype of the saved chat model (default: bfloat16)"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even when already prepared")
     args = parser.parse_args(argv)
     models_dir = args.models_dir.resolve()

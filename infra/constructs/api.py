@@ -42,21 +42,23 @@ _GATEWAY_HEADERS = {"Content-Type": f"'{_JSON}'", http.REQUEST_ID_HEADER: "conte
 def access_log_format() -> apigw.AccessLogFormat:
     f = apigw.AccessLogField
     return apigw.AccessLogFormat.custom(
-        json.dumps({
-            "requestId": f.context_request_id(),
-            "time": f.context_request_time_epoch(),
-            "ip": f.context_identity_source_ip(),
-            "method": f.context_http_method(),
-            "path": f.context_path(),
-            "status": f.context_status(),
-            "bytes": f.context_response_length(),
-            "latencyMs": f.context_response_latency(),
-            "tenant": f.context_authorizer_principal_id(),
-            "authorizerStatus": f.context_authorizer_status(),
-            "integrationStatus": f.context_integration_status(),
-            "error": f.context_error_message(),
-            "xrayTraceId": f.context_xray_trace_id(),
-        })
+        json.dumps(
+            {
+                "requestId": f.context_request_id(),
+                "time": f.context_request_time_epoch(),
+                "ip": f.context_identity_source_ip(),
+                "method": f.context_http_method(),
+                "path": f.context_path(),
+                "status": f.context_status(),
+                "bytes": f.context_response_length(),
+                "latencyMs": f.context_response_latency(),
+                "tenant": f.context_authorizer_principal_id(),
+                "authorizerStatus": f.context_authorizer_status(),
+                "integrationStatus": f.context_integration_status(),
+                "error": f.context_error_message(),
+                "xrayTraceId": f.context_xray_trace_id(),
+            }
+        )
     )
 
 
@@ -95,16 +97,19 @@ class Api(Construct):
         storage.bucket.grant_read_write(self.api_function)
         bucket, table = arn_in_findings(storage.bucket), arn_in_findings(storage.table)
         objects = "grant_read_write's action groups, on this one bucket's objects only"
-        acknowledge_wildcards(self.api_function.role, {
-            f"Resource::{bucket}/*": "Objects are keyed per tenant and file/upload id (files/<tenant>/<id>, "
-            "uploads/...); the api Lambda serves every tenant, so it needs the bucket's objects.",
-            "Action::s3:GetObject*": objects + " (reads, ranged reads, multipart copy sources).",
-            "Action::s3:GetBucket*": objects + " (bucket metadata the SDK reads).",
-            "Action::s3:List*": objects + " (listing an upload's parts, multipart parts).",
-            "Action::s3:DeleteObject*": objects + " (DELETE /v1/files, cancelled uploads).",
-            "Action::s3:Abort*": objects + " (aborting a failed multipart assembly).",
-            f"Resource::{table}/index/*": "Queries on the table's GSIs (listing a tenant's files by purpose).",
-        })
+        acknowledge_wildcards(
+            self.api_function.role,
+            {
+                f"Resource::{bucket}/*": "Objects are keyed per tenant and file/upload id (files/<tenant>/<id>, "
+                "uploads/...); the api Lambda serves every tenant, so it needs the bucket's objects.",
+                "Action::s3:GetObject*": objects + " (reads, ranged reads, multipart copy sources).",
+                "Action::s3:GetBucket*": objects + " (bucket metadata the SDK reads).",
+                "Action::s3:List*": objects + " (listing an upload's parts, multipart parts).",
+                "Action::s3:DeleteObject*": objects + " (DELETE /v1/files, cancelled uploads).",
+                "Action::s3:Abort*": objects + " (aborting a failed multipart assembly).",
+                f"Resource::{table}/index/*": "Queries on the table's GSIs (listing a tenant's files by purpose).",
+            },
+        )
 
         self.authorizer_function = lambdas.function(
             self,

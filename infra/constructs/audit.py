@@ -70,8 +70,16 @@ class Audit(Construct):
     """``queue``, ``dead_letters``, ``function``, ``bucket``, ``key`` (all None with governance off)
     and ``settings``: the deployment's settings with the audit queue's URL."""
 
-    def __init__(self, scope: Construct, id: str, *, config: DeployConfig, storage, lambdas, settings: Settings,
-                 ) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeployConfig,
+        storage,
+        lambdas,
+        settings: Settings,
+    ) -> None:
         super().__init__(scope, id)
         self.queue: sqs.Queue | None = None
         self.dead_letters: sqs.Queue | None = None
@@ -85,54 +93,87 @@ class Audit(Construct):
         assert lock is not None  # DeployConfig refuses governance without it
         self.bucket = self._bucket(lock, storage.access_logs)
         self.key = kms.Key(
-            self, "SigningKey", key_spec=kms.KeySpec.ECC_NIST_P256, key_usage=kms.KeyUsage.SIGN_VERIFY,
+            self,
+            "SigningKey",
+            key_spec=kms.KeySpec.ECC_NIST_P256,
+            key_usage=kms.KeyUsage.SIGN_VERIFY,
             description="Signs the audit chains' checkpoints (docs/audit.md)",
             # Without it no checkpoint verifies against KMS: kept with the locked bucket.
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
         self.dead_letters = sqs.Queue(
-            self, "DeadLetters", fifo=True, encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+            self,
+            "DeadLetters",
+            fifo=True,
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
             retention_period=cdk.Duration.days(14),
         )
-        acknowledge(self.dead_letters, "AwsSolutions-SQS3", "This queue is itself a dead-letter queue: the audit queue's.")
+        acknowledge(
+            self.dead_letters, "AwsSolutions-SQS3", "This queue is itself a dead-letter queue: the audit queue's."
+        )
         self.queue = sqs.Queue(
-            self, "Queue", fifo=True, content_based_deduplication=False,
+            self,
+            "Queue",
+            fifo=True,
+            content_based_deduplication=False,
             deduplication_scope=sqs.DeduplicationScope.MESSAGE_GROUP,
             fifo_throughput_limit=sqs.FifoThroughputLimit.PER_MESSAGE_GROUP_ID,
             visibility_timeout=cdk.Duration.seconds(names.AUDIT_VISIBILITY_SECONDS),
             retention_period=cdk.Duration.days(14),
             dead_letter_queue=sqs.DeadLetterQueue(queue=self.dead_letters, max_receive_count=names.AUDIT_MAX_RECEIVES),
-            encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
         )
         self.settings = settings.model_copy(update={"audit_queue_url": self.queue.queue_url})
         self.function = lambdas.function(
-            self, "Appender",
+            self,
+            "Appender",
             handler="functions.audit_append.handler.handler",
-            environment=self.settings.model_copy(update={
-                "audit_bucket_name": self.bucket.bucket_name, "audit_signing_key_id": self.key.key_arn,
-            }).to_env(),
+            environment=self.settings.model_copy(
+                update={
+                    "audit_bucket_name": self.bucket.bucket_name,
+                    "audit_signing_key_id": self.key.key_arn,
+                }
+            ).to_env(),
             description="Appends audit intents to the tenants' chains, copies them to the Object Lock bucket, "
-                        "signs checkpoints",
+            "signs checkpoints",
             memory_size=256,
             timeout=cdk.Duration.seconds(names.AUDIT_APPEND_TIMEOUT_SECONDS),
         )
-        self.function.add_event_source(sources.SqsEventSource(
-            self.queue, batch_size=BATCH_SIZE, report_batch_item_failures=True))
+        self.function.add_event_source(
+            sources.SqsEventSource(self.queue, batch_size=BATCH_SIZE, report_batch_item_failures=True)
+        )
         self._grant(storage)
-        cdk.CfnOutput(scope, names.OUTPUT_AUDIT_QUEUE, value=self.queue.queue_url,
-                      description="Where batchctl sends the operator's audit intents")
-        cdk.CfnOutput(scope, names.OUTPUT_AUDIT_BUCKET, value=self.bucket.bucket_name,
-                      description="The audit chains' WORM copies and signed checkpoints (batchctl audit verify)")
-        cdk.CfnOutput(scope, names.OUTPUT_AUDIT_KEY, value=self.key.key_arn,
-                      description="The key that signs the audit checkpoints (batchctl audit public-key)")
+        cdk.CfnOutput(
+            scope,
+            names.OUTPUT_AUDIT_QUEUE,
+            value=self.queue.queue_url,
+            description="Where batchctl sends the operator's audit intents",
+        )
+        cdk.CfnOutput(
+            scope,
+            names.OUTPUT_AUDIT_BUCKET,
+            value=self.bucket.bucket_name,
+            description="The audit chains' WORM copies and signed checkpoints (batchctl audit verify)",
+        )
+        cdk.CfnOutput(
+            scope,
+            names.OUTPUT_AUDIT_KEY,
+            value=self.key.key_arn,
+            description="The key that signs the audit checkpoints (batchctl audit public-key)",
+        )
 
     def _bucket(self, lock, access_logs: s3.IBucket) -> s3.Bucket:
         days = cdk.Duration.days(lock.retention_days)
         retention = (
-            s3.ObjectLockRetention.compliance(days) if lock.mode == "compliance" else s3.ObjectLockRetention.governance(days)
+            s3.ObjectLockRetention.compliance(days)
+            if lock.mode == "compliance"
+            else s3.ObjectLockRetention.governance(days)
         )
         bucket = s3.Bucket(
-            self, "Bucket",
+            self,
+            "Bucket",
             object_lock_enabled=True,
             object_lock_default_retention=retention,
             versioned=True,
@@ -147,14 +188,25 @@ class Audit(Construct):
         objects = bucket.arn_for_objects("*")
         # A key is written once: a PUT without If-None-Match would add a version (S3, "Enforce
         # conditional writes on Amazon S3 buckets": the s3:if-none-match condition key).
-        bucket.add_to_resource_policy(iam.PolicyStatement(
-            sid="WriteOnce", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=["s3:PutObject"],
-            resources=[objects], conditions={"Null": {"s3:if-none-match": "true"}},
-        ))
-        bucket.add_to_resource_policy(iam.PolicyStatement(
-            sid="NeverRemoved", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=list(BUCKET_DENIED),
-            resources=[bucket.bucket_arn, objects],
-        ))
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="WriteOnce",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[objects],
+                conditions={"Null": {"s3:if-none-match": "true"}},
+            )
+        )
+        bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="NeverRemoved",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=list(BUCKET_DENIED),
+                resources=[bucket.bucket_arn, objects],
+            )
+        )
         return bucket
 
     def _grant(self, storage) -> None:
@@ -167,40 +219,71 @@ class Audit(Construct):
         storage.bucket.grant_read(self.function, PART_KEYS)  # a receipt without digests hashes the parts
         # Put (once) and read back its two prefixes; ListBucket so a missing key answers 404, not 403.
         prefixes = [self.bucket.arn_for_objects(f"{p}*") for p in (anchor.CHAIN_PREFIX, anchor.CHECKPOINT_PREFIX)]
-        self.function.add_to_role_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:GetObject"], resources=prefixes))
-        self.function.add_to_role_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn]))
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["s3:PutObject", "s3:GetObject"], resources=prefixes)
+        )
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
+        )
         self.key.grant(self.function, "kms:Sign")
         locked = arn_in_findings(self.bucket)
-        acknowledge_data_grants(role, storage, {
-            PART_KEYS: "Hashes a counted chunk's result parts for a receipt whose sender named no digests: any "
-            "tenant's batch has chunks.",
-        }, table=None)
-        acknowledge_wildcards(role, {
-            f"Resource::{locked}/{anchor.CHAIN_PREFIX}*": "One object per audit record of any tenant "
-            "(chain/<tenant>/<seq>.json); put once (If-None-Match, the bucket policy) and read back.",
-            f"Resource::{locked}/{anchor.CHECKPOINT_PREFIX}*": "One signed checkpoint per tenant and seq "
-            "(checkpoints/<tenant>/<seq>.json); put once and read back.",
-        })
+        acknowledge_data_grants(
+            role,
+            storage,
+            {
+                PART_KEYS: "Hashes a counted chunk's result parts for a receipt whose sender named no digests: any "
+                "tenant's batch has chunks.",
+            },
+            table=None,
+        )
+        acknowledge_wildcards(
+            role,
+            {
+                f"Resource::{locked}/{anchor.CHAIN_PREFIX}*": "One object per audit record of any tenant "
+                "(chain/<tenant>/<seq>.json); put once (If-None-Match, the bucket policy) and read back.",
+                f"Resource::{locked}/{anchor.CHECKPOINT_PREFIX}*": "One signed checkpoint per tenant and seq "
+                "(checkpoints/<tenant>/<seq>.json); put once and read back.",
+            },
+        )
         # Nobody else writes an AUDIT# item, whatever their identity policy grants (the operator's
         # admin role included); nobody, the appender included, changes or deletes one. "*": the
         # table's own ARN in its policy would be a circular reference (CDK's documented pattern).
         audit_items = {"ForAnyValue:StringLike": {"dynamodb:LeadingKeys": [AUDIT_PARTITIONS]}}
-        storage.table.add_to_resource_policy(iam.PolicyStatement(
-            sid="AuditAppenderOnly", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=list(OTHERS_DENIED),
-            resources=["*"], conditions={**audit_items, "ArnNotEquals": {"aws:PrincipalArn": role.role_arn}},
-        ))
-        storage.table.add_to_resource_policy(iam.PolicyStatement(
-            sid="AuditAppendOnly", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()], actions=list(ALL_DENIED),
-            resources=["*"], conditions=audit_items,
-        ))
+        storage.table.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AuditAppenderOnly",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=list(OTHERS_DENIED),
+                resources=["*"],
+                conditions={**audit_items, "ArnNotEquals": {"aws:PrincipalArn": role.role_arn}},
+            )
+        )
+        storage.table.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AuditAppendOnly",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=list(ALL_DENIED),
+                resources=["*"],
+                conditions=audit_items,
+            )
+        )
         # Nobody else writes a budget item either: what a tenant spent is charged by this role only,
         # from count markers, once per chunk (a receipt's transaction).
-        storage.table.add_to_resource_policy(iam.PolicyStatement(
-            sid="BudgetsAppenderOnly", effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()],
-            actions=list(BUDGET_DENIED), resources=["*"],
-            conditions={"ForAnyValue:StringLike": {"dynamodb:LeadingKeys": [BUDGET_PARTITIONS]},
-                        "ArnNotEquals": {"aws:PrincipalArn": role.role_arn}},
-        ))
+        storage.table.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="BudgetsAppenderOnly",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=list(BUDGET_DENIED),
+                resources=["*"],
+                conditions={
+                    "ForAnyValue:StringLike": {"dynamodb:LeadingKeys": [BUDGET_PARTITIONS]},
+                    "ArnNotEquals": {"aws:PrincipalArn": role.role_arn},
+                },
+            )
+        )
 
     def grant_send(self, grantee: iam.IGrantable) -> None:
         """A writer of audit intents: ``sqs:SendMessage`` on the audit queue, nothing else of it

@@ -30,8 +30,9 @@ def log_group(scope: Construct, id: str, config: DeployConfig) -> logs.LogGroup:
     return group
 
 
-def vpc_without_nat(scope: Construct, config: DeployConfig, *, cidr: str,
-                    subnets: list[ec2.SubnetConfiguration], **zones: Any) -> ec2.Vpc:
+def vpc_without_nat(
+    scope: Construct, config: DeployConfig, *, cidr: str, subnets: list[ec2.SubnetConfiguration], **zones: Any
+) -> ec2.Vpc:
     """A VPC (``Vpc``) that idles at zero: no NAT gateway, S3 and DynamoDB through gateway
     endpoints (free), every flow logged (``FlowLogs``); ``zones`` is ``max_azs`` or
     ``availability_zones``."""
@@ -56,8 +57,17 @@ def vpc_without_nat(scope: Construct, config: DeployConfig, *, cidr: str,
     )
 
 
-def consume_table_stream(scope: Construct, function: Any, table: Any, *, of: str, pattern: dict, batching_seconds: int,
-                         retry_attempts: int, also: tuple[dict, ...] = ()) -> sqs.Queue:
+def consume_table_stream(
+    scope: Construct,
+    function: Any,
+    table: Any,
+    *,
+    of: str,
+    pattern: dict,
+    batching_seconds: int,
+    retry_attempts: int,
+    also: tuple[dict, ...] = (),
+) -> sqs.Queue:
     """``function`` reads the table's stream, invoked only for the records ``pattern`` (an event
     filter) or one of ``also`` passes; batches of up to 100, bisected on error, retried, then sent
     to a new dead-letter queue (returned; ``of`` says whose). The reaper and the audit exporter."""
@@ -129,23 +139,34 @@ def state_machine_arn(scope: Construct) -> str:
     )
 
 
-def acknowledge_data_grants(scope: IConstruct | None, storage: Any, objects: dict[str, str], *, table: str | None) -> None:
+def acknowledge_data_grants(
+    scope: IConstruct | None, storage: Any, objects: dict[str, str], *, table: str | None
+) -> None:
     """IAM5 acknowledgments for ``bucket.grant_read``/``grant_put`` on key patterns (``objects``:
     pattern -> why this role needs those keys) and ``table.grant_read_write_data`` (``table``: why
     this role reads and writes the table; None for a role granted items by ``grant_items``, which
     has no wildcard). ``storage`` is the Storage construct."""
     bucket = arn_in_findings(storage.bucket)
-    acknowledge_wildcards(scope, {
-        **{f"Resource::{bucket}/{pattern}": reason for pattern, reason in objects.items()},
-        "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on the key "
-        "patterns granted only.",
-        "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
-        "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
-        "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
-        "granted only.",
-        **({f"Resource::{arn_in_findings(storage.table)}/index/*": "grant_read_write_data includes the table's "
-            f"index (GSI); {table}"} if table is not None else {}),
-    })
+    acknowledge_wildcards(
+        scope,
+        {
+            **{f"Resource::{bucket}/{pattern}": reason for pattern, reason in objects.items()},
+            "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on the key "
+            "patterns granted only.",
+            "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
+            "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
+            "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
+            "granted only.",
+            **(
+                {
+                    f"Resource::{arn_in_findings(storage.table)}/index/*": "grant_read_write_data includes the table's "
+                    f"index (GSI); {table}"
+                }
+                if table is not None
+                else {}
+            ),
+        },
+    )
 
 
 #: IAM ``StringLike`` patterns of partition keys (``dynamodb:LeadingKeys``), built by the same
@@ -179,7 +200,11 @@ KEY_ITEMS = schema.key_pk("*")
 API_OWN_PARTITIONS = schema.tenant_pk("*")
 NOT_OWN_PARTITIONS = schema.tenant_pk("*#*")
 API_WRITE_PARTITIONS = (
-    schema.batches_pk("*"), schema.creations_pk("*"), schema.requests_pk("*"), STORED_PARTITIONS, "IDEMPOTENCY#*",
+    schema.batches_pk("*"),
+    schema.creations_pk("*"),
+    schema.requests_pk("*"),
+    STORED_PARTITIONS,
+    "IDEMPOTENCY#*",
 )
 API_WRITE_ACTIONS = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
@@ -231,8 +256,12 @@ def grant_api_writes(role: iam.IGrantable, storage: Any) -> list[iam.PolicyState
 
 
 def grant_items(
-    role: iam.IGrantable, storage: Any, actions: tuple[str, ...], leading_keys: tuple[str, ...],
-    *, excluding: tuple[str, ...] = (),
+    role: iam.IGrantable,
+    storage: Any,
+    actions: tuple[str, ...],
+    leading_keys: tuple[str, ...],
+    *,
+    excluding: tuple[str, ...] = (),
 ) -> iam.PolicyStatement:
     """Allow ``actions`` on the table's items whose partition key matches one of ``leading_keys``
     (IAM ``StringLike`` patterns) and none of ``excluding`` (``StringNotLike``), and nothing else.

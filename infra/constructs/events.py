@@ -34,7 +34,9 @@ class BatchEvents(Construct):
         self.publishers: list[iam.IRole] = []
         self._sealed = False
         self.bus = events.EventBus(
-            self, "Bus", event_bus_name=names.event_bus_name(resource_prefix(self)),
+            self,
+            "Bus",
+            event_bus_name=names.event_bus_name(resource_prefix(self)),
             description="Batch lifecycle events (source batch-api); only the stack's publishers may put events",
         )
 
@@ -54,11 +56,13 @@ class BatchEvents(Construct):
         if not self.publishers:
             raise ValueError("the batch event bus has no publisher: its policy would deny everyone")
         self._sealed = True
-        self.bus.add_to_resource_policy(iam.PolicyStatement(
-            sid=ONLY_PUBLISHERS_SID,
-            effect=iam.Effect.DENY,
-            principals=[iam.AnyPrincipal()],
-            actions=[PUT_EVENTS],
-            resources=[self.bus.event_bus_arn],
-            conditions={"ArnNotEquals": {"aws:PrincipalArn": [role.role_arn for role in self.publishers]}},
-        ))
+        self.bus.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid=ONLY_PUBLISHERS_SID,
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=[PUT_EVENTS],
+                resources=[self.bus.event_bus_arn],
+                conditions={"ArnNotEquals": {"aws:PrincipalArn": [role.role_arn for role in self.publishers]}},
+            )
+        )

@@ -76,9 +76,7 @@ class Ingest(Construct):
     DLQ's consumer), and ``settings``: the one ``Settings``
     every function and the worker read."""
 
-    def __init__(
-        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas) -> None:
         super().__init__(scope, id)
         prefix = resource_prefix(self)
 
@@ -89,7 +87,9 @@ class Ingest(Construct):
             "IngestQueue",
             queue_name=names.ingest_queue_name(prefix),
             visibility_timeout=INGEST_VISIBILITY,
-            dead_letter_queue=sqs.DeadLetterQueue(queue=self.ingest_dead_letters, max_receive_count=names.INGEST_MAX_RECEIVES),
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=self.ingest_dead_letters, max_receive_count=names.INGEST_MAX_RECEIVES
+            ),
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
         )
@@ -156,11 +156,16 @@ class Ingest(Construct):
         storage.bucket.grant_put(self.function, MANIFEST_KEYS)
         for queue in self.work_queues.values():
             queue.grant_send_messages(self.function)
-        acknowledge_data_grants(self.function.role, storage, {
-            BATCH_KEYS: "Reads the batch input snapshot (streamed) and, when an event is redelivered, the chunk "
-            "manifest it wrote: only under batches/, never a tenant's files.",
-            MANIFEST_KEYS: "Writes each batch's chunk manifest (deterministic key).",
-        }, table=None)
+        acknowledge_data_grants(
+            self.function.role,
+            storage,
+            {
+                BATCH_KEYS: "Reads the batch input snapshot (streamed) and, when an event is redelivered, the chunk "
+                "manifest it wrote: only under batches/, never a tenant's files.",
+                MANIFEST_KEYS: "Writes each batch's chunk manifest (deterministic key).",
+            },
+            table=None,
+        )
 
         # --- dead-lettered chunks -> DLQ Lambda ---------------------------------------------------
         self.dlq_function = lambdas.function(
@@ -173,18 +178,25 @@ class Ingest(Construct):
             timeout=DLQ_HANDLER_TIMEOUT,
         )
         for dlq in self.work_dead_letters.values():
-            self.dlq_function.add_event_source(sources.SqsEventSource(dlq, batch_size=1, report_batch_item_failures=True))
+            self.dlq_function.add_event_source(
+                sources.SqsEventSource(dlq, batch_size=1, report_batch_item_failures=True)
+            )
         # What the worker has: the batch item and the chunk's marker and run record (the count is a
         # TransactWriteItems, authorized item by item).
         grant_items(self.dlq_function, storage, CHUNK_COUNT_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
         storage.bucket.grant_read(self.dlq_function, INPUT_KEYS)
         storage.bucket.grant_put(self.dlq_function, PART_KEYS)
         storage.bucket.grant_read(self.dlq_function, PART_KEYS)  # the chunk's checkpointed lines are kept
-        acknowledge_data_grants(self.dlq_function.role, storage, {
-            INPUT_KEYS: "Reads the dead-lettered chunk's lines (a ranged GET of the input snapshot) for their "
-            "custom_ids; any tenant's batch can dead-letter a chunk.",
-            PART_KEYS: "Writes the chunk's error part (a key per attempt under the batch's parts/).",
-        }, table=None)
+        acknowledge_data_grants(
+            self.dlq_function.role,
+            storage,
+            {
+                INPUT_KEYS: "Reads the dead-lettered chunk's lines (a ranged GET of the input snapshot) for their "
+                "custom_ids; any tenant's batch can dead-letter a chunk.",
+                PART_KEYS: "Writes the chunk's error part (a key per attempt under the batch's parts/).",
+            },
+            table=None,
+        )
 
         # --- dead-lettered ingest events -> ingest DLQ Lambda ---------------------------------------
         # An ingest event that failed INGEST_MAX_RECEIVES times would otherwise leave its batch
@@ -209,9 +221,14 @@ class Ingest(Construct):
         storage.bucket.grant_read(self.ingest_dlq_function, MANIFEST_KEYS)  # a retried fan-out reads the manifest
         for queue in self.work_queues.values():
             queue.grant_send_messages(self.ingest_dlq_function)
-        acknowledge_data_grants(self.ingest_dlq_function.role, storage, {
-            MANIFEST_KEYS: "A retried fan-out reads the chunk manifest ingest wrote for any tenant's batch (read only).",
-        }, table=None)
+        acknowledge_data_grants(
+            self.ingest_dlq_function.role,
+            storage,
+            {
+                MANIFEST_KEYS: "A retried fan-out reads the chunk manifest ingest wrote for any tenant's batch (read only).",
+            },
+            table=None,
+        )
 
         # CDK's own handler that writes the bucket's notification configuration (a custom resource:
         # CloudFormation cannot set it on the bucket without a bucket <-> queue policy cycle).

@@ -60,8 +60,20 @@ def install_dependencies(requirements: Sequence[str], cache: Path = DEPS_CACHE) 
     staging = Path(tempfile.mkdtemp(prefix=f"{key}-", dir=cache))
     try:
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-qq", "--disable-pip-version-check", "--no-compile",
-             "--only-binary=:all:", *PIP_TARGET, "--target", str(staging), *requirements],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-qq",
+                "--disable-pip-version-check",
+                "--no-compile",
+                "--only-binary=:all:",
+                *PIP_TARGET,
+                "--target",
+                str(staging),
+                *requirements,
+            ],
             check=True,
         )
         (staging / ".complete").write_text("\n".join(requirements) + "\n")
@@ -88,7 +100,9 @@ class LocalPipBundling:
         deps = install_dependencies(self.requirements)
         shutil.copytree(deps, output_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete", *_NOT_SHIPPED))
         shutil.copytree(
-            FUNCTIONS_DIR, Path(output_dir) / FUNCTIONS_DIR.name, dirs_exist_ok=True,
+            FUNCTIONS_DIR,
+            Path(output_dir) / FUNCTIONS_DIR.name,
+            dirs_exist_ok=True,
             ignore=shutil.ignore_patterns(*_NOT_SHIPPED),
         )
         return True

@@ -140,12 +140,17 @@ class Monitoring(Construct):
         return (
             self.graph(
                 title,
-                queue.metric_approximate_number_of_messages_visible(period=MINUTE, statistic="Maximum", label="waiting"),
-                queue.metric_approximate_number_of_messages_not_visible(period=MINUTE, statistic="Maximum", label="in flight"),
+                queue.metric_approximate_number_of_messages_visible(
+                    period=MINUTE, statistic="Maximum", label="waiting"
+                ),
+                queue.metric_approximate_number_of_messages_not_visible(
+                    period=MINUTE, statistic="Maximum", label="in flight"
+                ),
                 width=width,
             ),
             self.graph(
-                "Oldest message (s)", queue.metric_approximate_age_of_oldest_message(period=MINUTE, statistic="Maximum"),
+                "Oldest message (s)",
+                queue.metric_approximate_age_of_oldest_message(period=MINUTE, statistic="Maximum"),
                 width=width,
             ),
         )
@@ -177,9 +182,17 @@ class Monitoring(Construct):
         """Lambda functions by label: errors, throttles, invocations, duration; an error alarm each."""
         self.row(
             "Lambda functions",
-            self.graph("Errors", *(f.metric_errors(period=PERIOD, statistic="Sum", label=n) for n, f in functions.items())),
-            self.graph("Throttles", *(f.metric_throttles(period=PERIOD, statistic="Sum", label=n) for n, f in functions.items())),
-            self.graph("Invocations", *(f.metric_invocations(period=PERIOD, statistic="Sum", label=n) for n, f in functions.items())),
+            self.graph(
+                "Errors", *(f.metric_errors(period=PERIOD, statistic="Sum", label=n) for n, f in functions.items())
+            ),
+            self.graph(
+                "Throttles",
+                *(f.metric_throttles(period=PERIOD, statistic="Sum", label=n) for n, f in functions.items()),
+            ),
+            self.graph(
+                "Invocations",
+                *(f.metric_invocations(period=PERIOD, statistic="Sum", label=n) for n, f in functions.items()),
+            ),
         )
         self.dashboard.add_widgets(
             self.graph(
@@ -212,12 +225,17 @@ class Monitoring(Construct):
         batch under that tenant, or not in that status: ``functions.webhooks.logic.verified_batch``).
         The stack's publishers never send one, so any is an alarm: someone forged an event."""
         dropped = cw.Metric(
-            namespace=NAMESPACE, metric_name=WEBHOOK_DROPS_METRIC, dimensions_map={"service": "webhooks"},
-            period=PERIOD, statistic="Sum",
+            namespace=NAMESPACE,
+            metric_name=WEBHOOK_DROPS_METRIC,
+            dimensions_map={"service": "webhooks"},
+            period=PERIOD,
+            statistic="Sum",
         )
         self.row("Webhooks: dropped events", self.graph("Events", dropped, width=_WIDTH))
         self.alarm(
-            "WebhookEventsDropped", dropped, threshold=1,
+            "WebhookEventsDropped",
+            dropped,
+            threshold=1,
             description="The webhook fan-out dropped a batch event the table does not bear out (a batch that does "
             "not exist under that tenant or is not in that status): a forged event. The webhook Lambda's log line "
             "'webhook event dropped' names it; check who may put events on the batch event bus.",
@@ -261,8 +279,12 @@ class Monitoring(Construct):
     @staticmethod
     def batches_metric(status: str) -> cw.Metric:
         return cw.Metric(
-            namespace=NAMESPACE, metric_name=BATCHES_METRIC, dimensions_map={"Status": status},
-            period=PERIOD, statistic="Sum", label=status,
+            namespace=NAMESPACE,
+            metric_name=BATCHES_METRIC,
+            dimensions_map={"Status": status},
+            period=PERIOD,
+            statistic="Sum",
+            label=status,
         )
 
     def watch_workflow(self, state_machine: sfn.StateMachine) -> None:
@@ -327,30 +349,42 @@ class Monitoring(Construct):
 
         def emf(key: str, statistic: str = "Sum") -> cw.Metric:
             return cw.Metric(
-                namespace=namespace, metric_name=WORKER_METRICS[key], dimensions_map=dims,
-                period=MINUTE, statistic=statistic, label=key.replace("_", " "),
+                namespace=namespace,
+                metric_name=WORKER_METRICS[key],
+                dimensions_map=dims,
+                period=MINUTE,
+                statistic=statistic,
+                label=key.replace("_", " "),
             )
 
         per_second = {
             "lines/s": cw.MathExpression(
                 expression="(FILL(done, 0) + FILL(failed, 0)) / PERIOD(done)",
                 using_metrics={"done": emf("lines_completed"), "failed": emf("lines_failed")},
-                period=MINUTE, label="lines/s",
+                period=MINUTE,
+                label="lines/s",
             ),
             "output tokens/s": cw.MathExpression(
-                expression="FILL(out, 0) / PERIOD(out)", using_metrics={"out": emf("output_tokens")}, period=MINUTE,
+                expression="FILL(out, 0) / PERIOD(out)",
+                using_metrics={"out": emf("output_tokens")},
+                period=MINUTE,
                 label="output tokens/s",
             ),
             "input tokens/s": cw.MathExpression(
-                expression="FILL(inp, 0) / PERIOD(inp)", using_metrics={"inp": emf("input_tokens")}, period=MINUTE,
+                expression="FILL(inp, 0) / PERIOD(inp)",
+                using_metrics={"inp": emf("input_tokens")},
+                period=MINUTE,
                 label="input tokens/s",
             ),
         }
         instances = [
             cw.Metric(
-                namespace="AWS/AutoScaling", metric_name="GroupInServiceInstances",
+                namespace="AWS/AutoScaling",
+                metric_name="GroupInServiceInstances",
                 dimensions_map={"AutoScalingGroupName": group.auto_scaling_group_name},
-                period=MINUTE, statistic="Maximum", label=f"{kind} instances",
+                period=MINUTE,
+                statistic="Maximum",
+                label=f"{kind} instances",
             )
             for kind, group in worker.auto_scaling_groups.items()
         ]
@@ -361,7 +395,8 @@ class Monitoring(Construct):
                 title="Backlog per task (the scaler adds a task at T)",
                 left=[worker.backlog_per_task],
                 left_annotations=[cw.HorizontalAnnotation(value=worker.model.backlog_per_task, label="scale out")],
-                width=8, height=6,
+                width=8,
+                height=6,
             ),
             self.graph(
                 "GPU tasks and instances",
@@ -376,8 +411,11 @@ class Monitoring(Construct):
         self.dashboard.add_widgets(
             self.graph(
                 "Worker errors",
-                emf("lines_failed"), emf("chunks_failed"), emf("chunks_redelivered"),
-                emf("engine_error_answers"), emf("engine_timeouts"),
+                emf("lines_failed"),
+                emf("chunks_failed"),
+                emf("chunks_redelivered"),
+                emf("engine_error_answers"),
+                emf("engine_timeouts"),
                 width=12,
             ),
             self.graph("Requests in flight (per task)", emf("in_flight", "Average"), width=12),

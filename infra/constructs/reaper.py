@@ -34,10 +34,12 @@ def upload_filter() -> dict:
     upload handed its reservation to its File, and its record says ``holds_storage`` no more)."""
     return {
         "eventName": lambda_.FilterRule.is_equal("REMOVE"),
-        "dynamodb": {"OldImage": {
-            schema.SK: {"S": lambda_.FilterRule.begins_with(UploadRecord.sort_key(""))},
-            "holds_storage": {"BOOL": [True]},
-        }},
+        "dynamodb": {
+            "OldImage": {
+                schema.SK: {"S": lambda_.FilterRule.begins_with(UploadRecord.sort_key(""))},
+                "holds_storage": {"BOOL": [True]},
+            }
+        },
     }
 
 
@@ -64,15 +66,25 @@ class Reaper(Construct):
         )
         # It only deletes objects; the stream read comes with the event source below.
         storage.bucket.grant_delete(self.function)
-        acknowledge_wildcards(self.function.role, {
-            f"Resource::{arn_in_findings(storage.bucket)}/*": "A removed file's object can be any tenant's "
-            "(files/<tenant>/<id>); deletion only, on this bucket's objects.",
-            "Action::s3:DeleteObject*": "grant_delete's action group (DeleteObject, DeleteObjectVersion, "
-            "DeleteObjectTagging...), on this bucket's objects only.",
-        })
+        acknowledge_wildcards(
+            self.function.role,
+            {
+                f"Resource::{arn_in_findings(storage.bucket)}/*": "A removed file's object can be any tenant's "
+                "(files/<tenant>/<id>); deletion only, on this bucket's objects.",
+                "Action::s3:DeleteObject*": "grant_delete's action group (DeleteObject, DeleteObjectVersion, "
+                "DeleteObjectTagging...), on this bucket's objects only.",
+            },
+        )
 
         grant_storage_release(self.function, storage)  # the ledger's marker and counter (T#*#STORAGE)
 
-        self.dead_letters = consume_table_stream(self, self.function, storage.table, of="the reaper's stream mapping",
-                                                 pattern=stream_filter(), also=(upload_filter(),), batching_seconds=5,
-                                                 retry_attempts=5)
+        self.dead_letters = consume_table_stream(
+            self,
+            self.function,
+            storage.table,
+            of="the reaper's stream mapping",
+            pattern=stream_filter(),
+            also=(upload_filter(),),
+            batching_seconds=5,
+            retry_attempts=5,
+        )

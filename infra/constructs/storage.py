@@ -15,7 +15,11 @@ from infra.config import DeployConfig
 
 from .common import acknowledge, removal_policy
 
-_ATTRIBUTE_TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER, "B": dynamodb.AttributeType.BINARY}
+_ATTRIBUTE_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
 _PROJECTIONS = {
     "ALL": dynamodb.ProjectionType.ALL,
     "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY,
@@ -123,9 +127,14 @@ class Storage(Construct):
             # auto_delete_objects adds CDK's own custom-resource provider function.
             stack = cdk.Stack.of(self)
             for rule, reason in (
-                ("AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
-                 "CDK's auto-delete-objects provider (removal_policy=destroy, dev stacks only) uses the basic execution role."),
-                ("AwsSolutions-L1", "CDK's auto-delete-objects provider pins its own runtime; it only runs on stack delete."),
+                (
+                    "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
+                    "CDK's auto-delete-objects provider (removal_policy=destroy, dev stacks only) uses the basic execution role.",
+                ),
+                (
+                    "AwsSolutions-L1",
+                    "CDK's auto-delete-objects provider pins its own runtime; it only runs on stack delete.",
+                ),
             ):
                 acknowledge(stack, rule, reason)
 

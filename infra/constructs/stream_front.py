@@ -201,8 +201,19 @@ def front_image(front: StreamFrontConfig) -> ecs.ContainerImage:
 
 def api_origin(rest_api: apigw.RestApi) -> str:
     """``https://<rest api id>.execute-api.<region>.<suffix>/<stage>``: what the front relays to."""
-    return cdk.Fn.join("", ["https://", rest_api.rest_api_id, ".execute-api.", cdk.Aws.REGION, ".", cdk.Aws.URL_SUFFIX,
-                            "/", names.API_STAGE])
+    return cdk.Fn.join(
+        "",
+        [
+            "https://",
+            rest_api.rest_api_id,
+            ".execute-api.",
+            cdk.Aws.REGION,
+            ".",
+            cdk.Aws.URL_SUFFIX,
+            "/",
+            names.API_STAGE,
+        ],
+    )
 
 
 class StreamFront(Construct):
@@ -232,35 +243,58 @@ class StreamFront(Construct):
     # --- network ---------------------------------------------------------------------------------
     def _network(self, config: DeployConfig, front: StreamFrontConfig) -> None:
         zones = {"availability_zones": list(front.availability_zones)} if front.availability_zones else {"max_azs": 2}
-        self.vpc = vpc_without_nat(self, config, cidr="10.65.0.0/16", **zones, subnets=[
-            ec2.SubnetConfiguration(name="tasks", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
-            ec2.SubnetConfiguration(name="origin", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24),
-        ])
+        self.vpc = vpc_without_nat(
+            self,
+            config,
+            cidr="10.65.0.0/16",
+            **zones,
+            subnets=[
+                ec2.SubnetConfiguration(name="tasks", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(name="origin", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED, cidr_mask=24),
+            ],
+        )
         self.alb_security_group = ec2.SecurityGroup(
-            self, "LoadBalancerSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
+            self,
+            "LoadBalancerSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
             description="Streaming front load balancer: HTTP from the CloudFront VPC origin only",
         )
         self.alb_security_group.add_ingress_rule(
-            ec2.Peer.prefix_list(self._origin_facing_prefix_list(front)), ec2.Port.tcp(LISTENER_PORT),
+            ec2.Peer.prefix_list(self._origin_facing_prefix_list(front)),
+            ec2.Port.tcp(LISTENER_PORT),
             "CloudFront origin-facing (VPC origin)",
         )
         self.task_security_group = ec2.SecurityGroup(
-            self, "TaskSecurityGroup", vpc=self.vpc, allow_all_outbound=False,
+            self,
+            "TaskSecurityGroup",
+            vpc=self.vpc,
+            allow_all_outbound=False,
             description="Streaming front tasks: from the load balancer only; HTTPS out (AWS APIs, the API)",
         )
-        self.task_security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and the API")
+        self.task_security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and the API"
+        )
 
     def _origin_facing_prefix_list(self, front: StreamFrontConfig) -> str:
         if front.cloudfront_prefix_list_id is not None:
             return front.cloudfront_prefix_list_id
-        mapping = cdk.CfnMapping(self, "OriginFacingPrefixLists", mapping={
-            region: {"PrefixListId": pl} for region, pl in ORIGIN_FACING_PREFIX_LISTS.items()
-        })
+        mapping = cdk.CfnMapping(
+            self,
+            "OriginFacingPrefixLists",
+            mapping={region: {"PrefixListId": pl} for region, pl in ORIGIN_FACING_PREFIX_LISTS.items()},
+        )
         return mapping.find_in_map(cdk.Aws.REGION, "PrefixListId")
 
     # --- the service -------------------------------------------------------------------------------
-    def _service(self, config: DeployConfig, front: StreamFrontConfig, storage: Storage, settings: Settings,
-                 rest_api: apigw.RestApi) -> None:
+    def _service(
+        self,
+        config: DeployConfig,
+        front: StreamFrontConfig,
+        storage: Storage,
+        settings: Settings,
+        rest_api: apigw.RestApi,
+    ) -> None:
         # Container Insights off: the service's CPU and memory (AWS/ECS, free) drive the scaling,
         # the load balancer's metrics show its traffic (AwsSolutions-ECS4 acknowledged).
         self.cluster = ecs.Cluster(self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.DISABLED)
@@ -342,7 +376,10 @@ class StreamFront(Construct):
             drop_invalid_header_fields=True,
         )
         self.listener = self.load_balancer.add_listener(
-            "Http", port=LISTENER_PORT, protocol=elbv2.ApplicationProtocol.HTTP, open=False,
+            "Http",
+            port=LISTENER_PORT,
+            protocol=elbv2.ApplicationProtocol.HTTP,
+            open=False,
         )
         self.target_group = self.listener.add_targets(
             "Front",
@@ -353,14 +390,19 @@ class StreamFront(Construct):
             # Long uploads and short requests mix: the next request goes to the task with fewest open.
             load_balancing_algorithm_type=elbv2.TargetGroupLoadBalancingAlgorithmType.LEAST_OUTSTANDING_REQUESTS,
             health_check=elbv2.HealthCheck(
-                path=HEALTH_PATH, healthy_http_codes="200", interval=cdk.Duration.seconds(15),
-                timeout=cdk.Duration.seconds(5), healthy_threshold_count=2, unhealthy_threshold_count=3,
+                path=HEALTH_PATH,
+                healthy_http_codes="200",
+                interval=cdk.Duration.seconds(15),
+                timeout=cdk.Duration.seconds(5),
+                healthy_threshold_count=2,
+                unhealthy_threshold_count=3,
             ),
         )
 
     # --- the distribution ------------------------------------------------------------------------
-    def _distribution(self, config: DeployConfig, front: StreamFrontConfig, storage: Storage,
-                      rest_api: apigw.RestApi) -> None:
+    def _distribution(
+        self, config: DeployConfig, front: StreamFrontConfig, storage: Storage, rest_api: apigw.RestApi
+    ) -> None:
         self.no_cache = cloudfront.CachePolicy(
             self,
             "NoCache",
@@ -418,7 +460,9 @@ class StreamFront(Construct):
             comment="OpenAI-compatible Files and Batch API (streamed bodies to the front, the rest to API Gateway)",
             default_behavior=behavior(api),
             additional_behaviors={path: behavior(streamed) for path in STREAMED_PATHS},
-            error_responses=[cloudfront.ErrorResponse(http_status=code, ttl=cdk.Duration.seconds(0)) for code in ERROR_CODES],
+            error_responses=[
+                cloudfront.ErrorResponse(http_status=code, ttl=cdk.Duration.seconds(0)) for code in ERROR_CODES
+            ],
             http_version=cloudfront.HttpVersion.HTTP2,
             enable_ipv6=True,
             price_class=cloudfront.PriceClass[front.price_class.upper().replace("PRICECLASS_", "PRICE_CLASS_")],
@@ -430,25 +474,32 @@ class StreamFront(Construct):
             log_bucket=self.log_bucket,
             log_file_prefix="distribution/",
         )
-        host = domain.name if certificate is not None and domain is not None else self.distribution.distribution_domain_name
+        host = (
+            domain.name
+            if certificate is not None and domain is not None
+            else self.distribution.distribution_domain_name
+        )
         self.url = f"https://{host}{http.API_PREFIX}"
 
     # --- cdk-nag ---------------------------------------------------------------------------------
     def _acknowledge(self, config: DeployConfig, front: StreamFrontConfig, storage: Storage) -> None:
         bucket = arn_in_findings(storage.bucket)
-        acknowledge_wildcards(self.task_role, {
-            f"Resource::{bucket}/{FRONT_OBJECTS[0]}": "Files are keyed per tenant and file id (files/<tenant>/<id>); the "
-            "front streams every tenant's new files in, reads their content, deletes a refused one: files/ only.",
-            f"Resource::{bucket}/{FRONT_OBJECTS[1]}": "Uploads parts are keyed per tenant, upload and part "
-            "(uploads/<tenant>/<upload>/<part>); the front writes every tenant's parts, deletes a refused one.",
-            "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on files/ only.",
-            "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
-            "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
-            "Action::s3:Abort*": "grant_put's action group: aborting a multipart upload whose body failed or was refused, "
-            "on files/ and uploads/ only.",
-            "Action::s3:DeleteObject*": "grant_delete's action group: removing a refused body's object, on files/ and "
-            "uploads/ only.",
-        })
+        acknowledge_wildcards(
+            self.task_role,
+            {
+                f"Resource::{bucket}/{FRONT_OBJECTS[0]}": "Files are keyed per tenant and file id (files/<tenant>/<id>); the "
+                "front streams every tenant's new files in, reads their content, deletes a refused one: files/ only.",
+                f"Resource::{bucket}/{FRONT_OBJECTS[1]}": "Uploads parts are keyed per tenant, upload and part "
+                "(uploads/<tenant>/<upload>/<part>); the front writes every tenant's parts, deletes a refused one.",
+                "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on files/ only.",
+                "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
+                "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
+                "Action::s3:Abort*": "grant_put's action group: aborting a multipart upload whose body failed or was refused, "
+                "on files/ and uploads/ only.",
+                "Action::s3:DeleteObject*": "grant_delete's action group: removing a refused body's object, on files/ and "
+                "uploads/ only.",
+            },
+        )
         acknowledge(
             self.task_definition.execution_role,
             "AwsSolutions-IAM5[Resource::*]",

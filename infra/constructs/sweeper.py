@@ -67,14 +67,21 @@ class Sweeper(Construct):
             queue.grant_send_messages(self.function)  # a fan-out done again
         workflow.grant_start(self.function)
         workflow.grant_publish(self.function)
-        acknowledge_data_grants(self.function.role, storage, {
-            BATCH_KEYS: "Finalizing an overdue batch reads its manifest, chunk parts and (for never-ran requests) "
-            "its input, for any tenant's batch; only under batches/.",
-            FILE_KEYS: "Finalizing an overdue batch writes its output and error files (files/<tenant>/<file id>), "
-            "for any tenant.",
-        }, table="the sweeper queries the open-batch index and reads and moves batches by key.")
+        acknowledge_data_grants(
+            self.function.role,
+            storage,
+            {
+                BATCH_KEYS: "Finalizing an overdue batch reads its manifest, chunk parts and (for never-ran requests) "
+                "its input, for any tenant's batch; only under batches/.",
+                FILE_KEYS: "Finalizing an overdue batch writes its output and error files (files/<tenant>/<file id>), "
+                "for any tenant.",
+            },
+            table="the sweeper queries the open-batch index and reads and moves batches by key.",
+        )
 
-        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="schedule ticks EventBridge could not deliver to the sweeper")
+        self.dead_letters = dead_letter_queue(
+            self, "DeadLetters", of="schedule ticks EventBridge could not deliver to the sweeper"
+        )
         self.rule = events.Rule(
             self,
             "Schedule",
@@ -82,7 +89,9 @@ class Sweeper(Construct):
             schedule=events.Schedule.rate(cdk.Duration.seconds(settings.sweep_seconds)),
             targets=[
                 targets.LambdaFunction(
-                    self.function, retry_attempts=SCHEDULE_RETRIES, dead_letter_queue=self.dead_letters,
+                    self.function,
+                    retry_attempts=SCHEDULE_RETRIES,
+                    dead_letter_queue=self.dead_letters,
                     max_event_age=cdk.Duration.seconds(settings.sweep_seconds),
                 )
             ],

@@ -51,7 +51,9 @@ class Uploads(Construct):
             self,
             "Queue",
             visibility_timeout=ASSEMBLY_VISIBILITY,
-            dead_letter_queue=sqs.DeadLetterQueue(queue=self.dead_letters, max_receive_count=limits.ASSEMBLER_MAX_RECEIVES),
+            dead_letter_queue=sqs.DeadLetterQueue(
+                queue=self.dead_letters, max_receive_count=limits.ASSEMBLER_MAX_RECEIVES
+            ),
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
         )
@@ -65,20 +67,30 @@ class Uploads(Construct):
             memory_size=ASSEMBLER_MEMORY,
             timeout=ASSEMBLER_TIMEOUT,
         )
-        self.function.add_event_source(sources.SqsEventSource(self.queue, batch_size=1, report_batch_item_failures=True))
+        self.function.add_event_source(
+            sources.SqsEventSource(self.queue, batch_size=1, report_batch_item_failures=True)
+        )
         storage.table.grant_read_write_data(self.function)
         storage.bucket.grant_read(self.function, UPLOAD_KEYS)
         storage.bucket.grant_delete(self.function, UPLOAD_KEYS)
         storage.bucket.grant_put(self.function, FILE_KEYS)
-        acknowledge_data_grants(self.function.role, storage, {
-            UPLOAD_KEYS: "Reads and deletes any tenant's upload parts and manifest (uploads/<tenant>/<upload>/), "
-            "only under uploads/.",
-            FILE_KEYS: "Writes the assembled file (files/<tenant>/<upload id>) of any tenant; only under files/.",
-        }, table="the assembler reads the Upload and settles its File by key.")
-        acknowledge_wildcards(self.function.role, {
-            "Action::s3:DeleteObject*": "grant_delete's action group, on uploads/ keys only (parts and manifest "
-            "once assembled).",
-        })
+        acknowledge_data_grants(
+            self.function.role,
+            storage,
+            {
+                UPLOAD_KEYS: "Reads and deletes any tenant's upload parts and manifest (uploads/<tenant>/<upload>/), "
+                "only under uploads/.",
+                FILE_KEYS: "Writes the assembled file (files/<tenant>/<upload id>) of any tenant; only under files/.",
+            },
+            table="the assembler reads the Upload and settles its File by key.",
+        )
+        acknowledge_wildcards(
+            self.function.role,
+            {
+                "Action::s3:DeleteObject*": "grant_delete's action group, on uploads/ keys only (parts and manifest "
+                "once assembled).",
+            },
+        )
 
     def share_settings(self, functions: Iterable[lambda_.Function]) -> None:
         """Functions made before this construct (ingest's) get the queue's URL too, so every

@@ -44,13 +44,21 @@ class Webhooks(Construct):
     """``queue`` (+ ``dead_letters``), ``rule``, ``function``."""
 
     def __init__(
-        self, scope: Construct, id: str, *, config: DeployConfig, storage: Storage, lambdas: Lambdas,
-        settings: Settings, bus: events.IEventBus,
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeployConfig,
+        storage: Storage,
+        lambdas: Lambdas,
+        settings: Settings,
+        bus: events.IEventBus,
     ) -> None:
         super().__init__(scope, id)
         self.dead_letters = dead_letter_queue(self, "DeadLetters", of="the webhook queue's")
         self.queue = sqs.Queue(
-            self, "Queue",
+            self,
+            "Queue",
             visibility_timeout=cdk.Duration.seconds(logic.QUEUE_VISIBILITY_SECONDS),
             # The schedule spans about 27.6 h; a message must outlive it (and a backlog).
             retention_period=cdk.Duration.days(4),
@@ -60,28 +68,36 @@ class Webhooks(Construct):
             enforce_ssl=True,
         )
         self.rule = events.Rule(
-            self, "BatchEvents", event_bus=bus,
-            event_pattern=events.EventPattern(**{
-                k.replace("-", "_"): v for k, v in logic.event_pattern().items()
-            }),
+            self,
+            "BatchEvents",
+            event_bus=bus,
+            event_pattern=events.EventPattern(**{k.replace("-", "_"): v for k, v in logic.event_pattern().items()}),
             targets=[targets.SqsQueue(self.queue)],
             description="Terminal batch events -> webhook fan-out (docs/webhooks.md)",
         )
         # HTTPS only on AWS: webhook_allow_loopback_http stays False (its default).
-        self.settings = settings.model_copy(update={
-            "webhook_queue_url": self.queue.queue_url, "webhook_dead_letter_queue_url": self.dead_letters.queue_url,
-        })
+        self.settings = settings.model_copy(
+            update={
+                "webhook_queue_url": self.queue.queue_url,
+                "webhook_dead_letter_queue_url": self.dead_letters.queue_url,
+            }
+        )
         self.function = lambdas.function(
-            self, "Function",
+            self,
+            "Function",
             handler="functions.webhooks.handler.handler",
             environment=self.settings.to_env(),
             description="Fans batch events out to tenants' webhook endpoints and delivers them (signed, retried)",
             memory_size=256,
             timeout=cdk.Duration.seconds(logic.FUNCTION_TIMEOUT_SECONDS),
         )
-        self.function.add_event_source(sources.SqsEventSource(
-            self.queue, batch_size=logic.BATCH_SIZE, report_batch_item_failures=True,
-        ))
+        self.function.add_event_source(
+            sources.SqsEventSource(
+                self.queue,
+                batch_size=logic.BATCH_SIZE,
+                report_batch_item_failures=True,
+            )
+        )
         self.queue.grant_send_messages(self.function)  # fan-out, next attempts
         self.queue.grant(self.function, "sqs:ChangeMessageVisibility")  # a message received before it is due
         self.dead_letters.grant_send_messages(self.function)  # a spent schedule

@@ -161,7 +161,10 @@ class WorkerNetwork(Construct):
         network: NetworkConfig | None = config.network
         if network is None:
             self.vpc: ec2.IVpc = vpc_without_nat(
-                self, config, cidr="10.64.0.0/16", max_azs=2,
+                self,
+                config,
+                cidr="10.64.0.0/16",
+                max_azs=2,
                 subnets=[ec2.SubnetConfiguration(name="gpu", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=20)],
             )
             self.subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC)
@@ -170,10 +173,12 @@ class WorkerNetwork(Construct):
             self.vpc = ec2.Vpc.from_vpc_attributes(
                 self, "Vpc", vpc_id=network.vpc_id, availability_zones=list(network.availability_zones)
             )
-            self.subnets = ec2.SubnetSelection(subnets=[
-                ec2.Subnet.from_subnet_attributes(self, f"Subnet{i}", subnet_id=subnet, availability_zone=zone)
-                for i, (subnet, zone) in enumerate(zip(network.subnet_ids, network.availability_zones, strict=True))
-            ])
+            self.subnets = ec2.SubnetSelection(
+                subnets=[
+                    ec2.Subnet.from_subnet_attributes(self, f"Subnet{i}", subnet_id=subnet, availability_zone=zone)
+                    for i, (subnet, zone) in enumerate(zip(network.subnet_ids, network.availability_zones, strict=True))
+                ]
+            )
             self.public_ip = network.public_ip
         self.security_group = ec2.SecurityGroup(
             self,
@@ -225,13 +230,18 @@ class ModelWorker(Construct):
         # The tenants' prefix-cache salts are HMACs under this secret (gpu_worker/shaping.py): the
         # container gets it, the engine beside the worker never does (gpu_worker/entrypoint.sh).
         self.cache_salt_secret = secretsmanager.Secret(
-            self, "CacheSaltSecret", description=f"Prefix-cache salt key of the {model.name} workers",
+            self,
+            "CacheSaltSecret",
+            description=f"Prefix-cache salt key of the {model.name} workers",
             generate_secret_string=secretsmanager.SecretStringGenerator(password_length=64, exclude_punctuation=True),
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
-        acknowledge(self.cache_salt_secret, "AwsSolutions-SMG4",
-                    "The cache-salt key protects no data: a rotation only makes every tenant's cached prefixes miss "
-                    "once; the engine's cache is lost on every task restart anyway.")
+        acknowledge(
+            self.cache_salt_secret,
+            "AwsSolutions-SMG4",
+            "The cache-salt key protects no data: a rotation only makes every tenant's cached prefixes miss "
+            "once; the engine's cache is lost on every task restart anyway.",
+        )
         secrets = {"WORKER_CACHE_SALT_SECRET": ecs.Secret.from_secrets_manager(self.cache_salt_secret)}
         if model.hf_token_secret_arn:
             token = secretsmanager.Secret.from_secret_complete_arn(self, "HfToken", model.hf_token_secret_arn)
@@ -253,15 +263,19 @@ class ModelWorker(Construct):
         )
         self._grant(storage, workflow, settings)
 
-        strategies = [ecs.CapacityProviderStrategy(
-            capacity_provider=self.capacity_providers["OnDemand"].capacity_provider_name,
-            base=model.on_demand_base if model.spot else None,
-            weight=1,
-        )]
+        strategies = [
+            ecs.CapacityProviderStrategy(
+                capacity_provider=self.capacity_providers["OnDemand"].capacity_provider_name,
+                base=model.on_demand_base if model.spot else None,
+                weight=1,
+            )
+        ]
         if model.spot:
-            strategies.append(ecs.CapacityProviderStrategy(
-                capacity_provider=self.capacity_providers["Spot"].capacity_provider_name, weight=model.spot_weight
-            ))
+            strategies.append(
+                ecs.CapacityProviderStrategy(
+                    capacity_provider=self.capacity_providers["Spot"].capacity_provider_name, weight=model.spot_weight
+                )
+            )
         self.service = ecs.Ec2Service(
             self,
             "Service",
@@ -304,15 +318,20 @@ class ModelWorker(Construct):
             associate_public_ip_address=network.public_ip,
             require_imdsv2=True,
             http_put_response_hop_limit=1,  # containers (bridge network) cannot reach the metadata service
-            block_devices=[ec2.BlockDevice(
-                device_name=ROOT_DEVICE,
-                volume=ec2.BlockDeviceVolume.ebs(
-                    model.volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3, encrypted=True, delete_on_termination=True
-                ),
-            )],
-            spot_options=ec2.LaunchTemplateSpotOptions(
-                interruption_behavior=ec2.SpotInstanceInterruption.TERMINATE
-            ) if spot else None,
+            block_devices=[
+                ec2.BlockDevice(
+                    device_name=ROOT_DEVICE,
+                    volume=ec2.BlockDeviceVolume.ebs(
+                        model.volume_gib,
+                        volume_type=ec2.EbsDeviceVolumeType.GP3,
+                        encrypted=True,
+                        delete_on_termination=True,
+                    ),
+                )
+            ],
+            spot_options=ec2.LaunchTemplateSpotOptions(interruption_behavior=ec2.SpotInstanceInterruption.TERMINATE)
+            if spot
+            else None,
         )
         group = autoscaling.AutoScalingGroup(
             self,
@@ -358,8 +377,12 @@ class ModelWorker(Construct):
         """The metrics the dashboard shows beside the scaler's decisions (the scaler itself reads
         the queue and the service through their APIs, not these series)."""
         t = model.backlog_per_task
-        visible = self.work_queue.metric_approximate_number_of_messages_visible(period=SCALE_PERIOD, statistic="Maximum")
-        in_flight = self.work_queue.metric_approximate_number_of_messages_not_visible(period=SCALE_PERIOD, statistic="Maximum")
+        visible = self.work_queue.metric_approximate_number_of_messages_visible(
+            period=SCALE_PERIOD, statistic="Maximum"
+        )
+        in_flight = self.work_queue.metric_approximate_number_of_messages_not_visible(
+            period=SCALE_PERIOD, statistic="Maximum"
+        )
         self.desired_tasks = self.task_count_metric("DesiredTaskCount")
         self.backlog = cw.MathExpression(
             expression="FILL(visible, 0) + FILL(inflight, 0)",
@@ -406,30 +429,36 @@ class ModelWorker(Construct):
     # --- cdk-nag ---------------------------------------------------------------------------------
     def _acknowledge(self, storage: Storage) -> None:
         bucket = arn_in_findings(storage.bucket)
-        acknowledge_wildcards(self.task_definition.task_role, {
-            f"Resource::{bucket}/{INPUT_KEYS}": "The worker reads its chunk's lines (one ranged GET of any tenant's "
-            "batch input snapshot); input snapshots only.",
-            f"Resource::{bucket}/{PART_KEYS}": "The worker writes its chunk's output and error parts and reads its "
-            "checkpoints (keys per attempt under the batch's parts/).",
-            "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on the key "
-            "patterns granted only.",
-            "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
-            "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
-            "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
-            "granted only.",
-        })
+        acknowledge_wildcards(
+            self.task_definition.task_role,
+            {
+                f"Resource::{bucket}/{INPUT_KEYS}": "The worker reads its chunk's lines (one ranged GET of any tenant's "
+                "batch input snapshot); input snapshots only.",
+                f"Resource::{bucket}/{PART_KEYS}": "The worker writes its chunk's output and error parts and reads its "
+                "checkpoints (keys per attempt under the batch's parts/).",
+                "Action::s3:GetObject*": "grant_read's action group (GetObject, HeadObject, ranged reads), on the key "
+                "patterns granted only.",
+                "Action::s3:GetBucket*": "grant_read's bucket metadata actions, on this bucket only.",
+                "Action::s3:List*": "grant_read's list actions, on this bucket only (a missing key answers 404, not 403).",
+                "Action::s3:Abort*": "grant_put's action group: aborting a failed multipart write, on the key patterns "
+                "granted only.",
+            },
+        )
         acknowledge(
             self.task_definition.execution_role,
             "AwsSolutions-IAM5[Resource::*]",
             "ecr:GetAuthorizationToken (pulling the image asset) has no resource-level permissions.",
         )
-        acknowledge_wildcards(self.instance_role, {
-            "Resource::*": "The ECS container agent's permissions CDK grants a capacity provider's instances "
-            "(DiscoverPollEndpoint, Poll, StartTelemetrySession, ecr:GetAuthorizationToken, logs...): these have no "
-            "resource-level permissions; cluster-scoped ones are scoped to this cluster.",
-            "Action::ecs:Submit*": "The ECS container agent reports task, container and attachment state changes "
-            "(SubmitTaskStateChange, SubmitContainerStateChange, SubmitAttachmentStateChanges), on this cluster.",
-        })
+        acknowledge_wildcards(
+            self.instance_role,
+            {
+                "Resource::*": "The ECS container agent's permissions CDK grants a capacity provider's instances "
+                "(DiscoverPollEndpoint, Poll, StartTelemetrySession, ecr:GetAuthorizationToken, logs...): these have no "
+                "resource-level permissions; cluster-scoped ones are scoped to this cluster.",
+                "Action::ecs:Submit*": "The ECS container agent reports task, container and attachment state changes "
+                "(SubmitTaskStateChange, SubmitContainerStateChange, SubmitAttachmentStateChanges), on this cluster.",
+            },
+        )
         acknowledge(
             self.task_definition,
             "AwsSolutions-ECS2",
@@ -480,22 +509,31 @@ class Scaler(Construct):
         # once read the same queue and set the same absolute count; the state item is last-writer-wins.
         for worker in workers.values():
             worker.work_queue.grant(self.function, "sqs:GetQueueAttributes")
-        self.function.add_to_role_policy(iam.PolicyStatement(
-            actions=["ecs:DescribeServices", "ecs:UpdateService"],
-            resources=[w.service.service_arn for w in workers.values()],
-        ))
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ecs:DescribeServices", "ecs:UpdateService"],
+                resources=[w.service.service_arn for w in workers.values()],
+            )
+        )
         grant_items(self.function, storage, ("dynamodb:GetItem", "dynamodb:PutItem"), (schema.scaler_pk("*"),))
 
-        self.dead_letters = dead_letter_queue(self, "DeadLetters", of="scaler invocations EventBridge could not deliver")
+        self.dead_letters = dead_letter_queue(
+            self, "DeadLetters", of="scaler invocations EventBridge could not deliver"
+        )
 
         def target() -> targets.LambdaFunction:
             return targets.LambdaFunction(
-                self.function, retry_attempts=SCALER_RETRIES, dead_letter_queue=self.dead_letters,
+                self.function,
+                retry_attempts=SCALER_RETRIES,
+                dead_letter_queue=self.dead_letters,
                 max_event_age=SCALER_RATE,
             )
 
         self.schedule = events.Rule(
-            self, "Schedule", description="Runs the GPU scaler every minute", schedule=events.Schedule.rate(SCALER_RATE),
+            self,
+            "Schedule",
+            description="Runs the GPU scaler every minute",
+            schedule=events.Schedule.rate(SCALER_RATE),
             targets=[target()],
         )
         # Step Functions sends its executions' status changes to the default bus (best effort:

@@ -85,8 +85,13 @@ class Workflow(Construct):
             timeout=WORKFLOW_TIMEOUT,
         )
         grant_items(self.function, storage, WORKFLOW_BATCH_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
-        grant_items(self.function, storage, WORKFLOW_FILE_ACTIONS, (FILE_PARTITIONS,),  # output and error File records
-                    excluding=(NOT_FILE_PARTITIONS,))
+        grant_items(
+            self.function,
+            storage,
+            WORKFLOW_FILE_ACTIONS,
+            (FILE_PARTITIONS,),  # output and error File records
+            excluding=(NOT_FILE_PARTITIONS,),
+        )
         grant_release(self.function, storage)  # finalize/fail release the batch's enqueued-cap reservation
         if settings.governance:  # the output files are counted on the stored-bytes ledger (docs/governance.md)
             grant_storage_charge(self.function, storage)
@@ -96,12 +101,17 @@ class Workflow(Construct):
         # register resumes the execution at once when the batch finished before its token existed.
         # The ARN comes from the name: a reference to the state machine would be circular.
         iam.Grant.add_to_principal(grantee=self.function, actions=[SIGNAL], resource_arns=[settings.state_machine_arn])
-        acknowledge_data_grants(self.function.role, storage, {
-            BATCH_KEYS: "Finalize reads a batch's manifest, chunk parts and (for requests that never ran) its "
-            "input snapshot: only under batches/.",
-            FILE_KEYS: "Finalize writes the output and error files of any tenant's batch (files/<tenant>/<file "
-            "id>, ids minted at finalize).",
-        }, table=None)
+        acknowledge_data_grants(
+            self.function.role,
+            storage,
+            {
+                BATCH_KEYS: "Finalize reads a batch's manifest, chunk parts and (for requests that never ran) its "
+                "input snapshot: only under batches/.",
+                FILE_KEYS: "Finalize writes the output and error files of any tenant's batch (files/<tenant>/<file "
+                "id>, ids minted at finalize).",
+            },
+            table=None,
+        )
 
         self.state_machine = sfn.StateMachine(
             self,
@@ -118,12 +128,15 @@ class Workflow(Construct):
             tracing_enabled=True,
         )
         self.function.grant_invoke(self.state_machine)
-        acknowledge_wildcards(self.state_machine.role, {
-            f"Resource::{arn_in_findings(self.function)}:*": "grant_invoke covers the workflow Lambda's versions and "
-            "aliases (<arn>:*); the state machine invokes only this one function.",
-            "Resource::*": "Step Functions' log delivery (logs:CreateLogDelivery, GetLogDelivery, ...) and X-Ray "
-            "(PutTraceSegments, GetSamplingRules...) have no resource-level permissions.",
-        })
+        acknowledge_wildcards(
+            self.state_machine.role,
+            {
+                f"Resource::{arn_in_findings(self.function)}:*": "grant_invoke covers the workflow Lambda's versions and "
+                "aliases (<arn>:*); the state machine invokes only this one function.",
+                "Resource::*": "Step Functions' log delivery (logs:CreateLogDelivery, GetLogDelivery, ...) and X-Ray "
+                "(PutTraceSegments, GetSamplingRules...) have no resource-level permissions.",
+            },
+        )
 
     # --- what other parts may do with the workflow ----------------------------------------------
     def grant_start(self, grantee: iam.IGrantable) -> iam.Grant:
@@ -142,4 +155,3 @@ class Workflow(Construct):
     @property
     def functions(self) -> dict[str, lambda_.Function]:
         return {"workflow": self.function}
-

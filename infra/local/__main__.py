@@ -33,7 +33,8 @@ def config_from_env(env: Mapping[str, str]) -> LocalConfig:
         fair_queues=env.get(FAIR_QUEUES_ENV, "1") != "0",
         # The governance switch (Settings.governance): BATCHAPI_GOVERNANCE=false turns it off locally.
         settings=LocalConfig.settings.model_copy(
-            update={"governance": env.get(Settings.env_name("governance"), "true").lower() != "false"}),
+            update={"governance": env.get(Settings.env_name("governance"), "true").lower() != "false"}
+        ),
     )
 
 
@@ -67,7 +68,10 @@ def main() -> int:
     print(f"moto (local AWS): {local.moto.endpoint}", flush=True)
     print(f"state file:       {local.state_file.path}", flush=True)
     print(f"base URL:         {local.front.base_url}", flush=True)
-    print(f"API key:          {config.key}  (tenant {config.tenant!r}; more: batchctl keys create --tenant NAME)", flush=True)
+    print(
+        f"API key:          {config.key}  (tenant {config.tenant!r}; more: batchctl keys create --tenant NAME)",
+        flush=True,
+    )
     print("Ctrl-C stops everything.", flush=True)
     print(f"{READY} {local.front.base_url}", flush=True)
 

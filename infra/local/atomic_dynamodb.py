@@ -45,6 +45,7 @@ def _atomic(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         with _LOCK:
             return fn(*args, **kwargs)
+
     call.__wrapped_atomic__ = True  # type: ignore[attr-defined]  # a marker on the wrapper: installed once
     return call
 
@@ -103,6 +104,7 @@ def _transact_write_items(original: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException:
             _restore(touched)
             raise
+
     return transact_write_items
 
 

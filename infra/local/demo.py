@@ -39,12 +39,18 @@ def main() -> int:
     client = OpenAI(base_url=base_url, api_key=os.environ.get("BATCHAPI_API_KEY", names.LOCAL_KEY))
 
     lines = [
-        json.dumps({
-            "custom_id": f"question-{i}",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": names.LOCAL_CHAT_MODEL, "max_tokens": 48, "messages": [{"role": "user", "content": q}]},
-        })
+        json.dumps(
+            {
+                "custom_id": f"question-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": names.LOCAL_CHAT_MODEL,
+                    "max_tokens": 48,
+                    "messages": [{"role": "user", "content": q}],
+                },
+            }
+        )
         for i, q in enumerate(QUESTIONS)
     ]
     batch_file = client.files.create(file=("demo.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch")

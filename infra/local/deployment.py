@@ -126,7 +126,9 @@ class MotoServer:
         # Run state machines for real (their Lambda tasks reach the LambdaFront); must be set
         # before the state machine is created.
         request = urllib.request.Request(
-            f"{self.endpoint}/moto-api/config", data=json.dumps(MOTO_CONFIG).encode(), method="POST",
+            f"{self.endpoint}/moto-api/config",
+            data=json.dumps(MOTO_CONFIG).encode(),
+            method="POST",
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10):  # loopback URL we built
@@ -199,14 +201,24 @@ class Resources:
     name = "resources"
 
     def __init__(
-        self, environ: MutableMapping[str, str], settings: Settings, *, prefix: str, tenant: str, key: str, clock: Clock = now
+        self,
+        environ: MutableMapping[str, str],
+        settings: Settings,
+        *,
+        prefix: str,
+        tenant: str,
+        key: str,
+        clock: Clock = now,
     ):
         self._environ, self._settings, self._prefix = environ, settings, prefix
         self._tenant, self._key, self._clock = tenant, key, clock
 
     def start(self) -> None:
         concrete = create_resources(
-            self._settings, clients.client, prefix=self._prefix, workflow_function_arn=workflow_function_arn(self._prefix)
+            self._settings,
+            clients.client,
+            prefix=self._prefix,
+            workflow_function_arn=workflow_function_arn(self._prefix),
         )
         self._environ.update(concrete.to_env())
         deps.reset()
@@ -254,7 +266,9 @@ class TtlSweeper:
         self._stop.clear()
         table = clients.dynamodb_table(self._settings.table_name)
         stores = deps.stores()
-        self._thread = start_sweeper(table, stores.objects, self._clock, self._stop, every=self._every, stored=stores.stored)
+        self._thread = start_sweeper(
+            table, stores.objects, self._clock, self._stop, every=self._every, stored=stores.stored
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -362,7 +376,9 @@ class HttpFront:
     def start(self) -> None:
         check_port_free(self._host, self._port, "PORT")
         stream = StreamFront(deps.stores, deps.settings(), deps.now)
-        server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler, stream=stream), self._host, self._port)
+        server = make_server(
+            LocalApi(api_handler.handler, authorizer_handler.handler, stream=stream), self._host, self._port
+        )
         self._port = self._served.serve(server, self.name)
 
     @property
@@ -455,7 +471,9 @@ class Local:
 def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
     moto = MotoServer(config.host, config.moto_port, config.fair_queues)
     lambdas = LambdaFront(
-        config.host, config.lambda_port, lambda: moto.port,
+        config.host,
+        config.lambda_port,
+        lambda: moto.port,
         {f"{config.prefix}-workflow": workflow_handler.handler},
     )
     front = HttpFront(config.host, config.api_port)
@@ -473,39 +491,51 @@ def build(config: LocalConfig, environ: MutableMapping[str, str]) -> Local:
             audit_public_key_file=str(audit_key.public) if config.settings.governance else "",
         ),
     )
+
     def dlq_url(model: str) -> Callable[[], str]:
         return lambda: work_dlq_url(clients.client, config.prefix, model)
 
-    deployment = Deployment([
-        moto,
-        lambdas,
-        AwsEnvironment(environ, moto, lambdas, config.settings),
-        Resources(environ, config.settings, prefix=config.prefix, tenant=config.tenant, key=config.key),
-        audit_key,
-        TtlSweeper(config.settings, every=config.ttl_sweep_seconds),
-        Poller(
-            "ingest", lambda: clients.client("sqs"), lambda: ingest_queue_url(clients.client, config.prefix),
-            ingest_handler.handler,
-        ),
-        Poller(
-            "ingest-dlq", lambda: clients.client("sqs"), lambda: ingest_dlq_url(clients.client, config.prefix),
-            ingest_dlq_handler.handler,
-        ),
-        assembly := AssemblyQueue(environ, config.prefix),
-        Poller("assembler", lambda: clients.client("sqs"), lambda: assembly.url, assembler_handler.handler),
-        webhook_queue := WebhookQueue(environ, config.prefix, config.settings.event_bus_name),
-        Poller("webhooks", lambda: clients.client("sqs"), lambda: webhook_queue.url, webhooks_handler.handler,
-               threads=WEBHOOK_POLLERS),
-        Sweeper(config.settings.sweep_seconds),
-        *audit_appender(config, environ),
-        *(
-            Poller(f"dlq-{model}", lambda: clients.client("sqs"), dlq_url(model), chunk_dlq_handler.handler)
-            for model in config.settings.models
-        ),
-        *engine_components(config, environ),
-        front,
-        state_file,
-    ])
+    deployment = Deployment(
+        [
+            moto,
+            lambdas,
+            AwsEnvironment(environ, moto, lambdas, config.settings),
+            Resources(environ, config.settings, prefix=config.prefix, tenant=config.tenant, key=config.key),
+            audit_key,
+            TtlSweeper(config.settings, every=config.ttl_sweep_seconds),
+            Poller(
+                "ingest",
+                lambda: clients.client("sqs"),
+                lambda: ingest_queue_url(clients.client, config.prefix),
+                ingest_handler.handler,
+            ),
+            Poller(
+                "ingest-dlq",
+                lambda: clients.client("sqs"),
+                lambda: ingest_dlq_url(clients.client, config.prefix),
+                ingest_dlq_handler.handler,
+            ),
+            assembly := AssemblyQueue(environ, config.prefix),
+            Poller("assembler", lambda: clients.client("sqs"), lambda: assembly.url, assembler_handler.handler),
+            webhook_queue := WebhookQueue(environ, config.prefix, config.settings.event_bus_name),
+            Poller(
+                "webhooks",
+                lambda: clients.client("sqs"),
+                lambda: webhook_queue.url,
+                webhooks_handler.handler,
+                threads=WEBHOOK_POLLERS,
+            ),
+            Sweeper(config.settings.sweep_seconds),
+            *audit_appender(config, environ),
+            *(
+                Poller(f"dlq-{model}", lambda: clients.client("sqs"), dlq_url(model), chunk_dlq_handler.handler)
+                for model in config.settings.models
+            ),
+            *engine_components(config, environ),
+            front,
+            state_file,
+        ]
+    )
     return Local(deployment=deployment, moto=moto, front=front, state_file=state_file)
 
 
@@ -514,8 +544,14 @@ def audit_appender(config: LocalConfig, environ: MutableMapping[str, str]) -> li
     off: no queue, no appender)."""
     if not config.settings.governance:
         return []
-    return [Poller("audit-append", lambda: clients.client("sqs"),
-                   lambda: environ[Settings.env_name("audit_queue_url")], audit_append_handler.handler)]
+    return [
+        Poller(
+            "audit-append",
+            lambda: clients.client("sqs"),
+            lambda: environ[Settings.env_name("audit_queue_url")],
+            audit_append_handler.handler,
+        )
+    ]
 
 
 def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) -> list[Component]:

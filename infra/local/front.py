@@ -64,7 +64,11 @@ TIMEOUT_MESSAGE = "Endpoint request timed out"
 #: The status API Gateway gives each rejection before the stack's gateway responses apply.
 _DEFAULT_STATUS = {"MISSING_AUTHENTICATION_TOKEN": 403, "API_CONFIGURATION_ERROR": 500, "INTEGRATION_FAILURE": 502}
 #: Rejections the stack leaves to its DEFAULT_4XX/DEFAULT_5XX responses.
-_FALLBACK = {"MISSING_AUTHENTICATION_TOKEN": "DEFAULT_4XX", "API_CONFIGURATION_ERROR": "DEFAULT_5XX", "INTEGRATION_FAILURE": "DEFAULT_5XX"}
+_FALLBACK = {
+    "MISSING_AUTHENTICATION_TOKEN": "DEFAULT_4XX",
+    "API_CONFIGURATION_ERROR": "DEFAULT_5XX",
+    "INTEGRATION_FAILURE": "DEFAULT_5XX",
+}
 
 
 def header_pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> Headers:
@@ -91,7 +95,9 @@ def response_headers(result: dict[str, Any]) -> Headers:
     ``multiValueHeaders`` keeps only those values; each value is its own header line."""
     multi = {str(k): [str(v) for v in values] for k, values in (result.get("multiValueHeaders") or {}).items()}
     lowered = {k.lower() for k in multi}
-    merged: Headers = [(str(k), str(v)) for k, v in (result.get("headers") or {}).items() if str(k).lower() not in lowered]
+    merged: Headers = [
+        (str(k), str(v)) for k, v in (result.get("headers") or {}).items() if str(k).lower() not in lowered
+    ]
     for k, values in multi.items():
         merged.extend((k, v) for v in values)
     return merged
@@ -152,7 +158,9 @@ class LocalApi:
         self.payload_limit = payload_limit
         self.lambda_payload_limit = lambda_payload_limit
 
-    def handle(self, method: str, target: str, headers: Mapping[str, str] | Iterable[tuple[str, str]], body: bytes) -> Answer:
+    def handle(
+        self, method: str, target: str, headers: Mapping[str, str] | Iterable[tuple[str, str]], body: bytes
+    ) -> Answer:
         pairs = header_pairs(headers)
         request_id = str(uuid.uuid4())
         answer = self._handle(method, target, pairs, body, request_id)
@@ -259,7 +267,9 @@ class LocalApi:
                 raise ValueError("not a proxy response Lambda can return")
         except Exception:  # noqa: BLE001 - a failed, malformed or oversized Lambda response
             return self.gateway("INTEGRATION_FAILURE", request_id, INTERNAL_ERROR_MESSAGE)
-        if result.get("isBase64Encoded") and http.is_binary_media_type(first_header(pairs, "Accept"), self.binary_media_types):
+        if result.get("isBase64Encoded") and http.is_binary_media_type(
+            first_header(pairs, "Accept"), self.binary_media_types
+        ):
             try:
                 payload = base64.b64decode(raw, validate=True)
             except (binascii.Error, ValueError):
@@ -363,7 +373,11 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         body = read_body(self.rfile, self.headers, api.payload_limit)
         if body is None:  # API Gateway's answer to a malformed request
-            status, out_headers, payload = 400, [("Content-Type", "application/json")], json.dumps({"message": "Bad Request"}).encode()
+            status, out_headers, payload = (
+                400,
+                [("Content-Type", "application/json")],
+                json.dumps({"message": "Bad Request"}).encode(),
+            )
             self.close_connection = True  # the body's end is unknown: nothing more can be read
         else:
             if len(body) > api.payload_limit:

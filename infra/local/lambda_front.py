@@ -18,7 +18,16 @@ from .served import ServedHttp
 
 Handler = Callable[[dict[str, Any], Any], Any]
 _INVOKE = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
-_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te", "trailer", "content-length"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "proxy-connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "content-length",
+}
 
 
 def function_name(raw: str) -> str:
@@ -40,7 +49,11 @@ def invoke(handlers: dict[str, Handler], name: str, body: bytes) -> tuple[int, l
         answer = json.dumps(result).encode()  # a result that is not JSON fails like the runtime's
     except Exception as exc:  # noqa: BLE001 - reported to the caller as the Lambda runtime does
         headers.append(("X-Amz-Function-Error", "Unhandled"))
-        payload = {"errorMessage": str(exc), "errorType": type(exc).__name__, "stackTrace": traceback.format_tb(exc.__traceback__)}
+        payload = {
+            "errorMessage": str(exc),
+            "errorType": type(exc).__name__,
+            "stackTrace": traceback.format_tb(exc.__traceback__),
+        }
         return 200, headers, json.dumps(payload, default=str).encode("utf-8", "replace")
     return 200, headers, answer
 

@@ -37,7 +37,9 @@ def queue_arn_of(sqs: Any, queue_url: str) -> str:
     return sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
 
 
-def poll_once(sqs: Any, queue_url: str, handler: Handler, *, name: str, wait_seconds: int = 0, queue_arn: str | None = None) -> int:
+def poll_once(
+    sqs: Any, queue_url: str, handler: Handler, *, name: str, wait_seconds: int = 0, queue_arn: str | None = None
+) -> int:
     """One receive + invoke + delete round; returns how many messages were handled successfully.
     The receive is a long poll of ``wait_seconds``: it returns as soon as a message arrives (moto
     wakes its waiting receives on send, as SQS does), so a poller adds no wait to a message's way;
@@ -57,7 +59,8 @@ def poll_once(sqs: Any, queue_url: str, handler: Handler, *, name: str, wait_sec
     done = [m for m in received if m["MessageId"] not in failed]
     if done:
         sqs.delete_message_batch(
-            QueueUrl=queue_url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)]
+            QueueUrl=queue_url,
+            Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)],
         )
     return len(done)
 
@@ -84,8 +87,15 @@ class Poller:
     mapping runs concurrent invocations (the webhook queue's: a slow receiver in one round does
     not hold up the next message)."""
 
-    def __init__(self, name: str, sqs_factory: Callable[[], Any], queue_url: Callable[[], str], handler: Handler,
-                 *, threads: int = 1):
+    def __init__(
+        self,
+        name: str,
+        sqs_factory: Callable[[], Any],
+        queue_url: Callable[[], str],
+        handler: Handler,
+        *,
+        threads: int = 1,
+    ):
         self.name = name
         self._sqs_factory, self._queue_url, self._handler = sqs_factory, queue_url, handler
         self._threads_wanted = threads
@@ -117,7 +127,9 @@ class Poller:
         self._handling = [threading.Event() for _ in range(self._threads_wanted)]
         many = self._threads_wanted > 1
         self._threads = [
-            threading.Thread(target=run, args=(handling,), name=f"poller-{self.name}" + (f"-{i}" if many else ""), daemon=True)
+            threading.Thread(
+                target=run, args=(handling,), name=f"poller-{self.name}" + (f"-{i}" if many else ""), daemon=True
+            )
             for i, handling in enumerate(self._handling)
         ]
         for thread in self._threads:

@@ -64,8 +64,13 @@ class ChildProcess:
         if self._log is None:
             self._log = self.log_path.open("ab")
         self._process = subprocess.Popen(
-            self._argv, env=dict(self._env()), stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO_ROOT,
+            self._argv,
+            env=dict(self._env()),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
         )
 
     def alive(self) -> bool:
@@ -169,8 +174,10 @@ class Engines:
         self._ready_timeout = ready_timeout
         self._children = [
             ChildProcess(
-                f"engine-{s.model}", ["bash", str(SERVE), s.model, str(s.port), "--max-num-seqs", str(s.max_num_seqs)],
-                lambda: engine_environment(os.environ), log_dir / f"engine-{s.model}.log",
+                f"engine-{s.model}",
+                ["bash", str(SERVE), s.model, str(s.port), "--max-num-seqs", str(s.max_num_seqs)],
+                lambda: engine_environment(os.environ),
+                log_dir / f"engine-{s.model}.log",
             )
             for s in self.specs
         ]
@@ -238,7 +245,9 @@ class Workers:
             }
 
         self._children = [
-            ChildProcess(f"worker-{s.model}", [sys.executable, "-m", "gpu_worker"], env_of(s), log_dir / f"worker-{s.model}.log")
+            ChildProcess(
+                f"worker-{s.model}", [sys.executable, "-m", "gpu_worker"], env_of(s), log_dir / f"worker-{s.model}.log"
+            )
             for s in specs
         ]
 
@@ -300,8 +309,13 @@ class Supervisor:
     name = "supervisor"
 
     def __init__(
-        self, children: Sequence[ChildProcess], log_path: Path, *, backoff: Backoff = Backoff(),
-        poll_seconds: float = 0.5, clock: Callable[[], float] = time.monotonic,
+        self,
+        children: Sequence[ChildProcess],
+        log_path: Path,
+        *,
+        backoff: Backoff = Backoff(),
+        poll_seconds: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], bool] | None = None,
     ):
         self._children = list(children)
@@ -348,7 +362,9 @@ class Supervisor:
             elif not w.child.alive():
                 code = w.child.exit_code()
                 w.child.reap()
-                self._schedule(w, now, ran_for=now - w.started_at, code=code, why=f"exited ({describe(code)}): restarting")
+                self._schedule(
+                    w, now, ran_for=now - w.started_at, code=code, why=f"exited ({describe(code)}): restarting"
+                )
 
     def _schedule(self, w: _Watched, now: float, *, ran_for: float, code: int | None, why: str) -> None:
         """Decide when a dead (or unstartable) child starts again, and say so."""

@@ -14,8 +14,9 @@ ACCOUNT = "123456789012"
 REGION = "us-east-1"
 
 
-def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix: str,
-                     workflow_function_arn: str | None = None) -> Settings:
+def create_resources(
+    settings: Settings, client: Callable[[str], Any], *, prefix: str, workflow_function_arn: str | None = None
+) -> Settings:
     """Idempotently create the table, bucket, ingest queue + S3 notification, one work queue (with
     DLQ) per served model, the batch event bus (unless the settings name the default bus), and the
     batch state machine. Returns ``settings`` with the queue URLs
@@ -39,18 +40,29 @@ def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix
                 {
                     "QueueArn": ingest_arn,
                     "Events": ["s3:ObjectCreated:*"],
-                    "Filter": {"Key": {"FilterRules": [
-                        {"Name": "prefix", "Value": schema.BATCHES_PREFIX},
-                        {"Name": "suffix", "Value": schema.INPUT_NAME},
-                    ]}},
+                    "Filter": {
+                        "Key": {
+                            "FilterRules": [
+                                {"Name": "prefix", "Value": schema.BATCHES_PREFIX},
+                                {"Name": "suffix", "Value": schema.INPUT_NAME},
+                            ]
+                        }
+                    },
                 }
             ]
         },
     )
     models = {
-        name: route.model_copy(update={"queue_url": _queue_with_dlq(
-            sqs, names.work_queue_name(prefix, name), names.WORK_MAX_RECEIVES, visibility=names.WORK_VISIBILITY_SECONDS
-        )})
+        name: route.model_copy(
+            update={
+                "queue_url": _queue_with_dlq(
+                    sqs,
+                    names.work_queue_name(prefix, name),
+                    names.WORK_MAX_RECEIVES,
+                    visibility=names.WORK_VISIBILITY_SECONDS,
+                )
+            }
+        )
         for name, route in settings.models.items()
     }
     if settings.event_bus_name != "default":  # the stack's own bus (infra/constructs/events.py), by its name
@@ -59,7 +71,9 @@ def create_resources(settings: Settings, client: Callable[[str], Any], *, prefix
             events.create_event_bus(Name=settings.event_bus_name)
     state_machine_arn = settings.state_machine_arn
     if workflow_function_arn is not None:
-        state_machine_arn = _state_machine(client("stepfunctions"), names.state_machine_name(prefix), workflow_function_arn)
+        state_machine_arn = _state_machine(
+            client("stepfunctions"), names.state_machine_name(prefix), workflow_function_arn
+        )
     concrete = settings.model_copy(update={"models": models, "state_machine_arn": state_machine_arn})
     return create_audit_resources(concrete, client, prefix=prefix) if settings.governance else concrete
 
@@ -68,8 +82,13 @@ def audit_bucket_name(prefix: str) -> str:
     return f"{prefix}-audit"
 
 
-def create_audit_resources(settings: Settings, client: Callable[[str], Any], *, prefix: str,
-                           lock: AuditObjectLockConfig = AuditObjectLockConfig()) -> Settings:
+def create_audit_resources(
+    settings: Settings,
+    client: Callable[[str], Any],
+    *,
+    prefix: str,
+    lock: AuditObjectLockConfig = AuditObjectLockConfig(),
+) -> Settings:
     """The audit queue (FIFO, + its FIFO DLQ) and the Object Lock bucket of the chains' copies and
     checkpoints, as infra/constructs/audit.py builds them (docs/audit.md), with the stack's
     default retention; returns ``settings`` naming them. moto keeps what S3 documents for Object
@@ -80,17 +99,26 @@ def create_audit_resources(settings: Settings, client: Callable[[str], Any], *, 
     fifo = {"FifoQueue": "true", "DeduplicationScope": "messageGroup", "FifoThroughputLimit": "perMessageGroupId"}
     dlq_url = sqs.create_queue(QueueName=names.audit_dead_letter_queue_name(prefix), Attributes=fifo)["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    url = sqs.create_queue(QueueName=names.audit_queue_name(prefix), Attributes={
-        **fifo, "VisibilityTimeout": str(names.AUDIT_VISIBILITY_SECONDS),
-        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(names.AUDIT_MAX_RECEIVES)}),
-    })["QueueUrl"]
+    url = sqs.create_queue(
+        QueueName=names.audit_queue_name(prefix),
+        Attributes={
+            **fifo,
+            "VisibilityTimeout": str(names.AUDIT_VISIBILITY_SECONDS),
+            "RedrivePolicy": json.dumps(
+                {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(names.AUDIT_MAX_RECEIVES)}
+            ),
+        },
+    )["QueueUrl"]
     bucket = audit_bucket_name(prefix)
     if bucket not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
         s3.create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)  # versioning comes with it
-        s3.put_object_lock_configuration(Bucket=bucket, ObjectLockConfiguration={
-            "ObjectLockEnabled": "Enabled",
-            "Rule": {"DefaultRetention": {"Mode": lock.mode.upper(), "Days": lock.retention_days}},
-        })
+        s3.put_object_lock_configuration(
+            Bucket=bucket,
+            ObjectLockConfiguration={
+                "ObjectLockEnabled": "Enabled",
+                "Rule": {"DefaultRetention": {"Mode": lock.mode.upper(), "Days": lock.retention_days}},
+            },
+        )
     return settings.model_copy(update={"audit_queue_url": url, "audit_bucket_name": bucket})
 
 

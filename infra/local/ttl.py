@@ -38,7 +38,11 @@ def expire_once(table: Any, objects: Objects, now: int, stored: StoredBytes | No
 
 
 def start_sweeper(
-    table: Any, objects: Objects, clock: Callable[[], int], stop: threading.Event, every: float = 30.0,
+    table: Any,
+    objects: Objects,
+    clock: Callable[[], int],
+    stop: threading.Event,
+    every: float = 30.0,
     stored: StoredBytes | None = None,
 ) -> threading.Thread:
     def run() -> None:

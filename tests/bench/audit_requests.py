@@ -24,8 +24,11 @@ def main() -> None:
     p.add_argument("--intents", type=int, default=100)
     p.add_argument("--batch", type=int, default=10)
     args = p.parse_args()
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         os.environ[name] = value
     counter = count_requests()  # before any session exists
     with mock_aws():
@@ -41,26 +44,48 @@ def main() -> None:
         key = boto3.client("kms").create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["Arn"]
         os.environ.update(settings.model_copy(update={"audit_signing_key_id": key}).to_env())
         deps.reset()
-        intents = [audit.api_intent("acme", method="POST", path="/v1/files", status=200, body=f'{{"id": "file-{i}"}}',
-                                    authorization="Bearer sk-x", request_id=f"req-{i}", at=1_800_000_000 + i)
-                   for i in range(args.intents)]
+        intents = [
+            audit.api_intent(
+                "acme",
+                method="POST",
+                path="/v1/files",
+                status=200,
+                body=f'{{"id": "file-{i}"}}',
+                authorization="Bearer sk-x",
+                request_id=f"req-{i}",
+                at=1_800_000_000 + i,
+            )
+            for i in range(args.intents)
+        ]
         sqs = boto3.client("sqs")
-        arn = sqs.get_queue_attributes(QueueUrl=settings.audit_queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        arn = sqs.get_queue_attributes(QueueUrl=settings.audit_queue_url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
         rows = {}
         for label in ("first delivery", "redelivery"):
             for i, intent in enumerate(intents):
-                sqs.send_message(QueueUrl=settings.audit_queue_url, MessageBody=intent.model_dump_json(),
-                                 MessageGroupId="acme", MessageDeduplicationId=f"{label}-{i}")
+                sqs.send_message(
+                    QueueUrl=settings.audit_queue_url,
+                    MessageBody=intent.model_dump_json(),
+                    MessageGroupId="acme",
+                    MessageDeduplicationId=f"{label}-{i}",
+                )
             counter.clear()
-            while received := sqs.receive_message(QueueUrl=settings.audit_queue_url, MaxNumberOfMessages=args.batch,
-                                                  AttributeNames=["All"]).get("Messages", []):
+            while received := sqs.receive_message(
+                QueueUrl=settings.audit_queue_url, MaxNumberOfMessages=args.batch, AttributeNames=["All"]
+            ).get("Messages", []):
                 result = handler.handler(sqs_event(received, arn), LocalLambdaContext("audit-append"))
                 assert not result["batchItemFailures"], result
-                sqs.delete_message_batch(QueueUrl=settings.audit_queue_url, Entries=[
-                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(received)])
+                sqs.delete_message_batch(
+                    QueueUrl=settings.audit_queue_url,
+                    Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(received)],
+                )
             requests = dict(sorted(counter.items()))
-            rows[label] = {"requests": requests, "per_intent": round(sum(requests.values()) / args.intents, 2),
-                           "invocations": -(-args.intents // args.batch)}
+            rows[label] = {
+                "requests": requests,
+                "per_intent": round(sum(requests.values()) / args.intents, 2),
+                "invocations": -(-args.intents // args.batch),
+            }
         print(json.dumps({"intents": args.intents, "batch": args.batch, **rows}, indent=1))
 
 

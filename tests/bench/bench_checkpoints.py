@@ -57,8 +57,10 @@ def one(n: int, k: int, policy: RunPolicy) -> tuple[int, int, int]:
     """(S3 PUTs, DynamoDB run-record writes, lines re-sent) for a death at step k."""
     stores = fake_stores()
     (message,) = seed(stores, n, per_chunk=n)
+
     def go(engine):
         return process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 0, policy=policy)
+
     try:
         asyncio.run(go(DiesAtStep(k)))
     except EngineDown:
@@ -74,7 +76,11 @@ def clean(n: int, policy: RunPolicy) -> tuple[int, int]:
     """(S3 PUTs, DynamoDB run-record writes) of a chunk that never dies (the parts included)."""
     stores = fake_stores()
     (message,) = seed(stores, n, per_chunk=n)
-    asyncio.run(process_chunk(stores, message, InProcessEngine(), io=direct, max_line_bytes=1 << 20, now=lambda: 0, policy=policy))
+    asyncio.run(
+        process_chunk(
+            stores, message, InProcessEngine(), io=direct, max_line_bytes=1 << 20, now=lambda: 0, policy=policy
+        )
+    )
     return stores.faults.calls["objects.put"] - 1, stores.faults.calls["batches.save_chunk_run"]
 
 
@@ -84,7 +90,9 @@ def main() -> None:
     n = parser.parse_args().lines
     logging.disable(logging.WARNING)  # every death logs a warning
     print(f"chunk of {n} lines; a death at each step 1..{n - 1} (line k answered at step k), then one redelivery")
-    print("| checkpoint_lines | PUTs, clean chunk | run-record writes, clean chunk | lines re-sent after a death (mean) | worst |")
+    print(
+        "| checkpoint_lines | PUTs, clean chunk | run-record writes, clean chunk | lines re-sent after a death (mean) | worst |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: |")
     for every in (0, 10, 25, 50):
         policy = RunPolicy(checkpoint_lines=every, checkpoint_seconds=0)

@@ -46,7 +46,9 @@ def scenario(local, *, with_a: bool, args) -> dict[str, float]:
     row = {"b_total": ended - created, "b_first_line": (first_sent(worker_log, b.id) or float("nan")) - created}
     if a is not None:
         a_now = sdk_a.batches.retrieve(a.id)
-        row["a_done_when_b_done"] = a_now.request_counts.completed + a_now.request_counts.failed if a_now.request_counts else 0
+        row["a_done_when_b_done"] = (
+            a_now.request_counts.completed + a_now.request_counts.failed if a_now.request_counts else 0
+        )
         sdk_a.batches.cancel(a.id)
         wait(sdk_a, a.id)
     if done.status != "completed":
@@ -83,12 +85,16 @@ def main() -> None:
                     print(label, rows[-1][1], flush=True)
             finally:
                 local.stop()
-    print(f"A: {args.a_lines} lines, B: {args.b_lines} lines {args.b_after} s later, max_tokens {args.max_tokens} (ignore_eos)")
+    print(
+        f"A: {args.a_lines} lines, B: {args.b_lines} lines {args.b_after} s later, max_tokens {args.max_tokens} (ignore_eos)"
+    )
     print("| run | B create -> first line in engine | B create -> completed | A lines done when B completed |")
     print("| --- | ---: | ---: | ---: |")
     for label, row in rows:
         a_done = row.get("a_done_when_b_done")
-        print(f"| {label} | {row['b_first_line']:.2f} s | {row['b_total']:.2f} s | {'-' if a_done is None else int(a_done)} |")
+        print(
+            f"| {label} | {row['b_first_line']:.2f} s | {row['b_total']:.2f} s | {'-' if a_done is None else int(a_done)} |"
+        )
 
 
 if __name__ == "__main__":

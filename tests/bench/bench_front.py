@@ -91,10 +91,16 @@ def run(base_url: str, clients: int, requests: int) -> dict:
     lat = sorted(tally.latencies)
     pct = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: float("nan"))
     return {
-        "clients": clients, "requests": clients * requests, "wall_s": round(wall, 2),
-        "rps": round(len(lat) / wall, 1), "statuses": dict(tally.statuses), "errors": dict(tally.errors),
+        "clients": clients,
+        "requests": clients * requests,
+        "wall_s": round(wall, 2),
+        "rps": round(len(lat) / wall, 1),
+        "statuses": dict(tally.statuses),
+        "errors": dict(tally.errors),
         "connections_opened": sum(tally.connections),
-        "p50_ms": round(pct(0.50), 1), "p99_ms": round(pct(0.99), 1), "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        "p50_ms": round(pct(0.50), 1),
+        "p99_ms": round(pct(0.99), 1),
+        "max_ms": round(lat[-1] * 1000, 1) if lat else None,
         "mean_ms": round(statistics.fmean(lat) * 1000, 1) if lat else None,
     }
 

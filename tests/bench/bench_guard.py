@@ -52,7 +52,7 @@ SHAPES = (
     ("U+FDFA repeated (NFKD: 18 characters each)", "\ufdfa"),
 )
 
-CODE = '''```python
+CODE = """```python
 def fetch(url: str, retries: int = 3) -> bytes:
     for attempt in range(retries):
         try:
@@ -60,7 +60,7 @@ def fetch(url: str, retries: int = 3) -> bytes:
         except TimeoutError:
             time.sleep(2 ** attempt)
     raise RuntimeError(f"gave up on {url}")
-```'''
+```"""
 
 
 def make_lines(n: int, *, seed: int = 13) -> list[tuple[str, dict[str, Any], bool]]:
@@ -75,9 +75,14 @@ def make_lines(n: int, *, seed: int = 13) -> list[tuple[str, dict[str, Any], boo
         has_secret = i % 10 == 0
         if has_secret:
             parts.insert(rng.randrange(len(parts) + 1), f"This fails with {secrets[(i // 10) % len(secrets)]} set.")
-        body = {"model": "chat-model", "max_tokens": 256, "messages": [
-            {"role": "system", "content": "You are a careful assistant. Answer briefly and precisely."},
-            {"role": "user", "content": "\n\n".join(parts)}]}
+        body = {
+            "model": "chat-model",
+            "max_tokens": 256,
+            "messages": [
+                {"role": "system", "content": "You are a careful assistant. Answer briefly and precisely."},
+                {"role": "user", "content": "\n\n".join(parts)},
+            ],
+        }
         line = json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
         out.append((line, body, has_secret))
     return out
@@ -85,9 +90,15 @@ def make_lines(n: int, *, seed: int = 13) -> list[tuple[str, dict[str, Any], boo
 
 def answer_of(body: dict[str, Any]) -> dict[str, Any]:
     text = body["messages"][-1]["content"]
-    return {"id": "chatcmpl-1", "object": "chat.completion", "model": "chat-model",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"Sure. {text}"}}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 100, "total_tokens": 200}}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "chat-model",
+        "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": f"Sure. {text}"}}
+        ],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 100, "total_tokens": 200},
+    }
 
 
 def per_line_us(items: list[Any], fn: Callable[[Any], Any], rounds: int) -> float:
@@ -110,18 +121,24 @@ def per_mib(mib: float) -> None:
     find_secrets("warm up")
     refuse, redact = GuardPolicy(prompt_secrets="refuse"), GuardPolicy(prompt_secrets="redact")
     size = int(mib * 1024 * 1024)
-    print(f"CPU ms per MiB of one string ({mib:g} MiB of UTF-8 each), check_prompt on a chat body holding it; "
-          "the plugins on Python's re (before RE2) on 16 and 32 KiB")
+    print(
+        f"CPU ms per MiB of one string ({mib:g} MiB of UTF-8 each), check_prompt on a chat body holding it; "
+        "the plugins on Python's re (before RE2) on 16 and 32 KiB"
+    )
     print("| input | refuse, ms/MiB | redact, ms/MiB | Python re, 16 KiB | Python re, 32 KiB |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, piece in SHAPES:
         text = piece * (size // len(piece.encode()))
         actual = len(text.encode()) / (1024 * 1024)
         body = {"model": "m", "messages": [{"role": "user", "content": text}]}
-        row = [cpu_seconds(lambda: refuse.check_prompt(body)) * 1000 / actual,
-               cpu_seconds(lambda: redact.check_prompt(body)) * 1000 / actual]
-        old = [cpu_seconds(lambda n=n: secret_oracle.find_secrets(piece * (n // len(piece.encode())))) * 1000
-               for n in (16 * 1024, 32 * 1024)]
+        row = [
+            cpu_seconds(lambda: refuse.check_prompt(body)) * 1000 / actual,
+            cpu_seconds(lambda: redact.check_prompt(body)) * 1000 / actual,
+        ]
+        old = [
+            cpu_seconds(lambda n=n: secret_oracle.find_secrets(piece * (n // len(piece.encode())))) * 1000
+            for n in (16 * 1024, 32 * 1024)
+        ]
         print(f"| {name} | {row[0]:.0f} | {row[1]:.0f} | {old[0]:.0f} ms | {old[1]:.0f} ms |", flush=True)
 
 
@@ -157,9 +174,11 @@ def main() -> None:
         ("check_output, 2 deny patterns", per_line_us(answers, deny.check_output, args.rounds)),
         ("check_output, example check output_secrets", per_line_us(answers, check.check_output, args.rounds)),
     ]
-    print(f"{len(lines)} lines ({len(clean)} clean, {len(dirty)} with a secret); line length: median "
-          f"{statistics.median(chars):.0f}, mean {statistics.fmean(chars):.0f}, max {max(chars)} characters; "
-          f"best of {args.rounds} rounds")
+    print(
+        f"{len(lines)} lines ({len(clean)} clean, {len(dirty)} with a secret); line length: median "
+        f"{statistics.median(chars):.0f}, mean {statistics.fmean(chars):.0f}, max {max(chars)} characters; "
+        f"best of {args.rounds} rounds"
+    )
     for name, us in rows:
         print(f"  {name:<44} {us:8.1f} CPU us/line")
 

@@ -42,8 +42,12 @@ def wait(sdk, batch_id: str, poll: float = 0.05):
 
 def submit_hostile(sdk, *, key: bool):
     content = "//" * (LONG // 2) + (f" {SECRETS['AWS access key id'][1]}" if key else "")
-    row = {"custom_id": "hostile", "method": "POST", "url": CHAT, "body": {
-        "model": names.LOCAL_CHAT_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": content}]}}
+    row = {
+        "custom_id": "hostile",
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": names.LOCAL_CHAT_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": content}]},
+    }
     file_id = sdk.files.create(file=("input.jsonl", io.BytesIO((json.dumps(row) + "\n").encode())), purpose="batch").id
     return sdk.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h")
 
@@ -77,8 +81,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-hostile-scan-") as tmp:
         local = e2e.start_local_deployment(Path(tmp), engines=True)
         try:
-            code = cli.main(["tenants", "set", "--tenant", "hostile-a", "--prompt-secrets", "refuse"],
-                            env=local.env, out=io.StringIO(), err=io.StringIO())
+            code = cli.main(
+                ["tenants", "set", "--tenant", "hostile-a", "--prompt-secrets", "refuse"],
+                env=local.env,
+                out=io.StringIO(),
+                err=io.StringIO(),
+            )
             assert code == 0
             sdk_a, sdk_b = local.client(local.new_key("hostile-a")), local.client(local.new_key("honest-b"))
             worker_log = local.state_dir / "logs" / f"worker-{names.LOCAL_CHAT_MODEL}.log"
@@ -97,16 +105,20 @@ def main() -> None:
         finally:
             local.stop()
     alone = statistics.median(results["alone"])
-    print(f"B: {args.b_lines} lines, max_tokens {args.max_tokens} (ignore_eos); A: one line of {LONG} characters of '//'; "
-          f"{args.rounds} rounds; load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f} "
-          f"({os.cpu_count()} cores)")
+    print(
+        f"B: {args.b_lines} lines, max_tokens {args.max_tokens} (ignore_eos); A: one line of {LONG} characters of '//'; "
+        f"{args.rounds} rounds; load average at start {load_start[0]:.1f}, at end {os.getloadavg()[0]:.1f} "
+        f"({os.cpu_count()} cores)"
+    )
     print("| B's batch | median create -> completed | runs | x alone | B's chunks received more than once | A's line |")
     print("| --- | ---: | --- | ---: | ---: | --- |")
     for label, values in results.items():
         median = statistics.median(values)
         runs = " / ".join(f"{v:.2f}" for v in values)
         again = sum(1 for c in receives[label] if c > 1)
-        print(f"| {label} | {median:.2f} s | {runs} | {median / alone:.2f} | {again} | {', '.join(sorted(set(outcomes[label]))) or '-'} |")
+        print(
+            f"| {label} | {median:.2f} s | {runs} | {median / alone:.2f} | {again} | {', '.join(sorted(set(outcomes[label]))) or '-'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,11 @@ def settings_for(args: argparse.Namespace):
     from functions.core.settings import ModelRoute, Settings
 
     return Settings(
-        table_name="bench", bucket_name="bench",
+        table_name="bench",
+        bucket_name="bench",
         models={"bench-chat": ModelRoute(endpoints=("/v1/chat/completions",))},
-        max_batch_file_bytes=1024**3, drain_poll_seconds=0,
+        max_batch_file_bytes=1024**3,
+        drain_poll_seconds=0,
     )
 
 
@@ -81,7 +83,9 @@ def phase_child(phase: str, state_file: str) -> None:
 def run_phase(phase: str, state_file: Path, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-m", "tests.bench.bench_lifecycle", "--child", phase, "--state", str(state_file)],
-        env=env, capture_output=True, text=True,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if out.returncode:
         raise RuntimeError(f"{phase} failed:\n{out.stderr[-3000:]}")
@@ -91,8 +95,12 @@ def run_phase(phase: str, state_file: Path, env: dict[str, str]) -> dict[str, An
 def make_input(lines: int, line_bytes: int) -> bytes:
     rows = []
     for i in range(lines):
-        row = {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-               "body": {"model": "bench-chat", "messages": [{"role": "user", "content": ""}], "max_tokens": 16}}
+        row = {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "bench-chat", "messages": [{"role": "user", "content": ""}], "max_tokens": 16},
+        }
         pad = line_bytes - len(json.dumps(row))
         row["body"]["messages"][0]["content"] = "x" * max(0, pad)
         rows.append(json.dumps(row))
@@ -126,7 +134,9 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
     from infra.local.resources import create_resources
 
     settings = create_resources(
-        settings_for(args), clients.client, prefix=PREFIX,
+        settings_for(args),
+        clients.client,
+        prefix=PREFIX,
         workflow_function_arn="arn:aws:lambda:us-east-1:123456789012:function:bench-workflow",
     )
     env.update(settings.to_env())
@@ -137,8 +147,18 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
     now = int(time.time())
     file_id = ids.new_id(ids.FILE)
     stores.objects.put(schema.file_key("bench", file_id), data)
-    stores.files.create(FileRecord(tenant="bench", id=file_id, filename="in.jsonl", purpose="batch", bytes=len(data),
-                                   created_at=now, expires_at=now + 86400, s3_key=schema.file_key("bench", file_id)))
+    stores.files.create(
+        FileRecord(
+            tenant="bench",
+            id=file_id,
+            filename="in.jsonl",
+            purpose="batch",
+            bytes=len(data),
+            created_at=now,
+            expires_at=now + 86400,
+            s3_key=schema.file_key("bench", file_id),
+        )
+    )
     del data
     counter.clear()
     from functions.api.protocol import CreateBatchBody
@@ -159,13 +179,23 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
         message = record.work_message(c)
         start_chunk(stores, message)
         out, usage = [], Usage()
-        for line in iter_lines(stores.objects.iter_range(record.input_key, c.byte_start, c.byte_end),
-                               max_line_bytes=10**9, start=c.byte_start, first_number=c.first_line):
+        for line in iter_lines(
+            stores.objects.iter_range(record.input_key, c.byte_start, c.byte_end),
+            max_line_bytes=10**9,
+            start=c.byte_start,
+            first_number=c.first_line,
+        ):
             if line.blank:
                 continue
             custom_id = json.loads(line.text)["custom_id"]
-            body = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok " * 40}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 900, "completion_tokens": 16, "total_tokens": 916}}
+            body = {
+                "id": "x",
+                "object": "chat.completion",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok " * 40}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 900, "completion_tokens": 16, "total_tokens": 916},
+            }
             usage.add_response(body["usage"])
             out.append(results.response_line(custom_id, 200, body, "r"))
         parts = results.write_parts(stores.objects, message, out)
@@ -176,14 +206,27 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
     final = run_phase("finalize", state_file, env)
     done = stores.batches.get("bench", batch.id)
     state_file.unlink()
-    total_requests = create_requests + sum(ingest["requests"].values()) + sum(chunk_requests.values()) + sum(final["requests"].values())
+    total_requests = (
+        create_requests
+        + sum(ingest["requests"].values())
+        + sum(chunk_requests.values())
+        + sum(final["requests"].values())
+    )
     return {
         "lines": args.lines,
         "input_mib": round(args.lines * args.line_bytes / 1024**2, 1),
         "chunks": len(manifest.chunks),
-        "ingest": {"status": ingest["status"], "wall_s": round(ingest["wall_s"], 2), "peak_rss_mib": round(ingest["peak_rss_mib"])},
+        "ingest": {
+            "status": ingest["status"],
+            "wall_s": round(ingest["wall_s"], 2),
+            "peak_rss_mib": round(ingest["peak_rss_mib"]),
+        },
         "chunks_fake_engine": {"wall_s": round(chunks_wall, 2)},
-        "finalize": {"status": final["status"], "wall_s": round(final["wall_s"], 2), "peak_rss_mib": round(final["peak_rss_mib"])},
+        "finalize": {
+            "status": final["status"],
+            "wall_s": round(final["wall_s"], 2),
+            "peak_rss_mib": round(final["peak_rss_mib"]),
+        },
         "final_counts": {"completed": done.completed, "failed": done.failed, "total": done.total},
         "aws_requests": {
             "create": create_requests,

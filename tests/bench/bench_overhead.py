@@ -45,8 +45,14 @@ def one_batch(sdk, worker_log: Path, *, lines: int, max_tokens: int, poll: float
     first = min(l["first_sent_at"] for l in logs)
     last = max(l["last_answer_at"] for l in logs)
     counted = max(l["committed_at"] for l in logs)
-    return {"to worker": received - created, "to engine": first - received, "engine": last - first, "commit": counted - last, "after": completed - counted,
-            "total": completed - created}
+    return {
+        "to worker": received - created,
+        "to engine": first - received,
+        "engine": last - first,
+        "commit": counted - last,
+        "after": completed - counted,
+        "total": completed - created,
+    }
 
 
 def main() -> None:
@@ -62,8 +68,10 @@ def main() -> None:
             sdk = local.client()
             worker_log = local.state_dir / "logs" / f"worker-{names.LOCAL_CHAT_MODEL}.log"
             one_batch(sdk, worker_log, lines=args.lines, max_tokens=args.max_tokens, poll=args.poll, tag="warm")
-            rows = [one_batch(sdk, worker_log, lines=args.lines, max_tokens=args.max_tokens, poll=args.poll, tag=f"r{r}")
-                    for r in range(args.rounds)]
+            rows = [
+                one_batch(sdk, worker_log, lines=args.lines, max_tokens=args.max_tokens, poll=args.poll, tag=f"r{r}")
+                for r in range(args.rounds)
+            ]
         finally:
             local.stop()
     keys = ["to worker", "to engine", "engine", "commit", "after", "total"]

@@ -74,11 +74,70 @@ READY_TIMEOUT = 300.0
 BATCH_TIMEOUT = 1800.0
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
-_WORDS = ["model", "batch", "river", "stone", "light", "engine", "garden", "window", "signal", "harbor", "paper", "letter", "winter", "summer", "market", "station", "bridge", "mirror", "forest", "valley", "number", "answer", "request", "result", "table", "column", "circle", "orange", "silver", "copper", "marble", "velvet", "thunder", "candle", "lantern", "compass", "anchor", "meadow", "canyon", "island", "desert", "glacier", "harvest", "journey", "method", "pattern", "system", "network", "memory", "history", "science", "theory"]
+_WORDS = [
+    "model",
+    "batch",
+    "river",
+    "stone",
+    "light",
+    "engine",
+    "garden",
+    "window",
+    "signal",
+    "harbor",
+    "paper",
+    "letter",
+    "winter",
+    "summer",
+    "market",
+    "station",
+    "bridge",
+    "mirror",
+    "forest",
+    "valley",
+    "number",
+    "answer",
+    "request",
+    "result",
+    "table",
+    "column",
+    "circle",
+    "orange",
+    "silver",
+    "copper",
+    "marble",
+    "velvet",
+    "thunder",
+    "candle",
+    "lantern",
+    "compass",
+    "anchor",
+    "meadow",
+    "canyon",
+    "island",
+    "desert",
+    "glacier",
+    "harvest",
+    "journey",
+    "method",
+    "pattern",
+    "system",
+    "network",
+    "memory",
+    "history",
+    "science",
+    "theory",
+]
 
 
 def _line(i: int, messages: list[dict], max_tokens: int) -> str:
-    body = {"model": engines.CHAT_MODEL, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "messages": messages}
+    body = {
+        "model": engines.CHAT_MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "messages": messages,
+    }
     return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n"
 
 
@@ -91,12 +150,15 @@ def make_dataset(name: str, path: Path, lines: int, seed: int = SEED) -> None:
     if name == "shared-prefix":
         prompts = [
             f"You are assistant number {p}. Follow these house notes closely: "
-            + " ".join(rng.choice(_WORDS) for _ in range(SHARED_PROMPT_WORDS)) + "."
+            + " ".join(rng.choice(_WORDS) for _ in range(SHARED_PROMPT_WORDS))
+            + "."
             for p in range(SHARED_PROMPTS)
         ]
         rows = [
-            [{"role": "system", "content": prompts[i % SHARED_PROMPTS]},
-             {"role": "user", "content": f"Question {i}: what does the word {rng.choice(_WORDS)} mean here?"}]
+            [
+                {"role": "system", "content": prompts[i % SHARED_PROMPTS]},
+                {"role": "user", "content": f"Question {i}: what does the word {rng.choice(_WORDS)} mean here?"},
+            ]
             for i in range(lines)
         ]
         rng.shuffle(rows)
@@ -104,11 +166,16 @@ def make_dataset(name: str, path: Path, lines: int, seed: int = SEED) -> None:
         return
     if name == "uneven":
         long = set(rng.sample(range(lines), max(1, round(lines * UNEVEN_LONG_SHARE))))
-        path.write_text("".join(
-            _line(i, [{"role": "user", "content": f"Tell a story about {rng.choice(_WORDS)}, number {i}."}],
-                  UNEVEN_LONG if i in long else rng.randint(*UNEVEN_SHORT))
-            for i in range(lines)
-        ))
+        path.write_text(
+            "".join(
+                _line(
+                    i,
+                    [{"role": "user", "content": f"Tell a story about {rng.choice(_WORDS)}, number {i}."}],
+                    UNEVEN_LONG if i in long else rng.randint(*UNEVEN_SHORT),
+                )
+                for i in range(lines)
+            )
+        )
         return
     raise ValueError(f"unknown dataset {name!r}; one of {', '.join(DATASETS)}")
 
@@ -133,7 +200,8 @@ class WebhookReceiver:
                 at = time.monotonic()
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 event = OpenAI(api_key="unused", base_url="http://127.0.0.1:9").webhooks.unwrap(
-                    body, headers, secret=receiver.secret)
+                    body, headers, secret=receiver.secret
+                )
                 with receiver._cond:
                     receiver.arrived.setdefault(event.data.id, (event.type, at))
                     receiver._cond.notify_all()
@@ -182,8 +250,12 @@ def subscribe(pipeline: Pipeline, workdir: Path) -> None:
     """A webhook endpoint for the local tenant's terminal batch events, at a receiver here."""
     receiver = WebhookReceiver()
     out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["--local", "webhooks", "create", "--tenant", names.LOCAL_TENANT, "--url", receiver.url],
-                    env={local_state.STATE_DIR_ENV: str(workdir / "state")}, out=out, err=err)
+    code = cli.main(
+        ["--local", "webhooks", "create", "--tenant", names.LOCAL_TENANT, "--url", receiver.url],
+        env={local_state.STATE_DIR_ENV: str(workdir / "state")},
+        out=out,
+        err=err,
+    )
     if code != 0:
         raise RuntimeError(f"batchctl webhooks create failed: {err.getvalue()}")
     receiver.secret = json.loads(out.getvalue())["signing_secret"]
@@ -193,13 +265,29 @@ def subscribe(pipeline: Pipeline, workdir: Path) -> None:
 def start_pipeline(workdir: Path, proxy: EngineProxy, engine_port: int) -> Pipeline:
     log_path = workdir / "pipeline-local.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BATCHAPI_", "MOTO_"))}
-    env.update(PORT="0", MOTO_PORT="0", PYTHONUNBUFFERED="1", ENGINE_MAX_NUM_SEQS=str(bench_worker.MAX_NUM_SEQS),
-               **{local_state.STATE_DIR_ENV: str(workdir / "state")})
+    env.update(
+        PORT="0",
+        MOTO_PORT="0",
+        PYTHONUNBUFFERED="1",
+        ENGINE_MAX_NUM_SEQS=str(bench_worker.MAX_NUM_SEQS),
+        **{local_state.STATE_DIR_ENV: str(workdir / "state")},
+    )
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.pipeline_local", "--engine-port", str(engine_port),
-             "--worker-engine-url", proxy.url],
-            cwd=engines.REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "tests.bench.pipeline_local",
+                "--engine-port",
+                str(engine_port),
+                "--worker-engine-url",
+                proxy.url,
+            ],
+            cwd=engines.REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     deadline = time.monotonic() + READY_TIMEOUT
     while True:
@@ -238,25 +326,38 @@ def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
     seconds = done - created
     window = pipeline.proxy.window(created)
     assert window is not None, "no engine request went through the proxy"
-    return {"system": "pipeline", "seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
-            "failed": batch.request_counts.failed if batch.request_counts else None,
-            "to_first_request": window.first_request - created, "engine_busy": window.last_answer - window.first_request,
-            "after_last_answer": done - window.last_answer, "engine_requests": window.requests,
-            "window": (window.first_request, window.last_answer)}
+    return {
+        "system": "pipeline",
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "tok_s": tokens / seconds,
+        "failed": batch.request_counts.failed if batch.request_counts else None,
+        "to_first_request": window.first_request - created,
+        "engine_busy": window.last_answer - window.first_request,
+        "after_last_answer": done - window.last_answer,
+        "engine_requests": window.requests,
+        "window": (window.first_request, window.last_answer),
+    }
 
 
 # --- report ---------------------------------------------------------------------------------------
 def table(rows: list[dict]) -> str:
-    out = ["| dataset | round | output tokens | run-batch s | run-batch tok/s | pipeline s | pipeline tok/s "
-           "| pipeline ÷ run-batch | (a) create → first request | (b) engine busy | (c) last answer → completed |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [
+        "| dataset | round | output tokens | run-batch s | run-batch tok/s | pipeline s | pipeline tok/s "
+        "| pipeline ÷ run-batch | (a) create → first request | (b) engine busy | (c) last answer → completed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for (dataset, rnd), pair in _pairs(rows).items():
         rb, pl = pair["vllm run-batch"], pair["pipeline"]
-        out.append(f"| {dataset} | {rnd} | {pl['output_tokens']:,} | {rb['seconds']:.1f} | {rb['tok_s']:.0f} | "
-                   f"{pl['seconds']:.1f} | {pl['tok_s']:.0f} | {pl['tok_s'] / rb['tok_s']:.2f} | "
-                   f"{pl['to_first_request']:.2f} s | {pl['engine_busy']:.1f} s | {pl['after_last_answer']:.2f} s |")
+        out.append(
+            f"| {dataset} | {rnd} | {pl['output_tokens']:,} | {rb['seconds']:.1f} | {rb['tok_s']:.0f} | "
+            f"{pl['seconds']:.1f} | {pl['tok_s']:.0f} | {pl['tok_s'] / rb['tok_s']:.2f} | "
+            f"{pl['to_first_request']:.2f} s | {pl['engine_busy']:.1f} s | {pl['after_last_answer']:.2f} s |"
+        )
     for dataset in dict.fromkeys(d for d, _ in _pairs(rows)):
-        ratios = [p["pipeline"]["tok_s"] / p["vllm run-batch"]["tok_s"] for (d, _), p in _pairs(rows).items() if d == dataset]
+        ratios = [
+            p["pipeline"]["tok_s"] / p["vllm run-batch"]["tok_s"] for (d, _), p in _pairs(rows).items() if d == dataset
+        ]
         out.append(f"| **{dataset}** | **median** | | | | | | **{statistics.median(ratios):.2f}** | | | |")
     return "\n".join(out)
 
@@ -265,8 +366,10 @@ def cpu_table(rows: list[dict]) -> str:
     """CPU seconds each process used during the engine's window (pipeline: first request -> last
     answer; run-batch: its timed run), beside the engine's own, median over rounds."""
     names = sorted({n for row in rows for n in row.get("cpu", {}) if n != ENGINE})
-    out = ["| dataset | system | window s | engine CPU s | " + " | ".join(names) + " | beside the engine, % of one core |",
-           "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in names) + " | ---: |"]
+    out = [
+        "| dataset | system | window s | engine CPU s | " + " | ".join(names) + " | beside the engine, % of one core |",
+        "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in names) + " | ---: |",
+    ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         if row.get("cpu"):
@@ -274,10 +377,14 @@ def cpu_table(rows: list[dict]) -> str:
     med = statistics.median
     for (dataset, system), group in groups.items():
         spans = [r["window"][1] - r["window"][0] for r in group]
-        beside = med([sum(v for n, v in r["cpu"].items() if n != ENGINE) / span for r, span in zip(group, spans, strict=False)])
+        beside = med(
+            [sum(v for n, v in r["cpu"].items() if n != ENGINE) / span for r, span in zip(group, spans, strict=False)]
+        )
         cells = " | ".join(f"{med([r['cpu'].get(n, 0.0) for r in group]):.2f}" for n in names)
-        out.append(f"| {dataset} | {system} | {med(spans):.1f} | {med([r['cpu'].get(ENGINE, 0.0) for r in group]):.1f} | "
-                   f"{cells} | {100 * beside:.0f} % |")
+        out.append(
+            f"| {dataset} | {system} | {med(spans):.1f} | {med([r['cpu'].get(ENGINE, 0.0) for r in group]):.1f} | "
+            f"{cells} | {100 * beside:.0f} % |"
+        )
     return "\n".join(out)
 
 
@@ -293,9 +400,13 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated: " + ", ".join(DATASETS))
-    p.add_argument("--completion", choices=("webhook", "poll"), default="webhook",
-                   help="how the client learns the batch ended: its batch.completed webhook (default), or "
-                        f"batches.retrieve every {POLL_SECONDS} s")
+    p.add_argument(
+        "--completion",
+        choices=("webhook", "poll"),
+        default="webhook",
+        help="how the client learns the batch ended: its batch.completed webhook (default), or "
+        f"batches.retrieve every {POLL_SECONDS} s",
+    )
     args = p.parse_args()
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if unknown := [d for d in datasets if d not in DATASETS]:
@@ -321,7 +432,10 @@ def main() -> None:
                 for d in datasets:
                     # Interleaved: the first system alternates by round, so load from other work
                     # on the machine hits each alike.
-                    runs = [lambda: bench_pipeline(pipeline, inputs[d]), lambda: bench_worker.bench_run_batch(inputs[d], workdir)]
+                    runs = [
+                        lambda: bench_pipeline(pipeline, inputs[d]),
+                        lambda: bench_worker.bench_run_batch(inputs[d], workdir),
+                    ]
                     for run in runs if r % 2 else runs[::-1]:
                         row = {"dataset": d, "round": r, **run()}
                         row["cpu"] = cpu.between(*row["window"])
@@ -329,12 +443,16 @@ def main() -> None:
                         print(json.dumps(row), flush=True)
         finally:
             pipeline.stop()
-    print(f"\n{args.lines} chat lines per dataset, {args.rounds} rounds, max-num-seqs {bench_worker.MAX_NUM_SEQS}, "
-          f"SmolLM2-135M ({' '.join(engines.chat_engine_args()) or 'bf16'}) on this CPU; the pipeline's end: "
-          f"{'its batch.completed webhook' if args.completion == 'webhook' else f'polled every {POLL_SECONDS} s'}; "
-          f"wall {time.monotonic() - began:.0f} s\n")
+    print(
+        f"\n{args.lines} chat lines per dataset, {args.rounds} rounds, max-num-seqs {bench_worker.MAX_NUM_SEQS}, "
+        f"SmolLM2-135M ({' '.join(engines.chat_engine_args()) or 'bf16'}) on this CPU; the pipeline's end: "
+        f"{'its batch.completed webhook' if args.completion == 'webhook' else f'polled every {POLL_SECONDS} s'}; "
+        f"wall {time.monotonic() - began:.0f} s\n"
+    )
     print(table(rows))
-    print("\nCPU seconds by process during the engine's window (median over rounds; other = the rest of the machine):\n")
+    print(
+        "\nCPU seconds by process during the engine's window (median over rounds; other = the rest of the machine):\n"
+    )
     print(cpu_table(rows))
     startup = [row["startup_seconds"] for row in rows if "startup_seconds" in row]
     print(f"\nrun-batch engine startup (excluded above): {statistics.median(startup):.1f} s per run (median)")

@@ -60,8 +60,17 @@ def write_batch_file(path: Path, size: int) -> str:
     with path.open("wb") as f:
         written, i = 0, 0
         while written < size:
-            line = json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": "/v1/embeddings",
-                               "body": {"model": "m", "input": os.urandom(600).hex()}}).encode() + b"\n"
+            line = (
+                json.dumps(
+                    {
+                        "custom_id": f"r-{i}",
+                        "method": "POST",
+                        "url": "/v1/embeddings",
+                        "body": {"model": "m", "input": os.urandom(600).hex()},
+                    }
+                ).encode()
+                + b"\n"
+            )
             line = line[: size - written] if written + len(line) > size else line
             f.write(line)
             digest.update(line)
@@ -98,8 +107,12 @@ def bench(args: argparse.Namespace, env: dict[str, str], moto_pid: int) -> dict[
     deps.reset()
     key = auth.create_key(deps.stores().keys, "bench", now=int(time.time()))
     port = free_port()
-    service = subprocess.Popen([sys.executable, "-m", "tests.bench.bench_stream_upload", "--child-port", str(port)],
-                               env=env, stdout=subprocess.PIPE, text=True)
+    service = subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.bench_stream_upload", "--child-port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert service.stdout is not None and service.stdout.readline().strip() == "ready"
         service_idle = vm_hwm_mib(service.pid)

@@ -50,7 +50,9 @@ def assembler_child() -> None:
     meter = WireBytes()
     hook_s3(meter)
     started = time.perf_counter()
-    handled = drain_queue(clients.client("sqs"), deps.settings().assembly_queue_url, assembler_handler.handler, name="assembler")
+    handled = drain_queue(
+        clients.client("sqs"), deps.settings().assembly_queue_url, assembler_handler.handler, name="assembler"
+    )
     wall = time.perf_counter() - started
     print(json.dumps({"handled": handled, "wall_s": wall, "peak_rss_mib": peak_rss_mib(), **meter.outside}))
 
@@ -113,14 +115,20 @@ def bench(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
         md5 = write_file(path, size)
         started = time.perf_counter()
         upload = client.uploads.upload_file_chunked(
-            file=path, mime_type="application/octet-stream", purpose="user_data", part_size=args.part_mib * MIB, md5=md5,
+            file=path,
+            mime_type="application/octet-stream",
+            purpose="user_data",
+            part_size=args.part_mib * MIB,
+            md5=md5,
         )
         sdk_wall = time.perf_counter() - started
     server.shutdown()
     assert upload.status == "completed" and upload.file is not None and upload.file.status == "uploaded", upload
     api_peak = peak_rss_mib()
 
-    out = subprocess.run([sys.executable, "-m", "tests.bench.bench_uploads", "--child"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.bench.bench_uploads", "--child"], env=env, capture_output=True, text=True
+    )
     if out.returncode:
         raise RuntimeError(f"assembler failed:\n{out.stderr[-3000:]}")
     assembler = json.loads(out.stdout.strip().splitlines()[-1])

@@ -43,8 +43,13 @@ MAX_NUM_SEQS = 128
 MAX_MODEL_LEN = 2048
 #: serve.sh's environment, for run-batch (serve.sh sets it for the server).
 ENGINE_ENV = {
-    "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": "127.0.0.1",
-    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
 
@@ -54,26 +59,51 @@ def make_input(path: Path, lines: int, max_tokens: int) -> None:
     with open(path, "w") as f:
         for i in range(lines):
             body = {
-                "model": engines.CHAT_MODEL, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                "messages": [{"role": "user", "content": f"Write a short poem about {topics[i % len(topics)]}, number {i}."}],
+                "model": engines.CHAT_MODEL,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "messages": [
+                    {"role": "user", "content": f"Write a short poem about {topics[i % len(topics)]}, number {i}."}
+                ],
             }
-            f.write(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n")
+            f.write(
+                json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+                + "\n"
+            )
 
 
 def output_tokens(lines: list[dict]) -> int:
     return sum(
         l["response"]["body"]["usage"]["completion_tokens"]
-        for l in lines if l.get("response") and l["response"]["status_code"] == 200
+        for l in lines
+        if l.get("response") and l["response"]["status_code"] == 200
     )
 
 
 # --- vllm run-batch --------------------------------------------------------------------------
 def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
     return [
-        str(engines.ENGINE_VENV / "bin" / "vllm"), "run-batch", "-i", str(input_path), "-o", str(output_path),
-        "--model", str(engines.MODELS_DIR / engines.CHAT_MODEL), "--served-model-name", engines.CHAT_MODEL,
-        "--runner", "generate", "--enforce-eager", "--enable-prefix-caching", "--gpu-memory-utilization", "0.5",
-        "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+        str(engines.ENGINE_VENV / "bin" / "vllm"),
+        "run-batch",
+        "-i",
+        str(input_path),
+        "-o",
+        str(output_path),
+        "--model",
+        str(engines.MODELS_DIR / engines.CHAT_MODEL),
+        "--served-model-name",
+        engines.CHAT_MODEL,
+        "--runner",
+        "generate",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
         *engines.chat_engine_args(),
     ]
 
@@ -85,7 +115,9 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
     started = time.monotonic()
     reading_at: list[float] = []
     log_lines: list[str] = []
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace"
+    )
 
     def pump() -> None:
         assert process.stdout is not None
@@ -109,9 +141,15 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
     results = [json.loads(l) for l in output_path.read_text().splitlines()]
     tokens = output_tokens(results)
     seconds = done_at - reading_at[0]
-    return {"system": "vllm run-batch", "seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
-            "failed": sum(1 for r in results if not r.get("response") or r["response"]["status_code"] != 200),
-            "startup_seconds": reading_at[0] - started, "window": (reading_at[0], done_at)}
+    return {
+        "system": "vllm run-batch",
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "tok_s": tokens / seconds,
+        "failed": sum(1 for r in results if not r.get("response") or r["response"]["status_code"] != 200),
+        "startup_seconds": reading_at[0] - started,
+        "window": (reading_at[0], done_at),
+    }
 
 
 # --- our worker, on a warm vllm serve -----------------------------------------------------------
@@ -129,8 +167,13 @@ def bench_offline(url: str, input_path: Path) -> dict:
             return summary
 
     summary = asyncio.run(go())
-    return {"system": "our worker, offline (batchctl run-batch path)", "seconds": summary.seconds,
-            "output_tokens": summary.usage.output_tokens, "tok_s": summary.output_tokens_per_second, "failed": summary.failed}
+    return {
+        "system": "our worker, offline (batchctl run-batch path)",
+        "seconds": summary.seconds,
+        "output_tokens": summary.usage.output_tokens,
+        "tok_s": summary.output_tokens_per_second,
+        "failed": summary.failed,
+    }
 
 
 def bench_raw(url: str, input_path: Path) -> dict:
@@ -138,6 +181,7 @@ def bench_raw(url: str, input_path: Path) -> dict:
 
     async def go():
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
             async def one(body):
                 async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
                     return (await resp.json())["usage"]["completion_tokens"]
@@ -147,8 +191,13 @@ def bench_raw(url: str, input_path: Path) -> dict:
             return sum(tokens), time.monotonic() - start
 
     tokens, seconds = asyncio.run(go())
-    return {"system": "raw aiohttp client, all at once (ceiling)", "seconds": seconds, "output_tokens": tokens,
-            "tok_s": tokens / seconds, "failed": 0}
+    return {
+        "system": "raw aiohttp client, all at once (ceiling)",
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "tok_s": tokens / seconds,
+        "failed": 0,
+    }
 
 
 def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambda: None) -> dict:
@@ -174,8 +223,13 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
     with mock_aws():
         deps.reset()
         settings = create_resources(
-            Settings(table_name="bench", bucket_name="bench", models={engines.CHAT_MODEL: ModelRoute(endpoints=("/v1/chat/completions",))}),
-            clients.client, prefix="bench",
+            Settings(
+                table_name="bench",
+                bucket_name="bench",
+                models={engines.CHAT_MODEL: ModelRoute(endpoints=("/v1/chat/completions",))},
+            ),
+            clients.client,
+            prefix="bench",
         )
         stores = stores_from_settings(settings)
         key = schema.batch_input_key("bench", "batch_bench")
@@ -186,24 +240,52 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
             offsets.append(offsets[-1] + len(raw))
         n = len(offsets) - 1
         chunks = [(i, min(i + 100, n)) for i in range(0, n, 100)]
-        stores.batches.create(running_batch(tenant="bench", id="batch_bench", input_file_id="file-bench", created_at=now,
-                                            total=n, chunk_count=len(chunks), model=engines.CHAT_MODEL))
+        stores.batches.create(
+            running_batch(
+                tenant="bench",
+                id="batch_bench",
+                input_file_id="file-bench",
+                created_at=now,
+                total=n,
+                chunk_count=len(chunks),
+                model=engines.CHAT_MODEL,
+            )
+        )
         queue_url = settings.models[engines.CHAT_MODEL].queue_url
         for c, (a, b) in enumerate(chunks):
-            message = WorkMessage(batch_id="batch_bench", tenant="bench", chunk=c, input_key=key, byte_start=offsets[a],
-                                  byte_end=offsets[b], first_line=a + 1, line_count=b - a, endpoint="/v1/chat/completions",
-                                  model=engines.CHAT_MODEL, expires_at=now + 86400)
+            message = WorkMessage(
+                batch_id="batch_bench",
+                tenant="bench",
+                chunk=c,
+                input_key=key,
+                byte_start=offsets[a],
+                byte_end=offsets[b],
+                first_line=a + 1,
+                line_count=b - a,
+                endpoint="/v1/chat/completions",
+                model=engines.CHAT_MODEL,
+                expires_at=now + 86400,
+            )
             clients.client("sqs").send_message(QueueUrl=queue_url, MessageBody=message.model_dump_json())
-        config = worker_config(settings, url, model=engines.CHAT_MODEL, max_in_flight=0, engine_max_num_seqs=MAX_NUM_SEQS)
+        config = worker_config(
+            settings, url, model=engines.CHAT_MODEL, max_in_flight=0, engine_max_num_seqs=MAX_NUM_SEQS
+        )
 
         async def go():
             logger = make_logger("bench-worker")
             logger.setLevel("WARNING")
             metrics = WorkerMetrics(namespace="Bench", service="bench", logger=logger, model=engines.CHAT_MODEL)
             async with EngineClient.from_config(config) as engine:
-                worker = Worker(config, stores=stores, queue=SqsQueue(clients.client("sqs"), queue_url), engine=engine,
-                                metrics=metrics, logger=logger, max_line_bytes=settings.max_line_bytes,
-                                chunk_max_lines=settings.chunk_max_lines)
+                worker = Worker(
+                    config,
+                    stores=stores,
+                    queue=SqsQueue(clients.client("sqs"), queue_url),
+                    engine=engine,
+                    metrics=metrics,
+                    logger=logger,
+                    max_line_bytes=settings.max_line_bytes,
+                    chunk_max_lines=settings.chunk_max_lines,
+                )
                 before_run()
                 start = time.monotonic()
                 task = asyncio.create_task(worker.run())
@@ -217,8 +299,13 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
         seconds, _totals = asyncio.run(go())
         batch = stores.batches.get("bench", "batch_bench")
         deps.reset()
-    return {"system": "our worker, SQS loop on moto (2 chunks)", "seconds": seconds, "output_tokens": batch.output_tokens,
-            "tok_s": batch.output_tokens / seconds, "failed": batch.failed}
+    return {
+        "system": "our worker, SQS loop on moto (2 chunks)",
+        "seconds": seconds,
+        "output_tokens": batch.output_tokens,
+        "tok_s": batch.output_tokens / seconds,
+        "failed": batch.failed,
+    }
 
 
 def warm_up(url: str) -> None:
@@ -262,8 +349,10 @@ def main() -> None:
     best = {s: max(row["tok_s"] for row in rows if row["system"] == s) for s in systems}
     median = {s: statistics.median(row["tok_s"] for row in rows if row["system"] == s) for s in systems}
     base = median["vllm run-batch"]
-    print(f"\n{args.lines} chat lines x {args.max_tokens} output tokens (ignore_eos), {args.rounds} rounds, "
-          f"max-num-seqs {MAX_NUM_SEQS}, SmolLM2-135M bf16 on this CPU\n")
+    print(
+        f"\n{args.lines} chat lines x {args.max_tokens} output tokens (ignore_eos), {args.rounds} rounds, "
+        f"max-num-seqs {MAX_NUM_SEQS}, SmolLM2-135M bf16 on this CPU\n"
+    )
     print("| system | output tok/s (median) | best | ratio to run-batch (median) | seconds (median) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for s in systems:

@@ -45,8 +45,18 @@ def main() -> None:
     finally:
         engine.stop()
     chunks = -(-args.lines // 100)
-    print(json.dumps({"lines": args.lines, "chunks": chunks, "failed": row["failed"],
-                      "requests": dict(sorted(counter.items())), "per_chunk": round(sum(counter.values()) / chunks, 2)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "lines": args.lines,
+                "chunks": chunks,
+                "failed": row["failed"],
+                "requests": dict(sorted(counter.items())),
+                "per_chunk": round(sum(counter.values()) / chunks, 2),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -94,6 +94,6 @@ class CpuSampler:
             used[name] += cpu - first.get(pid, (name, 0.0))[1]
         for pid, (name, cpu) in first.items():  # ended inside the window: up to its last sample
             if pid not in last:
-                final = next((s[pid][1] for s in reversed(self._samples[i:j + 1]) if pid in s), cpu)
+                final = next((s[pid][1] for s in reversed(self._samples[i : j + 1]) if pid in s), cpu)
                 used[name] += final - cpu
         return {name: round(seconds, 2) for name, seconds in used.most_common() if seconds > 0}

@@ -21,8 +21,18 @@ from aiohttp import web
 from tests.helpers import free_port
 
 #: Headers that belong to one hop (RFC 9110 7.6.1) or that aiohttp recomputes for the new body.
-_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "host", "upgrade",
-        "proxy-connection", "te", "trailer"}
+_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "host",
+    "upgrade",
+    "proxy-connection",
+    "te",
+    "trailer",
+}
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,9 @@ class EngineProxy:
         assert self._session is not None
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        async with self._session.request(request.method, self.engine_url + request.rel_url.path_qs,
-                                         data=body, headers=headers) as upstream:
+        async with self._session.request(
+            request.method, self.engine_url + request.rel_url.path_qs, data=body, headers=headers
+        ) as upstream:
             payload = await upstream.read()
             status = upstream.status
             out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP}
@@ -85,7 +96,9 @@ class EngineProxy:
 
     async def _start(self) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None), trust_env=False,
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+            trust_env=False,
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)

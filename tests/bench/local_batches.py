@@ -19,10 +19,18 @@ def submit_chat(sdk, *, lines: int, max_tokens: int, tag: str):
     """Upload a ``lines``-line chat file (``max_tokens`` each, ``ignore_eos``) and create its batch;
     returns the batch and the wall time right after ``batches.create`` answered."""
     rows = [
-        {"custom_id": f"{tag}-{i}", "method": "POST", "url": CHAT, "body": {
-            "model": names.LOCAL_CHAT_MODEL, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Say something about the number {i} ({tag})."}],
-        }}
+        {
+            "custom_id": f"{tag}-{i}",
+            "method": "POST",
+            "url": CHAT,
+            "body": {
+                "model": names.LOCAL_CHAT_MODEL,
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": f"Say something about the number {i} ({tag})."}],
+            },
+        }
         for i in range(lines)
     ]
     data = "".join(json.dumps(r) + "\n" for r in rows).encode()

@@ -46,8 +46,7 @@ class Reviews(curator.LLM):
     response_format = Sentiment
 
     def prompt(self, row: dict) -> str:
-        return ("Is this review positive or negative? Answer in JSON with the key sentiment.\n"
-                f"Review: {row['review']}")
+        return f"Is this review positive or negative? Answer in JSON with the key sentiment.\nReview: {row['review']}"
 
     def parse(self, row: dict, response: Sentiment) -> dict:
         return {"review_id": row["review_id"], "sentiment": response.sentiment}
@@ -86,8 +85,13 @@ def main(base_url: str, key: str, model: str, working_dir: str) -> dict:
         "rows": [dict(r) for r in response.dataset],
         "failed_requests": list(response.get_failed_requests()),
         "batches": [
-            {"id": b["id"], "status": b["raw_status"], "request_counts": b["raw_batch"]["request_counts"],
-             "input_file_id": b["raw_batch"]["input_file_id"], "output_file_id": b["raw_batch"]["output_file_id"]}
+            {
+                "id": b["id"],
+                "status": b["raw_status"],
+                "request_counts": b["raw_batch"]["request_counts"],
+                "input_file_id": b["raw_batch"]["input_file_id"],
+                "output_file_id": b["raw_batch"]["output_file_id"],
+            }
             for b in batches
         ],
     }

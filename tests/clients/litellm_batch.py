@@ -34,16 +34,33 @@ def main(base_url: str, key: str, model: str, directory: str) -> dict:
     # The batch to cancel has lines enough (CANCEL_LINES) that it cannot end between its create and
     # the cancel, which litellm sends a second or more later on a busy machine.
     to_cancel_path = Path(directory) / "to_cancel.jsonl"
-    to_cancel_path.write_text("".join(
-        json.dumps({"custom_id": f"cancel-{i}", "method": "POST", "url": "/v1/embeddings",
-                    "body": {"model": model, "input": f"line {i} of a batch cancelled at once"}}) + "\n"
-        for i in range(CANCEL_LINES)))
+    to_cancel_path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"cancel-{i}",
+                    "method": "POST",
+                    "url": "/v1/embeddings",
+                    "body": {"model": model, "input": f"line {i} of a batch cancelled at once"},
+                }
+            )
+            + "\n"
+            for i in range(CANCEL_LINES)
+        )
+    )
     with to_cancel_path.open("rb") as handle:
         second = litellm.create_file(file=handle, purpose="batch", **where)
 
-    batch = litellm.create_batch(completion_window="24h", endpoint="/v1/embeddings", input_file_id=created.id,
-                                 metadata={"client": "litellm"}, **where)
-    to_cancel = litellm.create_batch(completion_window="24h", endpoint="/v1/embeddings", input_file_id=second.id, **where)
+    batch = litellm.create_batch(
+        completion_window="24h",
+        endpoint="/v1/embeddings",
+        input_file_id=created.id,
+        metadata={"client": "litellm"},
+        **where,
+    )
+    to_cancel = litellm.create_batch(
+        completion_window="24h", endpoint="/v1/embeddings", input_file_id=second.id, **where
+    )
     cancelled = litellm.cancel_batch(batch_id=to_cancel.id, **where)
 
     deadline = time.monotonic() + WAIT_SECONDS
@@ -65,14 +82,24 @@ def main(base_url: str, key: str, model: str, directory: str) -> dict:
         "litellm_version": version("litellm"),
         "uploaded_sha256": hashlib.sha256(data).hexdigest(),
         "file": {"id": created.id, "bytes": created.bytes, "purpose": created.purpose, "status": created.status},
-        "batch": {"id": batch.id, "created_status": batch.status, "endpoint": batch.endpoint, "metadata": batch.metadata},
+        "batch": {
+            "id": batch.id,
+            "created_status": batch.status,
+            "endpoint": batch.endpoint,
+            "metadata": batch.metadata,
+        },
         "completed": {
-            "status": done.status, "output_file_id": done.output_file_id, "error_file_id": done.error_file_id,
+            "status": done.status,
+            "output_file_id": done.output_file_id,
+            "error_file_id": done.error_file_id,
             "request_counts": done.request_counts.model_dump() if done.request_counts else None,
         },
         "results": [
-            {"custom_id": r["custom_id"], "status_code": r["response"]["status_code"],
-             "dimensions": [len(d["embedding"]) for d in r["response"]["body"]["data"]]}
+            {
+                "custom_id": r["custom_id"],
+                "status_code": r["response"]["status_code"],
+                "dimensions": [len(d["embedding"]) for d in r["response"]["body"]["data"]],
+            }
             for r in results
         ],
         "cancel": {"id": cancelled.id, "status": cancelled.status, "cancelling_at": cancelled.cancelling_at},

@@ -43,7 +43,6 @@ ENGINES_READY_TIMEOUT = 300.0
 STOP_TIMEOUT = 60.0
 
 
-
 def port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1)
@@ -74,8 +73,13 @@ def _processes() -> Iterator[_Process]:
             continue
         pid = int(proc.name)
         try:
-            yield _Process(pid, os.getpgid(pid), (proc / "stat").read_text().rsplit(")", 1)[1].split()[0],
-                           (proc / "environ").read_bytes().split(b"\0"), (proc / "cmdline").read_bytes().split(b"\0"))
+            yield _Process(
+                pid,
+                os.getpgid(pid),
+                (proc / "stat").read_text().rsplit(")", 1)[1].split()[0],
+                (proc / "environ").read_bytes().split(b"\0"),
+                (proc / "cmdline").read_bytes().split(b"\0"),
+            )
         except (OSError, IndexError):
             continue
 
@@ -127,7 +131,9 @@ class LocalDeployment:
 
     def new_key(self, tenant: str) -> str:
         """A key for ``tenant``, created with batchctl's logic against this deployment's moto."""
-        return batchctl_keys.create_key(batchctl_keys.key_repo(batchctl_targets.local_target(self.state)), tenant, now=int(time.time()))
+        return batchctl_keys.create_key(
+            batchctl_keys.key_repo(batchctl_targets.local_target(self.state)), tenant, now=int(time.time())
+        )
 
     def stop(self, signum: int = signal.SIGINT) -> int:
         """Send ``signum`` (Ctrl-C by default) and return the exit status."""
@@ -143,7 +149,9 @@ class LocalDeployment:
     def _markers(self) -> set[bytes]:
         """What this deployment's processes carry in their environment: workers its state
         directory setting, engines (which get no BATCHAPI_ setting) its engine mark."""
-        return {f"{name}={self.state_dir}".encode() for name in (local_state.STATE_DIR_ENV, local_state.ENGINE_MARK_ENV)}
+        return {
+            f"{name}={self.state_dir}".encode() for name in (local_state.STATE_DIR_ENV, local_state.ENGINE_MARK_ENV)
+        }
 
     def _processes(self) -> Iterator[_Process]:
         """This deployment's running processes (they carry its markers in their environment)."""
@@ -203,8 +211,12 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
     started = time.monotonic()
     with log_path.open("wb") as log:  # a file, not a pipe: the child can never block on output
         process = subprocess.Popen(
-            [sys.executable, "-m", "infra.local"], cwd=REPO, env=env,
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "infra.local"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the test can check nothing is left
         )
     timeout = ENGINES_READY_TIMEOUT if engines else READY_TIMEOUT
@@ -213,11 +225,18 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
         ready = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith(READY_PREFIX)]
         if ready:
             return LocalDeployment(
-                process=process, log_path=log_path, state_dir=state_dir, api_port=api_port, moto_port=moto_port,
-                ready_line=ready[0], started_in=time.monotonic() - started,
+                process=process,
+                log_path=log_path,
+                state_dir=state_dir,
+                api_port=api_port,
+                moto_port=moto_port,
+                ready_line=ready[0],
+                started_in=time.monotonic() - started,
             )
         if process.poll() is not None:
-            pytest.fail(f"python -m infra.local exited with {process.returncode} before it was ready:\n{log_path.read_text()}")
+            pytest.fail(
+                f"python -m infra.local exited with {process.returncode} before it was ready:\n{log_path.read_text()}"
+            )
         if time.monotonic() > deadline:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
@@ -256,19 +275,25 @@ def _aws_env(e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureReques
 
 def refuse_on_aws(settings: e2e_target.E2ESettings, what: str) -> None:
     if settings.kind != "local":
-        pytest.fail(f"{what} is the local deployment, and the target is {settings.kind}: a test that needs "
-                    f"it must be marked {e2e_target.LOCAL_ONLY} (nothing local is started on {settings.kind})")
+        pytest.fail(
+            f"{what} is the local deployment, and the target is {settings.kind}: a test that needs "
+            f"it must be marked {e2e_target.LOCAL_ONLY} (nothing local is started on {settings.kind})"
+        )
 
 
 @pytest.fixture(scope="session")
-def stack(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[e2e_target.StackDeployment]:
+def stack(
+    e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[e2e_target.StackDeployment]:
     """The deployed stack (BATCHAPI_E2E_TARGET=aws): its outputs, this run's keys (files deleted and
     keys revoked at the end)."""
     if e2e_settings.kind != "aws":
         pytest.fail(f"the stack fixture is for {e2e_target.TARGET_ENV}=aws (the target is {e2e_settings.kind})")
     deployment = e2e_target.open_stack(
-        e2e_settings, cloudformation=batchctl_targets.cloudformation(batchctl_targets.aws_region(os.environ)),
-        operator_env=os.environ, region=batchctl_targets.aws_region(os.environ),
+        e2e_settings,
+        cloudformation=batchctl_targets.cloudformation(batchctl_targets.aws_region(os.environ)),
+        operator_env=os.environ,
+        region=batchctl_targets.aws_region(os.environ),
         state_dir=tmp_path_factory.mktemp("no-local-state"),
     )
     try:
@@ -285,7 +310,9 @@ def deployment(e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureRequ
 
 
 @pytest.fixture(scope="package")
-def deployment_with_models(e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureRequest) -> e2e_target.Deployment:
+def deployment_with_models(
+    e2e_settings: e2e_target.E2ESettings, request: pytest.FixtureRequest
+) -> e2e_target.Deployment:
     """The deployment under test with its models served (locally: the engines and workers too)."""
     return request.getfixturevalue("stack" if e2e_settings.kind == "aws" else "local_engines")
 
@@ -298,13 +325,15 @@ def target_models(deployment_with_models: e2e_target.Deployment, e2e_settings: e
     with deployment_with_models.client() as client:
         served = [m.id for m in client.models.list()]
         embed = e2e_target.pick_model(served, wanted=e2e_settings.embed_model, local=names.LOCAL_EMBED_MODEL)
-        chat = e2e_target.pick_model(served, wanted=e2e_settings.chat_model, local=names.LOCAL_CHAT_MODEL,
-                                     exclude=embed, only_if_alone=True)
+        chat = e2e_target.pick_model(
+            served, wanted=e2e_settings.chat_model, local=names.LOCAL_CHAT_MODEL, exclude=embed, only_if_alone=True
+        )
         if deployment_with_models.kind == "aws":
             endpoints = {m: e for m, e in ((chat, "/v1/chat/completions"), (embed, "/v1/embeddings")) if m is not None}
             statuses = e2e_target.warm_up(client, endpoints, within=e2e_settings.warm_up_seconds)
             assert all(s == "completed" for s in statuses.values()), (
-                f"warm-up batches after {e2e_settings.warm_up_seconds}s ({e2e_target.WARM_UP_ENV}): {statuses}")
+                f"warm-up batches after {e2e_settings.warm_up_seconds}s ({e2e_target.WARM_UP_ENV}): {statuses}"
+            )
     return {"chat": chat, "embed": embed, "served": served}
 
 
@@ -338,7 +367,9 @@ def local(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPat
 
 
 @pytest.fixture(scope="package")  # stopped when tests/e2e is done: the worker tests start their own engines
-def local_engines(e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalDeployment]:
+def local_engines(
+    e2e_settings: e2e_target.E2ESettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalDeployment]:
     """The whole system as `make up` runs it, engines and workers included (started once)."""
     refuse_on_aws(e2e_settings, "the local_engines fixture")
     deployment = start_local_deployment(tmp_path_factory.mktemp("local-engines"), engines=True)

@@ -82,9 +82,13 @@ class E2ESettings:
                 raise ValueError(f"{name}={value!r}: must be a whole number of seconds")
             seconds[name] = int(value) if value else None
         return cls(
-            kind=kind, stack=CliSettings.from_env(env).stack,
-            chat_model=env.get(CHAT_MODEL_ENV) or None, embed_model=env.get(EMBED_MODEL_ENV) or None,
-            key_cache_seconds=seconds[KEY_CACHE_ENV] if seconds[KEY_CACHE_ENV] is not None else DEFAULT_KEY_CACHE_SECONDS,
+            kind=kind,
+            stack=CliSettings.from_env(env).stack,
+            chat_model=env.get(CHAT_MODEL_ENV) or None,
+            embed_model=env.get(EMBED_MODEL_ENV) or None,
+            key_cache_seconds=seconds[KEY_CACHE_ENV]
+            if seconds[KEY_CACHE_ENV] is not None
+            else DEFAULT_KEY_CACHE_SECONDS,
             warm_up_seconds=seconds[WARM_UP_ENV] if seconds[WARM_UP_ENV] is not None else DEFAULT_WARM_UP_SECONDS,
         )
 
@@ -117,8 +121,9 @@ class Deployment(Protocol):
         ...
 
 
-def pick_model(listed: Iterable[str], *, wanted: str | None, local: str, exclude: str | None = None,
-               only_if_alone: bool = False) -> str | None:
+def pick_model(
+    listed: Iterable[str], *, wanted: str | None, local: str, exclude: str | None = None, only_if_alone: bool = False
+) -> str | None:
     """The model a test uses, from what the deployment serves (``GET /v1/models``): ``wanted`` (it
     must be served), else the local deployment's model if served, else (``only_if_alone``) the one
     model served besides ``exclude``; None if there is none to use."""
@@ -221,9 +226,15 @@ class StackDeployment:
         return problems
 
 
-def open_stack(settings: E2ESettings, *, cloudformation: Any, operator_env: Mapping[str, str], state_dir: Path,
-               region: str | None = None,
-               key_repo: Callable[[batchctl_targets.Target], KeyRepo] = batchctl_keys.key_repo) -> StackDeployment:
+def open_stack(
+    settings: E2ESettings,
+    *,
+    cloudformation: Any,
+    operator_env: Mapping[str, str],
+    state_dir: Path,
+    region: str | None = None,
+    key_repo: Callable[[batchctl_targets.Target], KeyRepo] = batchctl_keys.key_repo,
+) -> StackDeployment:
     """The deployed stack ``settings.stack``: one DescribeStacks for its outputs (``ApiUrl``,
     ``TableName``, ``BucketName``), and batchctl's key repository on its table (in ``region``; None:
     boto3's chain)."""
@@ -233,13 +244,22 @@ def open_stack(settings: E2ESettings, *, cloudformation: Any, operator_env: Mapp
         stack=settings.stack,
         base_url=batchctl_targets.output(outputs, settings.stack, names.OUTPUT_API_URL),
         bucket=batchctl_targets.output(outputs, settings.stack, names.OUTPUT_BUCKET),
-        target=target, keys=key_repo(target), operator_env=dict(operator_env), state_dir=state_dir,
+        target=target,
+        keys=key_repo(target),
+        operator_env=dict(operator_env),
+        state_dir=state_dir,
         key_cache_seconds=settings.key_cache_seconds,
     )
 
 
-def eventually(check: Callable[[], bool], *, within: float, interval: float = 5.0,
-               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> bool:
+def eventually(
+    check: Callable[[], bool],
+    *,
+    within: float,
+    interval: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
     """True once ``check()`` is; tries at once and then every ``interval`` until ``within`` seconds
     have passed (``within=0``: one try)."""
     deadline = clock() + within
@@ -264,11 +284,13 @@ def pytest_collection_finish(session: Any) -> None:
     rows = []
     for item in session.items:
         marker = item.get_closest_marker(LOCAL_ONLY)
-        rows.append({
-            "id": item.nodeid,
-            "local_only": (marker.args[0] if marker.args else "") if marker else None,
-            "fixtures": sorted(getattr(item, "fixturenames", [])),
-        })
+        rows.append(
+            {
+                "id": item.nodeid,
+                "local_only": (marker.args[0] if marker.args else "") if marker else None,
+                "fixtures": sorted(getattr(item, "fixturenames", [])),
+            }
+        )
     Path(path).write_text(json.dumps(rows, indent=1))
 
 
@@ -277,13 +299,23 @@ TERMINAL = ("completed", "failed", "expired", "cancelled")
 
 
 def warm_up_line(model: str, endpoint: str) -> bytes:
-    body: dict[str, Any] = {"model": model, "input": "warm up"} if endpoint == "/v1/embeddings" else (
-        {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    body: dict[str, Any] = (
+        {"model": model, "input": "warm up"}
+        if endpoint == "/v1/embeddings"
+        else ({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    )
     return (json.dumps({"custom_id": "warm-up", "method": "POST", "url": endpoint, "body": body}) + "\n").encode()
 
 
-def warm_up(client: OpenAI, models: Mapping[str, str], *, within: float, interval: float = 15.0,
-            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+def warm_up(
+    client: OpenAI,
+    models: Mapping[str, str],
+    *,
+    within: float,
+    interval: float = 15.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, str]:
     """One one-line batch per model (``{model: endpoint}``), all at once, waited for together up
     to ``within`` seconds: on a stack whose GPU services idle at zero, the suite's own batches
     then run on started services and its per-batch timeouts (minutes) hold. Returns each model's

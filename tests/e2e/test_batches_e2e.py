@@ -46,16 +46,24 @@ CHUNK_LINES = 25
 
 def chat_line(i: int, content: str | None = None, max_tokens: int = 16, model: str = CHAT) -> dict:
     messages = [{"role": "user", "content": content or f"Say a word about the number {i}."}]
-    return {"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}}
+    return {
+        "custom_id": f"chat-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0},
+    }
 
 
 def submit(sdk: OpenAI, rows: list[dict], endpoint: str = "/v1/chat/completions", window: str = "24h") -> Batch:
     data = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
     if len(data) > 4 * 1024 * 1024:
         upload = sdk.uploads.upload_file_chunked(
-            file=data, filename="input.jsonl", bytes=len(data), mime_type="application/jsonl",
-            purpose="batch", part_size=4 * 1024 * 1024,
+            file=data,
+            filename="input.jsonl",
+            bytes=len(data),
+            mime_type="application/jsonl",
+            purpose="batch",
+            part_size=4 * 1024 * 1024,
         )
         file_id = upload.file.id
     else:
@@ -79,7 +87,9 @@ def lines(sdk: OpenAI, file_id: str | None) -> list[BatchOutputLine]:
     return [BatchOutputLine.model_validate_json(row) for row in sdk.files.content(file_id).content.splitlines()]
 
 
-def check_invariants(sdk: OpenAI, batch: Batch, custom_ids: list[str]) -> tuple[list[BatchOutputLine], list[BatchOutputLine]]:
+def check_invariants(
+    sdk: OpenAI, batch: Batch, custom_ids: list[str]
+) -> tuple[list[BatchOutputLine], list[BatchOutputLine]]:
     out, err = lines(sdk, batch.output_file_id), lines(sdk, batch.error_file_id)
     counts = batch.request_counts
     assert counts.total == len(custom_ids)
@@ -111,8 +121,15 @@ def test_chat_batch_of_100(sdk, chat_model):
 
 
 def test_embeddings_batch(sdk, embed_model):
-    rows = [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": embed_model, "input": f"sentence number {i}"}} for i in range(30)]
+    rows = [
+        {
+            "custom_id": f"emb-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": embed_model, "input": f"sentence number {i}"},
+        }
+        for i in range(30)
+    ]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id)
     assert batch.status == "completed", batch
     out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
@@ -128,8 +145,15 @@ def test_embeddings_batch(sdk, embed_model):
 
 
 def test_completions_batch(sdk, chat_model):
-    rows = [{"custom_id": f"cmp-{i}", "method": "POST", "url": "/v1/completions",
-             "body": {"model": chat_model, "prompt": f"Count: {i},", "max_tokens": 8, "temperature": 0}} for i in range(10)]
+    rows = [
+        {
+            "custom_id": f"cmp-{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": chat_model, "prompt": f"Count: {i},", "max_tokens": 8, "temperature": 0},
+        }
+        for i in range(10)
+    ]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/completions").id)
     assert batch.status == "completed", batch
     out, _ = check_invariants(sdk, batch, [r["custom_id"] for r in rows])
@@ -139,8 +163,11 @@ def test_completions_batch(sdk, chat_model):
 
 
 def test_bad_lines_fail_the_batch(sdk, chat_model):
-    rows = [chat_line(0, model=chat_model), {"custom_id": "chat-0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": chat_model}},
-            {**chat_line(2, model=chat_model), "url": "/v1/embeddings"}]
+    rows = [
+        chat_line(0, model=chat_model),
+        {"custom_id": "chat-0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": chat_model}},
+        {**chat_line(2, model=chat_model), "url": "/v1/embeddings"},
+    ]
     batch = wait(sdk, submit(sdk, rows).id)
     assert batch.status == "failed" and batch.output_file_id is None
     assert [(e.code, e.line) for e in batch.errors.data] == [("duplicate_custom_id", 2), ("invalid_url", 3)]
@@ -185,8 +212,6 @@ def test_cancel_mid_run_keeps_partial_output(sdk):
     assert {l.error.code for l in err if l.error} == {"batch_cancelled"}
 
 
-
-
 @pytest.mark.local_only("needs the local deployment's 15s completion window and 25-line chunks")
 def test_short_window_expires_with_batch_expired_lines(sdk):
     """The work is fixed, not left to where greedy decoding happens to stop: every line generates
@@ -219,8 +244,15 @@ def test_large_input_through_uploads_and_large_output_streamed(sdk, embed_model)
     # ~5 MB of input (each body padded with a long `user`, an embeddings parameter the engine
     # accepts and ignores; custom_ids are capped at 512 characters) and ~5 MB of embeddings out
     # (384 floats, about 8.3 KB a line): both above the 4 MiB limits of a Lambda's body.
-    rows = [{"custom_id": f"big-{i}", "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": embed_model, "input": f"text {i}", "user": "x" * 8000}} for i in range(600)]
+    rows = [
+        {
+            "custom_id": f"big-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": embed_model, "input": f"text {i}", "user": "x" * 8000},
+        }
+        for i in range(600)
+    ]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/embeddings").id, timeout=300)
     assert batch.status == "completed", batch
     output = sdk.files.retrieve(batch.output_file_id)
@@ -237,8 +269,11 @@ def test_a_batch_file_over_api_gateways_quota_through_files_create(sdk, embed_mo
     route stopped at about 4.5 MB, API Gateway at 10 MB), then the batch. The bulk is JSON
     whitespace inside each line: valid JSON that the engine never sees, so the run stays short."""
     pad = " " * (500 * 1024)
-    rows = [f'{{"custom_id": "ws-{i}", "method": "POST", "url": "/v1/embeddings",{pad}'
-            f'"body": {{"model": "{embed_model}", "input": "text {i}"}}}}' for i in range(24)]
+    rows = [
+        f'{{"custom_id": "ws-{i}", "method": "POST", "url": "/v1/embeddings",{pad}'
+        f'"body": {{"model": "{embed_model}", "input": "text {i}"}}}}'
+        for i in range(24)
+    ]
     data = ("\n".join(rows) + "\n").encode()
     assert len(data) > limits.API_GATEWAY_PAYLOAD_LIMIT
     uploaded = sdk.files.create(file=("whitespace.jsonl", data), purpose="batch")
@@ -261,7 +296,14 @@ def test_batchctl_submits_waits_and_downloads(deployment_with_models, chat_model
     src.write_text("\n".join(json.dumps(chat_line(i, model=chat_model)) for i in range(5)) + "\n")
 
     def batchctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(script), *args], env=deployment_with_models.env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        return subprocess.run(
+            [str(script), *args],
+            env=deployment_with_models.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
 
     created = batchctl("batches", "create", "--input", str(src), "--metadata", "via=batchctl")
     assert created.returncode == 0, created.stderr

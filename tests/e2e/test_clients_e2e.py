@@ -59,11 +59,20 @@ def client_env(**extra: str) -> dict[str, str]:
 
 def run(argv: list[str], *, env: dict[str, str], cwd: Path, what: str) -> subprocess.CompletedProcess:
     started = time.monotonic()
-    done = subprocess.run(argv, check=False, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=CLIENT_TIMEOUT)
+    done = subprocess.run(
+        argv,
+        check=False,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_TIMEOUT,
+    )
     assert done.returncode == 0, (
         f"{what} exited {done.returncode} after {time.monotonic() - started:.1f}s\n"
-        f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-8000:]}")
+        f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-8000:]}"
+    )
     return done
 
 
@@ -79,10 +88,20 @@ def clients_python() -> str:
 
 
 def chat_rows(prefix: str, n: int, model: str, max_tokens: int = 8) -> list[dict]:
-    return [{"custom_id": f"{prefix}-{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": model, "messages": [{"role": "user", "content": f"Say a word about the number {i}."}],
-                      "max_tokens": max_tokens, "temperature": 0}}
-            for i in range(n)]
+    return [
+        {
+            "custom_id": f"{prefix}-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": model,
+                "messages": [{"role": "user", "content": f"Say a word about the number {i}."}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            },
+        }
+        for i in range(n)
+    ]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> bytes:
@@ -107,16 +126,28 @@ def test_the_node_sdk(deployment_with_models: Deployment, tenant_key: str, chat_
         "buffer": write_jsonl(tmp_path / "buffer.jsonl", chat_rows("buffer", 3, chat_model, max_tokens=64)),
         "upload": write_jsonl(tmp_path / "upload.jsonl", chat_rows("upload", 5, chat_model)),
     }
-    done = run([node, "batch_client.mjs", chat_model, str(tmp_path)], cwd=NODE_CLIENT, what="the openai Node SDK",
-               env=client_env(OPENAI_BASE_URL=deployment_with_models.base_url, OPENAI_API_KEY=tenant_key))
+    done = run(
+        [node, "batch_client.mjs", chat_model, str(tmp_path)],
+        cwd=NODE_CLIENT,
+        what="the openai Node SDK",
+        env=client_env(OPENAI_BASE_URL=deployment_with_models.base_url, OPENAI_API_KEY=tenant_key),
+    )
     s = summary_of(done)
     assert s["sdk_version"] == json.loads((NODE_CLIENT / "package.json").read_text())["dependencies"]["openai"]
 
     # Files: stored as sent, whichever way the SDK sent them; retrieve and content agree.
     for name, key in (("stream", "stream_file"), ("buffer", "buffer_file"), ("upload", "upload")):
         f = s[key]["file"] if key == "upload" else s[key]
-        assert (f["object"], f["purpose"], f["status"], f["filename"]) == ("file", "batch", "processed", f"{name}.jsonl"), f
-        assert f["bytes"] == f["retrieved_bytes"] == f["content_length"] == len(inputs[name]) and f["retrieved_id"] == f["id"]
+        assert (f["object"], f["purpose"], f["status"], f["filename"]) == (
+            "file",
+            "batch",
+            "processed",
+            f"{name}.jsonl",
+        ), f
+        assert (
+            f["bytes"] == f["retrieved_bytes"] == f["content_length"] == len(inputs[name])
+            and f["retrieved_id"] == f["id"]
+        )
         assert f["content_sha256"] == sha256(inputs[name]), f"{name}: the downloaded bytes are not the uploaded ones"
     upload = s["upload"]
     assert (upload["created_status"], upload["status"], len(upload["part_ids"])) == ("pending", "completed", 2)
@@ -142,21 +173,30 @@ def test_the_node_sdk(deployment_with_models: Deployment, tenant_key: str, chat_
     assert s["batches_listed"][0] == cancel["id"]  # the last created
 
     # Delete: gone for retrieve, content and the listing; the other files (outputs too) stay.
-    assert s["delete"] == {"id": s["buffer_file"]["id"], "deleted": True, "object": "file",
-                           "after": {"retrieve": 404, "content": 404}}
+    assert s["delete"] == {
+        "id": s["buffer_file"]["id"],
+        "deleted": True,
+        "object": "file",
+        "after": {"retrieve": 404, "content": 404},
+    }
     outputs = {s["chat_batch"]["output_file_id"], s["upload_batch"]["output_file_id"]}
     assert s["buffer_file"]["id"] not in s["files_after_delete"]
     assert {s["stream_file"]["id"], upload["file"]["id"]} | outputs <= set(s["files_after_delete"])
 
 
 # --- bespokelabs-curator ------------------------------------------------------------------------
-def test_curator_batches_with_structured_output(deployment_with_models: Deployment, tenant_key: str, chat_model: str,
-                                                tmp_path: Path):
+def test_curator_batches_with_structured_output(
+    deployment_with_models: Deployment, tenant_key: str, chat_model: str, tmp_path: Path
+):
     python = clients_python()
     work = tmp_path / "curator"
     env = client_env(**OFFLINE_ENV, CURATOR_CACHE_DIR=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf"))
-    done = run([python, str(CLIENTS / "curator_batch.py"), deployment_with_models.base_url, tenant_key, chat_model, str(work)],
-               cwd=tmp_path, env=env, what="bespokelabs-curator")
+    done = run(
+        [python, str(CLIENTS / "curator_batch.py"), deployment_with_models.base_url, tenant_key, chat_model, str(work)],
+        cwd=tmp_path,
+        env=env,
+        what="bespokelabs-curator",
+    )
     s = summary_of(done)
     assert s["curator_version"] == "0.1.31" and s["openai_version"].startswith("2.")
     # Every review came back parsed into the schema (guided decoding keeps the engine to it).
@@ -170,21 +210,42 @@ def test_curator_batches_with_structured_output(deployment_with_models: Deployme
         assert b["input_file_id"] and b["output_file_id"]
 
     # What curator sent: response_format json_schema lines, custom_id the row index (its own files).
-    requests = [json.loads(line) for path in sorted(work.glob("*/requests_*.jsonl")) for line in path.read_text().splitlines()]
+    requests = [
+        json.loads(line) for path in sorted(work.glob("*/requests_*.jsonl")) for line in path.read_text().splitlines()
+    ]
     assert len(requests) == 6 and {r["original_row_idx"] for r in requests} == set(range(6))
     assert all(r["response_format"]["properties"]["sentiment"]["enum"] == ["positive", "negative"] for r in requests)
 
 
 # --- litellm ------------------------------------------------------------------------------------
-def test_litellm_batch_functions_on_embeddings(deployment_with_models: Deployment, tenant_key: str, embed_model: str,
-                                               tmp_path: Path):
+def test_litellm_batch_functions_on_embeddings(
+    deployment_with_models: Deployment, tenant_key: str, embed_model: str, tmp_path: Path
+):
     python = clients_python()
-    rows = [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings",
-             "body": {"model": embed_model, "input": f"sentence number {i}"}} for i in range(6)]
+    rows = [
+        {
+            "custom_id": f"emb-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": embed_model, "input": f"sentence number {i}"},
+        }
+        for i in range(6)
+    ]
     data = write_jsonl(tmp_path / "embeddings.jsonl", rows)
     env = client_env(**OFFLINE_ENV, HF_HOME=str(tmp_path / "hf"))
-    done = run([python, str(CLIENTS / "litellm_batch.py"), deployment_with_models.base_url, tenant_key, embed_model,
-                str(tmp_path)], cwd=tmp_path, env=env, what="litellm")
+    done = run(
+        [
+            python,
+            str(CLIENTS / "litellm_batch.py"),
+            deployment_with_models.base_url,
+            tenant_key,
+            embed_model,
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        what="litellm",
+    )
     s = summary_of(done)
     assert s["litellm_version"] == "1.83.7"
     assert s["uploaded_sha256"] == sha256(data)
@@ -204,8 +265,9 @@ def test_litellm_batch_functions_on_embeddings(deployment_with_models: Deploymen
 
 
 # --- OpenAI's Batch guide, with curl ------------------------------------------------------------
-def test_the_batch_guides_curl_commands(deployment_with_models: Deployment, tenant_key: str, chat_model: str,
-                                        tmp_path: Path):
+def test_the_batch_guides_curl_commands(
+    deployment_with_models: Deployment, tenant_key: str, chat_model: str, tmp_path: Path
+):
     curl = shutil.which("curl")
     if curl is None:
         pytest.fail("curl is not on PATH (the Batch guide's commands are curl commands)")
@@ -218,27 +280,49 @@ def test_the_batch_guides_curl_commands(deployment_with_models: Deployment, tena
         return json.loads(guide(*args).stdout)
 
     # The guide's input file: its two lines, with the local model and a few tokens.
-    rows = [{"custom_id": f"request-{i}", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"model": chat_model, "max_tokens": 8,
-                      "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                                   {"role": "user", "content": "Hello world!"}]}} for i in (1, 2)]
+    rows = [
+        {
+            "custom_id": f"request-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": chat_model,
+                "max_tokens": 8,
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "Hello world!"},
+                ],
+            },
+        }
+        for i in (1, 2)
+    ]
     data = write_jsonl(tmp_path / "batchinput.jsonl", rows)
 
     uploaded = answer("upload")
     assert (uploaded["object"], uploaded["purpose"], uploaded["filename"], uploaded["bytes"]) == (
-        "file", "batch", "batchinput.jsonl", len(data)), uploaded
+        "file",
+        "batch",
+        "batchinput.jsonl",
+        len(data),
+    ), uploaded
     guide("results", uploaded["id"])  # any file's content, the guide's redirect into batch_output.jsonl
     assert (tmp_path / "batch_output.jsonl").read_bytes() == data
 
     batch = answer("create", uploaded["id"])
     assert (batch["object"], batch["endpoint"], batch["input_file_id"], batch["completion_window"]) == (
-        "batch", "/v1/chat/completions", uploaded["id"], "24h"), batch
+        "batch",
+        "/v1/chat/completions",
+        uploaded["id"],
+        "24h",
+    ), batch
     deadline = time.monotonic() + 240
     while batch["status"] not in TERMINAL:
         assert time.monotonic() < deadline, f"batch {batch['id']} still {batch['status']}"
         time.sleep(0.5)
         batch = answer("retrieve", batch["id"])
-    assert batch["status"] == "completed" and batch["request_counts"] == {"completed": 2, "failed": 0, "total": 2}, batch
+    assert batch["status"] == "completed" and batch["request_counts"] == {"completed": 2, "failed": 0, "total": 2}, (
+        batch
+    )
 
     # The output with no -L: the answer's body is the file's bytes.
     output_path = tmp_path / "batch_output.jsonl"
@@ -247,11 +331,17 @@ def test_the_batch_guides_curl_commands(deployment_with_models: Deployment, tena
     assert output, "curl wrote nothing: the content route did not answer curl's Accept: */* with the bytes"
     results = [json.loads(line) for line in output.splitlines()]
     assert sorted(r["custom_id"] for r in results) == ["request-1", "request-2"]
-    assert all(r["response"]["status_code"] == 200 and r["response"]["body"]["object"] == "chat.completion" for r in results)
+    assert all(
+        r["response"]["status_code"] == 200 and r["response"]["body"]["object"] == "chat.completion" for r in results
+    )
 
     second = answer("create", uploaded["id"])
     cancelled = answer("cancel", second["id"])
-    assert cancelled["id"] == second["id"] and cancelled["status"] in ("cancelling", "cancelled") and cancelled["cancelling_at"], cancelled
+    assert (
+        cancelled["id"] == second["id"]
+        and cancelled["status"] in ("cancelling", "cancelled")
+        and cancelled["cancelling_at"]
+    ), cancelled
 
     listed = answer("list")
     assert listed["object"] == "list" and listed["has_more"] is False, listed

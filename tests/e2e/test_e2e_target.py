@@ -40,23 +40,29 @@ def describe_stacks_response(outputs: dict[str, str]) -> dict:
     """DescribeStacks as CloudFormation answers it for a deployed stack (the shape botocore's
     service model checks)."""
     return {
-        "Stacks": [{
-            "StackId": STACK_ID,
-            "StackName": names.STACK_NAME,
-            "CreationTime": datetime.datetime(2026, 11, 30, 9, 0, tzinfo=datetime.UTC),
-            "LastUpdatedTime": datetime.datetime(2026, 11, 30, 9, 30, tzinfo=datetime.UTC),
-            "StackStatus": "UPDATE_COMPLETE",
-            "DisableRollback": False,
-            "NotificationARNs": [],
-            "Capabilities": ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"],
-            "Outputs": [
-                {"OutputKey": key, "OutputValue": value, **({"Description": "base_url for the openai SDK"} if key == "ApiUrl" else {})}
-                for key, value in outputs.items()
-            ],
-            "Tags": [],
-            "EnableTerminationProtection": False,
-            "DriftInformation": {"StackDriftStatus": "NOT_CHECKED"},
-        }],
+        "Stacks": [
+            {
+                "StackId": STACK_ID,
+                "StackName": names.STACK_NAME,
+                "CreationTime": datetime.datetime(2026, 11, 30, 9, 0, tzinfo=datetime.UTC),
+                "LastUpdatedTime": datetime.datetime(2026, 11, 30, 9, 30, tzinfo=datetime.UTC),
+                "StackStatus": "UPDATE_COMPLETE",
+                "DisableRollback": False,
+                "NotificationARNs": [],
+                "Capabilities": ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"],
+                "Outputs": [
+                    {
+                        "OutputKey": key,
+                        "OutputValue": value,
+                        **({"Description": "base_url for the openai SDK"} if key == "ApiUrl" else {}),
+                    }
+                    for key, value in outputs.items()
+                ],
+                "Tags": [],
+                "EnableTerminationProtection": False,
+                "DriftInformation": {"StackDriftStatus": "NOT_CHECKED"},
+            }
+        ],
     }
 
 
@@ -68,9 +74,13 @@ def stubbed_cloudformation(*responses: dict | Exception) -> tuple[object, Stubbe
     stubber = Stubber(client)
     for response in responses:
         if isinstance(response, Exception):
-            stubber.add_client_error("describe_stacks", service_error_code="ValidationError",
-                                     service_message=str(response), http_status_code=400,
-                                     expected_params={"StackName": names.STACK_NAME})
+            stubber.add_client_error(
+                "describe_stacks",
+                service_error_code="ValidationError",
+                service_message=str(response),
+                http_status_code=400,
+                expected_params={"StackName": names.STACK_NAME},
+            )
         else:
             stubber.add_response("describe_stacks", response, expected_params={"StackName": names.STACK_NAME})
     stubber.activate()
@@ -80,22 +90,42 @@ def stubbed_cloudformation(*responses: dict | Exception) -> tuple[object, Stubbe
 # --- Settings ------------------------------------------------------------------------------------
 def test_the_default_target_is_local() -> None:
     settings = e2e_target.E2ESettings.from_env({})
-    assert (settings.kind, settings.stack, settings.chat_model, settings.embed_model) == ("local", "BatchApi", None, None)
+    assert (settings.kind, settings.stack, settings.chat_model, settings.embed_model) == (
+        "local",
+        "BatchApi",
+        None,
+        None,
+    )
     assert settings.key_cache_seconds == 300  # infra/config.py's default authorizer cache
     assert settings.warm_up_seconds == 30 * 60  # GPU services from zero: 10-20 minutes is normal
 
 
 def test_aws_target_takes_batchctls_stack_variable_and_the_models() -> None:
-    settings = e2e_target.E2ESettings.from_env({
-        "BATCHAPI_E2E_TARGET": "aws", "BATCHAPI_STACK": "Staging", "BATCHAPI_E2E_CHAT_MODEL": "Qwen/Qwen2.5-7B-Instruct",
-        "BATCHAPI_E2E_KEY_CACHE_SECONDS": "0",
-    })
+    settings = e2e_target.E2ESettings.from_env(
+        {
+            "BATCHAPI_E2E_TARGET": "aws",
+            "BATCHAPI_STACK": "Staging",
+            "BATCHAPI_E2E_CHAT_MODEL": "Qwen/Qwen2.5-7B-Instruct",
+            "BATCHAPI_E2E_KEY_CACHE_SECONDS": "0",
+        }
+    )
     assert (settings.kind, settings.stack, settings.chat_model, settings.key_cache_seconds) == (
-        "aws", "Staging", "Qwen/Qwen2.5-7B-Instruct", 0)
+        "aws",
+        "Staging",
+        "Qwen/Qwen2.5-7B-Instruct",
+        0,
+    )
 
 
-@pytest.mark.parametrize("env", [{"BATCHAPI_E2E_TARGET": "AWS"}, {"BATCHAPI_E2E_TARGET": "prod"},
-                                 {"BATCHAPI_E2E_KEY_CACHE_SECONDS": "5m"}, {"BATCHAPI_E2E_WARM_UP_SECONDS": "-1"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"BATCHAPI_E2E_TARGET": "AWS"},
+        {"BATCHAPI_E2E_TARGET": "prod"},
+        {"BATCHAPI_E2E_KEY_CACHE_SECONDS": "5m"},
+        {"BATCHAPI_E2E_WARM_UP_SECONDS": "-1"},
+    ],
+)
 def test_a_bad_setting_is_refused(env: dict[str, str]) -> None:
     with pytest.raises(ValueError, match=next(iter(env))):
         e2e_target.E2ESettings.from_env(env)
@@ -104,16 +134,25 @@ def test_a_bad_setting_is_refused(env: dict[str, str]) -> None:
 # --- Models from the target ----------------------------------------------------------------------
 def test_models_come_from_what_the_target_serves() -> None:
     local = ["all-minilm-l6-v2", "smollm2-135m-instruct"]
-    assert e2e_target.pick_model(local, wanted=None, local="smollm2-135m-instruct", only_if_alone=True) == "smollm2-135m-instruct"
+    assert (
+        e2e_target.pick_model(local, wanted=None, local="smollm2-135m-instruct", only_if_alone=True)
+        == "smollm2-135m-instruct"
+    )
     assert e2e_target.pick_model(local, wanted=None, local="all-minilm-l6-v2") == "all-minilm-l6-v2"
     # The default stack serves one chat model: the chat tests use it, the embeddings tests have none.
     stack = ["Qwen/Qwen2.5-7B-Instruct"]
-    assert e2e_target.pick_model(stack, wanted=None, local="smollm2-135m-instruct", only_if_alone=True) == "Qwen/Qwen2.5-7B-Instruct"
+    assert (
+        e2e_target.pick_model(stack, wanted=None, local="smollm2-135m-instruct", only_if_alone=True)
+        == "Qwen/Qwen2.5-7B-Instruct"
+    )
     assert e2e_target.pick_model(stack, wanted=None, local="all-minilm-l6-v2") is None
     # Two served and none named: no guessing which one chats.
     two = ["Qwen/Qwen2.5-7B-Instruct", "bge-m3"]
     assert e2e_target.pick_model(two, wanted=None, local="smollm2-135m-instruct", only_if_alone=True) is None
-    assert e2e_target.pick_model(two, wanted=None, local="x", exclude="bge-m3", only_if_alone=True) == "Qwen/Qwen2.5-7B-Instruct"
+    assert (
+        e2e_target.pick_model(two, wanted=None, local="x", exclude="bge-m3", only_if_alone=True)
+        == "Qwen/Qwen2.5-7B-Instruct"
+    )
     assert e2e_target.pick_model(two, wanted="bge-m3", local="all-minilm-l6-v2") == "bge-m3"
     with pytest.raises(ValueError, match="not served"):
         e2e_target.pick_model(two, wanted="gpt-4o", local="x")
@@ -124,8 +163,12 @@ def test_the_stack_is_read_with_one_describe_stacks(tmp_path: Path) -> None:
     cloudformation, stubber = stubbed_cloudformation(describe_stacks_response(ALL_OUTPUTS))
     repos = []
     stack = e2e_target.open_stack(
-        e2e_target.E2ESettings(kind="aws"), cloudformation=cloudformation, operator_env={"AWS_REGION": "eu-west-1"},
-        state_dir=tmp_path, region="eu-west-1", key_repo=lambda target: repos.append(target) or "the key repo",
+        e2e_target.E2ESettings(kind="aws"),
+        cloudformation=cloudformation,
+        operator_env={"AWS_REGION": "eu-west-1"},
+        state_dir=tmp_path,
+        region="eu-west-1",
+        key_repo=lambda target: repos.append(target) or "the key repo",
     )
     stubber.assert_no_pending_responses()
     assert (stack.base_url, stack.bucket, stack.kind) == (API_URL, BUCKET, "aws")
@@ -139,15 +182,27 @@ def test_a_stack_without_an_output_is_a_clear_error(missing: str, tmp_path: Path
     outputs = {k: v for k, v in ALL_OUTPUTS.items() if k != missing}
     cloudformation, _ = stubbed_cloudformation(describe_stacks_response(outputs))
     with pytest.raises(batchctl_targets.TargetError, match=f"no '{missing}' output"):
-        e2e_target.open_stack(e2e_target.E2ESettings(kind="aws"), cloudformation=cloudformation, operator_env={},
-                              state_dir=tmp_path, key_repo=lambda target: None)
+        e2e_target.open_stack(
+            e2e_target.E2ESettings(kind="aws"),
+            cloudformation=cloudformation,
+            operator_env={},
+            state_dir=tmp_path,
+            key_repo=lambda target: None,
+        )
 
 
 def test_a_missing_stack_is_a_clear_error(tmp_path: Path) -> None:
     cloudformation, _ = stubbed_cloudformation(Exception("Stack with id BatchApi does not exist"))
-    with pytest.raises(batchctl_targets.TargetError, match="cannot read stack 'BatchApi': Stack with id BatchApi does not exist"):
-        e2e_target.open_stack(e2e_target.E2ESettings(kind="aws"), cloudformation=cloudformation, operator_env={},
-                              state_dir=tmp_path, key_repo=lambda target: None)
+    with pytest.raises(
+        batchctl_targets.TargetError, match="cannot read stack 'BatchApi': Stack with id BatchApi does not exist"
+    ):
+        e2e_target.open_stack(
+            e2e_target.E2ESettings(kind="aws"),
+            cloudformation=cloudformation,
+            operator_env={},
+            state_dir=tmp_path,
+            key_repo=lambda target: None,
+        )
 
 
 @mock_aws
@@ -157,25 +212,42 @@ def test_batchctl_and_the_suite_use_aws_region(tmp_path: Path) -> None:
     are found while AWS_DEFAULT_REGION says us-east-1."""
     region = "eu-west-3"
     boto3.client("dynamodb", region_name=region).create_table(TableName=TABLE, **schema.TABLE_SCHEMA)
-    template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}, "Outputs": {k: {"Value": v} for k, v in ALL_OUTPUTS.items()}}
-    boto3.client("cloudformation", region_name=region).create_stack(StackName=names.STACK_NAME, TemplateBody=json.dumps(template))
+    template = {
+        "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {k: {"Value": v} for k, v in ALL_OUTPUTS.items()},
+    }
+    boto3.client("cloudformation", region_name=region).create_stack(
+        StackName=names.STACK_NAME, TemplateBody=json.dumps(template)
+    )
     env = {"AWS_REGION": region, "AWS_DEFAULT_REGION": "us-east-1", local_state.STATE_DIR_ENV: str(tmp_path)}
 
-    assert batchctl_targets.aws_region(env) == region and batchctl_targets.aws_region({"AWS_DEFAULT_REGION": "x"}) is None
+    assert (
+        batchctl_targets.aws_region(env) == region and batchctl_targets.aws_region({"AWS_DEFAULT_REGION": "x"}) is None
+    )
     out, err = io.StringIO(), io.StringIO()
-    assert batchctl_cli.main(["--aws", "keys", "create", "--tenant", "acme"], env=env, out=out, err=err) == 0, err.getvalue()
+    assert batchctl_cli.main(["--aws", "keys", "create", "--tenant", "acme"], env=env, out=out, err=err) == 0, (
+        err.getvalue()
+    )
     key = out.getvalue().strip()
     stack = e2e_target.open_stack(
-        e2e_target.E2ESettings(kind="aws"), cloudformation=batchctl_targets.cloudformation(batchctl_targets.aws_region(env)),
-        operator_env=env, state_dir=tmp_path, region=batchctl_targets.aws_region(env),
+        e2e_target.E2ESettings(kind="aws"),
+        cloudformation=batchctl_targets.cloudformation(batchctl_targets.aws_region(env)),
+        operator_env=env,
+        state_dir=tmp_path,
+        region=batchctl_targets.aws_region(env),
     )
     assert auth.resolve_tenant(stack.keys, f"Bearer {key}") == "acme"  # the suite reads the table batchctl wrote
 
 
 def test_redirects_are_recognised_as_the_stacks_bucket(tmp_path: Path) -> None:
     cloudformation, _ = stubbed_cloudformation(describe_stacks_response(ALL_OUTPUTS))
-    stack = e2e_target.open_stack(e2e_target.E2ESettings(kind="aws"), cloudformation=cloudformation, operator_env={},
-                                  state_dir=tmp_path, key_repo=lambda target: None)
+    stack = e2e_target.open_stack(
+        e2e_target.E2ESettings(kind="aws"),
+        cloudformation=cloudformation,
+        operator_env={},
+        state_dir=tmp_path,
+        key_repo=lambda target: None,
+    )
     signed = "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=abc"
     assert stack.is_storage_url(urlsplit(f"https://{BUCKET}.s3.eu-west-1.amazonaws.com/files/t/file-1{signed}"))
     assert stack.is_storage_url(urlsplit(f"https://s3.eu-west-1.amazonaws.com/{BUCKET}/files/t/file-1{signed}"))
@@ -191,14 +263,24 @@ def test_keys_are_batchctls_for_tenants_of_this_run_and_revoked_at_the_end(tmp_p
     region = "us-east-1"
     boto3.client("dynamodb", region_name=region).create_table(TableName=TABLE, **schema.TABLE_SCHEMA)
     dead_api = "http://127.0.0.1:9/prod/v1"  # nothing answers: file cleanup fails, revoking must not
-    template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
-                "Outputs": {k: {"Value": v} for k, v in {**ALL_OUTPUTS, "ApiUrl": dead_api}.items()}}
-    boto3.client("cloudformation", region_name=region).create_stack(StackName=names.STACK_NAME, TemplateBody=json.dumps(template))
+    template = {
+        "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+        "Outputs": {k: {"Value": v} for k, v in {**ALL_OUTPUTS, "ApiUrl": dead_api}.items()},
+    }
+    boto3.client("cloudformation", region_name=region).create_stack(
+        StackName=names.STACK_NAME, TemplateBody=json.dumps(template)
+    )
 
     settings = e2e_target.E2ESettings(kind="aws", key_cache_seconds=0)
-    stack = e2e_target.open_stack(settings, cloudformation=batchctl_targets.cloudformation(), operator_env={"AWS_REGION": region},
-                                  state_dir=tmp_path)
-    other_run = e2e_target.open_stack(settings, cloudformation=batchctl_targets.cloudformation(), operator_env={}, state_dir=tmp_path)
+    stack = e2e_target.open_stack(
+        settings,
+        cloudformation=batchctl_targets.cloudformation(),
+        operator_env={"AWS_REGION": region},
+        state_dir=tmp_path,
+    )
+    other_run = e2e_target.open_stack(
+        settings, cloudformation=batchctl_targets.cloudformation(), operator_env={}, state_dir=tmp_path
+    )
     assert stack.base_url == dead_api and stack.target.table_name == TABLE
 
     key = stack.new_key("other")
@@ -231,7 +313,9 @@ def test_eventually_tries_at_once_then_until_the_bound() -> None:
     assert slept == [5, 5]
     now[0], slept[:] = 0.0, []
     calls = []
-    assert e2e_target.eventually(lambda: calls.append(1) or True, within=0, clock=clock, sleep=sleep)  # local: one try...
+    assert e2e_target.eventually(
+        lambda: calls.append(1) or True, within=0, clock=clock, sleep=sleep
+    )  # local: one try...
     assert not e2e_target.eventually(lambda: calls.append(1) or False, within=0, clock=clock, sleep=sleep)
     assert (calls, slept) == ([1, 1], [])  # ...and no wait
     assert not e2e_target.eventually(lambda: False, within=12, interval=5, clock=clock, sleep=sleep)
@@ -271,8 +355,14 @@ def test_warm_up_starts_every_model_at_once_and_waits_for_all() -> None:
         now[0] += seconds
 
     sdk = FakeSdk({"chat-m": ["validating", "in_progress", "completed"], "embed-m": ["in_progress", "completed"]})
-    statuses = e2e_target.warm_up(sdk, {"chat-m": "/v1/chat/completions", "embed-m": "/v1/embeddings"},
-                                  within=1800, interval=15, clock=lambda: now[0], sleep=sleep)
+    statuses = e2e_target.warm_up(
+        sdk,
+        {"chat-m": "/v1/chat/completions", "embed-m": "/v1/embeddings"},
+        within=1800,
+        interval=15,
+        clock=lambda: now[0],
+        sleep=sleep,
+    )
     assert statuses == {"chat-m": "completed", "embed-m": "completed"}
     assert sdk.created == [("chat-m", "/v1/chat/completions"), ("embed-m", "/v1/embeddings")]  # both before any wait
     assert slept == [15, 15]
@@ -280,8 +370,9 @@ def test_warm_up_starts_every_model_at_once_and_waits_for_all() -> None:
 
     now[0], slept[:] = 0.0, []
     stuck = FakeSdk({"chat-m": ["in_progress"] * 100})
-    assert e2e_target.warm_up(stuck, {"chat-m": "/v1/chat/completions"}, within=60, interval=15,
-                              clock=lambda: now[0], sleep=sleep) == {"chat-m": "in_progress"}
+    assert e2e_target.warm_up(
+        stuck, {"chat-m": "/v1/chat/completions"}, within=60, interval=15, clock=lambda: now[0], sleep=sleep
+    ) == {"chat-m": "in_progress"}
     assert slept == [15, 15, 15, 15]  # gives up at the bound
 
 
@@ -306,8 +397,23 @@ def collected(tmp_path: Path, *args: str, target: str = "local") -> list[dict]:
     report = tmp_path / "collected.json"
     env = clean_env(**{e2e_target.COLLECT_REPORT_ENV: str(report), e2e_target.TARGET_ENV: target})
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.e2e.target", "--collect-only", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.e2e.target",
+            "--collect-only",
+            *args,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(report.read_text())
@@ -322,11 +428,18 @@ def test_local_only_tests_are_exactly_those_that_need_local_state(tmp_path: Path
             assert row["local_only"], f"{row['id']} uses {uses_local} and is not marked local_only"
         if row["local_only"] is not None:
             assert row["local_only"], f"{row['id']}: local_only needs a reason"
-    marked = {r["id"] for r in rows if r["local_only"] is not None and r["id"].split("::")[0].rsplit("/", 1)[-1] in SUITE_FILES}
+    marked = {
+        r["id"]
+        for r in rows
+        if r["local_only"] is not None and r["id"].split("::")[0].rsplit("/", 1)[-1] in SUITE_FILES
+    }
     assert marked == EXPECTED_LOCAL_ONLY
     # The rest reach the deployment only through `deployment` / `deployment_with_models`.
     for row in rows:
-        if row["id"].startswith(("tests/e2e/test_local_api.py", "tests/e2e/test_batches_e2e.py")) and row["local_only"] is None:
+        if (
+            row["id"].startswith(("tests/e2e/test_local_api.py", "tests/e2e/test_batches_e2e.py"))
+            and row["local_only"] is None
+        ):
             assert {"deployment", "deployment_with_models"} & set(row["fixtures"]), row["id"]
 
 
@@ -335,18 +448,38 @@ def test_aws_mode_skips_local_only_tests_and_starts_nothing_local(tmp_path: Path
     reason, before any fixture: no local deployment is started and no AWS call is made (the
     environment has no credentials and a dead proxy)."""
     basetemp, junit = tmp_path / "run", tmp_path / "junit.xml"
-    env = clean_env(**{e2e_target.TARGET_ENV: "aws", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"})
+    env = clean_env(
+        **{e2e_target.TARGET_ENV: "aws", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}", f"--junitxml={junit}",
-         "-m", "local_only", "tests/e2e/test_local_api.py", "tests/e2e/test_recovery_e2e.py",
-         "tests/e2e/test_batches_e2e.py"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={basetemp}",
+            f"--junitxml={junit}",
+            "-m",
+            "local_only",
+            "tests/e2e/test_local_api.py",
+            "tests/e2e/test_recovery_e2e.py",
+            "tests/e2e/test_batches_e2e.py",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     outcomes = junit_outcomes(junit)
     expected = {i for i in EXPECTED_LOCAL_ONLY if "test_e2e_target.py" not in i}
     assert set(outcomes) == {i.split("::", 1)[1] for i in expected}
-    assert all(kind == "skipped" and reason.startswith("local_only on aws: ") for kind, reason in outcomes.values()), outcomes
+    assert all(kind == "skipped" and reason.startswith("local_only on aws: ") for kind, reason in outcomes.values()), (
+        outcomes
+    )
     assert list(basetemp.rglob("infra-local.log")) == []  # no local deployment was started
 
 
@@ -374,29 +507,61 @@ def test_rehearsal_the_aws_mode_against_a_local_deployment_dressed_as_a_stack(st
     local = start_local(tmp_path / "local")
     try:
         state = local.state
-        template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}, "Outputs": {
-            names.OUTPUT_API_URL: {"Value": state.api_base_url}, names.OUTPUT_TABLE: {"Value": state.table_name},
-            names.OUTPUT_BUCKET: {"Value": state.bucket_name}}}
-        moto = dict(aws_access_key_id=local_state.ACCESS_KEY_ID, aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
-                    region_name=state.region, endpoint_url=state.moto_endpoint)
+        template = {
+            "Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
+            "Outputs": {
+                names.OUTPUT_API_URL: {"Value": state.api_base_url},
+                names.OUTPUT_TABLE: {"Value": state.table_name},
+                names.OUTPUT_BUCKET: {"Value": state.bucket_name},
+            },
+        }
+        moto = dict(
+            aws_access_key_id=local_state.ACCESS_KEY_ID,
+            aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
+            region_name=state.region,
+            endpoint_url=state.moto_endpoint,
+        )
         boto3.client("cloudformation", **moto).create_stack(StackName="Rehearsal", TemplateBody=json.dumps(template))
         keys_before = key_count(moto, state.table_name)
 
         basetemp, junit = tmp_path / "run", tmp_path / "junit.xml"
-        env = clean_env(**{
-            e2e_target.TARGET_ENV: "aws", "BATCHAPI_STACK": "Rehearsal", e2e_target.KEY_CACHE_ENV: "0",
-            "AWS_ENDPOINT_URL": state.moto_endpoint, "AWS_REGION": state.region,
-            "AWS_ACCESS_KEY_ID": local_state.ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": local_state.SECRET_ACCESS_KEY,
-        })
+        env = clean_env(
+            **{
+                e2e_target.TARGET_ENV: "aws",
+                "BATCHAPI_STACK": "Rehearsal",
+                e2e_target.KEY_CACHE_ENV: "0",
+                "AWS_ENDPOINT_URL": state.moto_endpoint,
+                "AWS_REGION": state.region,
+                "AWS_ACCESS_KEY_ID": local_state.ACCESS_KEY_ID,
+                "AWS_SECRET_ACCESS_KEY": local_state.SECRET_ACCESS_KEY,
+            }
+        )
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}", f"--junitxml={junit}",
-             "tests/e2e/test_local_api.py"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--basetemp={basetemp}",
+                f"--junitxml={junit}",
+                "tests/e2e/test_local_api.py",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
         )
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
         outcomes = junit_outcomes(junit)
         skipped = {name for name, (kind, _) in outcomes.items() if kind == "skipped"}
-        assert skipped == {"test_ready_line_and_state_file", "test_signal_stops_everything[ctrl-c]", "test_signal_stops_everything[sigterm]"}
+        assert skipped == {
+            "test_ready_line_and_state_file",
+            "test_signal_stops_everything[ctrl-c]",
+            "test_signal_stops_everything[sigterm]",
+        }
         assert all(kind == "passed" for name, (kind, _) in outcomes.items() if name not in skipped), outcomes
         assert len(outcomes) - len(skipped) >= 15
         assert list(basetemp.rglob("infra-local.log")) == []  # the AWS mode started no local deployment

@@ -45,14 +45,27 @@ def body_of(line: BatchOutputLine) -> dict:
 def test_a_responses_batch_has_openais_shapes_and_cached_tokens(sdk: OpenAI, chat_model: str):
     system = long_system_prompt()
     rows = [
-        {"custom_id": f"resp-{i}", "method": "POST", "url": "/v1/responses",
-         "body": {"model": chat_model, "instructions": system, "input": f"Question {i}: name a colour.",
-                  "max_output_tokens": 8, "temperature": 0}}
+        {
+            "custom_id": f"resp-{i}",
+            "method": "POST",
+            "url": "/v1/responses",
+            "body": {
+                "model": chat_model,
+                "instructions": system,
+                "input": f"Question {i}: name a colour.",
+                "max_output_tokens": 8,
+                "temperature": 0,
+            },
+        }
         for i in range(LINES)
     ]
     batch = wait(sdk, submit(sdk, rows, endpoint="/v1/responses").id, timeout=120)
     assert batch.status == "completed" and batch.endpoint == "/v1/responses", batch
-    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (LINES, LINES, 0)
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+        LINES,
+        LINES,
+        0,
+    )
     results = lines(sdk, batch.output_file_id)
     assert sorted(r.custom_id for r in results) == sorted(r["custom_id"] for r in rows)
     responses = [Response.model_validate(body_of(r)) for r in results]  # the SDK's own type
@@ -73,9 +86,17 @@ def test_a_responses_batch_has_openais_shapes_and_cached_tokens(sdk: OpenAI, cha
 def test_a_chat_batch_sharing_a_system_prompt_reports_cached_tokens(sdk: OpenAI, chat_model: str):
     system = long_system_prompt()
     rows = [
-        {"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": chat_model, "max_tokens": 4, "temperature": 0,
-                  "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Number {i}?"}]}}
+        {
+            "custom_id": f"chat-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": chat_model,
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Number {i}?"}],
+            },
+        }
         for i in range(LINES)
     ]
     batch = wait(sdk, submit(sdk, rows).id, timeout=120)
@@ -91,14 +112,26 @@ def test_score_and_rerank_batches_on_the_embeddings_model(sdk: OpenAI):
     query = "What is the capital of France?"
     related, unrelated = "Paris is the capital of France.", "Bananas are yellow and curved."
     score_rows = [
-        {"custom_id": "score-0", "method": "POST", "url": "/v1/score",
-         "body": {"model": EMBED, "text_1": query, "text_2": [unrelated, related]}},
-        {"custom_id": "score-1", "method": "POST", "url": "/v1/score",
-         "body": {"model": EMBED, "text_1": "A cat sat on the mat.", "text_2": "A kitten rested on a rug."}},
+        {
+            "custom_id": "score-0",
+            "method": "POST",
+            "url": "/v1/score",
+            "body": {"model": EMBED, "text_1": query, "text_2": [unrelated, related]},
+        },
+        {
+            "custom_id": "score-1",
+            "method": "POST",
+            "url": "/v1/score",
+            "body": {"model": EMBED, "text_1": "A cat sat on the mat.", "text_2": "A kitten rested on a rug."},
+        },
     ]
     rerank_rows = [
-        {"custom_id": "rerank-0", "method": "POST", "url": "/v1/rerank",
-         "body": {"model": EMBED, "query": query, "documents": [unrelated, related, "France is in Europe."]}},
+        {
+            "custom_id": "rerank-0",
+            "method": "POST",
+            "url": "/v1/rerank",
+            "body": {"model": EMBED, "query": query, "documents": [unrelated, related, "France is in Europe."]},
+        },
     ]
     score_id = submit(sdk, score_rows, endpoint="/v1/score").id  # not in the SDK's Literal: sent as is
     rerank_id = submit(sdk, rerank_rows, endpoint="/v1/rerank").id
@@ -125,5 +158,12 @@ def test_an_endpoint_no_model_serves_is_refused_naming_the_served_ones(sdk: Open
         sdk.batches.create(input_file_id=f.id, endpoint="/v1/moderations", completion_window="24h")
     message = refused.value.body["message"]
     assert refused.value.body["param"] == "endpoint" and "'/v1/moderations'" in message
-    for served in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank"):
+    for served in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/score",
+        "/v1/rerank",
+    ):
         assert f"'{served}'" in message

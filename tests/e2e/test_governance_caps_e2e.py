@@ -31,7 +31,9 @@ def test_a_batch_over_the_enqueued_token_cap_fails_one_under_it_completes_and_th
     large = [chat_line(i, model=chat_model, max_tokens=4) for i in range(10)]
     small_tokens = sum(estimate_tokens(len(json.dumps(r).encode()) + 1) for r in small)
     cap = small_tokens + small_tokens // 2  # room for the small batch, not for the large one
-    batchctl(deployment_with_models, "tenants", "set", "--tenant", tenant, "--max-enqueued-tokens", f"{chat_model}={cap}")
+    batchctl(
+        deployment_with_models, "tenants", "set", "--tenant", tenant, "--max-enqueued-tokens", f"{chat_model}={cap}"
+    )
     sdk = deployment_with_models.client(deployment_with_models.new_key(name))
 
     refused = wait(sdk, submit(sdk, large).id)
@@ -40,7 +42,8 @@ def test_a_batch_over_the_enqueued_token_cap_fails_one_under_it_completes_and_th
     assert error.code == "token_limit_exceeded" and error.line is None and error.param is None
     assert error.message == (
         f"Enqueued token limit reached for {chat_model} in organization {tenant}. Limit: {cap} enqueued tokens. "
-        "Please try again once some in_progress batches have been completed.")
+        "Please try again once some in_progress batches have been completed."
+    )
 
     done = wait(sdk, submit(sdk, small).id)
     assert done.status == "completed", done

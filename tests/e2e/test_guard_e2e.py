@@ -20,8 +20,12 @@ def test_a_line_with_an_aws_key_is_refused_and_the_others_complete(deployment_wi
     name = "e2e-guard-" + re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:40]
     tenant = deployment_with_models.tenant(name)
     out, err = io.StringIO(), io.StringIO()
-    code = cli.main(["tenants", "set", "--tenant", tenant, "--prompt-secrets", "refuse"],
-                    env=deployment_with_models.env, out=out, err=err)
+    code = cli.main(
+        ["tenants", "set", "--tenant", tenant, "--prompt-secrets", "refuse"],
+        env=deployment_with_models.env,
+        out=out,
+        err=err,
+    )
     assert code == 0, err.getvalue()
     assert json.loads(out.getvalue())["guard"]["prompt_secrets"] == "refuse"
     sdk = deployment_with_models.client(deployment_with_models.new_key(name))

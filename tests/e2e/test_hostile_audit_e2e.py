@@ -23,7 +23,10 @@ from infra.local import state as local_state
 from .conftest import LocalDeployment
 from .target import eventually
 
-pytestmark = [pytest.mark.e2e, pytest.mark.local_only("plays an attacker with direct access to the local deployment's moto")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.local_only("plays an attacker with direct access to the local deployment's moto"),
+]
 
 #: How long the appender may take to append what was sent (it is woken at once by each send).
 APPEND_WITHIN = 30.0
@@ -37,9 +40,15 @@ def verify(local: LocalDeployment, tenant: str) -> tuple[int, str]:
 
 def audited_calls(sdk: OpenAI) -> int:
     """Mutating calls (and one refusal): six records; reads add none."""
-    file = sdk.files.create(file=("in.jsonl", io.BytesIO(b'{"custom_id": "a", "method": "POST", "url": '
-                                                       b'"/v1/chat/completions", "body": {"model": "m"}}\n')),
-                            purpose="batch")
+    file = sdk.files.create(
+        file=(
+            "in.jsonl",
+            io.BytesIO(
+                b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}\n'
+            ),
+        ),
+        purpose="batch",
+    )
     other = sdk.files.create(file=("notes.txt", io.BytesIO(b"notes")), purpose="user_data")
     sdk.files.list()
     sdk.files.delete(other.id)
@@ -53,19 +62,28 @@ def audited_calls(sdk: OpenAI) -> int:
 def anchored(local: LocalDeployment, tenant: str, records: int) -> bool:
     """The chain verifies with ``records`` records, all copied and under a signed checkpoint."""
     code, text = verify(local, tenant)
-    return code == 0 and f": {records} records, {records} WORM copies, newest signed checkpoint at seq {records}:" in text
+    return (
+        code == 0 and f": {records} records, {records} WORM copies, newest signed checkpoint at seq {records}:" in text
+    )
 
 
 def moto_table(local: LocalDeployment):
     state = local.state
-    return boto3.resource("dynamodb", endpoint_url=state.moto_endpoint, region_name=state.region,
-                          aws_access_key_id=local_state.ACCESS_KEY_ID,
-                          aws_secret_access_key=local_state.SECRET_ACCESS_KEY).Table(state.table_name)
+    return boto3.resource(
+        "dynamodb",
+        endpoint_url=state.moto_endpoint,
+        region_name=state.region,
+        aws_access_key_id=local_state.ACCESS_KEY_ID,
+        aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
+    ).Table(state.table_name)
 
 
 def chain_items(table, tenant: str) -> list[dict]:
-    return table.query(KeyConditionExpression="pk = :pk AND begins_with(sk, :seq)", ConsistentRead=True,
-                       ExpressionAttributeValues={":pk": schema.audit_pk(tenant), ":seq": schema.AUDIT_SEQ_PREFIX})["Items"]
+    return table.query(
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :seq)",
+        ConsistentRead=True,
+        ExpressionAttributeValues={":pk": schema.audit_pk(tenant), ":seq": schema.AUDIT_SEQ_PREFIX},
+    )["Items"]
 
 
 def tenant_for(request: pytest.FixtureRequest, role: str) -> str:
@@ -77,7 +95,9 @@ def test_a_rewritten_chain_and_a_cut_tail_are_reported_and_the_untouched_chain_p
     sdks = {t: local.client(local.new_key(t)) for t in (rewritten, cut, untouched)}
     counts = {t: audited_calls(sdk) for t, sdk in sdks.items()}
     for tenant, n in counts.items():
-        assert eventually(lambda: anchored(local, tenant, n), within=APPEND_WITHIN, interval=0.25), verify(local, tenant)
+        assert eventually(lambda: anchored(local, tenant, n), within=APPEND_WITHIN, interval=0.25), verify(
+            local, tenant
+        )
 
     table = moto_table(local)
     # The attacker rewrites the rewritten tenant's record 2 (its outcome) and every later hash.
@@ -119,12 +139,22 @@ def test_a_rewritten_chain_and_a_cut_tail_are_reported_and_the_untouched_chain_p
     from tests.fakes.aws import KeySigner
 
     state = local.state
-    s3 = boto3.client("s3", endpoint_url=state.moto_endpoint, region_name=state.region,
-                      aws_access_key_id=local_state.ACCESS_KEY_ID, aws_secret_access_key=local_state.SECRET_ACCESS_KEY)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=state.moto_endpoint,
+        region_name=state.region,
+        aws_access_key_id=local_state.ACCESS_KEY_ID,
+        aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
+    )
     head = audit.AuditRecord.model_validate_json(chain_items(table, untouched)[-1]["record"])
     forged = anchor.Checkpoint(tenant=untouched, seq=head.seq + 1, hash="f" * 64, at=int(time.time()), key_id="forged")
     body = anchor.signed(forged, KeySigner().sign(forged.message())).to_json().encode()
-    s3.put_object(Bucket=state.audit_bucket_name, Key=anchor.checkpoint_key(untouched, head.seq + 1), Body=body,
-                  IfNoneMatch="*", ChecksumAlgorithm="SHA256")
+    s3.put_object(
+        Bucket=state.audit_bucket_name,
+        Key=anchor.checkpoint_key(untouched, head.seq + 1),
+        Body=body,
+        IfNoneMatch="*",
+        ChecksumAlgorithm="SHA256",
+    )
     code, text = verify(local, untouched)
     assert code == 1 and f"seq {head.seq + 1}: forged_checkpoint" in text

@@ -37,8 +37,12 @@ def cached_tokens(sdk: OpenAI, model: str, system: str, *, salt: str | None = No
     """``copies`` lines with ``system`` as their system prompt, as one batch: each line's cached tokens."""
     rows = []
     for i in range(copies):
-        body = {"model": model, "max_tokens": 2, "temperature": 0,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Line {i}."}]}
+        body = {
+            "model": model,
+            "max_tokens": 2,
+            "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Line {i}."}],
+        }
         if salt is not None:
             body["cache_salt"] = salt
         rows.append({"custom_id": f"c-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})

@@ -42,6 +42,7 @@ def sdk(deployment: Deployment, name: str) -> openai.OpenAI:
 def refused_within(deployment: Deployment, client: openai.OpenAI, code: str) -> bool:
     """Whether ``client`` is refused with 401 ``code``: at once locally; on AWS within the API's
     policy cache (a disable) or the authorizer's result cache (a revoked key)."""
+
     def refused() -> bool:
         try:
             client.files.list()
@@ -49,8 +50,13 @@ def refused_within(deployment: Deployment, client: openai.OpenAI, code: str) -> 
             return error.code == code
         return False
 
-    within = 0 if deployment.kind == "local" else (
-        limits.DEFAULT_POLICY_CACHE_SECONDS + 5 if code == "account_deactivated" else deployment.key_cache_seconds)
+    within = (
+        0
+        if deployment.kind == "local"
+        else (
+            limits.DEFAULT_POLICY_CACHE_SECONDS + 5 if code == "account_deactivated" else deployment.key_cache_seconds
+        )
+    )
     return eventually(refused, within=within, interval=1)
 
 

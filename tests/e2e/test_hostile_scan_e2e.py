@@ -32,30 +32,71 @@ def row(custom_id: str, model: str, **body) -> dict:
 
 def chunk_logs(local_engines, batch_id: str) -> list[dict]:
     log = local_engines.state_dir / "logs" / f"worker-{names.LOCAL_CHAT_MODEL}.log"
-    return [json.loads(line) for line in log.read_text(errors="replace").splitlines()
-            if batch_id in line and '"chunk done"' in line]
+    return [
+        json.loads(line)
+        for line in log.read_text(errors="replace").splitlines()
+        if batch_id in line and '"chunk done"' in line
+    ]
 
 
 def test_a_hostile_tenant_cannot_stall_another_or_walk_around_the_scan(local_engines):
     model = names.LOCAL_CHAT_MODEL
-    code = cli.main(["tenants", "set", "--tenant", "hostile-a", "--prompt-secrets", "refuse"],
-                    env=local_engines.env, out=io.StringIO(), err=(err := io.StringIO()))
+    code = cli.main(
+        ["tenants", "set", "--tenant", "hostile-a", "--prompt-secrets", "refuse"],
+        env=local_engines.env,
+        out=io.StringIO(),
+        err=(err := io.StringIO()),
+    )
     assert code == 0, err.getvalue()
     a = local_engines.client(local_engines.new_key("hostile-a"))
     b = local_engines.client(local_engines.new_key("honest-b"))
     aws, github = SECRETS["AWS access key id"][1], SECRETS["GitHub token"][1]
+
     def user(content):
         return [{"role": "user", "content": content}]
+
     hostile = [
         row("long-slashes-key", model, messages=user("//" * (LONG // 2) + f" {aws}")),
         row("long-no-secret", model, messages=user("sk-" * (LONG // 3))),
         row("zero-width", model, messages=user(f"use {spread(aws, chr(0x200B))}")),
-        row("split-parts", model, messages=user([{"type": "text", "text": github[:10]}, {"type": "text", "text": github[10:]}])),
-        row("schema-key", model, messages=user("hi"), tools=[{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object", "properties": {aws: {"type": "string"}}}}}]),
-        row("escaped-args", model, messages=[*user("hi"), {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"k": "' + escaped(github) + '"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]),
+        row(
+            "split-parts",
+            model,
+            messages=user([{"type": "text", "text": github[:10]}, {"type": "text", "text": github[10:]}]),
+        ),
+        row(
+            "schema-key",
+            model,
+            messages=user("hi"),
+            tools=[
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {aws: {"type": "string"}}},
+                    },
+                }
+            ],
+        ),
+        row(
+            "escaped-args",
+            model,
+            messages=[
+                *user("hi"),
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": '{"k": "' + escaped(github) + '"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+            ],
+        ),
         row("ordinary", model, messages=user("Say a word about the sea.")),
     ]
     batch_a = submit(a, hostile)
@@ -72,9 +113,14 @@ def test_a_hostile_tenant_cannot_stall_another_or_walk_around_the_scan(local_eng
     assert done_a.status == "completed", done_a
     out_a, err_a = check_invariants(a, done_a, [r["custom_id"] for r in hostile])
     codes = {e.custom_id: (e.error.code if e.error else e.response.status_code) for e in err_a}
-    assert codes == {"long-slashes-key": "prompt_secret_detected", "long-no-secret": 400, "zero-width": "prompt_secret_detected",
-                     "split-parts": "prompt_secret_detected", "schema-key": "prompt_secret_detected",
-                     "escaped-args": "prompt_secret_detected"}, codes
+    assert codes == {
+        "long-slashes-key": "prompt_secret_detected",
+        "long-no-secret": 400,
+        "zero-width": "prompt_secret_detected",
+        "split-parts": "prompt_secret_detected",
+        "schema-key": "prompt_secret_detected",
+        "escaped-args": "prompt_secret_detected",
+    }, codes
     assert [o.custom_id for o in out_a] == ["ordinary"]
     for file_id in (done_a.output_file_id, done_a.error_file_id):
         text = a.files.content(file_id).text

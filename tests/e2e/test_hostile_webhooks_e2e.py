@@ -31,7 +31,8 @@ from tests.webhook_receivers import Receiver, StallingReceiver
 from .conftest import LocalDeployment, free_port
 
 pytestmark = [
-    pytest.mark.e2e, pytest.mark.engine,
+    pytest.mark.e2e,
+    pytest.mark.engine,
     pytest.mark.local_only("plain http to loopback receivers, and events put straight on moto's bus"),
 ]
 
@@ -49,7 +50,7 @@ def dropped(local: LocalDeployment, batch_id: str) -> list[dict]:
     rows = []
     for line in local.log().splitlines():
         if '"webhook event dropped"' in line:
-            row = json.loads(line[line.index("{"):])
+            row = json.loads(line[line.index("{") :])
             if row.get("batch_id") == batch_id:
                 rows.append(row)
     return rows
@@ -58,13 +59,22 @@ def dropped(local: LocalDeployment, batch_id: str) -> list[dict]:
 def forge(local: LocalDeployment, event_type: str, detail: dict) -> None:
     """What any principal allowed PutEvents could send (on AWS the bus policy refuses it)."""
     events = boto3.client(
-        "events", endpoint_url=local.state.moto_endpoint, region_name=local_state.REGION,
-        aws_access_key_id=local_state.ACCESS_KEY_ID, aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
+        "events",
+        endpoint_url=local.state.moto_endpoint,
+        region_name=local_state.REGION,
+        aws_access_key_id=local_state.ACCESS_KEY_ID,
+        aws_secret_access_key=local_state.SECRET_ACCESS_KEY,
     )
-    resp = events.put_events(Entries=[{
-        "Source": EVENT_SOURCE, "DetailType": event_type, "Detail": json.dumps(detail),
-        "EventBusName": names.event_bus_name(names.LOCAL_PREFIX),
-    }])
+    resp = events.put_events(
+        Entries=[
+            {
+                "Source": EVENT_SOURCE,
+                "DetailType": event_type,
+                "Detail": json.dumps(detail),
+                "EventBusName": names.event_bus_name(names.LOCAL_PREFIX),
+            }
+        ]
+    )
     assert resp["FailedEntryCount"] == 0, resp
 
 
@@ -109,8 +119,9 @@ def test_a_stalled_receiver_and_forged_events_never_reach_another_tenant(local_e
     fast = Receiver(free_port()).up()
     try:
         a_hook = json.loads(batchctl(local, "webhooks", "create", "--tenant", A, "--url", fast.url))
-        batchctl(local, "webhooks", "create", "--tenant", B, "--url", slow.url,
-                 "--events", "batch.failed,batch.completed")
+        batchctl(
+            local, "webhooks", "create", "--tenant", B, "--url", slow.url, "--events", "batch.failed,batch.completed"
+        )
         sdk_a, sdk_b = local.client(local.new_key(A)), local.client(local.new_key(B))
 
         # B's endpoint stalls; A's batch completes meanwhile and its webhook arrives during a stall.
@@ -126,7 +137,9 @@ def test_a_stalled_receiver_and_forged_events_never_reach_another_tenant(local_e
         assert held, "A's webhook did not arrive while one of B's attempts held its connection"
         a_log = deliveries(local, A)
         assert [(d["attempt"], d["outcome"]) for d in a_log] == [(1, "delivered")]
-        b_log = wait_for("B's failed attempts", lambda: [d for d in deliveries(local, B) if d["outcome"] == "retry"], 60)
+        b_log = wait_for(
+            "B's failed attempts", lambda: [d for d in deliveries(local, B) if d["outcome"] == "retry"], 60
+        )
         assert all(d["error"].startswith("TimeoutError") for d in b_log), b_log
         assert not any(d["outcome"] == "delivered" for d in deliveries(local, B))
 
@@ -134,10 +147,15 @@ def test_a_stalled_receiver_and_forged_events_never_reach_another_tenant(local_e
         forge(local, "batch.completed", {"tenant": B, "id": done.id})
         running = submit(sdk_a, [chat_line(i, max_tokens=24) for i in range(4)])
         forge(local, "batch.completed", {"tenant": A, "id": running.id})
-        [as_b] = wait_for("the event naming B dropped", lambda: [r for r in dropped(local, done.id) if r["tenant"] == B], 60)
+        [as_b] = wait_for(
+            "the event naming B dropped", lambda: [r for r in dropped(local, done.id) if r["tenant"] == B], 60
+        )
         assert as_b["reason"] == "the tenant has no such batch"
         [early] = wait_for("the early completion dropped", lambda: dropped(local, running.id), 60)
-        assert early["reason"] in ("the batch is validating, not completed", "the batch is in_progress, not completed"), early
+        assert early["reason"] in (
+            "the batch is validating, not completed",
+            "the batch is in_progress, not completed",
+        ), early
 
         # The honest completion of the running batch is the one webhook A gets for it.
         finished = wait(sdk_a, running.id)
@@ -147,7 +165,9 @@ def test_a_stalled_receiver_and_forged_events_never_reach_another_tenant(local_e
         fast.down()
         slow.close()
     assert [sdk_a.webhooks.unwrap(b, h, secret=a_hook["signing_secret"]).data.id for h, b, _ in fast.requests] == [
-        done.id, running.id]
+        done.id,
+        running.id,
+    ]
     forged_for_b = logic.event_id(done.id, "batch.completed")
     assert not [d for d in deliveries(local, B) if d["event_id"] == forged_for_b]
     assert [(d["attempt"], d["outcome"]) for d in deliveries(local, A)] == [(1, "delivered"), (1, "delivered")]

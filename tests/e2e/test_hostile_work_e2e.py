@@ -31,9 +31,23 @@ def batchctl(deployment, *argv: str) -> dict:
 def test_work_over_the_bounds_fails_validation_and_every_answer_is_charged(deployment_with_models, chat_model, request):
     name = "e2e-work-" + re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:40]
     tenant = deployment_with_models.tenant(name)
-    batchctl(deployment_with_models, "tenants", "set", "--tenant", tenant, "--line-max-n", str(MAX_N),
-             "--line-max-output-tokens", str(MAX_OUTPUT), "--output-token-budget", "1000000",
-             "--input-token-budget", "1000000", "--budget-period", "day")
+    batchctl(
+        deployment_with_models,
+        "tenants",
+        "set",
+        "--tenant",
+        tenant,
+        "--line-max-n",
+        str(MAX_N),
+        "--line-max-output-tokens",
+        str(MAX_OUTPUT),
+        "--output-token-budget",
+        "1000000",
+        "--input-token-budget",
+        "1000000",
+        "--budget-period",
+        "day",
+    )
     sdk = deployment_with_models.client(deployment_with_models.new_key(name))
 
     many = chat_line(1, model=chat_model, max_tokens=4)
@@ -43,7 +57,9 @@ def test_work_over_the_bounds_fails_validation_and_every_answer_is_charged(deplo
     refused = wait(sdk, submit(sdk, [chat_line(0, model=chat_model, max_tokens=4), many, long]).id)
     assert refused.status == "failed", refused
     errors = {(e.code, e.line, e.param) for e in refused.errors.data}
-    assert errors == {("integer_above_max_value", 2, "body.n"), ("integer_above_max_value", 3, "body.max_tokens")}, errors
+    assert errors == {("integer_above_max_value", 2, "body.n"), ("integer_above_max_value", 3, "body.max_tokens")}, (
+        errors
+    )
     assert refused.output_file_id is None and refused.error_file_id is None  # nothing ran
 
     unbounded = [chat_line(i, model=chat_model) for i in range(3)]
@@ -56,14 +72,21 @@ def test_work_over_the_bounds_fails_validation_and_every_answer_is_charged(deplo
     out, err = check_invariants(sdk, done, [r["custom_id"] for r in unbounded])
     assert err == [] and len(out) == 3
     usage = {o.custom_id: o.response.body["usage"] for o in out}
-    assert {k: u["completion_tokens"] for k, u in usage.items()} == {"chat-0": MAX_OUTPUT, "chat-1": MAX_OUTPUT,
-                                                                      "chat-2": MAX_OUTPUT}  # 2 x 12 for n=2
-    spent = {"output_tokens": sum(u["completion_tokens"] for u in usage.values()),
-             "input_tokens": sum(u["prompt_tokens"] for u in usage.values())}
+    assert {k: u["completion_tokens"] for k, u in usage.items()} == {
+        "chat-0": MAX_OUTPUT,
+        "chat-1": MAX_OUTPUT,
+        "chat-2": MAX_OUTPUT,
+    }  # 2 x 12 for n=2
+    spent = {
+        "output_tokens": sum(u["completion_tokens"] for u in usage.values()),
+        "input_tokens": sum(u["prompt_tokens"] for u in usage.values()),
+    }
 
     def charged() -> bool:
         budget = batchctl(deployment_with_models, "tenants", "get", "--tenant", tenant)["usage"]["budget"]
         return {k: budget[k] for k in spent} == spent
 
     assert eventually(charged, within=60, interval=1), (
-        spent, batchctl(deployment_with_models, "tenants", "get", "--tenant", tenant)["usage"])
+        spent,
+        batchctl(deployment_with_models, "tenants", "get", "--tenant", tenant)["usage"],
+    )

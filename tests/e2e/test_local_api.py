@@ -100,9 +100,16 @@ def test_ready_line_and_state_file(local: LocalDeployment) -> None:
 
 # --- Files ------------------------------------------------------------------------------------
 def test_file_lifecycle(client: OpenAI) -> None:
-    created = exact(FileObject, body(client.files.with_raw_response.create(file=("input.jsonl", BATCH_LINES), purpose="batch")))
+    created = exact(
+        FileObject, body(client.files.with_raw_response.create(file=("input.jsonl", BATCH_LINES), purpose="batch"))
+    )
     assert created.id.startswith("file-")
-    assert (created.object, created.purpose, created.filename, created.status) == ("file", "batch", "input.jsonl", "processed")
+    assert (created.object, created.purpose, created.filename, created.status) == (
+        "file",
+        "batch",
+        "input.jsonl",
+        "processed",
+    )
     assert created.bytes == len(BATCH_LINES)
     assert created.expires_at == created.created_at + limits.BATCH_FILE_DEFAULT_EXPIRY_SECONDS
 
@@ -125,9 +132,16 @@ def test_file_lifecycle(client: OpenAI) -> None:
 
 
 def test_file_with_expiry_and_other_purpose(client: OpenAI) -> None:
-    created = exact(FileObject, body(client.files.with_raw_response.create(
-        file=("notes.txt", b"hello"), purpose="user_data", expires_after={"anchor": "created_at", "seconds": 3600},
-    )))
+    created = exact(
+        FileObject,
+        body(
+            client.files.with_raw_response.create(
+                file=("notes.txt", b"hello"),
+                purpose="user_data",
+                expires_after={"anchor": "created_at", "seconds": 3600},
+            )
+        ),
+    )
     assert created.purpose == "user_data"
     assert created.expires_at == created.created_at + 3600
     never = exact(FileObject, body(client.files.with_raw_response.create(file=("n.txt", b"x"), purpose="user_data")))
@@ -137,7 +151,8 @@ def test_file_with_expiry_and_other_purpose(client: OpenAI) -> None:
 def test_list_pages_in_both_orders_and_filters_by_purpose(fresh_client: OpenAI) -> None:
     client = fresh_client
     created = [
-        client.files.create(file=(f"f{i}.jsonl", BATCH_LINES), purpose="batch") if i % 2 == 0
+        client.files.create(file=(f"f{i}.jsonl", BATCH_LINES), purpose="batch")
+        if i % 2 == 0
         else client.files.create(file=(f"f{i}.txt", b"text %d" % i), purpose="user_data")
         for i in range(5)
     ]
@@ -188,9 +203,17 @@ def test_a_batch_file_is_judged_by_its_content_not_its_name(client: OpenAI) -> N
 def test_upload_in_parts_becomes_a_file(client: OpenAI) -> None:
     parts = [payload(300_000, seed) for seed in range(3)]
     data = b"".join(parts)
-    upload = exact(Upload, body(client.uploads.with_raw_response.create(
-        bytes=len(data), filename="parts.bin", mime_type="application/octet-stream", purpose="user_data",
-    )))
+    upload = exact(
+        Upload,
+        body(
+            client.uploads.with_raw_response.create(
+                bytes=len(data),
+                filename="parts.bin",
+                mime_type="application/octet-stream",
+                purpose="user_data",
+            )
+        ),
+    )
     assert (upload.status, upload.object, upload.bytes, upload.file) == ("pending", "upload", len(data), None)
 
     part_ids = []
@@ -199,19 +222,32 @@ def test_upload_in_parts_becomes_a_file(client: OpenAI) -> None:
         assert (created.object, created.upload_id) == ("upload.part", upload.id)
         part_ids.append(created.id)
 
-    completed = exact(Upload, body(client.uploads.with_raw_response.complete(
-        upload.id, part_ids=part_ids, md5=hashlib.md5(data).hexdigest(),
-    )))
+    completed = exact(
+        Upload,
+        body(
+            client.uploads.with_raw_response.complete(
+                upload.id,
+                part_ids=part_ids,
+                md5=hashlib.md5(data).hexdigest(),
+            )
+        ),
+    )
     assert (completed.id, completed.status) == (upload.id, "completed")
     assert completed.file is not None
-    assert (completed.file.bytes, completed.file.filename, completed.file.purpose) == (len(data), "parts.bin", "user_data")
+    assert (completed.file.bytes, completed.file.filename, completed.file.purpose) == (
+        len(data),
+        "parts.bin",
+        "user_data",
+    )
     assert exact(FileObject, body(client.files.with_raw_response.retrieve(completed.file.id))) == completed.file
     assert client.files.content(completed.file.id).content == data
 
 
 def test_upload_with_wrong_md5_is_rejected(client: OpenAI) -> None:
     data = payload(1000, 7)
-    upload = client.uploads.create(bytes=len(data), filename="x.bin", mime_type="application/octet-stream", purpose="user_data")
+    upload = client.uploads.create(
+        bytes=len(data), filename="x.bin", mime_type="application/octet-stream", purpose="user_data"
+    )
     part = client.uploads.parts.create(upload.id, data=data)
     with pytest.raises(openai.BadRequestError) as info:
         client.uploads.complete(upload.id, part_ids=[part.id], md5="0" * 32)
@@ -232,8 +268,13 @@ def test_large_file_uploads_in_chunks_and_downloads_streamed(client: OpenAI) -> 
     assert size > limits.DEFAULT_INLINE_CONTENT_LIMIT
     data = payload(size, 42)
     upload = client.uploads.upload_file_chunked(
-        file=data, filename="big.bin", bytes=size, mime_type="application/octet-stream", purpose="user_data",
-        part_size=4 * 1024 * 1024, md5=hashlib.md5(data).hexdigest(),
+        file=data,
+        filename="big.bin",
+        bytes=size,
+        mime_type="application/octet-stream",
+        purpose="user_data",
+        part_size=4 * 1024 * 1024,
+        md5=hashlib.md5(data).hexdigest(),
     )
     assert upload.status == "completed" and upload.file is not None
     assert upload.file.bytes == size
@@ -257,7 +298,9 @@ def download_name(disposition: str) -> str:
     return unquote(match.group(1), encoding="utf-8", errors="strict")
 
 
-@pytest.mark.parametrize("name", ["日本語 €.jsonl", 'say "hi"\r\n.jsonl', "😀\\.jsonl"], ids=["non-latin-1", "quote-crlf", "emoji-backslash"])
+@pytest.mark.parametrize(
+    "name", ["日本語 €.jsonl", 'say "hi"\r\n.jsonl', "😀\\.jsonl"], ids=["non-latin-1", "quote-crlf", "emoji-backslash"]
+)
 def test_hostile_file_names_never_drop_the_connection(client: OpenAI, name: str) -> None:
     created = client.files.create(file=(name, BATCH_LINES), purpose="batch")
     assert client.files.retrieve(created.id).filename == created.filename
@@ -271,7 +314,11 @@ def test_a_non_latin_1_name_downloads_streamed_with_its_name(client: OpenAI) -> 
     data = payload(size, 7)
     name = 'rapport "final" 日本語.bin'
     upload = client.uploads.upload_file_chunked(
-        file=data, filename=name, bytes=size, mime_type="application/octet-stream", purpose="user_data",
+        file=data,
+        filename=name,
+        bytes=size,
+        mime_type="application/octet-stream",
+        purpose="user_data",
         part_size=4 * 1024 * 1024,
     )
     assert upload.file is not None and upload.file.filename == name

@@ -20,7 +20,9 @@ from infra import names
 from tests.e2e.test_batches_e2e import CHUNK_LINES, chat_line, check_invariants, submit, wait
 
 pytestmark = [
-    pytest.mark.e2e, pytest.mark.engine, pytest.mark.slow,
+    pytest.mark.e2e,
+    pytest.mark.engine,
+    pytest.mark.slow,
     pytest.mark.local_only("kills the local deployment's worker and engine processes and reads its supervisor log"),
 ]
 
@@ -52,7 +54,9 @@ def wait_for_group(local_engines, kind: str, *, other_than: int | None = None) -
         if pid is not None and pid != other_than:
             return pid
         time.sleep(0.25)
-    raise AssertionError(f"no {kind} for {CHAT} (other than {other_than}) within {RESTART_TIMEOUT}s:\n{local_engines.log()}")
+    raise AssertionError(
+        f"no {kind} for {CHAT} (other than {other_than}) within {RESTART_TIMEOUT}s:\n{local_engines.log()}"
+    )
 
 
 @pytest.mark.parametrize("kind", ["worker", "engine"])

@@ -20,7 +20,7 @@ from .conftest import LocalDeployment, clean_env, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.local_only("plain http to a loopback receiver: the local deployment only")]
 
-RECEIVER = r'''
+RECEIVER = r"""
 import http.server, json, os, sys
 import openai
 sdk, secret, out = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9"), os.environ["SECRET"], os.environ["OUT"]
@@ -44,7 +44,7 @@ class Handle(http.server.BaseHTTPRequestHandler):
 server = http.server.HTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handle)
 print("READY", flush=True)
 server.serve_forever()
-'''
+"""
 
 
 def batchctl(local: LocalDeployment, *argv: str) -> str:
@@ -55,8 +55,10 @@ def batchctl(local: LocalDeployment, *argv: str) -> str:
 
 
 def deliveries(local: LocalDeployment, tenant: str, limit: int = 20) -> list[dict]:
-    return [json.loads(line) for line in batchctl(
-        local, "webhooks", "deliveries", "--tenant", tenant, "--limit", str(limit)).splitlines()]
+    return [
+        json.loads(line)
+        for line in batchctl(local, "webhooks", "deliveries", "--tenant", tenant, "--limit", str(limit)).splitlines()
+    ]
 
 
 def wait_for(what: str, check, timeout: float) -> object:
@@ -73,11 +75,26 @@ def test_a_receiver_down_for_the_first_attempt_gets_the_next_one_verified_by_the
 ) -> None:
     tenant = "webhooks-e2e"
     port = free_port()
-    created = json.loads(batchctl(local, "webhooks", "create", "--tenant", tenant,
-                                  "--url", f"http://127.0.0.1:{port}/hooks", "--events", "batch.failed"))
+    created = json.loads(
+        batchctl(
+            local,
+            "webhooks",
+            "create",
+            "--tenant",
+            tenant,
+            "--url",
+            f"http://127.0.0.1:{port}/hooks",
+            "--events",
+            "batch.failed",
+        )
+    )
     model = names.LOCAL_CHAT_MODEL
-    line = {"custom_id": "dup", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]}}
+    line = {
+        "custom_id": "dup",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": model, "messages": [{"role": "user", "content": "hi"}]},
+    }
     with local.client(local.new_key(tenant)) as sdk:
         upload = sdk.files.create(file=("in.jsonl", (json.dumps(line) + "\n") * 2), purpose="batch")
         batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -89,7 +106,9 @@ def test_a_receiver_down_for_the_first_attempt_gets_the_next_one_verified_by_the
 
     received = tmp_path / "received.jsonl"
     receiver = subprocess.Popen(
-        [sys.executable, "-c", RECEIVER], stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", RECEIVER],
+        stdout=subprocess.PIPE,
+        text=True,
         env=clean_env(PORT=str(port), SECRET=created["signing_secret"], OUT=str(received)),
     )
     try:
@@ -102,5 +121,7 @@ def test_a_receiver_down_for_the_first_attempt_gets_the_next_one_verified_by_the
     assert row["verified"] is True, row
     assert (row["type"], row["data_id"]) == ("batch.failed", batch.id)
     assert row["webhook_id"] == first[0]["webhook_id"]  # the same message, retried
-    log = wait_for("the delivered attempt", lambda: [a for a in deliveries(local, tenant) if a["outcome"] == "delivered"], 10)
+    log = wait_for(
+        "the delivered attempt", lambda: [a for a in deliveries(local, tenant) if a["outcome"] == "delivered"], 10
+    )
     assert [(a["attempt"], a["status_code"]) for a in log] == [(2, 200)]

@@ -381,8 +381,12 @@ class FakeKeys(_Port):
     def create(self, record: ApiKeyRecord) -> None:
         self._op("create")
         policy = self._tenants.policies.get(record.tenant) if self._tenants else None
-        if (record.key_hash in self.items or record.id in self.ids or (record.tenant, record.id) in self.listed
-                or (policy is not None and policy.disabled)):
+        if (
+            record.key_hash in self.items
+            or record.id in self.ids
+            or (record.tenant, record.id) in self.listed
+            or (policy is not None and policy.disabled)
+        ):
             raise condition_failed()
         self.items[record.key_hash] = record
         self.listed[(record.tenant, record.id)] = record.key_hash
@@ -419,7 +423,9 @@ class FakeKeys(_Port):
         self._op("set_disabled")
         if record.key_hash not in self.items:
             return False
-        self.items[record.key_hash] = self.items[record.key_hash].model_copy(update={"disabled": True if disabled else None})
+        self.items[record.key_hash] = self.items[record.key_hash].model_copy(
+            update={"disabled": True if disabled else None}
+        )
         return True
 
     def all_keys(self) -> list[ApiKeyRecord]:
@@ -544,8 +550,9 @@ class KeySigner:
     def public_key(self) -> bytes:
         from cryptography.hazmat.primitives import serialization
 
-        return self._key.public_key().public_bytes(serialization.Encoding.DER,
-                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+        return self._key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
 
 
 class FakeAuditLog(_Port):
@@ -563,8 +570,9 @@ class FakeAuditLog(_Port):
         self.chain = FakeAudit(faults, batches)
         self.worm = FakeWorm(faults)
         self.signer = KeySigner()
-        self.stores = AppenderStores(chain=self.chain, worm=self.worm, signer=self.signer, batches=batches,
-                                     objects=objects)
+        self.stores = AppenderStores(
+            chain=self.chain, worm=self.worm, signer=self.signer, batches=batches, objects=objects
+        )
         self.intents: list[Any] = []
 
     def record(self, intent: Any) -> None:
@@ -615,7 +623,9 @@ class FakeBatches(_Port):
         ids = sorted((i for (t, i) in self.items if t == tenant), reverse=True)
         if after is not None:
             ids = [i for i in ids if i < after]
-        return [BatchRecord.model_validate(copy.deepcopy(self.items[(tenant, i)])) for i in ids[:limit]], len(ids) > limit
+        return [BatchRecord.model_validate(copy.deepcopy(self.items[(tenant, i)])) for i in ids[:limit]], len(
+            ids
+        ) > limit
 
     def set(self, tenant: str, batch_id: str, **values: Any) -> BatchRecord:
         """Test setup: set attributes of a stored batch as they are (no fault, no condition, no
@@ -638,7 +648,8 @@ class FakeBatches(_Port):
                 raise condition_failed()
             sign = 1 if isinstance(counter, Reservation) else -1
             self.counters[(counter.tenant, counter.model)] = {
-                "requests": stored["requests"] + sign * counter.requests, "tokens": stored["tokens"] + sign * counter.tokens,
+                "requests": stored["requests"] + sign * counter.requests,
+                "tokens": stored["tokens"] + sign * counter.tokens,
             }
         new = _apply(item, dict(change.values), dict(change.defaults), dict(change.add), change.remove)
         record = BatchRecord.model_validate(new)  # the stored shape stays a valid record
@@ -651,10 +662,13 @@ class FakeBatches(_Port):
             self._files.items[(f.tenant, f.id)] = f
         return record
 
-    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+    def transition(
+        self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()
+    ) -> BatchRecord:
         self._op("transition")
-        return lifecycle.settle(change, lambda c: self._write(tenant, batch_id, c, files),
-                                lambda: self._peek(tenant, batch_id))
+        return lifecycle.settle(
+            change, lambda c: self._write(tenant, batch_id, c, files), lambda: self._peek(tenant, batch_id)
+        )
 
     def _peek(self, tenant: str, batch_id: str) -> BatchRecord | None:
         item = self.items.get((tenant, batch_id))
@@ -718,7 +732,9 @@ class FakeBatches(_Port):
         from functions.core.wire import TERMINAL_STATUSES
 
         open_items = [i for i in self.items.values() if i["status"] not in TERMINAL_STATUSES]
-        return [(i["tenant"], i["id"]) for i in sorted(open_items, key=lambda i: (i["expires_at"], i["tenant"], i["id"]))]
+        return [
+            (i["tenant"], i["id"]) for i in sorted(open_items, key=lambda i: (i["expires_at"], i["tenant"], i["id"]))
+        ]
 
 
 # --- Queues, workflows, events ----------------------------------------------------------------
@@ -921,8 +937,11 @@ class FakeWorm(_Port):
         from functions.core.anchor import WormObject
 
         self._op("originals")
-        return {k: WormObject(body=v[0], versions=len(v), hidden=k in self.hidden)
-                for k, v in sorted(self.versions.items()) if k.startswith(prefix)}
+        return {
+            k: WormObject(body=v[0], versions=len(v), hidden=k in self.hidden)
+            for k, v in sorted(self.versions.items())
+            if k.startswith(prefix)
+        }
 
     def overwrite(self, key: str, body: bytes) -> None:
         self.versions.setdefault(key, []).append(bytes(body))

@@ -63,8 +63,14 @@ def chat_answer(body: dict[str, Any], completion_tokens: int = 3, prompt_tokens:
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "model": body.get("model"),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo {content(body)}"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": f"echo {content(body)}"}, "finish_reason": "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
@@ -120,7 +126,9 @@ class FakeEngine:
         self.probes.append(request.path)
         if self.models_status != 200:
             return web.json_response({"error": {"message": "no models"}}, status=self.models_status)
-        return web.json_response({"object": "list", "data": [{"id": "test-chat", "object": "model", "max_model_len": 2048}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "test-chat", "object": "model", "max_model_len": 2048}]}
+        )
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -185,11 +193,13 @@ class FakeEngine:
     def stop(self) -> None:
         if self._loop is None or self._thread is None:
             return
+
         def release() -> None:
             for hang in self._hung:
                 if not hang.done():
                     hang.cancel()
             self._loop.stop()  # type: ignore[union-attr]
+
         self._loop.call_soon_threadsafe(release)
         self._thread.join(10)
         self._thread = None

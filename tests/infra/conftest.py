@@ -100,7 +100,9 @@ class Synth:
             for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
                 assert statement["Effect"] == "Allow"
                 actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-                resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+                resources = (
+                    statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+                )
                 pairs += [(a, json.dumps(r)) for a in actions for r in resources]
         return pairs
 

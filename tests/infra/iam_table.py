@@ -27,8 +27,7 @@ PURPOSE: dict[str, str] = {
     "Api/AuthorizerFunctionRole": "The API key authorizer (reads key items only)",
     "Api/RestApi/CloudWatchRole": "API Gateway's account-level role for its execution logs",
     "Audit/AppenderRole": "The audit appender: the only writer of audit chains and of token budgets",
-    "BucketNotificationsHandler050a0587b7544547bf325f094a3db834/Role":
-        "CDK's custom resource that sets the bucket's event notifications at deploy time",
+    "BucketNotificationsHandler050a0587b7544547bf325f094a3db834/Role": "CDK's custom resource that sets the bucket's event notifications at deploy time",
     "Ingest/DeadLetterFunctionRole": "The chunk DLQ consumer: fails a dead-lettered chunk's lines and counts it",
     "Ingest/FunctionRole": "Ingest: validates a batch's lines and enqueues its chunks",
     "Ingest/IngestDeadLetterFunctionRole": "The ingest DLQ consumer: fails a batch whose ingest kept failing",
@@ -127,8 +126,10 @@ def rows(stack: Any, template: dict[str, Any]) -> list[tuple[str, str, list[str]
         if role["Type"] != "AWS::IAM::Role":
             continue
         path = paths[role_id]
-        statements = [_cell("managed policy " + _account_arn(_render(arn, paths)).rsplit("/", 1)[-1])
-                      for arn in role["Properties"].get("ManagedPolicyArns", [])]
+        statements = [
+            _cell("managed policy " + _account_arn(_render(arn, paths)).rsplit("/", 1)[-1])
+            for arn in role["Properties"].get("ManagedPolicyArns", [])
+        ]
         for policy in resources.values():
             if policy["Type"] == "AWS::IAM::Policy" and {"Ref": role_id} in policy["Properties"]["Roles"]:
                 for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
@@ -148,7 +149,9 @@ def table_policy(stack: Any, template: dict[str, Any]) -> list[str]:
     out = []
     for s in policy["PolicyDocument"]["Statement"]:
         actions = _actions(_listed(s["Action"]))
-        out.append(f"| {s.get('Sid', '')} | {s['Effect']} | {_cell(actions)} | {_cell(_condition(s['Condition'], paths))} |")
+        out.append(
+            f"| {s.get('Sid', '')} | {s['Effect']} | {_cell(actions)} | {_cell(_condition(s['Condition'], paths))} |"
+        )
     return out
 
 
@@ -156,8 +159,16 @@ def render(stack: Any, template: dict[str, Any]) -> str:
     lines = [START, "", "| Role (construct path) | For | Allowed (each statement of its policies) |", "|---|---|---|"]
     for path, purpose, statements in rows(stack, template):
         lines.append(f"| `{path}` | {purpose} | {'<br>'.join(statements) or '(nothing)'} |")
-    lines += ["", "The table's resource policy (met by every principal, whatever its identity policy allows):", "",
-              "| Sid | Effect | Actions | When |", "|---|---|---|---|", *table_policy(stack, template), "", END]
+    lines += [
+        "",
+        "The table's resource policy (met by every principal, whatever its identity policy allows):",
+        "",
+        "| Sid | Effect | Actions | When |",
+        "|---|---|---|---|",
+        *table_policy(stack, template),
+        "",
+        END,
+    ]
     return "\n".join(lines)
 
 

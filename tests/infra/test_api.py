@@ -42,7 +42,10 @@ def test_every_v1_route_goes_through_the_authorizer_to_the_api_lambda(synth):
 
 
 def test_gateway_rejections_answer_openai_401_envelope(synth):
-    responses = {r["Properties"]["ResponseType"]: r["Properties"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()}
+    responses = {
+        r["Properties"]["ResponseType"]: r["Properties"]
+        for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()
+    }
     # A Deny comes only for a disabled tenant's key: OpenAI's deactivated-account answer.
     for kind, body in (("UNAUTHORIZED", UNAUTHORIZED_BODY), ("ACCESS_DENIED", DEACTIVATED_BODY)):
         assert responses[kind]["StatusCode"] == "401"
@@ -56,11 +59,16 @@ def test_gateway_rejections_answer_openai_401_envelope(synth):
 
 
 def test_other_gateway_errors_use_the_openai_envelope_too(synth):
-    responses = {r["Properties"]["ResponseType"]: r["Properties"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()}
+    responses = {
+        r["Properties"]["ResponseType"]: r["Properties"]
+        for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()
+    }
     for kind, error_type in (("DEFAULT_4XX", "invalid_request_error"), ("DEFAULT_5XX", "server_error")):
         template = responses[kind]["ResponseTemplates"]["application/json"]
         # What API Gateway renders, with its message (a JSON string) substituted in.
-        rendered = json.loads(template.replace("$context.error.messageString", json.dumps("Missing Authentication Token")))
+        rendered = json.loads(
+            template.replace("$context.error.messageString", json.dumps("Missing Authentication Token"))
+        )
         assert rendered == {
             "error": {"message": "Missing Authentication Token", "type": error_type, "param": None, "code": None}
         }
@@ -91,7 +99,10 @@ def test_api_url_is_the_stage_url(synth):
 
 
 def _gateway_responses(synth):
-    return {r["Properties"]["ResponseType"]: r["Properties"] for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()}
+    return {
+        r["Properties"]["ResponseType"]: r["Properties"]
+        for r in synth.resources("AWS::ApiGateway::GatewayResponse").values()
+    }
 
 
 def _render(template: str, gateway_message: str) -> dict:
@@ -102,8 +113,16 @@ def _render(template: str, gateway_message: str) -> dict:
 def test_every_gateway_response_carries_the_request_id_and_json(synth):
     responses = _gateway_responses(synth)
     assert set(responses) >= {
-        "UNAUTHORIZED", "ACCESS_DENIED", "AUTHORIZER_FAILURE", "AUTHORIZER_CONFIGURATION_ERROR", "THROTTLED",
-        "QUOTA_EXCEEDED", "REQUEST_TOO_LARGE", "INTEGRATION_TIMEOUT", "DEFAULT_4XX", "DEFAULT_5XX",
+        "UNAUTHORIZED",
+        "ACCESS_DENIED",
+        "AUTHORIZER_FAILURE",
+        "AUTHORIZER_CONFIGURATION_ERROR",
+        "THROTTLED",
+        "QUOTA_EXCEEDED",
+        "REQUEST_TOO_LARGE",
+        "INTEGRATION_TIMEOUT",
+        "DEFAULT_4XX",
+        "DEFAULT_5XX",
     }
     for kind, props in responses.items():
         params = props["ResponseParameters"]
@@ -114,7 +133,10 @@ def test_every_gateway_response_carries_the_request_id_and_json(synth):
         assert body["error"]["message"], kind
 
 
-@pytest.mark.parametrize(("kind", "code", "retry_after"), [("THROTTLED", "rate_limit_exceeded", "'1'"), ("QUOTA_EXCEEDED", "quota_exceeded", "'60'")])
+@pytest.mark.parametrize(
+    ("kind", "code", "retry_after"),
+    [("THROTTLED", "rate_limit_exceeded", "'1'"), ("QUOTA_EXCEEDED", "quota_exceeded", "'60'")],
+)
 def test_throttling_is_a_429_rate_limit_error_with_retry_after(synth, kind, code, retry_after):
     props = _gateway_responses(synth)[kind]
     assert props["StatusCode"] == "429"

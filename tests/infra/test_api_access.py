@@ -53,8 +53,14 @@ def test_the_authorizer_reads_key_items_and_nothing_else(synth):
     key = ApiKeyRecord(key_hash=KEY_HASH, tenant="acme", created_at=1, hint="abcd")
     assert granted(statements, "dynamodb:GetItem", [key.keys()[schema.PK]])
     others = [
-        key.listing_item()[schema.PK], key.id_item()[schema.PK], schema.TENANTS_PK, schema.tenant_pk("acme"),
-        schema.batches_pk("acme"), schema.audit_pk("acme"), schema.stored_pk("acme"), "IDEMPOTENCY#create_batch#key",
+        key.listing_item()[schema.PK],
+        key.id_item()[schema.PK],
+        schema.TENANTS_PK,
+        schema.tenant_pk("acme"),
+        schema.batches_pk("acme"),
+        schema.audit_pk("acme"),
+        schema.stored_pk("acme"),
+        "IDEMPOTENCY#create_batch#key",
     ]
     for pk in others:
         assert not granted(statements, "dynamodb:GetItem", [pk]), pk
@@ -69,15 +75,29 @@ def test_the_api_writes_its_own_partitions_never_keys_or_policies(synth):
     policy_pk = TenantPolicy(tenant="acme").to_item()[schema.PK]
     # Keys, their listings and ids, policies: the operator's. Budgets, enqueued counters, chunk
     # partitions, webhook records, the scaler's state: other roles'.
-    for pk in (key.keys()[schema.PK], key.listing_item()[schema.PK], key.id_item()[schema.PK], policy_pk,
-               schema.budget_pk("acme"), schema.enqueued_pk("acme"), schema.chunks_pk("acme", "batch_x"),
-               webhooks_pk("acme"), schema.scaler_pk("m")):
+    for pk in (
+        key.keys()[schema.PK],
+        key.listing_item()[schema.PK],
+        key.id_item()[schema.PK],
+        policy_pk,
+        schema.budget_pk("acme"),
+        schema.enqueued_pk("acme"),
+        schema.chunks_pk("acme", "batch_x"),
+        webhooks_pk("acme"),
+        schema.scaler_pk("m"),
+    ):
         for action in WRITES:
             assert not granted(statements, action, [pk]), (action, pk)
     # A transaction naming one of its partitions and a key item is denied as a whole.
     assert not granted(statements, "dynamodb:PutItem", [schema.tenant_pk("acme"), key.keys()[schema.PK]])
-    for pk in (schema.tenant_pk("acme"), schema.batches_pk("acme"), schema.creations_pk("acme"),
-               schema.requests_pk("acme"), schema.stored_pk("acme"), "IDEMPOTENCY#create_batch#key"):
+    for pk in (
+        schema.tenant_pk("acme"),
+        schema.batches_pk("acme"),
+        schema.creations_pk("acme"),
+        schema.requests_pk("acme"),
+        schema.stored_pk("acme"),
+        "IDEMPOTENCY#create_batch#key",
+    ):
         for action in WRITES:
             assert granted(statements, action, [pk]), (action, pk)
     # The audit chains: only the appender writes them (the API sends it intents).
@@ -103,13 +123,18 @@ def test_the_reaper_releases_stored_bytes_and_touches_nothing_else(synth):
 
 
 def test_the_reaper_is_invoked_for_files_and_for_uploads_that_held_stored_bytes(synth):
-    (mapping,) = [m for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
-                  if m["Properties"]["FunctionName"] == {"Ref": synth.logical_id(synth.stack.reaper.function)}]
+    (mapping,) = [
+        m
+        for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": synth.logical_id(synth.stack.reaper.function)}
+    ]
     patterns = [f["Pattern"] for f in mapping["Properties"]["FilterCriteria"]["Filters"]]
     assert [json.loads(p) for p in patterns] == [
         {"eventName": ["REMOVE"], "dynamodb": {"OldImage": {"sk": {"S": [{"prefix": "FILE#"}]}}}},
-        {"eventName": ["REMOVE"], "dynamodb": {"OldImage": {"sk": {"S": [{"prefix": "UPLOAD#"}]},
-                                                            "holds_storage": {"BOOL": [True]}}}},
+        {
+            "eventName": ["REMOVE"],
+            "dynamodb": {"OldImage": {"sk": {"S": [{"prefix": "UPLOAD#"}]}, "holds_storage": {"BOOL": [True]}}},
+        },
     ]
 
 
@@ -150,12 +175,16 @@ def test_every_table_request_of_the_api_and_the_authorizer_is_allowed(synth, cli
     with pytest.raises(openai.BadRequestError):  # over the quota: refused
         client.files.create(file=("big.txt", b"x" * 150), purpose="user_data")
     upload = client.uploads.create(bytes=4, filename="u.jsonl", mime_type="text/jsonl", purpose="batch")
-    part = client.uploads.parts.create(upload.id, data=b'{}\n\n')
+    part = client.uploads.parts.create(upload.id, data=b"{}\n\n")
     client.uploads.complete(upload.id, part_ids=[part.id])
     cancelled = client.uploads.create(bytes=4, filename="c.jsonl", mime_type="text/jsonl", purpose="batch")
     client.uploads.cancel(cancelled.id)
-    batch = client.batches.create(input_file_id=batch_file.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  extra_headers={"Idempotency-Key": "k1"})
+    batch = client.batches.create(
+        input_file_id=batch_file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_headers={"Idempotency-Key": "k1"},
+    )
     client.batches.retrieve(batch.id)
     client.batches.cancel(batch.id)
     recorder.on = False
@@ -165,13 +194,20 @@ def test_every_table_request_of_the_api_and_the_authorizer_is_allowed(synth, cli
     authorizer_statements = _statements(synth, synth.stack.api.authorizer_function)
     assert [(a, k) for a, k in authorizer if not granted(authorizer_statements, a, k)] == []
     api_statements = _statements(synth, synth.stack.api.api_function)
-    denied = [(a, k) for a, k in api if not granted(api_statements, a.removesuffix("(index)"), k, index=a.endswith("(index)"))]
+    denied = [
+        (a, k) for a, k in api if not granted(api_statements, a.removesuffix("(index)"), k, index=a.endswith("(index)"))
+    ]
     assert denied == []
     touched = {k for _, keys_ in api for k in keys_}
     # The paths these rights exist for were taken: the request counter, the ledger, idempotency,
     # and the policy read.
-    for pk in (schema.requests_pk("acme"), schema.stored_pk("acme"), schema.TENANTS_PK,
-               schema.tenant_pk("acme"), schema.batches_pk("acme")):
+    for pk in (
+        schema.requests_pk("acme"),
+        schema.stored_pk("acme"),
+        schema.TENANTS_PK,
+        schema.tenant_pk("acme"),
+        schema.batches_pk("acme"),
+    ):
         assert pk in touched, pk
     assert any(k.startswith("IDEMPOTENCY#") for k in touched)
     assert not any(k.startswith(("KEY#", "KEYID#")) or k.endswith("#KEYS") for k in touched)

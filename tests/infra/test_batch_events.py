@@ -65,8 +65,11 @@ def test_only_the_admitted_roles_may_put_events_anywhere(synth):
 
 def test_the_webhook_and_the_batch_events_log_rules_are_on_the_bus(synth):
     bus_id, _ = _bus(synth)
-    rules = {k: r["Properties"] for k, r in synth.resources("AWS::Events::Rule").items()
-             if r["Properties"].get("EventPattern", {}).get("source") == ["batch-api"]}
+    rules = {
+        k: r["Properties"]
+        for k, r in synth.resources("AWS::Events::Rule").items()
+        if r["Properties"].get("EventPattern", {}).get("source") == ["batch-api"]
+    }
     webhook_rule = synth.logical_id(synth.stack.webhooks.rule)
     assert webhook_rule in rules and len(rules) == 2  # the webhook fan-out, the batch events log
     assert all(r["EventBusName"] == {"Ref": bus_id} for r in rules.values())

@@ -32,7 +32,6 @@ def test_cdk_nag_ran_and_every_acknowledgment_has_a_reason(synth):
     assert all(len(ids) < len(synth.json["Resources"]) / 2 for ids in acknowledged.values())
 
 
-
 def test_validation_report_is_written_and_every_plugin_passed(synth):
     # CDK writes this report when it runs validation plugins (cdk-nag here); no report is a failure.
     path = synth.outdir / "validation-report.json"
@@ -54,7 +53,10 @@ def test_a_finding_fails_the_synth_and_is_in_the_report(tmp_path):
     (plugin,) = report["pluginReports"]
     assert (plugin["pluginName"], plugin["conclusion"]) == ("AwsSolutions", "failure")
     found = {(v["ruleName"], c["constructPath"]) for v in plugin["violations"] for c in v["violatingConstructs"]}
-    assert found == {("AwsSolutions-SQS3", "BatchApi/Unsafe/Resource"), ("AwsSolutions-SQS4", "BatchApi/Unsafe/Resource")}
+    assert found == {
+        ("AwsSolutions-SQS3", "BatchApi/Unsafe/Resource"),
+        ("AwsSolutions-SQS4", "BatchApi/Unsafe/Resource"),
+    }
 
 
 def test_cfn_lint_is_clean(synth):

@@ -26,7 +26,9 @@ def test_no_config_gives_safe_scale_to_zero_defaults():
 
 def test_settings_carry_each_models_queue_and_the_workflow():
     cfg = config.parse({"models": [{"name": "chat"}, {"name": "embed", "endpoints": ["/v1/embeddings"]}]})
-    settings = cfg.settings(table_name="t", bucket_name="b", queue_urls={"chat": "q1", "embed": "q2"}, state_machine_arn="sm")
+    settings = cfg.settings(
+        table_name="t", bucket_name="b", queue_urls={"chat": "q1", "embed": "q2"}, state_machine_arn="sm"
+    )
     assert settings.models == {
         "chat": ModelRoute(endpoints=config.DEFAULT_MODEL_ENDPOINTS, queue_url="q1"),
         "embed": ModelRoute(endpoints=("/v1/embeddings",), queue_url="q2"),
@@ -56,7 +58,11 @@ def test_yaml_file(tmp_path):
     assert cfg.removal_policy == "destroy" and cfg.log_retention_days == 14
     (model,) = cfg.models
     assert (model.name, model.instance_type, model.min_instances, model.max_instances, model.spot) == (
-        "m1", "g5.xlarge", 1, 3, True,
+        "m1",
+        "g5.xlarge",
+        1,
+        3,
+        True,
     )
     assert model.engine_args == ("--max-model-len", "4096")
     settings = cfg.settings(table_name="t", bucket_name="b")
@@ -79,22 +85,65 @@ INVALID = [
     ({"limits": {"max_file_bytes": 0}}, ("limits", "max_file_bytes"), "greater than 0"),  # Settings' bounds
     ({"log_retention_days": 10}, ("log_retention_days",), "log_retention_days must be one of"),  # not CloudWatch's
     ({"account": "123456789012"}, (), "set both account and region"),
-    ({"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]}, ("models", 0), "max_instances < min_instances"),
+    (
+        {"models": [{"name": "m", "min_instances": 2, "max_instances": 1}]},
+        ("models", 0),
+        "max_instances < min_instances",
+    ),
     ({"models": [{"name": "m"}, {"name": "m"}]}, ("models",), "model names must be unique"),
-    ({"models": [{"name": "m", "endpoints": ["/v1/moderations"]}]}, (), "endpoints ['/v1/moderations'] are not in allowed_endpoints"),
+    (
+        {"models": [{"name": "m", "endpoints": ["/v1/moderations"]}]},
+        (),
+        "endpoints ['/v1/moderations'] are not in allowed_endpoints",
+    ),
     ({"models": [{"name": "m", "endpoints": []}]}, ("models", 0, "endpoints"), "at least 1 item"),
-    ({"models": [{"name": "m", "engine_args": ["--max-model-len 8192"]}]}, ("models", 0, "engine_args"), "no whitespace inside one"),
-    ({"models": [{"name": "m", "worker": {"queue_url": "x"}}]}, ("models", 0, "worker"), "unknown worker settings ['queue_url']"),
-    ({"models": [{"name": "m", "worker": {"no_such_knob": 1}}]}, ("models", 0, "worker"), "unknown worker settings ['no_such_knob']"),
-    ({"models": [{"name": "m", "worker": {"max_in_flight": -1}}]}, ("models", 0, "worker", "max_in_flight"), "greater than or equal to 0"),
-    ({"models": [{"name": "m", "spot": True, "on_demand_base": 2, "max_instances": 1}]}, ("models", 0), "on_demand_base > max_instances"),
+    (
+        {"models": [{"name": "m", "engine_args": ["--max-model-len 8192"]}]},
+        ("models", 0, "engine_args"),
+        "no whitespace inside one",
+    ),
+    (
+        {"models": [{"name": "m", "worker": {"queue_url": "x"}}]},
+        ("models", 0, "worker"),
+        "unknown worker settings ['queue_url']",
+    ),
+    (
+        {"models": [{"name": "m", "worker": {"no_such_knob": 1}}]},
+        ("models", 0, "worker"),
+        "unknown worker settings ['no_such_knob']",
+    ),
+    (
+        {"models": [{"name": "m", "worker": {"max_in_flight": -1}}]},
+        ("models", 0, "worker", "max_in_flight"),
+        "greater than or equal to 0",
+    ),
+    (
+        {"models": [{"name": "m", "spot": True, "on_demand_base": 2, "max_instances": 1}]},
+        ("models", 0),
+        "on_demand_base > max_instances",
+    ),
     ({"models": [{"name": "m", "volume_gib": 10}]}, ("models", 0, "volume_gib"), "greater than or equal to 30"),
-    ({"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567"], "availability_zones": []}},
-     ("network", "availability_zones"), "at least 1 item"),
-    ({"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567", "subnet-89abcdef"],
-                  "availability_zones": ["eu-west-1a"]}}, ("network",), "one availability zone per subnet id"),
-    ({"network": {"vpc_id": "vpc-1", "subnet_ids": ["subnet-01234567"], "availability_zones": ["eu-west-1a"]}},
-     ("network", "vpc_id"), "should match pattern"),
+    (
+        {"network": {"vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-01234567"], "availability_zones": []}},
+        ("network", "availability_zones"),
+        "at least 1 item",
+    ),
+    (
+        {
+            "network": {
+                "vpc_id": "vpc-0123456789abcdef0",
+                "subnet_ids": ["subnet-01234567", "subnet-89abcdef"],
+                "availability_zones": ["eu-west-1a"],
+            }
+        },
+        ("network",),
+        "one availability zone per subnet id",
+    ),
+    (
+        {"network": {"vpc_id": "vpc-1", "subnet_ids": ["subnet-01234567"], "availability_zones": ["eu-west-1a"]}},
+        ("network", "vpc_id"),
+        "should match pattern",
+    ),
     ({"removal_policy": "snapshot"}, ("removal_policy",), "'retain' or 'destroy'"),
     ({"unknown_key": 1}, ("unknown_key",), "Extra inputs are not permitted"),
 ]

@@ -14,15 +14,21 @@ def test_every_role_is_described(synth):
 
 def test_the_documented_table_is_the_synthesized_one(synth):
     assert iam_table.documented() == iam_table.render(synth.stack, synth.json), (
-        "docs/security.md's IAM table differs from the stack: run python -m tests.infra.iam_table --write")
+        "docs/security.md's IAM table differs from the stack: run python -m tests.infra.iam_table --write"
+    )
 
 
 def test_the_table_shows_the_narrowing_that_matters(synth):
     """Spot checks of what the table must say (so a rendering that drops conditions fails)."""
     text = iam_table.documented()
     row = {path: cells for path, _, cells in iam_table.rows(synth.stack, synth.json)}
-    assert any("dynamodb:GetItem on <Storage/Table> if ForAllValues:StringLike dynamodb:LeadingKeys [KEY#*]" in c
-               for c in row["Api/AuthorizerFunctionRole"])
+    assert any(
+        "dynamodb:GetItem on <Storage/Table> if ForAllValues:StringLike dynamodb:LeadingKeys [KEY#*]" in c
+        for c in row["Api/AuthorizerFunctionRole"]
+    )
     worker = " ".join(row["Workers/Model0/Task/TaskRole"])
-    assert "T#*#BUDGET" in worker and "dynamodb:GetItem on <Storage/Table> if ForAllValues:StringLike dynamodb:LeadingKeys [T#*#BUDGET]" in worker
+    assert (
+        "T#*#BUDGET" in worker
+        and "dynamodb:GetItem on <Storage/Table> if ForAllValues:StringLike dynamodb:LeadingKeys [T#*#BUDGET]" in worker
+    )
     assert "BudgetsAppenderOnly" in text and "AuditAppenderOnly" in text

@@ -49,12 +49,18 @@ def test_notification_filter_matches_only_what_ingest_handles(key, notified):
 
 def test_s3_may_send_to_the_ingest_queue_from_this_bucket_only(synth):
     queue = synth.logical_id(synth.stack.ingest.ingest_queue)
-    policies = [p["Properties"] for p in synth.resources("AWS::SQS::QueuePolicy").values() if {"Ref": queue} in p["Properties"]["Queues"]]
+    policies = [
+        p["Properties"]
+        for p in synth.resources("AWS::SQS::QueuePolicy").values()
+        if {"Ref": queue} in p["Properties"]["Queues"]
+    ]
     statements = [s for p in policies for s in p["PolicyDocument"]["Statement"]]
     (allow,) = [s for s in statements if s["Effect"] == "Allow"]
     assert allow["Principal"] == {"Service": "s3.amazonaws.com"}
     assert "sqs:SendMessage" in allow["Action"]
-    assert allow["Condition"]["ArnLike"]["aws:SourceArn"] == {"Fn::GetAtt": [synth.logical_id(synth.stack.storage.bucket), "Arn"]}
+    assert allow["Condition"]["ArnLike"]["aws:SourceArn"] == {
+        "Fn::GetAtt": [synth.logical_id(synth.stack.storage.bucket), "Arn"]
+    }
 
 
 def test_every_queue_is_encrypted_and_tls_only(synth):
@@ -80,7 +86,10 @@ def test_ingest_queue_named_and_redriven_like_the_local_deployment(synth):
     assert name == "BatchApi-ingest"  # the stack is named BatchApi (docs/deploy.md)
     _, queue = named[name]
     dlq_id, dlq = named[names.dead_letter_queue_name(name)]
-    assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}, "maxReceiveCount": names.INGEST_MAX_RECEIVES}
+    assert queue["RedrivePolicy"] == {
+        "deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]},
+        "maxReceiveCount": names.INGEST_MAX_RECEIVES,
+    }
     # A message must not reappear while its invocation still runs (AWS: >= 6 x the timeout).
     assert queue["VisibilityTimeout"] >= 6 * _functions(synth)["ingest"][1]["Timeout"]
     assert dlq["MessageRetentionPeriod"] == 14 * 86_400 and "RedrivePolicy" not in dlq
@@ -103,8 +112,12 @@ def test_one_work_queue_and_dlq_per_model(synth):
         # A batch may wait its whole completion window (24 h) for a GPU.
         assert queue["MessageRetentionPeriod"] >= 86_400
         assert len(name) <= 80 and len(names.dead_letter_queue_name(name)) <= 80  # SQS: names up to 80 characters
-    assert set(named) >= {"BatchApi-work-org-Chat-Model-7B", "BatchApi-work-org-Chat-Model-7B-dlq",
-                          "BatchApi-work-embed-small", "BatchApi-work-embed-small-dlq"}
+    assert set(named) >= {
+        "BatchApi-work-org-Chat-Model-7B",
+        "BatchApi-work-org-Chat-Model-7B-dlq",
+        "BatchApi-work-embed-small",
+        "BatchApi-work-embed-small-dlq",
+    }
 
 
 def _mappings(synth) -> dict[str, dict]:
@@ -153,6 +166,9 @@ def test_the_validating_deadline_lies_past_the_ingest_events_whole_retry_life(sy
     the ingest queue has given up on its event (every receive's visibility, and the last run)."""
     named = _named_queues(synth)
     _, queue = named[names.ingest_queue_name(names.STACK_NAME)]
-    life = queue["RedrivePolicy"]["maxReceiveCount"] * queue["VisibilityTimeout"] + _functions(synth)["ingest"][1]["Timeout"]
+    life = (
+        queue["RedrivePolicy"]["maxReceiveCount"] * queue["VisibilityTimeout"]
+        + _functions(synth)["ingest"][1]["Timeout"]
+    )
     assert life == 5 * 3_600 + 600
     assert synth.stack.settings.validating_timeout_seconds > life

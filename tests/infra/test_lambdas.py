@@ -50,18 +50,24 @@ def expected_settings_env(synth) -> dict[str, str]:
     """``Settings.to_env()`` of the deployment, with its resources as template placeholders."""
     queues = synth.stack.ingest.work_queues
     arn = f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:{names.state_machine_name(names.STACK_NAME)}"
-    return synth.config.settings(
-        table_name=f"<{synth.one('AWS::DynamoDB::Table')[0]}>",
-        bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
-        queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
-        state_machine_arn=arn,
-        event_bus_name=names.event_bus_name(names.STACK_NAME),  # the stack's bus, by its name
-    ).model_copy(update={
-        "assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>",
-        "webhook_queue_url": f"<{synth.logical_id(synth.stack.webhooks.queue)}>",
-        "webhook_dead_letter_queue_url": f"<{synth.logical_id(synth.stack.webhooks.dead_letters)}>",
-        "audit_queue_url": f"<{synth.logical_id(synth.stack.audit.queue)}>",
-    }).to_env()
+    return (
+        synth.config.settings(
+            table_name=f"<{synth.one('AWS::DynamoDB::Table')[0]}>",
+            bucket_name=f"<{synth.logical_id(synth.stack.storage.bucket)}>",
+            queue_urls={name: f"<{synth.logical_id(queue)}>" for name, queue in queues.items()},
+            state_machine_arn=arn,
+            event_bus_name=names.event_bus_name(names.STACK_NAME),  # the stack's bus, by its name
+        )
+        .model_copy(
+            update={
+                "assembly_queue_url": f"<{synth.logical_id(synth.stack.uploads.queue)}>",
+                "webhook_queue_url": f"<{synth.logical_id(synth.stack.webhooks.queue)}>",
+                "webhook_dead_letter_queue_url": f"<{synth.logical_id(synth.stack.webhooks.dead_letters)}>",
+                "audit_queue_url": f"<{synth.logical_id(synth.stack.audit.queue)}>",
+            }
+        )
+        .to_env()
+    )
 
 
 def _asset_dir(synth) -> Path:
@@ -87,7 +93,9 @@ def test_environment_is_exactly_settings_to_env(synth):
         env = {k: synth.render(v) for k, v in props["Environment"]["Variables"].items()}
         if label == "audit_append":  # the one function that knows the locked bucket and the signing key
             assert env.pop(Settings.env_name("audit_bucket_name")) == f"<{synth.logical_id(synth.stack.audit.bucket)}>"
-            assert env.pop(Settings.env_name("audit_signing_key_id")) == f"<{synth.logical_id(synth.stack.audit.key)}.Arn>"
+            assert (
+                env.pop(Settings.env_name("audit_signing_key_id")) == f"<{synth.logical_id(synth.stack.audit.key)}.Arn>"
+            )
             env[Settings.env_name("audit_bucket_name")] = env[Settings.env_name("audit_signing_key_id")] = ""
         assert env == expected, label
 
@@ -111,7 +119,9 @@ def test_code_asset_is_functions_package_with_aarch64_dependencies(synth):
     # The compiled dependency was picked for the Lambda runtime, not for this machine.
     (core,) = (asset / "pydantic_core").glob("_pydantic_core.*.so")
     assert core.name.endswith("cpython-312-aarch64-linux-gnu.so")
-    installed = {d.metadata["Name"].lower().replace("_", "-") for d in importlib.metadata.distributions(path=[str(asset)])}
+    installed = {
+        d.metadata["Name"].lower().replace("_", "-") for d in importlib.metadata.distributions(path=[str(asset)])
+    }
     for requirement in lambdas.runtime_requirements():
         name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
         assert name in installed, requirement
@@ -120,7 +130,8 @@ def test_code_asset_is_functions_package_with_aarch64_dependencies(synth):
 
 def test_reaper_reads_remove_events_of_file_items_and_of_uploads_holding_stored_bytes(synth):
     (props,) = [
-        m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        m["Properties"]
+        for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
         if m["Properties"]["FunctionName"] == {"Ref": _functions(synth)["reaper"][0]}
     ]
     assert props["EventSourceArn"] == {"Fn::GetAtt": [synth.one("AWS::DynamoDB::Table")[0], "StreamArn"]}
@@ -175,8 +186,15 @@ def _log_and_trace_only(pairs, log_group_id):
 def test_api_lambda_reads_and_writes_table_and_bucket(synth, ids):
     pairs = _permissions(synth, "api")
     table_actions = {a for a, r in pairs if r == _ref(ids["table"])}
-    assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
-            "dynamodb:Query", "dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem"} <= table_actions
+    assert {
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:Query",
+        "dynamodb:BatchGetItem",
+        "dynamodb:ConditionCheckItem",
+    } <= table_actions
     object_actions = {a for a, r in pairs if r == _objects(ids["bucket"])}
     assert {"s3:PutObject", "s3:GetObject*", "s3:DeleteObject*", "s3:Abort*"} <= object_actions
     assert "s3:List*" in {a for a, r in pairs if r == _ref(ids["bucket"])}
@@ -188,7 +206,9 @@ def test_api_lambda_reads_and_writes_table_and_bucket(synth, ids):
     # intents (docs/audit.md: SendMessage only)
     audit_queue = _ref(synth.logical_id(synth.stack.audit.queue))
     assert {r for a, r in pairs if a.startswith("sqs:")} == {
-        json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]}), audit_queue}
+        json.dumps({"Fn::GetAtt": [synth.logical_id(synth.stack.uploads.queue), "Arn"]}),
+        audit_queue,
+    }
     assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
     assert "s3:PutObjectAcl" not in object_actions
 
@@ -206,10 +226,13 @@ def test_reaper_can_only_delete_objects_and_release_stored_bytes(synth, ids):
     stream = _ref(ids["table"], "StreamArn")
     dynamo = {(a, r) for a, r in pairs if a.startswith("dynamodb:")}
     assert dynamo == {
-        ("dynamodb:DescribeStream", stream), ("dynamodb:GetRecords", stream), ("dynamodb:GetShardIterator", stream),
+        ("dynamodb:DescribeStream", stream),
+        ("dynamodb:GetRecords", stream),
+        ("dynamodb:GetShardIterator", stream),
         ("dynamodb:ListStreams", '"*"'),  # no resource-level permissions for ListStreams
         # A release on the stored-bytes ledger (items of T#*#STORAGE only: tests/infra/test_api_access.py).
-        ("dynamodb:DeleteItem", _ref(ids["table"], "Arn")), ("dynamodb:UpdateItem", _ref(ids["table"], "Arn")),
+        ("dynamodb:DeleteItem", _ref(ids["table"], "Arn")),
+        ("dynamodb:UpdateItem", _ref(ids["table"], "Arn")),
     }
     dlq = _ref(synth.logical_id(synth.stack.reaper.dead_letters))
     assert {r for a, r in pairs if a.startswith("sqs:")} == {dlq}
@@ -235,8 +258,14 @@ def _batch_bus(synth, pairs) -> set[str]:
 
 
 READ = {"s3:GetObject*", "s3:GetBucket*", "s3:List*"}
-PUT = {"s3:PutObject", "s3:PutObjectLegalHold", "s3:PutObjectRetention", "s3:PutObjectTagging",
-       "s3:PutObjectVersionTagging", "s3:Abort*"}
+PUT = {
+    "s3:PutObject",
+    "s3:PutObjectLegalHold",
+    "s3:PutObjectRetention",
+    "s3:PutObjectTagging",
+    "s3:PutObjectVersionTagging",
+    "s3:Abort*",
+}
 
 
 def _s3(pairs) -> dict[str, set[str]]:
@@ -318,7 +347,9 @@ def test_ingest_dlq_handler_consumes_the_ingest_dlq_reads_manifests_enqueues_and
     pairs = _permissions(synth, "ingest_dlq")
     bucket = ids["bucket"]
     assert _s3(pairs) == {_ref(bucket): READ, _keys(bucket, "batches/*/*/chunks.json"): READ}
-    assert {r for a, r in pairs if a == "sqs:ReceiveMessage"} == {_ref(synth.logical_id(synth.stack.ingest.ingest_dead_letters))}
+    assert {r for a, r in pairs if a == "sqs:ReceiveMessage"} == {
+        _ref(synth.logical_id(synth.stack.ingest.ingest_dead_letters))
+    }
     work_queues = {_ref(synth.logical_id(q)) for q in synth.stack.ingest.work_queues.values()}
     assert {r for a, r in pairs if a == "sqs:SendMessage"} == work_queues
     assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:StartExecution", _state_machine(synth))}

@@ -16,8 +16,7 @@ from .test_lambdas import HANDLERS, ours
 def _alarms(synth) -> dict[str, dict]:
     """The Monitoring construct's alarms (the scaling alarms of the GPU services aside)."""
     return {
-        k: r["Properties"] for k, r in synth.resources("AWS::CloudWatch::Alarm").items()
-        if k.startswith("Monitoring")
+        k: r["Properties"] for k, r in synth.resources("AWS::CloudWatch::Alarm").items() if k.startswith("Monitoring")
     }
 
 
@@ -53,7 +52,8 @@ def test_dead_letter_queues_alarm_on_their_first_message(synth):
     visible = {_queue_dimension(synth, p) for p in alarms if p["MetricName"] == "ApproximateNumberOfMessagesVisible"}
     # Nobody drains these two: a message in them alarms.
     assert visible == {
-        synth.logical_id(synth.stack.ingest.ingest_dead_letters), synth.logical_id(synth.stack.reaper.dead_letters),
+        synth.logical_id(synth.stack.ingest.ingest_dead_letters),
+        synth.logical_id(synth.stack.reaper.dead_letters),
         synth.logical_id(synth.stack.sweeper.dead_letters),  # schedule ticks that never reached the sweeper
         synth.logical_id(synth.stack.workers.scaler.dead_letters),  # scaler invocations never delivered
         synth.logical_id(synth.stack.audit.dead_letters),  # audit intents the appender gave up on
@@ -74,7 +74,9 @@ def test_dead_letter_queues_alarm_on_their_first_message(synth):
 
 
 def test_work_queues_alarm_on_their_oldest_message(synth):
-    alarms = [p for p in _alarms(synth).values() if "Namespace" in p and p["MetricName"] == "ApproximateAgeOfOldestMessage"]
+    alarms = [
+        p for p in _alarms(synth).values() if "Namespace" in p and p["MetricName"] == "ApproximateAgeOfOldestMessage"
+    ]
     by_queue = {_queue_dimension(synth, p): p["Threshold"] for p in alarms}
     for queue in synth.stack.ingest.work_queues.values():
         assert by_queue[synth.logical_id(queue)] == 3 * 3600  # docs/deploy.md: "oldest chunk waiting 3 hours"
@@ -96,8 +98,10 @@ def _batch_events_rule(synth):
     webhooks' rule, tests/infra/test_webhooks.py, aside)."""
     webhooks = synth.logical_id(synth.stack.webhooks.rule)
     (found,) = [
-        (k, r) for k, r in synth.resources("AWS::Events::Rule").items()
-        if "EventPattern" in r["Properties"] and r["Properties"]["EventPattern"].get("source") != ["aws.states"]
+        (k, r)
+        for k, r in synth.resources("AWS::Events::Rule").items()
+        if "EventPattern" in r["Properties"]
+        and r["Properties"]["EventPattern"].get("source") != ["aws.states"]
         and k != webhooks
     ]
     return found
@@ -108,7 +112,8 @@ def test_terminal_batch_events_are_logged_and_counted_by_status(synth):
     props = rule["Properties"]
     assert props["EventBusName"] == {"Ref": synth.logical_id(synth.stack.events.bus)}  # the batch event bus
     assert props["EventPattern"] == {
-        "source": ["batch-api"], "detail-type": [f"batch.{s}" for s in TERMINAL_STATUSES],
+        "source": ["batch-api"],
+        "detail-type": [f"batch.{s}" for s in TERMINAL_STATUSES],
     }
     (target,) = props["Targets"]
     group = synth.logical_id(synth.stack.monitoring.node.find_child("BatchEvents"))
@@ -125,7 +130,9 @@ def test_terminal_batch_events_are_logged_and_counted_by_status(synth):
     _, metric_filter = synth.one("AWS::Logs::MetricFilter")
     (transformation,) = metric_filter["Properties"]["MetricTransformations"]
     assert transformation == {
-        "MetricNamespace": "BatchApi", "MetricName": "Batches", "MetricValue": "1",  # docs/deploy.md: "Batches" metric
+        "MetricNamespace": "BatchApi",
+        "MetricName": "Batches",
+        "MetricValue": "1",  # docs/deploy.md: "Batches" metric
         "Dimensions": [{"Key": "Status", "Value": "$.detail.status"}],
     }
 
@@ -135,13 +142,23 @@ def emitted_worker_metrics(config: WorkerConfig, model: str) -> dict[tuple[str, 
     prints: (namespace, dimensions) -> metric names, exactly as CloudWatch will file them."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        metrics = WorkerMetrics(namespace=config.metrics_namespace, service=config.service,
-                                logger=make_logger(config.service), model=model, clock=iter((0.0, 60.0)).__next__)
+        metrics = WorkerMetrics(
+            namespace=config.metrics_namespace,
+            service=config.service,
+            logger=make_logger(config.service),
+            model=model,
+            clock=iter((0.0, 60.0)).__next__,
+        )
         metrics.chunk_done(completed=3, failed=1, input_tokens=30, output_tokens=90)
         metrics.chunk_failed()
         metrics.chunk_redelivered()
-        metrics.flush(EngineStats(requests=5, answered={200: 3, 400: 1}, retries=1, timeouts=1),
-                      in_flight=2, waiting=0, open_chunks=1, cap=8)
+        metrics.flush(
+            EngineStats(requests=5, answered={200: 3, 400: 1}, retries=1, timeouts=1),
+            in_flight=2,
+            waiting=0,
+            open_chunks=1,
+            cap=8,
+        )
     emitted: dict[tuple[str, frozenset], set[str]] = {}
     for text in out.getvalue().splitlines():
         record = json.loads(text)
@@ -194,8 +211,14 @@ def test_dashboard_shows_queues_backlog_throughput_tasks_and_batches(synth):
         assert f"Model: {model.name}" in body
     for needle in (
         f'"{defaults.metrics_namespace}","LinesCompleted","model","embed-small","service","{defaults.service}"',
-        "OutputTokens", "PERIOD(out)", "DesiredTaskCount", "RunningTaskCount", "GroupInServiceInstances",
-        "ApproximateAgeOfOldestMessage", "Backlog per task", '"BatchApi","Batches"',
+        "OutputTokens",
+        "PERIOD(out)",
+        "DesiredTaskCount",
+        "RunningTaskCount",
+        "GroupInServiceInstances",
+        "ApproximateAgeOfOldestMessage",
+        "Backlog per task",
+        '"BatchApi","Batches"',
         "ExecutionsStarted",
     ):
         assert needle in body, needle

@@ -17,7 +17,8 @@ def _scaler(synth) -> tuple[str, dict]:
 
 def _rules_targeting(synth, function_id: str) -> dict[str, dict]:
     return {
-        k: r["Properties"] for k, r in synth.resources("AWS::Events::Rule").items()
+        k: r["Properties"]
+        for k, r in synth.resources("AWS::Events::Rule").items()
         if any(t["Arn"] == {"Fn::GetAtt": [function_id, "Arn"]} for t in r["Properties"].get("Targets", []))
     }
 
@@ -37,7 +38,10 @@ def test_scaler_knows_every_models_service_queue_and_bounds(synth):
         assert service.cluster.startswith(f"<WorkersModel{index}Cluster")
         assert service.service.startswith(f"<WorkersModel{index}Service") and service.service.endswith(".Name>")
         assert (service.min_tasks, service.max_tasks, service.backlog_per_task) == (
-            model.min_instances, model.max_instances, model.backlog_per_task)
+            model.min_instances,
+            model.max_instances,
+            model.backlog_per_task,
+        )
         assert service.idle_seconds == model.idle_minutes * 60
         assert service.scale_in_cooldown_seconds == 5 * 60
     assert settings.table_name == f"<{synth.one('AWS::DynamoDB::Table')[0]}>"
@@ -86,6 +90,6 @@ def test_scaler_reads_queues_sets_its_services_and_touches_only_its_state_items(
     (table,) = [s for s in _statements(synth, role) if any(a.startswith("dynamodb:") for a in s["Action"])]
     assert sorted(table["Action"]) == ["dynamodb:GetItem", "dynamodb:PutItem"]
     patterns = table["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
-    assert [p for p in ("SCALER#embed-small", "T#acme", "KEY#abc") if any(fnmatch.fnmatchcase(p, x) for x in patterns)] == [
-        "SCALER#embed-small"
-    ]
+    assert [
+        p for p in ("SCALER#embed-small", "T#acme", "KEY#abc") if any(fnmatch.fnmatchcase(p, x) for x in patterns)
+    ] == ["SCALER#embed-small"]

@@ -9,10 +9,18 @@ def test_stack_name_and_outputs(synth):
     # docs/deploy.md: the stack is named BatchApi and prints ApiUrl, TableName and BucketName, and,
     # with governance on (the default), the audit queue, Object Lock bucket and signing key.
     assert synth.stack.stack_name == names.STACK_NAME == "BatchApi"
-    assert set(synth.json["Outputs"]) == {
-        names.OUTPUT_API_URL, names.OUTPUT_TABLE, names.OUTPUT_BUCKET, names.OUTPUT_AUDIT_QUEUE,
-        names.OUTPUT_AUDIT_BUCKET, names.OUTPUT_AUDIT_KEY,
-    } == {"ApiUrl", "TableName", "BucketName", "AuditQueueUrl", "AuditBucketName", "AuditSigningKeyArn"}
+    assert (
+        set(synth.json["Outputs"])
+        == {
+            names.OUTPUT_API_URL,
+            names.OUTPUT_TABLE,
+            names.OUTPUT_BUCKET,
+            names.OUTPUT_AUDIT_QUEUE,
+            names.OUTPUT_AUDIT_BUCKET,
+            names.OUTPUT_AUDIT_KEY,
+        }
+        == {"ApiUrl", "TableName", "BucketName", "AuditQueueUrl", "AuditBucketName", "AuditSigningKeyArn"}
+    )
     assert synth.json["Outputs"][names.OUTPUT_TABLE]["Value"] == {"Ref": synth.one("AWS::DynamoDB::Table")[0]}
     assert synth.json["Outputs"][names.OUTPUT_BUCKET]["Value"] == {"Ref": synth.logical_id(synth.stack.storage.bucket)}
 

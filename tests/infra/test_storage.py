@@ -19,7 +19,10 @@ def test_buckets_are_encrypted_private_and_tls_only(synth, which):
         "SSEAlgorithm": "AES256"
     }
     assert props["PublicAccessBlockConfiguration"] == {
-        "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
     }
     assert props["OwnershipControls"]["Rules"] == [{"ObjectOwnership": "BucketOwnerEnforced"}]
     synth.template.has_resource_properties(
@@ -27,13 +30,17 @@ def test_buckets_are_encrypted_private_and_tls_only(synth, which):
         {
             "Bucket": {"Ref": synth.logical_id(bucket)},
             "PolicyDocument": {
-                "Statement": Match.array_with([
-                    Match.object_like({
-                        "Effect": "Deny",
-                        "Action": "s3:*",
-                        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                    })
-                ])
+                "Statement": Match.array_with(
+                    [
+                        Match.object_like(
+                            {
+                                "Effect": "Deny",
+                                "Action": "s3:*",
+                                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                            }
+                        )
+                    ]
+                )
             },
         },
     )

@@ -13,7 +13,8 @@ def test_the_table_has_the_sparse_keys_only_index_of_open_batches(synth):
     indexes = {i["IndexName"]: i for i in table["Properties"]["GlobalSecondaryIndexes"]}
     index = indexes["open_batches"]
     assert index["KeySchema"] == [
-        {"AttributeName": "open_pk", "KeyType": "HASH"}, {"AttributeName": "open_sk", "KeyType": "RANGE"},
+        {"AttributeName": "open_pk", "KeyType": "HASH"},
+        {"AttributeName": "open_sk", "KeyType": "RANGE"},
     ]
     # keys only: chunk counting, the table's busiest write, never writes to this index
     assert index["Projection"] == {"ProjectionType": "KEYS_ONLY"}
@@ -23,7 +24,8 @@ def test_the_table_has_the_sparse_keys_only_index_of_open_batches(synth):
 def test_the_sweeper_runs_every_five_minutes_with_retries_and_a_dead_letter_queue(synth):
     fn, props = _functions(synth)["sweeper"]
     rules = [
-        r["Properties"] for r in synth.resources("AWS::Events::Rule").values()
+        r["Properties"]
+        for r in synth.resources("AWS::Events::Rule").values()
         if "ScheduleExpression" in r["Properties"]
         and any(t["Arn"] == {"Fn::GetAtt": [fn, "Arn"]} for t in r["Properties"]["Targets"])  # the scaler has its own
     ]
@@ -36,8 +38,11 @@ def test_the_sweeper_runs_every_five_minutes_with_retries_and_a_dead_letter_queu
     dlq = synth.logical_id(synth.stack.sweeper.dead_letters)
     assert target["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [dlq, "Arn"]}}
     # EventBridge may invoke the sweeper (and only from this rule)
-    permissions = [p["Properties"] for p in synth.resources("AWS::Lambda::Permission").values()
-                   if p["Properties"]["FunctionName"] == {"Fn::GetAtt": [fn, "Arn"]}]
+    permissions = [
+        p["Properties"]
+        for p in synth.resources("AWS::Lambda::Permission").values()
+        if p["Properties"]["FunctionName"] == {"Fn::GetAtt": [fn, "Arn"]}
+    ]
     (permission,) = permissions
     assert permission["Principal"] == "events.amazonaws.com" and permission["Action"] == "lambda:InvokeFunction"
     assert json.dumps(permission["SourceArn"]).count("Schedule") == 1

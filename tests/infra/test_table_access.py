@@ -128,7 +128,11 @@ WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), WATCH]
 def _rights(statements: list[dict]) -> list[tuple]:
     """(actions, patterns[, excluded patterns]) of each statement, sorted."""
     return sorted(
-        (_actions(s), sorted(leading_keys(s)), *([ex] if (ex := sorted(leading_keys(s, "ForAllValues:StringNotLike"))) else []))
+        (
+            _actions(s),
+            sorted(leading_keys(s)),
+            *([ex] if (ex := sorted(leading_keys(s, "ForAllValues:StringNotLike"))) else []),
+        )
         for s in statements
     )
 
@@ -155,8 +159,10 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
 #: writes). The audit appender appends to the chains, reads count markers and charges budgets.
 LAMBDA_RIGHTS = {
     "ingest": [
-        (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), (["dynamodb:GetItem"], ["TENANTS"]),
-        (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]), (["dynamodb:GetItem"], ["T#*#BUDGET"]),
+        (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]),
+        (["dynamodb:GetItem"], ["TENANTS"]),
+        (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]),
+        (["dynamodb:GetItem"], ["T#*#BUDGET"]),
     ],
     "ingest_dlq": [(["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]), RELEASE],
     "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS)],  # the worker's, without the budget read
@@ -200,21 +206,50 @@ def _records(tenant: str) -> dict[str, dict[str, Any]]:
         "batch": batch.keys(),
         "terminal batch": batch.model_copy(update={"status": "completed"}).keys(),
         "chunk marker": ChunkRecord(
-            tenant=tenant, batch_id="batch_abc", chunk=3, attempt="a1", completed=1, failed=0, recorded_at=1, expires_at=2,
+            tenant=tenant,
+            batch_id="batch_abc",
+            chunk=3,
+            attempt="a1",
+            completed=1,
+            failed=0,
+            recorded_at=1,
+            expires_at=2,
         ).keys(),
         "chunk run": ChunkRunRecord(tenant=tenant, batch_id="batch_abc", chunk=3, expires_at=2).keys(),
-        "file": FileRecord.model_validate({
-            "tenant": tenant, "id": "file-abc", "filename": "in.jsonl", "purpose": "batch", "bytes": 1,
-            "created_at": 1, "s3_key": schema.file_key(tenant, "file-abc"),
-        }).keys(),
-        "upload": UploadRecord.model_validate({
-            "tenant": tenant, "id": "upload_abc", "filename": "in.jsonl", "purpose": "batch", "bytes": 1,
-            "mime_type": "text/jsonl", "created_at": 1, "expires_at": 3_601,
-        }).keys(),
-        "upload part": UploadPartRecord.model_validate({
-            "tenant": tenant, "upload_id": "upload_abc", "id": "part_abc", "created_at": 1, "bytes": 1, "s3_key": "k",
-            "expires_at": 3_601,
-        }).keys(),
+        "file": FileRecord.model_validate(
+            {
+                "tenant": tenant,
+                "id": "file-abc",
+                "filename": "in.jsonl",
+                "purpose": "batch",
+                "bytes": 1,
+                "created_at": 1,
+                "s3_key": schema.file_key(tenant, "file-abc"),
+            }
+        ).keys(),
+        "upload": UploadRecord.model_validate(
+            {
+                "tenant": tenant,
+                "id": "upload_abc",
+                "filename": "in.jsonl",
+                "purpose": "batch",
+                "bytes": 1,
+                "mime_type": "text/jsonl",
+                "created_at": 1,
+                "expires_at": 3_601,
+            }
+        ).keys(),
+        "upload part": UploadPartRecord.model_validate(
+            {
+                "tenant": tenant,
+                "upload_id": "upload_abc",
+                "id": "part_abc",
+                "created_at": 1,
+                "bytes": 1,
+                "s3_key": "k",
+                "expires_at": 3_601,
+            }
+        ).keys(),
     }
 
 
@@ -228,7 +263,10 @@ def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth
         for kind, item_keys in records.items():
             for action in WORKER_ACTIONS:
                 assert allows_any(statements, action, [item_keys[schema.PK]]) == (kind in ALLOWED_KINDS), (
-                    name, kind, item_keys)
+                    name,
+                    kind,
+                    item_keys,
+                )
         # A transaction naming a file and the batch is denied as a whole (ForAllValues).
         assert not allows_any(statements, "dynamodb:PutItem", [records["batch"][schema.PK], records["file"][schema.PK]])
         # The budget item: read (a stop budget), never written (the appender charges it) or
@@ -238,7 +276,13 @@ def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth
         assert allows_any(statements, "dynamodb:GetItem", [budget])
         for action in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"):
             assert not allows_any(statements, action, [budget]), (name, action)
-        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+        for action in (
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem",
+            "dynamodb:DeleteItem",
+        ):
             assert not allows_any(statements, action, [chain]), (name, action)
         for action in WORKER_ACTIONS:
             assert not allows_any(statements, action, [schema.enqueued_pk(tenant)]), (name, action)
@@ -249,12 +293,23 @@ def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
 
     api_key = ApiKeyRecord(key_hash="9f86d081884c7d659a2feaa0c55ad015", tenant="acme", created_at=1, hint="abcd")
     endpoint = EndpointRecord(
-        tenant="acme", id="we_1", url="https://example.com/hook", events=["batch.completed"], secret="whsec_x",
-        created_at=1, updated_at=1,
+        tenant="acme",
+        id="we_1",
+        url="https://example.com/hook",
+        events=["batch.completed"],
+        secret="whsec_x",
+        created_at=1,
+        updated_at=1,
     )
     attempt = AttemptRecord(
-        tenant="acme", endpoint_id="we_1", webhook_id="msg_1", event_id="evt_1", event_type="batch.completed",
-        attempt=1, at=1, outcome="delivered",
+        tenant="acme",
+        endpoint_id="we_1",
+        webhook_id="msg_1",
+        event_id="evt_1",
+        event_type="batch.completed",
+        attempt=1,
+        at=1,
+        outcome="delivered",
     )
     others = [
         api_key.keys()[schema.PK],
@@ -287,6 +342,7 @@ def _partition_of(condition: Any) -> str:
 def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(IAM action, partition keys) pairs a DynamoDB request is authorized by. A transaction is
     authorized item by item, with the action of each item's operation."""
+
     def pk(value: Any) -> str:
         return value["S"] if isinstance(value, dict) else value
 
@@ -295,7 +351,12 @@ def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, l
         for item in params["TransactItems"]:
             ((kind, body),) = item.items()
             keys = body["Item"] if kind == "Put" else body["Key"]
-            action = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem", "ConditionCheck": "ConditionCheckItem"}[kind]
+            action = {
+                "Put": "PutItem",
+                "Update": "UpdateItem",
+                "Delete": "DeleteItem",
+                "ConditionCheck": "ConditionCheckItem",
+            }[kind]
             out.append((f"dynamodb:{action}", [pk(keys[schema.PK])]))
         return out
     if operation in ("GetItem", "DeleteItem", "UpdateItem"):
@@ -319,7 +380,9 @@ def moto_stores(monkeypatch):
     with mock_aws():
         clients.reset()
         settings: Settings = create_resources(
-            TEST_SETTINGS, clients.client, prefix=PREFIX,
+            TEST_SETTINGS,
+            clients.client,
+            prefix=PREFIX,
             workflow_function_arn="arn:aws:lambda:us-east-1:123456789012:function:batch-api-test-workflow",
         )
         yield settings, stores_from_settings(settings)
@@ -338,8 +401,9 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
     data = chat_jsonl(4)
     key = schema.batch_input_key(tenant, batch_id)
     stores.objects.put(key, data)
-    batch = running_batch(tenant=tenant, id=batch_id, input_file_id="file-in", created_at=now, model="test-chat", total=4,
-                          chunk_count=2)
+    batch = running_batch(
+        tenant=tenant, id=batch_id, input_file_id="file-in", created_at=now, model="test-chat", total=4, chunk_count=2
+    )
     stores.batches.create(batch)
     messages = [batch.work_message(chunk) for chunk in cut(data.splitlines(keepends=True), 2)]
     del calls[:]  # the setup above is not the worker's
@@ -396,7 +460,9 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     from tests.integration.worker.harness import dlq_url
 
     recorder = Recorder()
-    clients.dynamodb_table(deployed.table_name).meta.client.meta.events.register("provide-client-params.dynamodb.*", recorder)
+    clients.dynamodb_table(deployed.table_name).meta.client.meta.events.register(
+        "provide-client-params.dynamodb.*", recorder
+    )
     sqs = clients.client("sqs")
 
     batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode())
@@ -453,8 +519,11 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     assert ("dynamodb:Query", [schema.audit_pk("acme")]) in appended
     assert ("dynamodb:PutItem", [schema.audit_pk("acme")]) in appended
     assert ("dynamodb:GetItem", [schema.chunks_pk("acme", batch.id)]) in appended
-    assert not any(schema.audit_pk("acme") in keys for role in ("ingest", "worker", "dlq", "workflow", "ingest_dlq")
-                   for _, keys in recorder.requests(role))
+    assert not any(
+        schema.audit_pk("acme") in keys
+        for role in ("ingest", "worker", "dlq", "workflow", "ingest_dlq")
+        for _, keys in recorder.requests(role)
+    )
     assert ("dynamodb:Query", [schema.chunks_pk("acme", batch.id)]) in recorder.requests("workflow")
     assert ("dynamodb:PutItem", [schema.tenant_pk("acme")]) in recorder.requests("workflow")
     # The API wrote the tenant's files in T#acme: the partition the others never touch.
@@ -477,8 +546,11 @@ def denied_by_table(synth, role_id: str, action: str, partition_keys: list[str])
         assert set(condition) <= {"ForAnyValue:StringLike", "ArnNotEquals"}
         patterns = condition["ForAnyValue:StringLike"]["dynamodb:LeadingKeys"]
         exempt = condition.get("ArnNotEquals", {}).get("aws:PrincipalArn")
-        if (action in actions and any(fnmatch.fnmatchcase(k, p) for p in patterns for k in partition_keys)
-                and (exempt is None or exempt != {"Fn::GetAtt": [role_id, "Arn"]})):
+        if (
+            action in actions
+            and any(fnmatch.fnmatchcase(k, p) for p in patterns for k in partition_keys)
+            and (exempt is None or exempt != {"Fn::GetAtt": [role_id, "Arn"]})
+        ):
             return True
     return False
 
@@ -498,7 +570,9 @@ def test_only_the_appender_may_write_audit_items(synth):
             assert denied_by_table(synth, role, action, chain) == expected, (role, action)
             assert not denied_by_table(synth, role, action, [schema.batches_pk("acme")]), (role, action)
         # A transaction naming an audit item among others is denied as a whole (ForAnyValue).
-        assert denied_by_table(synth, role, "dynamodb:PutItem", [schema.tenant_pk("acme"), chain[0]]) == (role != appender)
+        assert denied_by_table(synth, role, "dynamodb:PutItem", [schema.tenant_pk("acme"), chain[0]]) == (
+            role != appender
+        )
     for statements in (_lambda_statements(synth, label) for label in LAMBDA_RIGHTS if label != "audit_append"):
         assert not allows_any(statements, "dynamodb:PutItem", chain)
     assert allows_any(_lambda_statements(synth, "audit_append"), "dynamodb:PutItem", chain)
@@ -515,7 +589,8 @@ def test_only_the_appender_may_write_budget_items(synth):
         for action in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem"):
             assert denied_by_table(synth, role, action, budget) == (role != appender), (role, action)
         assert denied_by_table(synth, role, "dynamodb:UpdateItem", [schema.batches_pk("acme"), budget[0]]) == (
-            role != appender)
+            role != appender
+        )
         assert not denied_by_table(synth, role, "dynamodb:GetItem", budget)
     for label in LAMBDA_RIGHTS:
         assert allows_any(_lambda_statements(synth, label), "dynamodb:UpdateItem", budget) == (label == "audit_append")
@@ -537,13 +612,17 @@ def _statements_on(synth, resource: str) -> dict[str, set[str]]:
 def test_writers_may_only_send_to_the_audit_queue_and_only_the_appender_signs(synth):
     audit = synth.stack.audit
     queue = f"<{synth.logical_id(audit.queue)}.Arn>"
-    writers = {synth.logical_id(synth.stack.api.api_function.role), synth.logical_id(synth.stack.ingest.dlq_function.role),
-               *(synth.logical_id(w.task_definition.task_role) for w in synth.stack.workers.workers.values()),
-               synth.logical_id(synth.stack.stream_front.task_role)}
+    writers = {
+        synth.logical_id(synth.stack.api.api_function.role),
+        synth.logical_id(synth.stack.ingest.dlq_function.role),
+        *(synth.logical_id(w.task_definition.task_role) for w in synth.stack.workers.workers.values()),
+        synth.logical_id(synth.stack.stream_front.task_role),
+    }
     on_queue = _statements_on(synth, queue)
     appender = synth.logical_id(audit.function.role)
     assert {role: actions for role, actions in on_queue.items() if role != appender} == {
-        role: {"sqs:SendMessage"} for role in writers}
+        role: {"sqs:SendMessage"} for role in writers
+    }
     assert "sqs:SendMessage" not in on_queue[appender] and "sqs:ReceiveMessage" in on_queue[appender]
     on_key = _statements_on(synth, f"<{synth.logical_id(audit.key)}.Arn>")
     assert on_key == {appender: {"kms:Sign"}}

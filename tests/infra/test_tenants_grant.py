@@ -53,7 +53,6 @@ def test_the_budget_items_ingest_reads_and_only_the_appender_charges(synth):
         assert not allows_any(appender, "dynamodb:UpdateItem", [pk]), pk
 
 
-
 #: Every role that makes a batch terminal (``BatchRepo.update``/``finish`` with a terminal status),
 #: hence may release its enqueued-cap reservation in that write's transaction. The API and the
 #: sweeper have the whole table (``grant_read_write_data``); ingest reserves there already.
@@ -81,10 +80,19 @@ def test_the_chunk_counters_never_charge_a_budget_nor_reach_the_chains(synth):
     from tests.infra.test_table_access import _worker_statements
 
     budget_pk, chain_pk = schema.budget_pk("acme"), schema.audit_pk("acme")
-    counters = {"dlq": _lambda_statements(synth, "dlq"), **{f"worker {n}": s for n, s in _worker_statements(synth).items()}}
+    counters = {
+        "dlq": _lambda_statements(synth, "dlq"),
+        **{f"worker {n}": s for n, s in _worker_statements(synth).items()},
+    }
     for label, statements in counters.items():
         assert not allows_any(statements, "dynamodb:UpdateItem", [budget_pk]), label
-        for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:DeleteItem"):
+        for action in (
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem",
+            "dynamodb:DeleteItem",
+        ):
             assert not allows_any(statements, action, [chain_pk]), (label, action)
     appender = _lambda_statements(synth, "audit_append")
     for action in ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"):
@@ -106,7 +114,8 @@ def test_a_receipt_s_part_reads_are_granted_to_the_appender(synth):
     roles = [synth.stack.audit.function.role]
     for role in roles:
         statements = [
-            st for policy in synth.resources("AWS::IAM::Policy").values()
+            st
+            for policy in synth.resources("AWS::IAM::Policy").values()
             if {"Ref": synth.logical_id(role)} in policy["Properties"]["Roles"]
             for st in policy["Properties"]["PolicyDocument"]["Statement"]
         ]
@@ -115,7 +124,9 @@ def test_a_receipt_s_part_reads_are_granted_to_the_appender(synth):
             for st in statements:
                 actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
                 resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
-                if any(fnmatch.fnmatchcase(action, a) for a in actions) and resource in [synth.render(r) for r in resources]:
+                if any(fnmatch.fnmatchcase(action, a) for a in actions) and resource in [
+                    synth.render(r) for r in resources
+                ]:
                     return True
             return False
 

@@ -20,8 +20,11 @@ def test_the_assembler_is_fed_one_upload_at_a_time_with_retries_then_dead_letter
     # visibility at least six times the function's timeout (AWS's guidance for SQS event sources)
     assert queue_props["VisibilityTimeout"] >= 6 * 900
     assert queue_props["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq, "Arn"]}, "maxReceiveCount": 3}
-    (mapping,) = [m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
-                  if m["Properties"]["FunctionName"] == {"Ref": fn}]
+    (mapping,) = [
+        m["Properties"]
+        for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": fn}
+    ]
     assert mapping["EventSourceArn"] == {"Fn::GetAtt": [queue, "Arn"]}
     assert mapping["BatchSize"] == 1 and mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     # every function reads the queue's URL from the one Settings

@@ -24,8 +24,11 @@ def test_the_rule_routes_the_four_terminal_batch_events_to_the_queue(synth):
     [target] = rule["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [queue, "Arn"]}
     # the queue's policy lets EventBridge (and only it, for this rule) send
-    policies = [p["Properties"] for p in synth.resources("AWS::SQS::QueuePolicy").values()
-                if {"Ref": queue} in p["Properties"]["Queues"]]
+    policies = [
+        p["Properties"]
+        for p in synth.resources("AWS::SQS::QueuePolicy").values()
+        if {"Ref": queue} in p["Properties"]["Queues"]
+    ]
     statements = [s for p in policies for s in p["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
     rule_arn = {"Fn::GetAtt": [synth.logical_id(synth.stack.webhooks.rule), "Arn"]}
     assert [s["Principal"] for s in statements] == [{"Service": "events.amazonaws.com"}]
@@ -45,8 +48,11 @@ def test_a_dead_letter_queue_for_poison_and_partial_batch_failures(synth):
     assert queue_props["VisibilityTimeout"] >= 6 * props["Timeout"]
     assert queue_props["MessageRetentionPeriod"] > 27 * 3600 + 35 * 60 + 5  # outlives the schedule
     assert dlq_props["MessageRetentionPeriod"] == 14 * 86_400
-    (mapping,) = [m["Properties"] for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
-                  if m["Properties"]["FunctionName"] == {"Ref": fn}]
+    (mapping,) = [
+        m["Properties"]
+        for m in synth.resources("AWS::Lambda::EventSourceMapping").values()
+        if m["Properties"]["FunctionName"] == {"Ref": fn}
+    ]
     assert mapping["EventSourceArn"] == {"Fn::GetAtt": [queue, "Arn"]}
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     # a round's attempts run at once, each within the deadline: one starts only with this much left
@@ -60,8 +66,12 @@ def test_a_dead_letter_queue_for_poison_and_partial_batch_failures(synth):
 
 
 def _statements(synth, role: str) -> list[dict]:
-    return [st for p in synth.resources("AWS::IAM::Policy").values() if {"Ref": role} in p["Properties"]["Roles"]
-            for st in p["Properties"]["PolicyDocument"]["Statement"]]
+    return [
+        st
+        for p in synth.resources("AWS::IAM::Policy").values()
+        if {"Ref": role} in p["Properties"]["Roles"]
+        for st in p["Properties"]["PolicyDocument"]["Statement"]
+    ]
 
 
 def test_least_privilege(synth):
@@ -71,11 +81,15 @@ def test_least_privilege(synth):
     queue = f"<{synth.logical_id(synth.stack.webhooks.queue)}.Arn>"
     dlq = f"<{synth.logical_id(synth.stack.webhooks.dead_letters)}.Arn>"
     assert {(a, r) for a, r in granted if a.startswith("dynamodb:")} == {
-        ("dynamodb:GetItem", table), ("dynamodb:Query", table), ("dynamodb:PutItem", table),
+        ("dynamodb:GetItem", table),
+        ("dynamodb:Query", table),
+        ("dynamodb:PutItem", table),
     }
     sqs = {(a, r) for a, r in granted if a.startswith("sqs:")}
     assert {r for _, r in sqs} == {queue, dlq}
-    assert {"sqs:SendMessage", "sqs:ChangeMessageVisibility", "sqs:ReceiveMessage", "sqs:DeleteMessage"} <= {a for a, r in sqs if r == queue}
+    assert {"sqs:SendMessage", "sqs:ChangeMessageVisibility", "sqs:ReceiveMessage", "sqs:DeleteMessage"} <= {
+        a for a, r in sqs if r == queue
+    }
     assert {a for a, r in sqs if r == dlq} == {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
     assert not any(a.startswith(("s3:", "states:", "events:")) for a, _ in granted)
 
@@ -118,17 +132,45 @@ def test_the_table_rights_reach_webhook_records_and_read_batches_only(synth):
     for tenant in ("acme", "B", "x" * 64):
         batch = batch_record(tenant=tenant, input_key="k")
         assert readable(batch.keys()[schema.PK])
-        for other in (schema.tenant_pk(tenant), schema.chunks_pk(tenant, "batch_1"), schema.key_pk("abc"),
-                      schema.scaler_pk("m"), schema.enqueued_pk(tenant), schema.budget_pk(tenant),
-                      schema.creations_pk(tenant), schema.audit_pk(tenant), schema.TENANTS_PK):
+        for other in (
+            schema.tenant_pk(tenant),
+            schema.chunks_pk(tenant, "batch_1"),
+            schema.key_pk("abc"),
+            schema.scaler_pk("m"),
+            schema.enqueued_pk(tenant),
+            schema.budget_pk(tenant),
+            schema.creations_pk(tenant),
+            schema.audit_pk(tenant),
+            schema.TENANTS_PK,
+        ):
             assert not readable(other) and not allowed(other), other
 
     for tenant in ("acme", "B", "WEBHOOKS", "x" * 64):
-        endpoint = EndpointRecord(tenant=tenant, id="we_1", url="https://h", events=["batch.failed"],
-                                  secret="whsec_AAAA", created_at=1, updated_at=1).to_item()
-        attempt = AttemptRecord(tenant=tenant, endpoint_id="we_1", webhook_id="wh_1", event_id="evt_1",
-                                event_type="batch.failed", attempt=1, at=1, outcome="delivered").to_item()
+        endpoint = EndpointRecord(
+            tenant=tenant,
+            id="we_1",
+            url="https://h",
+            events=["batch.failed"],
+            secret="whsec_AAAA",
+            created_at=1,
+            updated_at=1,
+        ).to_item()
+        attempt = AttemptRecord(
+            tenant=tenant,
+            endpoint_id="we_1",
+            webhook_id="wh_1",
+            event_id="evt_1",
+            event_type="batch.failed",
+            attempt=1,
+            at=1,
+            outcome="delivered",
+        ).to_item()
         assert allowed(endpoint[schema.PK]) and allowed(attempt[schema.PK])
-        for other in (schema.tenant_pk(tenant), schema.batches_pk(tenant), schema.chunks_pk(tenant, "batch_1"),
-                      schema.key_pk("abc"), schema.scaler_pk("m")):
+        for other in (
+            schema.tenant_pk(tenant),
+            schema.batches_pk(tenant),
+            schema.chunks_pk(tenant, "batch_1"),
+            schema.key_pk("abc"),
+            schema.scaler_pk("m"),
+        ):
             assert not allowed(other), other

@@ -45,7 +45,10 @@ def test_default_network_has_no_nat_and_no_inbound(synth):
     assert not _workers(synth, "AWS::EC2::SecurityGroupIngress")
     subnets = _workers(synth, "AWS::EC2::Subnet").values()
     assert len(subnets) == 2 and all(s["Properties"]["MapPublicIpOnLaunch"] for s in subnets)
-    endpoints = {synth.render(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1] for e in _workers(synth, "AWS::EC2::VPCEndpoint").values()}
+    endpoints = {
+        synth.render(e["Properties"]["ServiceName"]).rsplit(".", 1)[-1]
+        for e in _workers(synth, "AWS::EC2::VPCEndpoint").values()
+    }
     assert endpoints == {"s3", "dynamodb"}  # gateway endpoints: free
     (flow,) = _workers(synth, "AWS::EC2::FlowLog").values()
     assert flow["Properties"]["TrafficType"] == "ALL"
@@ -53,21 +56,31 @@ def test_default_network_has_no_nat_and_no_inbound(synth):
 
 def test_an_existing_vpc_from_the_config():
     # A small stack of its own (no full synth): the network construct alone, given by ids.
-    config = DeployConfig.model_validate({"network": {
-        "vpc_id": "vpc-0123456789abcdef0", "subnet_ids": ["subnet-0123456789abcdef0", "subnet-0fedcba9876543210"],
-        "availability_zones": ["eu-west-1a", "eu-west-1b"], "public_ip": False,
-    }})
+    config = DeployConfig.model_validate(
+        {
+            "network": {
+                "vpc_id": "vpc-0123456789abcdef0",
+                "subnet_ids": ["subnet-0123456789abcdef0", "subnet-0fedcba9876543210"],
+                "availability_zones": ["eu-west-1a", "eu-west-1b"],
+                "public_ip": False,
+            }
+        }
+    )
     stack = cdk.Stack(cdk.App(), "NetworkOnly")
     network = worker_construct.WorkerNetwork(stack, "Network", config=config)
     template = Template.from_stack(stack).to_json()
     assert set(r["Type"] for r in template["Resources"].values()) == {"AWS::EC2::SecurityGroup"}
     assert network.public_ip is False
-    assert [s.subnet_id for s in network.vpc.select_subnets(subnets=network.subnets.subnets).subnets] == list(config.network.subnet_ids)
+    assert [s.subnet_id for s in network.vpc.select_subnets(subnets=network.subnets.subnets).subnets] == list(
+        config.network.subnet_ids
+    )
 
 
 # --- capacity -----------------------------------------------------------------------------------
 def test_launch_templates_gpu_ami_imdsv2_encrypted_cache_volume(synth):
-    templates = {k: r["Properties"]["LaunchTemplateData"] for k, r in synth.resources("AWS::EC2::LaunchTemplate").items()}
+    templates = {
+        k: r["Properties"]["LaunchTemplateData"] for k, r in synth.resources("AWS::EC2::LaunchTemplate").items()
+    }
     assert len(templates) == sum(2 if m.spot else 1 for m in synth.config.models)
     ami = next(name for name in synth.json["Parameters"] if name.startswith("SsmParameterValue"))
     for index, model in enumerate(synth.config.models):
@@ -77,9 +90,15 @@ def test_launch_templates_gpu_ami_imdsv2_encrypted_cache_volume(synth):
             assert data["InstanceType"] == model.instance_type
             assert data["MetadataOptions"] == {"HttpTokens": "required", "HttpPutResponseHopLimit": 1}
             (device,) = data["BlockDeviceMappings"]
-            assert device == {"DeviceName": "/dev/xvda", "Ebs": {  # the ECS-optimized AMI's root device
-                "DeleteOnTermination": True, "Encrypted": True, "VolumeSize": model.volume_gib, "VolumeType": "gp3",
-            }}
+            assert device == {
+                "DeviceName": "/dev/xvda",
+                "Ebs": {  # the ECS-optimized AMI's root device
+                    "DeleteOnTermination": True,
+                    "Encrypted": True,
+                    "VolumeSize": model.volume_gib,
+                    "VolumeType": "gp3",
+                },
+            }
             (nic,) = data["NetworkInterfaces"]
             assert nic["AssociatePublicIpAddress"] is True  # default network: public subnets, no NAT
             user_data = synth.render(data["UserData"]["Fn::Base64"])
@@ -151,7 +170,9 @@ def test_task_runs_the_gpu_image_with_gpus_cache_and_draining(synth):
         assert props["Volumes"] == [{"Name": "cache", "Host": {"SourcePath": worker_construct.CACHE_HOST_PATH}}]
         (container,) = props["ContainerDefinitions"]
         assert container["ResourceRequirements"] == [{"Type": "GPU", "Value": str(model.gpu_count)}]
-        assert container["MountPoints"] == [{"ContainerPath": "/root/.cache", "SourceVolume": "cache", "ReadOnly": False}]
+        assert container["MountPoints"] == [
+            {"ContainerPath": "/root/.cache", "SourceVolume": "cache", "ReadOnly": False}
+        ]
         assert container["LinuxParameters"]["SharedMemorySize"] == model.shared_memory_mib
         assert container["MemoryReservation"] == model.memory_reservation_mib
         assert container["Essential"] is True and "PortMappings" not in container
@@ -191,17 +212,24 @@ def test_container_environment_is_the_settings_plus_the_worker_and_engine(synth)
     secrets = {s["Name"]: s["ValueFrom"] for s in chat["Secrets"]}
     assert secrets["HF_TOKEN"] == _model(synth, "org/Chat-Model-7B").hf_token_secret_arn
     embed = _by_model(synth, "AWS::ECS::TaskDefinition")["embed-small"]["ContainerDefinitions"][0]
-    assert [s["Name"] for s in embed["Secrets"]] == ["WORKER_CACHE_SALT_SECRET"]  # every model's workers get their salt key
+    assert [s["Name"] for s in embed["Secrets"]] == [
+        "WORKER_CACHE_SALT_SECRET"
+    ]  # every model's workers get their salt key
     for container in (chat, embed):
         salt = next(s["ValueFrom"] for s in container["Secrets"] if s["Name"] == "WORKER_CACHE_SALT_SECRET")
-        assert synth.json["Resources"][salt["Ref"]]["Type"] == "AWS::SecretsManager::Secret"  # generated by the stack, never in the env
+        assert (
+            synth.json["Resources"][salt["Ref"]]["Type"] == "AWS::SecretsManager::Secret"
+        )  # generated by the stack, never in the env
         assert "WORKER_CACHE_SALT_SECRET" not in {e["Name"] for e in container["Environment"]}
 
 
 def test_image_asset_is_built_from_the_worker_dockerfile_with_only_what_it_copies(synth):
     manifest = json.loads((synth.outdir / f"{synth.stack.stack_name}.assets.json").read_text())
-    images = {k: i for k, i in manifest["dockerImages"].items()
-              if i["source"].get("dockerFile") != "functions/stream_front/Dockerfile"}  # test_stream_front.py
+    images = {
+        k: i
+        for k, i in manifest["dockerImages"].items()
+        if i["source"].get("dockerFile") != "functions/stream_front/Dockerfile"
+    }  # test_stream_front.py
     engine_images = {m.engine_image for m in synth.config.models}
     assert len(images) == len(engine_images)  # one image per distinct engine image
     for image in images.values():
@@ -211,8 +239,14 @@ def test_image_asset_is_built_from_the_worker_dockerfile_with_only_what_it_copie
         assert source["platform"] == "linux/amd64"
         staged = synth.outdir / source["directory"]
         files = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
-        assert {worker_construct.DOCKERFILE, "gpu_worker/entrypoint.sh", "gpu_worker/__main__.py",
-                "functions/core/settings.py", "functions/core/names.py", "pyproject.toml"} <= files
+        assert {
+            worker_construct.DOCKERFILE,
+            "gpu_worker/entrypoint.sh",
+            "gpu_worker/__main__.py",
+            "functions/core/settings.py",
+            "functions/core/names.py",
+            "pyproject.toml",
+        } <= files
         assert not {f for f in files if f.startswith(("tests/", ".venv", "gpu_worker/engine/", "docs/"))}
         assert not {f for f in files if "__pycache__" in f or f.endswith(".pyc")}
         # The worker imports functions/ and itself only (tests/unit/test_imports.py): no infra/, no batchctl/.
@@ -233,23 +267,39 @@ def test_task_role_consumes_its_queue_reads_inputs_writes_parts_counts_and_signa
         pairs = _role_permissions(synth, props["TaskRoleArn"]["Fn::GetAtt"][0])
         audit_queue = f"<{synth.logical_id(synth.stack.audit.queue)}.Arn>"
         assert {a for a, r in pairs if a.startswith("sqs:") and r != audit_queue} == {
-            "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl",
+            "sqs:ReceiveMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:DeleteMessage",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
         }
         # Its own queue; and a chunk's audit receipt is sent to the audit queue, nothing more there.
         assert {r for a, r in pairs if a.startswith("sqs:")} == {f"<{queue}.Arn>", audit_queue}
         assert {a for a, r in pairs if r == audit_queue} == {"sqs:SendMessage"}
         s3 = {(a, r) for a, r in pairs if a.startswith("s3:")}
-        assert {r for _, r in s3} == {f"<{bucket}.Arn>", f"<{bucket}.Arn>/batches/*/*/input.jsonl", f"<{bucket}.Arn>/batches/*/*/parts/*"}
+        assert {r for _, r in s3} == {
+            f"<{bucket}.Arn>",
+            f"<{bucket}.Arn>/batches/*/*/input.jsonl",
+            f"<{bucket}.Arn>/batches/*/*/parts/*",
+        }
         assert {a for a, r in s3 if r.endswith("/parts/*")} == {
-            "s3:PutObject", "s3:PutObjectLegalHold", "s3:PutObjectRetention", "s3:PutObjectTagging",
-            "s3:PutObjectVersionTagging", "s3:Abort*",
-            "s3:GetObject*", "s3:GetBucket*", "s3:List*",  # a redelivered chunk reads its checkpoints
+            "s3:PutObject",
+            "s3:PutObjectLegalHold",
+            "s3:PutObjectRetention",
+            "s3:PutObjectTagging",
+            "s3:PutObjectVersionTagging",
+            "s3:Abort*",
+            "s3:GetObject*",
+            "s3:GetBucket*",
+            "s3:List*",  # a redelivered chunk reads its checkpoints
         }
         assert {a for a, r in s3 if r.endswith("input.jsonl")} == {"s3:GetObject*", "s3:GetBucket*", "s3:List*"}
         assert {r for a, r in pairs if a.startswith("dynamodb:")} == {f"<{table}.Arn>"}  # no index
         # No Query: the audit chains are the appender's (tests/infra/test_table_access.py pins the partitions).
         assert {a for a, r in pairs if a.startswith("dynamodb:")} == {
-            "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
         }
         assert {(a, r) for a, r in pairs if a.startswith("states:")} == {("states:SendTaskSuccess", f"<{sm}>")}
         assert {a.split(":")[0] for a, _ in pairs} == {"sqs", "s3", "dynamodb", "states"}  # metrics are EMF logs
@@ -269,7 +319,7 @@ def _table_statements(synth, role_id: str) -> list[dict]:
 def iam_allows(statement: dict, partition_key: str) -> bool:
     """Whether ``statement``'s condition lets a request on an item of ``partition_key`` through
     (``ForAllValues:StringLike`` on ``dynamodb:LeadingKeys``: IAM's ``*`` matches any characters)."""
-    (operator_, ) = statement["Condition"]
+    (operator_,) = statement["Condition"]
     assert operator_ == "ForAllValues:StringLike"
     patterns = statement["Condition"][operator_]["dynamodb:LeadingKeys"]
     patterns = patterns if isinstance(patterns, list) else [patterns]
@@ -282,8 +332,11 @@ def test_task_role_reaches_batch_and_chunk_items_never_api_keys(synth):
 
     for name, props in _by_model(synth, "AWS::ECS::TaskDefinition").items():
         # The chunk path's statement (beside it: the budget charge on T#*#BUDGET, receipts on AUDIT#*).
-        (statement,) = [s for s in _table_statements(synth, props["TaskRoleArn"]["Fn::GetAtt"][0])
-                        if iam_allows(s, "T#acme#BATCHES")]
+        (statement,) = [
+            s
+            for s in _table_statements(synth, props["TaskRoleArn"]["Fn::GetAtt"][0])
+            if iam_allows(s, "T#acme#BATCHES")
+        ]
         assert statement["Effect"] == "Allow"
         # The worker's own items: a tenant's batches (T#<tenant>#BATCHES) and a batch's chunk
         # markers (T#<tenant>#B#<batch>); never the tenant's own partition (files, uploads).
@@ -309,8 +362,7 @@ def test_execution_role_pulls_the_image_writes_logs_reads_the_token(synth):
 
 def test_instances_can_only_run_the_ecs_agent(synth):
     roles = {
-        k for k, r in synth.resources("AWS::IAM::Role").items()
-        if k.startswith("WorkersModel") and "InstanceRole" in k
+        k for k, r in synth.resources("AWS::IAM::Role").items() if k.startswith("WorkersModel") and "InstanceRole" in k
     }
     assert len(roles) == len(synth.config.models)
     for role in roles:
@@ -325,7 +377,9 @@ def test_no_application_auto_scaling_on_the_services(synth):
     # (The streaming front's service scales on its CPU: tests/infra/test_stream_front.py.)
     assert not _workers(synth, "AWS::ApplicationAutoScaling::ScalableTarget")
     assert not _workers(synth, "AWS::ApplicationAutoScaling::ScalingPolicy")
-    assert {k.split("Service")[0] for k in synth.resources("AWS::ApplicationAutoScaling::ScalableTarget")} <= {"StreamFront"}
+    assert {k.split("Service")[0] for k in synth.resources("AWS::ApplicationAutoScaling::ScalableTarget")} <= {
+        "StreamFront"
+    }
     for alarm in synth.resources("AWS::CloudWatch::Alarm").values():
         for query in alarm["Properties"].get("Metrics", []):
             if "MetricStat" in query:

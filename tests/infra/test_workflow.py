@@ -34,7 +34,9 @@ def test_named_as_the_settings_name_it(synth):
     _, sm = _state_machine(synth)
     assert sm["Properties"]["StateMachineName"] == names.state_machine_name(names.STACK_NAME)
     env = _functions(synth)["ingest"][1]["Environment"]["Variables"]
-    assert synth.render(env["BATCHAPI_STATE_MACHINE_ARN"]).endswith(":stateMachine:" + sm["Properties"]["StateMachineName"])
+    assert synth.render(env["BATCHAPI_STATE_MACHINE_ARN"]).endswith(
+        ":stateMachine:" + sm["Properties"]["StateMachineName"]
+    )
 
 
 def test_logs_everything_and_traces(synth):
@@ -108,8 +110,10 @@ def test_tasks_retry_transient_failures_before_the_failure_path(synth):
         assert "Lambda.ServiceException" in retried and "Lambda.TooManyRequestsException" in retried, name
         assert all(r["MaxAttempts"] >= 2 and r["BackoffRate"] >= 1 for r in states[name]["Retry"]), name
     # on the wait, a timeout is the reconcile tick: no retrier may swallow it before its Catch
-    assert all("States.ALL" not in r["ErrorEquals"] and "States.Timeout" not in r["ErrorEquals"]
-               for r in states["WaitForSignal"]["Retry"])
+    assert all(
+        "States.ALL" not in r["ErrorEquals"] and "States.Timeout" not in r["ErrorEquals"]
+        for r in states["WaitForSignal"]["Retry"]
+    )
 
 
 def test_the_failure_path_comes_after_retries_and_is_retried_itself():

@@ -31,9 +31,19 @@ def count_and_charge(stores: Stores, appender: Any, marker: ChunkRecord) -> bool
     """Count a chunk as a worker does and append its receipt (the appender charges the tenant's
     budget from the marker with it); whether the count was new."""
     counted = stores.batches.count_chunk(marker)
-    message = WorkMessage(batch_id=marker.batch_id, tenant=marker.tenant, chunk=marker.chunk, input_key="k",
-                          byte_start=0, byte_end=1, first_line=1, line_count=marker.completed + marker.failed,
-                          endpoint=CHAT, model="test-chat", expires_at=marker.expires_at)
+    message = WorkMessage(
+        batch_id=marker.batch_id,
+        tenant=marker.tenant,
+        chunk=marker.chunk,
+        input_key="k",
+        byte_start=0,
+        byte_end=1,
+        first_line=1,
+        line_count=marker.completed + marker.failed,
+        endpoint=CHAT,
+        model="test-chat",
+        expires_at=marker.expires_at,
+    )
     audit.append_receipt(stores, message, marker, at=marker.recorded_at)
     appender.drain()
     return counted
@@ -41,7 +51,9 @@ def count_and_charge(stores: Stores, appender: Any, marker: ChunkRecord) -> bool
 
 def run_ingest() -> int:
     """Deliver every pending S3 event from the ingest queue to the ingest handler."""
-    return drain_queue(clients.client("sqs"), ingest_queue_url(clients.client, PREFIX), ingest_handler.handler, name="ingest")
+    return drain_queue(
+        clients.client("sqs"), ingest_queue_url(clients.client, PREFIX), ingest_handler.handler, name="ingest"
+    )
 
 
 def take_work(settings: Settings, model: str = "test-chat") -> list[WorkMessage]:

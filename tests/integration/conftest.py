@@ -80,8 +80,12 @@ def _finish_executions(state_machine_arn: str) -> None:
 
 
 @pytest.fixture
-def aws(settings: Settings, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+def aws(
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Settings]:
     """moto in decorator mode with the deployment's resources, and handlers configured for them.
     Yields the settings pointing at the created queues and state machine."""
     execute = request.node.get_closest_marker("workflow") is not None

@@ -12,8 +12,9 @@ from tests.integration.batch_helpers import line
 
 
 def test_api_actions_are_chained_with_request_ids(client, other_client, keys, appender):
-    created = client.files.with_raw_response.create(file=("in.jsonl", io.BytesIO((line(1) + "\n").encode())),
-                                                      purpose="batch")
+    created = client.files.with_raw_response.create(
+        file=("in.jsonl", io.BytesIO((line(1) + "\n").encode())), purpose="batch"
+    )
     file = created.parse()
     batch = client.batches.with_raw_response.create(
         input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -33,7 +34,9 @@ def test_api_actions_are_chained_with_request_ids(client, other_client, keys, ap
         ("batches.cancel", "batch_nope", "404"),
     ]
     assert [r.request_id for r in records] == [
-        created.headers["x-request-id"], batch.headers["x-request-id"], cancelled.headers["x-request-id"],
+        created.headers["x-request-id"],
+        batch.headers["x-request-id"],
+        cancelled.headers["x-request-id"],
         refused.value.response.headers["x-request-id"],
     ]
     assert all(r.request_id for r in records)

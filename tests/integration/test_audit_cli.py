@@ -47,15 +47,20 @@ def test_operator_changes_are_chained_and_verify_then_export(kms_stack, env, app
     records = appender.records("acme")
     actor = audit.key_actor(f"Bearer {key}")
     assert [(r.action, r.target, r.actor) for r in records] == [
-        ("keys.create", actor, "operator"), ("tenants.create", "acme", "operator"),
-        ("tenants.set", "acme", "operator"), ("keys.revoke", actor, "operator"),
+        ("keys.create", actor, "operator"),
+        ("tenants.create", "acme", "operator"),
+        ("tenants.set", "acme", "operator"),
+        ("keys.revoke", actor, "operator"),
     ]
     assert records[2].details["policy"]["batches_per_hour"] == 4
     assert key not in json.dumps([r.model_dump() for r in records])  # never the key itself
 
     code, out, err = run_cli("audit", "verify", "--tenant", "acme", env=env)
-    assert (code, out) == (0, "OK: tenant 'acme': 4 records, 4 WORM copies, newest signed checkpoint at seq 4: 0 after "
-                              "it not anchored yet (0 of them not copied yet)\n"), err
+    assert (code, out) == (
+        0,
+        "OK: tenant 'acme': 4 records, 4 WORM copies, newest signed checkpoint at seq 4: 0 after "
+        "it not anchored yet (0 of them not copied yet)\n",
+    ), err
 
     target = tmp_path / "acme.jsonl"
     assert run_cli("audit", "export", "--tenant", "acme", "--out", str(target), env=env)[0] == 0
@@ -73,8 +78,10 @@ def test_operator_changes_are_chained_and_verify_then_export(kms_stack, env, app
 def rewrite_from(table, tenant: str, seq: int, **change) -> None:
     """What a principal with write access to the table can do: change record ``seq`` and
     recompute every later hash, so the chain's own links hold."""
-    items = table.query(KeyConditionExpression="pk = :pk AND begins_with(sk, :seq)", ExpressionAttributeValues={
-        ":pk": schema.audit_pk(tenant), ":seq": schema.AUDIT_SEQ_PREFIX})["Items"]
+    items = table.query(
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :seq)",
+        ExpressionAttributeValues={":pk": schema.audit_pk(tenant), ":seq": schema.AUDIT_SEQ_PREFIX},
+    )["Items"]
     prev = audit.GENESIS
     for item in items:
         record = audit.AuditRecord.model_validate_json(item["record"])
@@ -103,17 +110,21 @@ def test_verify_finds_a_rewritten_chain_and_a_cut_tail(kms_stack, env, appender,
         assert "seq 4: cut_tail" in out and "beyond the table's head (seq 3)" in out
 
 
-def test_a_checkpoint_signed_with_another_key_is_reported_and_a_pinned_key_is_used(kms_stack, env, appender,
-                                                                                   tmp_path: Path) -> None:
+def test_a_checkpoint_signed_with_another_key_is_reported_and_a_pinned_key_is_used(
+    kms_stack, env, appender, tmp_path: Path
+) -> None:
     operator_changes(env)
     appender.drain()
     kms = boto3.client("kms")
     other = kms.create_key(KeySpec="ECC_NIST_P256", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["Arn"]
     head = appender.chain.head("acme")
-    forged = anchor.Checkpoint(tenant="acme", seq=head.seq + 1, hash="f" * 64, at=1, key_id=kms_stack.audit_signing_key_id)
+    forged = anchor.Checkpoint(
+        tenant="acme", seq=head.seq + 1, hash="f" * 64, at=1, key_id=kms_stack.audit_signing_key_id
+    )
     signature = kms.sign(KeyId=other, Message=forged.message(), MessageType="RAW", SigningAlgorithm="ECDSA_SHA_256")
-    appender.worm.put_once(anchor.checkpoint_key("acme", head.seq + 1),
-                           anchor.signed(forged, signature["Signature"]).to_json().encode())
+    appender.worm.put_once(
+        anchor.checkpoint_key("acme", head.seq + 1), anchor.signed(forged, signature["Signature"]).to_json().encode()
+    )
     code, out, _ = run_cli("audit", "verify", "--tenant", "acme", env=env)
     assert code == 1 and "seq 5: forged_checkpoint" in out
 

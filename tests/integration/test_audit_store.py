@@ -20,8 +20,15 @@ def store(request: pytest.FixtureRequest) -> AuditStore:
 
 def test_audit_store_conditions(store: AuditStore):
     assert store.head("acme") is None and store.records("acme") == [] and store.record("acme", 1) is None
-    first = audit.append(store, "acme", at=1, actor="key:abc", action="files.create", outcome="200",
-                         details={"bytes": 12, "name": "ünïcode.jsonl"})
+    first = audit.append(
+        store,
+        "acme",
+        at=1,
+        actor="key:abc",
+        action="files.create",
+        outcome="200",
+        details={"bytes": 12, "name": "ünïcode.jsonl"},
+    )
     assert store.head("acme") == first
     with pytest.raises(ConditionFailed):  # the seq is taken: never overwritten
         store.put(audit.link("acme", 1, audit.GENESIS, at=9, actor="x", action="y", outcome="ok"))
@@ -32,7 +39,9 @@ def test_audit_store_conditions(store: AuditStore):
     with pytest.raises(ConditionFailed):  # a free seq, a used dedupe key: nothing written
         store.put(audit.link("acme", 3, second.hash, at=3, actor="worker", action="x", outcome="ok"), dedupe=key)
     assert store.head("acme") == second
-    assert audit.append(store, "acme", at=4, actor="worker", action=audit.CHUNK_RECEIPT, outcome="ok", dedupe=key) is None
+    assert (
+        audit.append(store, "acme", at=4, actor="worker", action=audit.CHUNK_RECEIPT, outcome="ok", dedupe=key) is None
+    )
     records = store.records("acme")
     assert records == [first, second] and audit.verify(records) is None
     assert store.records("globex") == []
@@ -67,8 +76,17 @@ def test_concurrent_appends_on_dynamodb_never_fork(appender, atomic_moto: None):
         try:
             barrier.wait()
             for i in range(per_thread):
-                audit.append(store, "acme", at=1, actor=f"key:{t}", action="batches.create", outcome="200",
-                             target=f"{t}-{i}", attempts=1000, sleep=lambda _: None)
+                audit.append(
+                    store,
+                    "acme",
+                    at=1,
+                    actor=f"key:{t}",
+                    action="batches.create",
+                    outcome="200",
+                    target=f"{t}-{i}",
+                    attempts=1000,
+                    sleep=lambda _: None,
+                )
         except BaseException as exc:
             errors.append(exc)
 
@@ -88,6 +106,8 @@ def test_a_budget_charge_without_a_dedupe_key_is_refused(store: AuditStore):
     """A charge is written once because its record's dedupe key is: without one it is refused, and
     nothing is written."""
     with pytest.raises(ValueError):
-        store.put(audit.link("acme", 1, audit.GENESIS, at=1, actor="worker", action="x", outcome="ok"),
-                  charge=("MONTH#2026-12", {"output_tokens": 1}))
+        store.put(
+            audit.link("acme", 1, audit.GENESIS, at=1, actor="worker", action="x", outcome="ok"),
+            charge=("MONTH#2026-12", {"output_tokens": 1}),
+        )
     assert store.records("acme") == []

@@ -21,9 +21,9 @@ def test_keys_are_stored_only_as_hashes(stores, settings):
     assert key.startswith("sk-") and len(key) > 40
     items = clients.dynamodb_table(settings.table_name).scan()["Items"]
     # The key item, its listing in the tenant's key partition and its id's lookup item.
-    assert sorted(i["pk"] for i in items) == sorted([
-        schema.key_pk(auth.hash_key(key)), schema.tenant_keys_pk("acme"), schema.key_id_pk(key_id(auth.hash_key(key)))
-    ])
+    assert sorted(i["pk"] for i in items) == sorted(
+        [schema.key_pk(auth.hash_key(key)), schema.tenant_keys_pk("acme"), schema.key_id_pk(key_id(auth.hash_key(key)))]
+    )
     assert key not in str(items)
     (item,) = [i for i in items if i["pk"] == schema.key_pk(auth.hash_key(key))]
     assert item["key_hash"] == auth.hash_key(key) and item["hint"] == key[-4:]
@@ -32,7 +32,9 @@ def test_keys_are_stored_only_as_hashes(stores, settings):
 def test_authorizer_allows_the_whole_api_and_passes_the_tenant(stores, clock):
     key = auth.create_key(stores.keys, "acme", now=1)
     clock.now = 1_234
-    answer = authorizer.handler({"headers": {"authorization": f"Bearer {key}"}, "methodArn": ARN}, LocalLambdaContext("a"))
+    answer = authorizer.handler(
+        {"headers": {"authorization": f"Bearer {key}"}, "methodArn": ARN}, LocalLambdaContext("a")
+    )
     assert answer["principalId"] == "acme"
     assert answer["context"] == {"tenant": "acme", "authorized_at": 1_234}
     stage = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod"
@@ -103,11 +105,26 @@ def _multipart(fields: dict[str, tuple[str, bytes] | str]) -> tuple[bytes, str]:
         ("GET", "/v1/files/file-01m8n7xjx1bekcr5r3de2q3dfv", None),
         ("GET", "/v1/files/file-01m8n7xjx1bekcr5r3de2q3dfv/content", None),
         ("DELETE", "/v1/files/file-01m8n7xjx1bekcr5r3de2q3dfv", None),
-        ("POST", "/v1/uploads", ({"filename": "a.jsonl", "purpose": "batch", "bytes": 3, "mime_type": "text/plain"}, "application/json")),
+        (
+            "POST",
+            "/v1/uploads",
+            ({"filename": "a.jsonl", "purpose": "batch", "bytes": 3, "mime_type": "text/plain"}, "application/json"),
+        ),
         ("POST", "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/parts", _multipart({"data": ("blob", b"abc")})),
-        ("POST", "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/complete", ({"part_ids": ["part_x"]}, "application/json")),
+        (
+            "POST",
+            "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/complete",
+            ({"part_ids": ["part_x"]}, "application/json"),
+        ),
         ("POST", "/v1/uploads/upload_01m8n7xjx1bekcr5r3de2q3dfv/cancel", None),
-        ("POST", "/v1/batches", ({"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "completion_window": "24h"}, "application/json")),
+        (
+            "POST",
+            "/v1/batches",
+            (
+                {"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+                "application/json",
+            ),
+        ),
         ("GET", "/v1/batches", None),
         ("GET", "/v1/batches/batch_01m8n7xjx1bekcr5r3de2q3dfv", None),
         ("POST", "/v1/batches/batch_01m8n7xjx1bekcr5r3de2q3dfv/cancel", None),

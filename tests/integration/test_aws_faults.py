@@ -109,12 +109,24 @@ def new_batch(**over: Any) -> BatchRecord:
 
 
 def marker(chunk: int) -> ChunkRecord:
-    return ChunkRecord(tenant="acme", batch_id="batch_f1", chunk=chunk, attempt="a", completed=2, failed=1,
-                       input_tokens=7, recorded_at=1, expires_at=10**10)
+    return ChunkRecord(
+        tenant="acme",
+        batch_id="batch_f1",
+        chunk=chunk,
+        attempt="a",
+        completed=2,
+        failed=1,
+        input_tokens=7,
+        recorded_at=1,
+        expires_at=10**10,
+    )
 
 
-@pytest.mark.parametrize("fault", [conflicted_transaction(), cancelled("TransactionConflict", "None"), conflict()],
-                         ids=["cancelled-marker-free", "cancelled-marker-busy", "conflict"])
+@pytest.mark.parametrize(
+    "fault",
+    [conflicted_transaction(), cancelled("TransactionConflict", "None"), conflict()],
+    ids=["cancelled-marker-free", "cancelled-marker-busy", "conflict"],
+)
 def test_counting_a_chunk_retries_a_conflicted_transaction(faulty: Faulty, fault):
     faulty.stores.batches.create(new_batch())
     faulty.faults.fail("TransactWriteItems", fault, times=2)
@@ -150,7 +162,9 @@ def test_a_transaction_cancelled_by_its_condition_is_not_retried(faulty: Faulty)
 def test_a_conditional_update_retries_a_conflict_and_applies_once(faulty: Faulty):
     faulty.stores.batches.create(new_batch())
     faulty.faults.fail("UpdateItem", conflict(), times=2)
-    updated = faulty.stores.batches.transition("acme", "batch_f1", Change(add={"completed": 3}, expect={"status": "in_progress"}))
+    updated = faulty.stores.batches.transition(
+        "acme", "batch_f1", Change(add={"completed": 3}, expect={"status": "in_progress"})
+    )
     assert updated.completed == 3 and faulty.faults.calls["UpdateItem"] == 3 and len(faulty.sleeps) == 2
 
 

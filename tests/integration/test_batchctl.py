@@ -34,8 +34,11 @@ def create_stack(name: str, outputs: dict[str, str]) -> None:
 def stack_outputs(settings: Settings) -> dict[str, str]:
     """The outputs of a stack of ``settings`` (with governance on, its audit queue, Object Lock
     bucket and, where the settings name one, KMS signing key)."""
-    audit = {names.OUTPUT_AUDIT_QUEUE: settings.audit_queue_url, names.OUTPUT_AUDIT_BUCKET: settings.audit_bucket_name,
-             names.OUTPUT_AUDIT_KEY: settings.audit_signing_key_id}
+    audit = {
+        names.OUTPUT_AUDIT_QUEUE: settings.audit_queue_url,
+        names.OUTPUT_AUDIT_BUCKET: settings.audit_bucket_name,
+        names.OUTPUT_AUDIT_KEY: settings.audit_signing_key_id,
+    }
     return {
         names.OUTPUT_TABLE: settings.table_name,
         names.OUTPUT_BUCKET: settings.bucket_name,
@@ -150,8 +153,11 @@ def test_stack_without_the_table_output_is_an_error(aws: None, env: dict[str, st
 
 # --- Target resolution ------------------------------------------------------------------------
 STATE = local_state.LocalState(
-    moto_endpoint="http://127.0.0.1:4566", api_base_url="http://127.0.0.1:8080/v1",
-    table_name="batch-api-local", bucket_name="batch-api-local", pid=1,
+    moto_endpoint="http://127.0.0.1:4566",
+    api_base_url="http://127.0.0.1:8080/v1",
+    table_name="batch-api-local",
+    bucket_name="batch-api-local",
+    pid=1,
 )
 AWS = targets.Target(kind="aws", table_name="from-stack")
 
@@ -179,7 +185,9 @@ def test_resolve_target(mode, state, answers, expected) -> None:
     assert target.kind == expected
     if expected == "local":
         assert (target.endpoint_url, target.table_name, target.region) == (
-            STATE.moto_endpoint, STATE.table_name, STATE.region,
+            STATE.moto_endpoint,
+            STATE.table_name,
+            STATE.region,
         )
     else:
         assert target is AWS

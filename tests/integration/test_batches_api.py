@@ -30,9 +30,15 @@ def batch_file(client):
 
 
 def test_create_matches_openai_and_snapshots_the_input(raw, batch_file, stores, client):
-    response = raw.post("/batches", json={
-        "input_file_id": batch_file.id, "endpoint": CHAT, "completion_window": "24h", "metadata": {"team": "nlp"},
-    })
+    response = raw.post(
+        "/batches",
+        json={
+            "input_file_id": batch_file.id,
+            "endpoint": CHAT,
+            "completion_window": "24h",
+            "metadata": {"team": "nlp"},
+        },
+    )
     assert response.status_code == 200, response.text
     batch = assert_openai_shape(Batch, response.json())
     assert batch.id.startswith("batch_") and batch.object == "batch" and batch.status == "validating"
@@ -99,7 +105,13 @@ def test_same_key_with_another_body_is_409(raw, client, batch_file, change):
     first = raw.post("/batches", json=body, headers=headers)
     assert first.status_code == 200, first.text
     other = {k: v for k, v in {**body, **change}.items() if v is not None}
-    assert_error(raw.post("/batches", json=other, headers=headers), 409, "idempotency_key_reused", None, message="different request body")
+    assert_error(
+        raw.post("/batches", json=other, headers=headers),
+        409,
+        "idempotency_key_reused",
+        None,
+        message="different request body",
+    )
     with pytest.raises(openai.ConflictError) as info:
         client.batches.create(**other, extra_headers=headers)
     assert info.value.status_code == 409 and info.value.code == "idempotency_key_reused"
@@ -146,14 +158,28 @@ def test_same_key_while_the_first_create_runs_is_409(raw, client, batch_file, ap
 def test_idempotency_keys_are_per_tenant(client, other_client, batch_file):
     other_file = input_file(other_client, [line(0)])
     headers = {"Idempotency-Key": "same"}
-    mine = client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers)
-    theirs = other_client.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers)
+    mine = client.batches.create(
+        input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers
+    )
+    theirs = other_client.batches.create(
+        input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers
+    )
     assert mine.id != theirs.id
     assert [b.id for b in client.batches.list().data] == [mine.id]
     assert [b.id for b in other_client.batches.list().data] == [theirs.id]
     # each tenant's key still returns its own batch
-    assert client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers).id == mine.id
-    assert other_client.batches.create(input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers).id == theirs.id
+    assert (
+        client.batches.create(
+            input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers
+        ).id
+        == mine.id
+    )
+    assert (
+        other_client.batches.create(
+            input_file_id=other_file.id, endpoint=CHAT, completion_window="24h", extra_headers=headers
+        ).id
+        == theirs.id
+    )
 
 
 @pytest.mark.parametrize(
@@ -167,8 +193,18 @@ def test_idempotency_keys_are_per_tenant(client, other_client, batch_file):
         ({"metadata": {"k" * 65: "v"}}, 400, "invalid_value", "metadata"),
         ({"metadata": {"k": "v" * 513}}, 400, "invalid_value", "metadata"),
         ({"metadata": {"k": 1}}, 400, "invalid_value", "metadata"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": 10}}, 400, "invalid_value", "output_expires_after.seconds"),
-        ({"output_expires_after": {"anchor": "now", "seconds": 7200}}, 400, "invalid_value", "output_expires_after.anchor"),
+        (
+            {"output_expires_after": {"anchor": "created_at", "seconds": 10}},
+            400,
+            "invalid_value",
+            "output_expires_after.seconds",
+        ),
+        (
+            {"output_expires_after": {"anchor": "now", "seconds": 7200}},
+            400,
+            "invalid_value",
+            "output_expires_after.anchor",
+        ),
         ({"endpoint": None}, 400, "invalid_value", "endpoint"),
     ],
 )
@@ -179,14 +215,21 @@ def test_bad_create_requests_are_immediate_4xx(raw, batch_file, client, change, 
 
 
 def test_missing_parameter(raw, batch_file):
-    assert_error(raw.post("/batches", json={"input_file_id": batch_file.id, "endpoint": CHAT}), 400, "missing_required_parameter", "completion_window")
+    assert_error(
+        raw.post("/batches", json={"input_file_id": batch_file.id, "endpoint": CHAT}),
+        400,
+        "missing_required_parameter",
+        "completion_window",
+    )
 
 
 def test_input_file_must_have_purpose_batch(raw, client):
     f = client.files.create(file=("x.jsonl", line(0).encode()), purpose="user_data")
     assert_error(
         raw.post("/batches", json={"input_file_id": f.id, "endpoint": CHAT, "completion_window": "24h"}),
-        400, "invalid_file_purpose", "input_file_id",
+        400,
+        "invalid_file_purpose",
+        "input_file_id",
     )
 
 
@@ -211,7 +254,12 @@ def test_unknown_batch_is_404(raw, batch_id):
 
 def test_list_newest_first_with_cursor(client, raw, batch_file):
     made = [
-        client.batches.create(input_file_id=batch_file.id, endpoint=CHAT, completion_window="24h", extra_headers={"Idempotency-Key": str(i)}).id
+        client.batches.create(
+            input_file_id=batch_file.id,
+            endpoint=CHAT,
+            completion_window="24h",
+            extra_headers={"Idempotency-Key": str(i)},
+        ).id
         for i in range(7)
     ]
     page = client.batches.list(limit=3)

@@ -64,19 +64,30 @@ def test_wait_shows_progress_and_times_out(client, tmp_path):
     err = io.StringIO()
     ticks = iter(range(100))
     with pytest.raises(TimeoutError, match="still validating"):
-        cli_batches.wait_for(client, batch.id, timeout=3, interval=1, err=err, sleep=lambda _: None, clock=lambda: next(ticks))
+        cli_batches.wait_for(
+            client, batch.id, timeout=3, interval=1, err=err, sleep=lambda _: None, clock=lambda: next(ticks)
+        )
     assert "validating" in err.getvalue() and "0/?" in err.getvalue()
 
 
 def test_api_client_resolution():
     args = parse("batches", "list")
     args.base_url = args.api_key = None
-    local = cli_batches.api_client(args, CliSettings.from_env({}), local_base_url="http://127.0.0.1:8080/v1", aws_base_url=lambda: "x")
+    local = cli_batches.api_client(
+        args, CliSettings.from_env({}), local_base_url="http://127.0.0.1:8080/v1", aws_base_url=lambda: "x"
+    )
     assert str(local.base_url).startswith("http://127.0.0.1:8080/v1") and local.api_key == "sk-local"
-    aws = cli_batches.api_client(args, CliSettings.from_env({"OPENAI_API_KEY": "sk-x"}), local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")
+    aws = cli_batches.api_client(
+        args,
+        CliSettings.from_env({"OPENAI_API_KEY": "sk-x"}),
+        local_base_url=None,
+        aws_base_url=lambda: "https://api.example/prod/v1",
+    )
     assert str(aws.base_url).startswith("https://api.example/prod/v1") and aws.api_key == "sk-x"
     with pytest.raises(ValueError, match="API key"):
-        cli_batches.api_client(args, CliSettings.from_env({}), local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1")
+        cli_batches.api_client(
+            args, CliSettings.from_env({}), local_base_url=None, aws_base_url=lambda: "https://api.example/prod/v1"
+        )
 
 
 # --- retry: a finished batch's failed and never-run requests as a new batch ---------------------
@@ -86,7 +97,7 @@ EXPIRY_GRACE = 900
 
 
 def failing_engine() -> InProcessEngine:
-    """"hi 1" gets a 500 (transient), "hi 2" a 400 (rejected), every other a chat answer."""
+    """ "hi 1" gets a 500 (transient), "hi 2" a 400 (rejected), every other a chat answer."""
 
     def respond(path, body, seen):
         text = content(body)
@@ -116,10 +127,17 @@ def expired_with_failures(client, stores, deployed, clock, monkeypatch, metadata
     assert sweeper_handler.handler({"source": "aws.events"}, LocalLambdaContext("sweeper"))["actions"] == {"expired": 1}
     done = client.batches.retrieve(batch.id)
     assert done.status == "expired" and done.error_file_id
-    codes = [(l["custom_id"], (l["error"] or {}).get("code"), (l["response"] or {}).get("status_code"))
-             for l in map(json.loads, client.files.content(done.error_file_id).text.splitlines())]
-    assert codes == [("req-1", None, 500), ("req-2", None, 400), ("req-3", "batch_expired", None),
-                     ("req-4", "batch_expired", None), ("req-5", "batch_expired", None)]
+    codes = [
+        (l["custom_id"], (l["error"] or {}).get("code"), (l["response"] or {}).get("status_code"))
+        for l in map(json.loads, client.files.content(done.error_file_id).text.splitlines())
+    ]
+    assert codes == [
+        ("req-1", None, 500),
+        ("req-2", None, 400),
+        ("req-3", "batch_expired", None),
+        ("req-4", "batch_expired", None),
+        ("req-5", "batch_expired", None),
+    ]
     return done, rows
 
 

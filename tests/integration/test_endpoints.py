@@ -27,7 +27,9 @@ def request_line(i: int, url: str, model: str, **body) -> str:
 
 @per_deployment
 def test_a_responses_batch_and_a_score_batch_go_to_the_models_that_serve_them(client, deployed):
-    responses = "\n".join(request_line(i, "/v1/responses", QWEN, input=f"hi {i}", instructions="Be brief.") for i in range(3))
+    responses = "\n".join(
+        request_line(i, "/v1/responses", QWEN, input=f"hi {i}", instructions="Be brief.") for i in range(3)
+    )
     score = request_line(0, "/v1/score", "BAAI/bge-reranker-base", text_1="q", text_2=["a", "b"])
     first = submit(client, (responses + "\n").encode(), endpoint="/v1/responses")
     second = submit(client, (score + "\n").encode(), endpoint="/v1/score")  # not in the SDK's Literal: sent as is

@@ -34,14 +34,21 @@ def held(requests: int, tokens: int) -> Reservation:
 
 
 def reserve(ports: Stores, batch_id: str, reservation: Reservation) -> BatchRecord:
-    return ports.batches.transition("acme", batch_id, lifecycle.start(150, values={"model": "m"}, reservation=reservation))
+    return ports.batches.transition(
+        "acme", batch_id, lifecycle.start(150, values={"model": "m"}, reservation=reservation)
+    )
 
 
 def test_reserve_moves_and_counts_in_one_transaction_and_never_twice(ports: Stores):
     ports.batches.create(new_batch("b1"))
     moved = reserve(ports, "b1", held(4, 600))
-    assert (moved.status, moved.reserved_model, moved.reserved_requests, moved.reserved_tokens, moved.holds_reservation) == (
-        "in_progress", "m", 4, 600, True)
+    assert (
+        moved.status,
+        moved.reserved_model,
+        moved.reserved_requests,
+        moved.reserved_tokens,
+        moved.holds_reservation,
+    ) == ("in_progress", "m", 4, 600, True)
     assert ports.batches.enqueued("acme", "m") == (4, 600)
     with pytest.raises(ConditionFailed):  # a duplicate ingest: the batch is no longer validating
         reserve(ports, "b1", held(4, 600))
@@ -78,10 +85,26 @@ def test_a_terminal_update_releases_once(ports: Stores):
 def test_finish_creates_the_files_and_releases_once(ports: Stores):
     ports.batches.create(new_batch("b1"))
     reserve(ports, "b1", held(4, 600))
-    ports.batches.transition("acme", "b1", lifecycle.close(160, closed_for="complete", planned_output_file_id="file-out",
-                                                           planned_error_file_id="file-err", finalizing=True))
-    out = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3, created_at=1,
-                     s3_key=schema.file_key("acme", "file-out"))
+    ports.batches.transition(
+        "acme",
+        "b1",
+        lifecycle.close(
+            160,
+            closed_for="complete",
+            planned_output_file_id="file-out",
+            planned_error_file_id="file-err",
+            finalizing=True,
+        ),
+    )
+    out = FileRecord(
+        tenant="acme",
+        id="file-out",
+        filename="o.jsonl",
+        purpose="batch_output",
+        bytes=3,
+        created_at=1,
+        s3_key=schema.file_key("acme", "file-out"),
+    )
     final = lifecycle.finish(170, status="completed", closed_from="finalizing", values={"output_file_id": "file-out"})
     ports.batches.transition("acme", "b1", final, files=[out])
     assert ports.batches.enqueued("acme", "m") == (0, 0)
@@ -112,21 +135,44 @@ def test_the_count_charges_nothing_its_receipt_charges_the_budget_once(request: 
     month = "MONTH#2026-12"
 
     def count(chunk: int, budget: str | None = "month") -> bool:
-        marker = ChunkRecord(tenant="acme", batch_id="b1", chunk=chunk, attempt="a", completed=1, failed=0,
-                             output_tokens=30, spent_output_tokens=45, input_tokens=5, recorded_at=1_796_083_200,
-                             expires_at=10**10, budget_period=budget)
+        marker = ChunkRecord(
+            tenant="acme",
+            batch_id="b1",
+            chunk=chunk,
+            attempt="a",
+            completed=1,
+            failed=0,
+            output_tokens=30,
+            spent_output_tokens=45,
+            input_tokens=5,
+            recorded_at=1_796_083_200,
+            expires_at=10**10,
+            budget_period=budget,
+        )
         before = ports.batches.budget_used("acme", month)
         counted = ports.batches.count_chunk(marker)
         assert ports.batches.budget_used("acme", month) == before  # never by the count itself
-        message = WorkMessage(batch_id="b1", tenant="acme", chunk=chunk, input_key="k", byte_start=0, byte_end=1,
-                              first_line=chunk + 1, line_count=1, endpoint="/v1/chat/completions", model="m",
-                              expires_at=10**10)
+        message = WorkMessage(
+            batch_id="b1",
+            tenant="acme",
+            chunk=chunk,
+            input_key="k",
+            byte_start=0,
+            byte_end=1,
+            first_line=chunk + 1,
+            line_count=1,
+            endpoint="/v1/chat/completions",
+            model="m",
+            expires_at=10**10,
+        )
         audit.append_receipt(ports, message, ports.batches.counted_chunk("acme", "b1", chunk) or marker, at=1)
         drain()
         return counted
 
     assert count(0)
-    assert ports.batches.budget_used("acme", month) == Spent(output_tokens=45, input_tokens=5)  # the spend, not the usage
+    assert ports.batches.budget_used("acme", month) == Spent(
+        output_tokens=45, input_tokens=5
+    )  # the spend, not the usage
     assert not count(0)  # a duplicate count, its receipt again: charged once
     assert count(1, budget=None)  # no budget: not charged
     assert ports.batches.budget_used("acme", month) == Spent(output_tokens=45, input_tokens=5)

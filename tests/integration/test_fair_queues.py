@@ -30,7 +30,12 @@ def test_each_message_carries_its_tenant_as_message_group(queue) -> None:
     sqs, q = queue
     q.send([body("acme", 0), body("zeta", 1), "not json"])
     got = sqs.receive_message(QueueUrl=q.url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["MessageGroupId"])
-    groups = {json.loads(m["Body"]).get("tenant") if m["Body"] != "not json" else None: m.get("Attributes", {}).get("MessageGroupId") for m in got["Messages"]}
+    groups = {
+        json.loads(m["Body"]).get("tenant") if m["Body"] != "not json" else None: m.get("Attributes", {}).get(
+            "MessageGroupId"
+        )
+        for m in got["Messages"]
+    }
     assert groups == {"acme": "acme", "zeta": "zeta", None: None}
 
 

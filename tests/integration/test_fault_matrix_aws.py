@@ -55,7 +55,8 @@ class BotocoreFaults:
         if self.plan[model.name]:
             status, parsed = self.plan[model.name].pop(0)
             return SimpleNamespace(status_code=status, headers={}, content=b""), {
-                **parsed, "ResponseMetadata": {"HTTPStatusCode": status},
+                **parsed,
+                "ResponseMetadata": {"HTTPStatusCode": status},
             }
         return None
 
@@ -72,7 +73,9 @@ def one_chunk_batch(client: Any, stores: Stores, deployed: Any, token: str | Non
 
 @pytest.mark.parametrize("code", ["TaskTimedOut", "InvalidToken", "TaskDoesNotExist"])
 @pytest.mark.settings(chunk_max_lines=2)
-def test_chunk_signal_to_a_token_that_no_longer_waits_ends_the_redelivered_chunk_quietly(client, stores, deployed, code):
+def test_chunk_signal_to_a_token_that_no_longer_waits_ends_the_redelivered_chunk_quietly(
+    client, stores, deployed, code
+):
     sfn = BotocoreFaults(clients.client("stepfunctions"))
     batch, message = one_chunk_batch(client, stores, deployed, token="tok-1")
     sfn.answer("SendTaskSuccess", {}, status=200)  # the first delivery's signal resumes the workflow

@@ -80,12 +80,28 @@ def test_batch_file_too_large(raw, client):
 @pytest.mark.parametrize(
     ("form", "param", "code"),
     [
-        ({"expires_after[anchor]": "last_access", "expires_after[seconds]": "7200"}, "expires_after.anchor", "invalid_value"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "60"}, "expires_after.seconds", "invalid_value"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"}, "expires_after.seconds", "invalid_value"),
+        (
+            {"expires_after[anchor]": "last_access", "expires_after[seconds]": "7200"},
+            "expires_after.anchor",
+            "invalid_value",
+        ),
+        (
+            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "60"},
+            "expires_after.seconds",
+            "invalid_value",
+        ),
+        (
+            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"},
+            "expires_after.seconds",
+            "invalid_value",
+        ),
         ({"expires_after[anchor]": "created_at"}, "expires_after.seconds", "missing_required_parameter"),
         ({"expires_after[seconds]": "7200"}, "expires_after.anchor", "missing_required_parameter"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "soon"}, "expires_after[seconds]", "invalid_value"),
+        (
+            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "soon"},
+            "expires_after[seconds]",
+            "invalid_value",
+        ),
     ],
 )
 def test_bad_expires_after(raw, form, param, code):
@@ -94,7 +110,12 @@ def test_bad_expires_after(raw, form, param, code):
 
 def test_missing_file_and_purpose(raw):
     assert_error(raw.post("/files", files={"file": ("a.jsonl", JSONL)}), 400, "missing_required_parameter", "purpose")
-    assert_error(raw.post("/files", data={"purpose": "batch"}, files={"x": ("a", b"1")}), 400, "missing_required_parameter", "file")
+    assert_error(
+        raw.post("/files", data={"purpose": "batch"}, files={"x": ("a", b"1")}),
+        400,
+        "missing_required_parameter",
+        "file",
+    )
 
 
 def test_request_over_lambda_payload_limit_is_413(raw):
@@ -333,7 +354,9 @@ def test_delete_removes_record_and_bytes(raw, client, stores):
 
 # --- expiry -------------------------------------------------------------------------------------
 def test_expired_files_disappear_and_their_bytes_are_removed(client, clock, stores, settings):
-    short = client.files.create(file=("s.jsonl", JSONL), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600})
+    short = client.files.create(
+        file=("s.jsonl", JSONL), purpose="batch", expires_after={"anchor": "created_at", "seconds": 3600}
+    )
     keep = client.files.create(file=("k.txt", b"keep"), purpose="user_data")
     clock.now += 3600
     with pytest.raises(openai.NotFoundError):
@@ -355,7 +378,11 @@ def test_reaper_handler_deletes_bytes_of_removed_file_items(client, stores):
     from infra.local.lambda_context import LocalLambdaContext
 
     def image(file_id: str) -> dict:
-        return {"pk": {"S": "T#acme"}, "sk": {"S": f"FILE#{file_id}"}, "s3_key": {"S": schema.file_key("acme", file_id)}}
+        return {
+            "pk": {"S": "T#acme"},
+            "sk": {"S": f"FILE#{file_id}"},
+            "s3_key": {"S": schema.file_key("acme", file_id)},
+        }
 
     removed, inserted, modified = (client.files.create(file=(f"{n}.jsonl", JSONL), purpose="batch").id for n in "rim")
     event = {
@@ -367,7 +394,9 @@ def test_reaper_handler_deletes_bytes_of_removed_file_items(client, stores):
         ]
     }
     reaper.handler(event, LocalLambdaContext("reaper"))
-    assert sorted(stores.objects.list_keys("files/")) == sorted(schema.file_key("acme", i) for i in (inserted, modified))
+    assert sorted(stores.objects.list_keys("files/")) == sorted(
+        schema.file_key("acme", i) for i in (inserted, modified)
+    )
     assert client.files.content(inserted).content == JSONL
     assert purge_removed(stores.objects, [{"sk": "UPLOAD#x", "s3_key": "whatever"}]) == []
 

@@ -23,8 +23,10 @@ def test_over_the_requests_cap_fails_and_under_it_reserves(client, stores, deplo
     assert failed.status == "failed"
     (error,) = failed.errors.data
     assert (error.code, error.line, error.param) == ("token_limit_exceeded", None, None)
-    assert error.message == ("Enqueued request limit reached for test-chat in organization acme. Limit: 2 enqueued "
-                             "requests. Please try again once some in_progress batches have been completed.")
+    assert error.message == (
+        "Enqueued request limit reached for test-chat in organization acme. Limit: 2 enqueued "
+        "requests. Please try again once some in_progress batches have been completed."
+    )
     assert stores.batches.enqueued("acme", "test-chat") == (0, 0)
 
     under = submit(client, "".join(line(i) + "\n" for i in range(2)).encode())
@@ -38,13 +40,29 @@ def test_over_the_requests_cap_fails_and_under_it_reserves(client, stores, deplo
 def test_a_used_up_budget_with_reject_is_429_insufficient_quota(client, other_client, stores, appender, clock):
     clock.now = NOW
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=10))
-    stores.batches.create(batch_record(id="b0", created_at=1, expires_at=10**10, input_key="k", status="in_progress",
-                                       accepting=True, chunk_count=1))
+    stores.batches.create(
+        batch_record(
+            id="b0", created_at=1, expires_at=10**10, input_key="k", status="in_progress", accepting=True, chunk_count=1
+        )
+    )
     content = (line(1) + "\n").encode()
     submit(client, content)  # nothing charged yet
-    assert count_and_charge(stores, appender, ChunkRecord(
-        tenant="acme", batch_id="b0", chunk=0, attempt="a", completed=1, failed=0, output_tokens=10, recorded_at=NOW,
-        expires_at=10**10, budget_period="month"))
+    assert count_and_charge(
+        stores,
+        appender,
+        ChunkRecord(
+            tenant="acme",
+            batch_id="b0",
+            chunk=0,
+            attempt="a",
+            completed=1,
+            failed=0,
+            output_tokens=10,
+            recorded_at=NOW,
+            expires_at=10**10,
+            budget_period="month",
+        ),
+    )
     assert stores.batches.budget_used("acme", budget_sk("month", NOW)).output_tokens == 10
 
     with pytest.raises(openai.RateLimitError) as info:

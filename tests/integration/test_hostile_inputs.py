@@ -152,7 +152,9 @@ def assert_files_agree(client, batch, custom_ids: list[str]) -> tuple[list[dict]
     counts = batch.request_counts
     assert (counts.completed, counts.failed, counts.total) == (len(out), len(err), len(custom_ids))
     assert sorted(l["custom_id"] for l in out + err) == sorted(custom_ids)
-    assert all(l["response"]["status_code"] == 200 for l in out) and all(l["response"] is None or l["response"]["status_code"] >= 400 for l in err)
+    assert all(l["response"]["status_code"] == 200 for l in out) and all(
+        l["response"] is None or l["response"]["status_code"] >= 400 for l in err
+    )
     return out, err
 
 
@@ -206,7 +208,8 @@ def test_a_line_one_byte_over_the_line_limit_fails_the_batch_at_its_line(client,
 
 
 @pytest.mark.parametrize(
-    "bad", [b"\xff\xfe", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"],
+    "bad",
+    [b"\xff\xfe", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80"],
     ids=["invalid-start", "bad-continuation", "encoded-surrogate", "above-u10ffff"],
 )
 def test_invalid_utf8_fails_the_batch_at_its_line(client, deployed, bad):
@@ -240,9 +243,13 @@ def test_an_engine_answer_over_the_response_bound_is_an_error_line_and_the_batch
     from tests.fakes.engine import content as content_of
 
     huge = "z" * (8 * 1024 * 1024 + 1)  # one byte over the worker's 8 MiB response bound
-    engine = FakeEngine(lambda path, body, seen: (200, huge) if content_of(body) == "hi 1" else (200, chat_answer(body))).start()
+    engine = FakeEngine(
+        lambda path, body, seen: (200, huge) if content_of(body) == "hi 1" else (200, chat_answer(body))
+    ).start()
     try:
-        done = run_to_end(client, stores, deployed, "".join(line(i) + "\n" for i in range(3)).encode(), HttpEngine(engine.url))
+        done = run_to_end(
+            client, stores, deployed, "".join(line(i) + "\n" for i in range(3)).encode(), HttpEngine(engine.url)
+        )
     finally:
         engine.stop()
     out, err = assert_files_agree(client, done, ["req-0", "req-1", "req-2"])
@@ -259,7 +266,13 @@ def test_the_most_errors_with_the_longest_echoes_fit_an_item_and_an_event(client
     EventBridge's event and DynamoDB's item, every message within its bound."""
     emoji = "\U0001f4a5"
     lines = [
-        json.dumps({**json.loads(line(i)), **({"custom_id": emoji * (CUSTOM_ID + 1)} if i % 2 else {"url": "/v1/" + emoji * 10_000})}, ensure_ascii=False)
+        json.dumps(
+            {
+                **json.loads(line(i)),
+                **({"custom_id": emoji * (CUSTOM_ID + 1)} if i % 2 else {"url": "/v1/" + emoji * 10_000}),
+            },
+            ensure_ascii=False,
+        )
         for i in range(150)
     ]
     failed = fail_batch(client, ("\n".join(lines) + "\n").encode())

@@ -13,7 +13,11 @@ from tests.integration.batch_helpers import CHAT, executions, line, run_ingest, 
 
 
 def lines_of(content: bytes, start: int, end: int, first: int):
-    return [l for l in iter_lines([content[start:end]], max_line_bytes=10**9, start=start, first_number=first) if not l.blank]
+    return [
+        l
+        for l in iter_lines([content[start:end]], max_line_bytes=10**9, start=start, first_number=first)
+        if not l.blank
+    ]
 
 
 @pytest.mark.settings(chunk_max_lines=100)
@@ -26,7 +30,9 @@ def test_valid_batch_is_cut_into_chunks_and_fanned_out(client, deployed, stores)
     assert current.model == "test-chat" and current.request_counts.total == 250
     work = take_work(deployed)
     # Under 8 full chunks: spread over 8 chunks of ceil(250 / 8) = 32 lines (docs/lifecycle.md, "Live progress").
-    assert [(m.chunk, m.line_count, m.first_line) for m in work] == [(i, 32, 1 + 32 * i) for i in range(7)] + [(7, 26, 225)]
+    assert [(m.chunk, m.line_count, m.first_line) for m in work] == [(i, 32, 1 + 32 * i) for i in range(7)] + [
+        (7, 26, 225)
+    ]
     seen = []
     for m in work:
         assert m.batch_id == batch.id and m.tenant == "acme" and m.endpoint == CHAT and m.model == "test-chat"
@@ -83,14 +89,22 @@ def test_chunks_are_bounded_by_bytes_and_never_split_a_line(client, deployed):
 
 
 def test_bom_crlf_and_blank_lines(client, deployed):
-    content = b"\xef\xbb\xbf" + b"\r\n".join([line(0).encode(), b"", b"   ", line(1).encode(), line(2).encode()]) + b"\r\n\r\n"
+    content = (
+        b"\xef\xbb\xbf"
+        + b"\r\n".join([line(0).encode(), b"", b"   ", line(1).encode(), line(2).encode()])
+        + b"\r\n\r\n"
+    )
     batch = submit(client, content)
     run_ingest()
     current = client.batches.retrieve(batch.id)
     assert current.status == "in_progress" and current.request_counts.total == 3
     (m,) = take_work(deployed)
     assert (m.first_line, m.line_count, m.byte_start) == (1, 3, 0)
-    assert [json.loads(l.text)["custom_id"] for l in lines_of(content, m.byte_start, m.byte_end, 1)] == ["req-0", "req-1", "req-2"]
+    assert [json.loads(l.text)["custom_id"] for l in lines_of(content, m.byte_start, m.byte_end, 1)] == [
+        "req-0",
+        "req-1",
+        "req-2",
+    ]
 
 
 def bad(i, **changes):
@@ -189,24 +203,48 @@ def test_missing_record_is_retried_not_dropped(stores, deployed):
 def test_only_snapshot_created_events_are_ingested():
     def body(name: str, key: str) -> str:
         """An S3 notification as S3 sends it (URL-encoded key)."""
-        return json.dumps({"Records": [{
-            "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
-            "eventTime": "2026-01-01T00:00:00.000Z", "eventName": name,
-            "userIdentity": {"principalId": "AWS:X"}, "requestParameters": {"sourceIPAddress": "127.0.0.1"},
-            "responseElements": {"x-amz-request-id": "1", "x-amz-id-2": "2"},
-            "s3": {"s3SchemaVersion": "1.0", "configurationId": "c",
-                   "bucket": {"name": "b", "ownerIdentity": {"principalId": "X"}, "arn": "arn:aws:s3:::b"},
-                   "object": {"key": key, "size": 10, "eTag": "e", "sequencer": "1"}},
-        }]})
+        return json.dumps(
+            {
+                "Records": [
+                    {
+                        "eventVersion": "2.1",
+                        "eventSource": "aws:s3",
+                        "awsRegion": "us-east-1",
+                        "eventTime": "2026-01-01T00:00:00.000Z",
+                        "eventName": name,
+                        "userIdentity": {"principalId": "AWS:X"},
+                        "requestParameters": {"sourceIPAddress": "127.0.0.1"},
+                        "responseElements": {"x-amz-request-id": "1", "x-amz-id-2": "2"},
+                        "s3": {
+                            "s3SchemaVersion": "1.0",
+                            "configurationId": "c",
+                            "bucket": {"name": "b", "ownerIdentity": {"principalId": "X"}, "arn": "arn:aws:s3:::b"},
+                            "object": {"key": key, "size": 10, "eTag": "e", "sequencer": "1"},
+                        },
+                    }
+                ]
+            }
+        )
 
     def keys(body: str) -> list[str]:
-        record = IngestRecord.model_validate({
-            "messageId": "m", "receiptHandle": "r", "body": body, "md5OfBody": "",
-            "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "0", "SenderId": "s",
-                           "ApproximateFirstReceiveTimestamp": "0"},
-            "messageAttributes": {}, "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:1:q",
-            "awsRegion": "us-east-1",
-        })
+        record = IngestRecord.model_validate(
+            {
+                "messageId": "m",
+                "receiptHandle": "r",
+                "body": body,
+                "md5OfBody": "",
+                "attributes": {
+                    "ApproximateReceiveCount": "1",
+                    "SentTimestamp": "0",
+                    "SenderId": "s",
+                    "ApproximateFirstReceiveTimestamp": "0",
+                },
+                "messageAttributes": {},
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:1:q",
+                "awsRegion": "us-east-1",
+            }
+        )
         return snapshot_keys(record.body)
 
     def event(key, name="ObjectCreated:Put"):
@@ -217,7 +255,6 @@ def test_only_snapshot_created_events_are_ingested():
     assert keys(event("batches/acme%2Bco/batch_1/input.jsonl")) == ["batches/acme+co/batch_1/input.jsonl"]
     assert keys(event("batches/acme/batch_1/parts/000001.out.jsonl")) == []
     assert keys(event("batches/acme/batch_1/input.jsonl", "ObjectRemoved:Delete")) == []
-
 
 
 def test_a_record_that_fails_is_reported_for_redelivery_and_the_others_are_not(client, deployed, stores, monkeypatch):
@@ -234,7 +271,9 @@ def test_a_record_that_fails_is_reported_for_redelivery_and_the_others_are_not(c
     sqs, url = clients.client("sqs"), ingest_queue_url(clients.client, PREFIX)
     ok = submit(client, (line(0) + "\n").encode())
     throttled = submit(client, (line(0) + "\n").encode())
-    bodies = [m["Body"] for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]]
+    bodies = [
+        m["Body"] for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)["Messages"]
+    ]
     ghost = "batch_01m8n7xjx1bekcr5r3de2q3dfv"
     sqs.send_message(QueueUrl=url, MessageBody=bodies[0].replace(ok.id, ghost).replace(throttled.id, ghost))
     received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"])["Messages"]

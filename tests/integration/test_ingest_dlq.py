@@ -32,7 +32,14 @@ INGEST_FAILED = {
 def nested(depth: int) -> str:
     """A request line whose body nests ``depth`` levels deep (valid JSON)."""
     body = "[" * depth + "]" * depth
-    return json.dumps({"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "test-chat"}})[:-2] + ', "x": ' + body + "}}"
+    return (
+        json.dumps(
+            {"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "test-chat"}}
+        )[:-2]
+        + ', "x": '
+        + body
+        + "}}"
+    )
 
 
 @pytest.fixture
@@ -52,7 +59,9 @@ def deliver_until_dead_lettered() -> int:
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     failures = 0
     for _ in range(50):
-        received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0, AttributeNames=["All"]).get("Messages", [])
+        received = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0, AttributeNames=["All"]
+        ).get("Messages", [])
         if not received:
             return failures
         try:
@@ -65,7 +74,9 @@ def deliver_until_dead_lettered() -> int:
 
 
 def run_ingest_dlq() -> int:
-    return drain_queue(clients.client("sqs"), ingest_dlq_url(clients.client, PREFIX), ingest_dlq_handler.handler, name="ingest-dlq")
+    return drain_queue(
+        clients.client("sqs"), ingest_dlq_url(clients.client, PREFIX), ingest_dlq_handler.handler, name="ingest-dlq"
+    )
 
 
 def test_a_batch_whose_ingest_always_raises_ends_failed_with_one_clear_error(client, deployed, ingest_always_raises):

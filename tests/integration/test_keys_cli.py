@@ -75,11 +75,16 @@ def test_disable_refuses_the_tenant_s_keys_and_new_ones_until_enable(appender, s
     sdk(api_url, other).files.list()
     code, out, err = run_cli("keys", "create", "--tenant", "acme", env=env)
     assert (code, out) == (1, "") and "is disabled" in err
-    assert [r["status"] for r in map(json.loads, run_cli("keys", "list", "--tenant", "acme", env=env)[1].splitlines())] == ["disabled"]
+    assert [
+        r["status"] for r in map(json.loads, run_cli("keys", "list", "--tenant", "acme", env=env)[1].splitlines())
+    ] == ["disabled"]
     assert run_cli("tenants", "enable", "--tenant", "acme", env=env)[0] == 0
     assert sdk(api_url, key).files.list().data == []
-    actions = [(r.action, r.details["keys"], r.details["policy"]["disabled"])
-               for r in appender.records("acme") if r.action.startswith("tenants.")]
+    actions = [
+        (r.action, r.details["keys"], r.details["policy"]["disabled"])
+        for r in appender.records("acme")
+        if r.action.startswith("tenants.")
+    ]
     assert actions == [("tenants.disable", 1, True), ("tenants.enable", 1, False)]
 
 
@@ -99,23 +104,31 @@ def test_backfill_lists_a_key_stored_before_ids(stack, env, stores):
 
 
 def test_rate_and_storage_options_are_stored_and_get_shows_their_usage(stack, env, client):
-    code, out, err = run_cli("tenants", "set", "--tenant", "acme", "--requests-per-minute", "50",
-                             "--max-stored-bytes", "2KiB", env=env)
+    code, out, err = run_cli(
+        "tenants", "set", "--tenant", "acme", "--requests-per-minute", "50", "--max-stored-bytes", "2KiB", env=env
+    )
     assert code == 0, err
     assert (json.loads(out)["requests_per_minute"], json.loads(out)["max_stored_bytes"]) == (50, 2048)
     client.files.create(file=("a.txt", b"a" * 300), purpose="user_data")
     usage = json.loads(run_cli("tenants", "get", "--tenant", "acme", env=env)[1])["usage"]
     assert usage["stored_bytes"] == 300 and usage["requests_this_minute"] >= 1
-    code, out, _ = run_cli("tenants", "set", "--tenant", "acme", "--requests-per-minute", "none",
-                           "--max-stored-bytes", "none", env=env)
+    code, out, _ = run_cli(
+        "tenants", "set", "--tenant", "acme", "--requests-per-minute", "none", "--max-stored-bytes", "none", env=env
+    )
     assert (json.loads(out)["requests_per_minute"], json.loads(out)["max_stored_bytes"]) == (None, None)
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["--requests-per-minute", "0"], "at least 1"), (["--requests-per-minute", "-3"], "must not be negative"),
-    (["--requests-per-minute", "fast"], "whole number"), (["--max-stored-bytes", "10 parsecs"], "byte count"),
-    (["--max-stored-bytes", "-1"], "byte count"), (["--max-stored-bytes", "1.5GB"], "byte count"),
-])
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--requests-per-minute", "0"], "at least 1"),
+        (["--requests-per-minute", "-3"], "must not be negative"),
+        (["--requests-per-minute", "fast"], "whole number"),
+        (["--max-stored-bytes", "10 parsecs"], "byte count"),
+        (["--max-stored-bytes", "-1"], "byte count"),
+        (["--max-stored-bytes", "1.5GB"], "byte count"),
+    ],
+)
 def test_bad_rate_and_storage_values_exit_2_saying_why(argv, says, env, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["tenants", "set", "--tenant", "acme", *argv], env=env)

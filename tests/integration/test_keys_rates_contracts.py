@@ -65,8 +65,15 @@ def test_the_request_counter_stops_at_its_limit_per_window_and_tenant(ports: Sto
 
 
 def file(file_id: str, size: int) -> FileRecord:
-    return FileRecord(tenant="acme", id=file_id, filename="f", purpose="user_data", bytes=size, created_at=1,
-                      s3_key=f"files/acme/{file_id}")
+    return FileRecord(
+        tenant="acme",
+        id=file_id,
+        filename="f",
+        purpose="user_data",
+        bytes=size,
+        created_at=1,
+        s3_key=f"files/acme/{file_id}",
+    )
 
 
 def test_stored_bytes_are_reserved_within_the_quota_and_released_once(ports: Stores):
@@ -84,8 +91,16 @@ def test_stored_bytes_are_reserved_within_the_quota_and_released_once(ports: Sto
 
 
 def upload(upload_id: str, size: int) -> UploadRecord:
-    return UploadRecord(tenant="acme", id=upload_id, filename="u.jsonl", purpose="batch", bytes=size,
-                        mime_type="text/jsonl", created_at=1, expires_at=3601)
+    return UploadRecord(
+        tenant="acme",
+        id=upload_id,
+        filename="u.jsonl",
+        purpose="batch",
+        bytes=size,
+        mime_type="text/jsonl",
+        created_at=1,
+        expires_at=3601,
+    )
 
 
 def test_an_upload_hands_its_reservation_to_its_file(ports: Stores):

@@ -27,7 +27,12 @@ def sdk(api_url: str, key: str, **over) -> openai.OpenAI:
 
 
 def test_over_its_rate_a_tenant_gets_openai_s_429_with_retry_after_and_others_do_not(
-    api_url, keys, stores, clock, other_client, appender,
+    api_url,
+    keys,
+    stores,
+    clock,
+    other_client,
+    appender,
 ):
     clock.now = NOW
     stores.tenants.put(TenantPolicy(tenant="acme", requests_per_minute=3))
@@ -79,7 +84,11 @@ def test_over_its_stored_bytes_a_tenant_gets_a_400_until_it_deletes(client, othe
     ):
         with pytest.raises(openai.BadRequestError) as info:
             attempt()
-        assert (info.value.status_code, info.value.type, info.value.code) == (400, "invalid_request_error", "storage_quota_exceeded")
+        assert (info.value.status_code, info.value.type, info.value.code) == (
+            400,
+            "invalid_request_error",
+            "storage_quota_exceeded",
+        )
         assert info.value.body["message"].startswith("You have exceeded your file storage quota.")
     assert [f.id for f in client.files.list()] == [kept.id]
     other_client.files.create(file=("big.txt", b"x" * 500), purpose="user_data")  # no quota of its own
@@ -109,7 +118,10 @@ def test_a_disabled_tenant_is_refused_at_once_and_accepted_again_when_enabled(ap
 def test_the_authorizer_denies_a_disabled_tenant_s_key_and_the_api_refuses_a_cached_allow(stores, keys):
     arn = "arn:aws:execute-api:us-east-1:123456789012:abc123/prod/GET/v1/files"
     event = {"type": "REQUEST", "methodArn": arn, "headers": {"Authorization": f"Bearer {keys['acme']}"}}
-    assert authorizer_handler.handler(event, LocalLambdaContext("a"))["policyDocument"]["Statement"][0]["Effect"] == "Allow"
+    assert (
+        authorizer_handler.handler(event, LocalLambdaContext("a"))["policyDocument"]["Statement"][0]["Effect"]
+        == "Allow"
+    )
     auth.set_disabled(stores.keys, stores.tenants, "acme", True, now=1)
     denied = authorizer_handler.handler(event, LocalLambdaContext("a"))
     assert [s["Effect"] for s in denied["policyDocument"]["Statement"]] == ["Deny"]
@@ -117,8 +129,15 @@ def test_the_authorizer_denies_a_disabled_tenant_s_key_and_the_api_refuses_a_cac
     # tenant once its policy cache has the disabled policy.
     deps.reset()  # a fresh API process: nothing cached yet
     proxy = {
-        "resource": "/v1/{proxy+}", "path": "/v1/files", "httpMethod": "GET", "headers": {}, "multiValueHeaders": {},
-        "queryStringParameters": None, "pathParameters": {"proxy": "files"}, "body": None, "isBase64Encoded": False,
+        "resource": "/v1/{proxy+}",
+        "path": "/v1/files",
+        "httpMethod": "GET",
+        "headers": {},
+        "multiValueHeaders": {},
+        "queryStringParameters": None,
+        "pathParameters": {"proxy": "files"},
+        "body": None,
+        "isBase64Encoded": False,
         "requestContext": {"requestId": "r1", "stage": "prod", "authorizer": {"tenant": "acme", "principalId": "acme"}},
     }
     answer = api_handler.handler(proxy, LocalLambdaContext("api"))

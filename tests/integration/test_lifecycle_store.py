@@ -10,7 +10,9 @@ from functions.core.ports import Stores
 from tests.unit.test_lifecycle import STEPS, walk
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(steps=STEPS)
 def test_random_transition_sequences_keep_the_lifecycle_rules_on_dynamodb(stores: Stores, steps):
     tenant = f"t{uuid.uuid4().hex[:12]}"  # the moto table is the test's: a tenant of its own per example

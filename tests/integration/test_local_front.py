@@ -21,7 +21,11 @@ from infra.local.lambda_front import invoke
 
 
 def allow(event, context):
-    return {"principalId": "acme", "policyDocument": {"Statement": [{"Effect": "Allow"}]}, "context": {"tenant": "acme"}}
+    return {
+        "principalId": "acme",
+        "policyDocument": {"Statement": [{"Effect": "Allow"}]},
+        "context": {"tenant": "acme"},
+    }
 
 
 @pytest.fixture
@@ -107,7 +111,9 @@ class Recorder:
 
     def __init__(self, answer=None):
         self.events = []
-        self.answer = answer or (lambda event: {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"})
+        self.answer = answer or (
+            lambda event: {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
+        )
 
     def __call__(self, event, context):
         self.events.append(event)
@@ -165,8 +171,12 @@ BINARY = bytes(range(256))
 
 
 def binary_answer(event):
-    return {"statusCode": 200, "multiValueHeaders": {"Content-Type": ["application/octet-stream"]},
-            "body": base64.b64encode(BINARY).decode(), "isBase64Encoded": True}
+    return {
+        "statusCode": 200,
+        "multiValueHeaders": {"Content-Type": ["application/octet-stream"]},
+        "body": base64.b64encode(BINARY).decode(),
+        "isBase64Encoded": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -189,8 +199,13 @@ def test_a_base64_response_is_bytes_only_when_the_first_accept_type_is_binary(ac
 
 @pytest.mark.parametrize(
     ("accept", "gets_bytes"),
-    [("application/binary", True), ("*/*", True), ("text/html, application/xhtml+xml, */*;q=0.8", True),
-     ("application/json", True), (None, False)],
+    [
+        ("application/binary", True),
+        ("*/*", True),
+        ("text/html, application/xhtml+xml, */*;q=0.8", True),
+        ("application/json", True),
+        (None, False),
+    ],
 )
 def test_under_the_stacks_media_types_a_base64_response_is_bytes_for_any_accept(accept, gets_bytes):
     headers = [("Authorization", "Bearer k")] + ([("Accept", accept)] if accept else [])
@@ -201,8 +216,12 @@ def test_under_the_stacks_media_types_a_base64_response_is_bytes_for_any_accept(
 
 def test_a_response_with_both_header_maps_is_merged_and_repeated_names_are_separate_lines(serve):
     def answer(event):
-        return {"statusCode": 200, "headers": {"X-One": "1", "Set-Cookie": "ignored=1"},
-                "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]}, "body": "ok"}
+        return {
+            "statusCode": 200,
+            "headers": {"X-One": "1", "Set-Cookie": "ignored=1"},
+            "multiValueHeaders": {"Set-Cookie": ["a=1", "b=2"]},
+            "body": "ok",
+        }
 
     status, headers_out, _ = call(front(Recorder(answer)))
     assert status == 200
@@ -273,7 +292,12 @@ def test_a_lambda_response_over_6_mb_is_a_502(extra, status):
     got, _, payload = call(front(Recorder(answer)))
     assert got == status
     if status == 502:
-        assert envelope(payload) == {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
+        assert envelope(payload) == {
+            "message": "Internal server error",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
 
 
 def test_the_lambda_gets_29_s_then_the_client_gets_504_endpoint_request_timed_out():
@@ -289,7 +313,12 @@ def test_the_lambda_gets_29_s_then_the_client_gets_504_endpoint_request_timed_ou
     finally:
         release.set()
     assert status == 504
-    assert envelope(payload) == {"message": "Endpoint request timed out", "type": "server_error", "param": None, "code": "timeout"}
+    assert envelope(payload) == {
+        "message": "Endpoint request timed out",
+        "type": "server_error",
+        "param": None,
+        "code": "timeout",
+    }
     assert header(headers_out, "x-request-id")
 
 
@@ -330,7 +359,12 @@ def test_a_path_outside_v1_proxy_is_api_gateways_403_missing_authentication_toke
     recorder = Recorder()
     status, _, payload = call(front(recorder), target=target)
     assert status == 403 and recorder.events == []
-    assert envelope(payload) == {"message": "Missing Authentication Token", "type": "invalid_request_error", "param": None, "code": None}
+    assert envelope(payload) == {
+        "message": "Missing Authentication Token",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
 
 
 def test_every_gateway_response_the_front_renders_is_the_stacks_template():
@@ -341,10 +375,14 @@ def test_every_gateway_response_the_front_renders_is_the_stacks_template():
         if error.status is None:
             continue
         status, headers_out, payload = api.gateway(kind, "req-1", "API Gateway's message")
-        rendered = json.loads(error.template().replace("$context.error.messageString", json.dumps("API Gateway's message")))
+        rendered = json.loads(
+            error.template().replace("$context.error.messageString", json.dumps("API Gateway's message"))
+        )
         assert status == error.status and json.loads(payload) == rendered
         assert header(headers_out, "x-request-id") == ["req-1"]
-        assert header(headers_out, "Retry-After") == ([str(error.retry_after_seconds)] if error.retry_after_seconds else [])
+        assert header(headers_out, "Retry-After") == (
+            [str(error.retry_after_seconds)] if error.retry_after_seconds else []
+        )
     status, headers_out, payload = api.gateway("THROTTLED", "req-2", "Too Many Requests")
     assert status == 429 and header(headers_out, "Retry-After") == ["1"]
     assert envelope(payload)["type"] == "rate_limit_error" and envelope(payload)["code"] == "rate_limit_exceeded"
@@ -354,7 +392,9 @@ def test_an_invalid_base64_body_for_a_binary_accept_is_api_gateways_500():
     def answer(event):
         return {"statusCode": 200, "body": "not base64!", "isBase64Encoded": True}
 
-    status, _, payload = call(front(Recorder(answer)), headers=[("Authorization", "Bearer k"), ("Accept", "application/binary")])
+    status, _, payload = call(
+        front(Recorder(answer)), headers=[("Authorization", "Bearer k"), ("Accept", "application/binary")]
+    )
     assert status == 500 and envelope(payload)["type"] == "server_error"
 
 
@@ -390,7 +430,13 @@ def test_a_hundred_clients_connecting_at_once_are_all_answered_on_kept_alive_con
                 while b"\r\n\r\n" not in head:
                     head += sock.recv(4096)
                 assert head.startswith(b"HTTP/1.1 200"), head
-                length = int(next(v for k, v in (line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line) if k.lower() == b"content-length"))
+                length = int(
+                    next(
+                        v
+                        for k, v in (line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line)
+                        if k.lower() == b"content-length"
+                    )
+                )
                 body = head.split(b"\r\n\r\n", 1)[1]
                 while len(body) < length:
                     body += sock.recv(4096)
@@ -403,14 +449,16 @@ def test_a_hundred_clients_connecting_at_once_are_all_answered_on_kept_alive_con
 
 
 def _chunked(body: bytes, size: int) -> bytes:
-    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
 
 
 def _post_chunked(port: int, body: bytes, size: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: text/plain\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(body, size))
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: text/plain\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(body, size)
+    )
     return sock
 
 
@@ -419,7 +467,9 @@ def _read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
     while b"\r\n\r\n" not in data:
         data += sock.recv(65536)
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    length = int(
+        next(line.split(b":", 1)[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return head, body
@@ -459,7 +509,9 @@ def test_a_chunked_request_body_reaches_the_lambda_whole_and_the_connection_stay
         assert len(seen) == 2  # the oversized body never reached the Lambda
         over.close()
         bad = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
-        bad.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+        bad.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        )
         head, answer = _read_answer(bad)
         assert head.startswith(b"HTTP/1.1 400")
         bad.close()

@@ -28,12 +28,17 @@ SPEC = json.loads((Path(__file__).parents[1] / "openapi" / "openai-files-uploads
 # The description's file object lists every purpose but ``evals``, which its createFile accepts
 # (and OpenAI then answers with): a stored file's purpose is one its upload may have.
 _purposes = SPEC["components"]["schemas"]["OpenAIFile"]["properties"]["purpose"]["enum"]
-_purposes += [p for p in SPEC["components"]["schemas"]["CreateFileRequest"]["properties"]["purpose"]["enum"] if p not in _purposes]
+_purposes += [
+    p for p in SPEC["components"]["schemas"]["CreateFileRequest"]["properties"]["purpose"]["enum"] if p not in _purposes
+]
 METHODS = ("get", "post", "delete")
 #: Every method of API Gateway's ANY (docs/local.md, rule 19).
 ANY_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 PROPERTIES = settings(
-    max_examples=120, deadline=None, derandomize=True, database=None,
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
@@ -111,7 +116,12 @@ def nullable_when_optional(schema: Any) -> Any:
 
 
 def assert_openai_error(response) -> None:
-    assert 400 <= response.status_code < 500, (response.request.method, response.request.url, response.status_code, response.text)
+    assert 400 <= response.status_code < 500, (
+        response.request.method,
+        response.request.url,
+        response.status_code,
+        response.text,
+    )
     if response.request.method == "HEAD":
         return
     error = response.json()["error"]
@@ -177,13 +187,21 @@ def send_multipart(raw, method: str, url: str, form: dict[str, Any]):
 def known_ids(client) -> dict[str, list[str]]:
     """Ids of objects that exist, for the generated paths and bodies to hit sometimes."""
     batch_file = client.files.create(
-        file=("in.jsonl", b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
-              b'"body": {"model": "m", "messages": []}}\n'),
+        file=(
+            "in.jsonl",
+            b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+            b'"body": {"model": "m", "messages": []}}\n',
+        ),
         purpose="batch",
     )
     upload = client.uploads.create(bytes=3, filename="u.jsonl", mime_type="text/jsonl", purpose="batch")
     batch = client.batches.create(input_file_id=batch_file.id, endpoint="/v1/chat/completions", completion_window="24h")
-    return {"file_id": [batch_file.id], "upload_id": [upload.id], "batch_id": [batch.id], "input_file_id": [batch_file.id]}
+    return {
+        "file_id": [batch_file.id],
+        "upload_id": [upload.id],
+        "batch_id": [batch.id],
+        "input_file_id": [batch_file.id],
+    }
 
 
 def url_of(data, path: str, op: dict[str, Any], known: dict[str, list[str]]) -> str:
@@ -194,7 +212,9 @@ def url_of(data, path: str, op: dict[str, Any], known: dict[str, list[str]]) -> 
             value = data.draw(any_id(known.get(param["name"], ["x"])), label=param["name"])
             path = path.replace("{" + param["name"] + "}", quote(value, safe=""))
         elif param["in"] == "query" and data.draw(st.booleans(), label=f"with {param['name']}"):
-            query.append(f"{param['name']}={quote(data.draw(schema_strings(param['schema']), label=param['name']), safe='')}")
+            query.append(
+                f"{param['name']}={quote(data.draw(schema_strings(param['schema']), label=param['name']), safe='')}"
+            )
     return path + ("?" + "&".join(query) if query else "")
 
 
@@ -208,12 +228,16 @@ def test_requests_that_follow_openais_description_never_get_a_5xx(raw, known_ids
         schema = content["application/json"]["schema"]
         body = data.draw(from_schema(schema), label="body")
         if isinstance(body, dict) and data.draw(st.booleans(), label="optional fields null"):
-            body.update({k: None for k in schema["properties"] if k not in schema.get("required", ()) and k not in body})
+            body.update(
+                {k: None for k in schema["properties"] if k not in schema.get("required", ()) and k not in body}
+            )
         if "input_file_id" in body and data.draw(st.booleans(), label="a real input file"):
             body["input_file_id"] = known_ids["input_file_id"][0]
         response = raw.request(method, url, json=body)
     elif "multipart/form-data" in content:
-        response = send_multipart(raw, method, url, data.draw(multipart_strategy(content["multipart/form-data"]["schema"]), label="form"))
+        response = send_multipart(
+            raw, method, url, data.draw(multipart_strategy(content["multipart/form-data"]["schema"]), label="form")
+        )
     else:
         response = raw.request(method, url)
     assert_answer(response, op)
@@ -226,11 +250,19 @@ JSON_VALUES = st.recursive(
 )
 CONTENT_TYPES = st.one_of(
     st.none(),
-    st.sampled_from([
-        "application/json", "application/json; charset=utf-8", "text/plain", "application/octet-stream",
-        "application/x-www-form-urlencoded", "multipart/form-data", "multipart/form-data; boundary=x",
-        "text/html; charset=iso-8859-1", "application/jsonl",
-    ]),
+    st.sampled_from(
+        [
+            "application/json",
+            "application/json; charset=utf-8",
+            "text/plain",
+            "application/octet-stream",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+            "multipart/form-data; boundary=x",
+            "text/html; charset=iso-8859-1",
+            "application/jsonl",
+        ]
+    ),
     # any printable value an HTTP client can send (no surrounding whitespace: not a legal header value)
     st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40).map(str.strip),
 )
@@ -241,7 +273,9 @@ CONTENT_TYPES = st.one_of(
 def test_bodies_of_any_shape_under_any_content_type_never_get_a_5xx(raw, known_ids, data) -> None:
     method, path, op = data.draw(st.sampled_from(BODY_OPERATIONS), label="operation")
     url = url_of(data, path, op, known_ids)
-    body = data.draw(st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)), label="body")
+    body = data.draw(
+        st.one_of(JSON_VALUES.map(lambda v: json.dumps(v).encode()), st.binary(max_size=200)), label="body"
+    )
     content_type = data.draw(CONTENT_TYPES, label="content type")
     headers = {"Content-Type": content_type} if content_type is not None else {}
     response = raw.request(method, url, content=body, headers=headers)
@@ -255,7 +289,9 @@ def test_every_path_under_every_method_never_gets_a_5xx(raw, known_ids, data) ->
     path = data.draw(st.sampled_from(sorted(SPEC["paths"])), label="path")
     method = data.draw(st.sampled_from(ANY_METHODS), label="method")
     ops = {m.upper(): resolve(op) for m, op in SPEC["paths"][path].items() if m in METHODS}
-    op = ops.get(method, {"parameters": resolve(next(iter(SPEC["paths"][path].values())).get("parameters", [])), "responses": {}})
+    op = ops.get(
+        method, {"parameters": resolve(next(iter(SPEC["paths"][path].values())).get("parameters", [])), "responses": {}}
+    )
     response = raw.request(method, url_of(data, path, op, known_ids))
     assert response.status_code < 500, (method, path, response.status_code, response.text)
     if method in ops:
@@ -267,16 +303,30 @@ def test_every_path_under_every_method_never_gets_a_5xx(raw, known_ids, data) ->
 def test_optional_fields_sent_as_null_are_taken_as_absent(raw, known_ids) -> None:
     """What a client that writes every field sends (litellm passes ``metadata=None``): each JSON
     operation of the description with all its optional fields null is answered as without them."""
-    created = raw.post("/batches", json={"input_file_id": known_ids["input_file_id"][0], "endpoint": "/v1/chat/completions",
-                                         "completion_window": "24h", "metadata": None, "output_expires_after": None})
+    created = raw.post(
+        "/batches",
+        json={
+            "input_file_id": known_ids["input_file_id"][0],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": None,
+            "output_expires_after": None,
+        },
+    )
     assert created.status_code == 200 and created.json()["metadata"] is None
-    upload = raw.post("/uploads", json={"filename": "n.jsonl", "purpose": "batch", "bytes": 3,
-                                        "mime_type": "text/jsonl", "expires_after": None})
+    upload = raw.post(
+        "/uploads",
+        json={"filename": "n.jsonl", "purpose": "batch", "bytes": 3, "mime_type": "text/jsonl", "expires_after": None},
+    )
     assert upload.status_code == 200
     part = raw.post(f"/uploads/{upload.json()['id']}/parts", files={"data": ("d", b"abc")}).json()["id"]
     done = raw.post(f"/uploads/{upload.json()['id']}/complete", json={"part_ids": [part], "md5": None})
     assert done.status_code == 200 and done.json()["status"] == "completed"
-    for schema_name in ("CreateBatchRequest", "CreateUploadRequest", "CompleteUploadRequest"):  # every optional field covered
+    for schema_name in (
+        "CreateBatchRequest",
+        "CreateUploadRequest",
+        "CompleteUploadRequest",
+    ):  # every optional field covered
         schema = SPEC["components"]["schemas"][schema_name]
         optional = set(schema["properties"]) - set(schema["required"])
         assert optional <= {"metadata", "output_expires_after", "expires_after", "md5"}, (schema_name, optional)

@@ -33,30 +33,52 @@ def new_batch(**over) -> BatchRecord:
 
 
 def marker(chunk: int, completed: int = 2) -> ChunkRecord:
-    return ChunkRecord(tenant="acme", batch_id="batch_c1", chunk=chunk, attempt="a", completed=completed, failed=1,
-                       input_tokens=7, recorded_at=1, expires_at=10**10)
+    return ChunkRecord(
+        tenant="acme",
+        batch_id="batch_c1",
+        chunk=chunk,
+        attempt="a",
+        completed=completed,
+        failed=1,
+        input_tokens=7,
+        recorded_at=1,
+        expires_at=10**10,
+    )
 
 
 def test_batch_transition_conditions(ports: Stores):
     ports.batches.create(new_batch())
     with pytest.raises(ConditionFailed):
         ports.batches.create(new_batch())
-    updated = ports.batches.transition("acme", "batch_c1", Change(values={"status": "cancelling"}, defaults={"cancelling_at": 5},
-                                                                  expect={"status": ("in_progress", "validating")}))
+    updated = ports.batches.transition(
+        "acme",
+        "batch_c1",
+        Change(
+            values={"status": "cancelling"},
+            defaults={"cancelling_at": 5},
+            expect={"status": ("in_progress", "validating")},
+        ),
+    )
     assert (updated.status, updated.cancelling_at) == ("cancelling", 5)
-    again = ports.batches.transition("acme", "batch_c1", Change(defaults={"cancelling_at": 9}, add={"started_chunks": {1}}))
+    again = ports.batches.transition(
+        "acme", "batch_c1", Change(defaults={"cancelling_at": 9}, add={"started_chunks": {1}})
+    )
     assert again.cancelling_at == 5 and again.started_chunks == {1}
     again = ports.batches.transition("acme", "batch_c1", Change(add={"started_chunks": {1, 2}, "completed": 3}))
     assert again.started_chunks == {1, 2} and again.completed == 3
     with pytest.raises(ConditionFailed):
-        ports.batches.transition("acme", "batch_c1", Change(values={"status": "failed"}, expect={"status": "in_progress"}))
+        ports.batches.transition(
+            "acme", "batch_c1", Change(values={"status": "failed"}, expect={"status": "in_progress"})
+        )
     with pytest.raises(ConditionFailed):  # absent attribute expected, present
         ports.batches.transition("acme", "batch_c1", Change(values={"model": "x"}, expect={"cancelling_at": None}))
     with pytest.raises(ConditionFailed):  # no such batch: never created by a transition
         ports.batches.transition("acme", "nope", Change(values={"status": "failed"}))
     assert ports.batches.get("acme", "nope") is None
     assert ports.batches.get("globex", "batch_c1") is None  # keyed by tenant
-    removed = ports.batches.transition("acme", "batch_c1", Change(remove=("cancelling_at",), expect={"cancelling_at": 5}))
+    removed = ports.batches.transition(
+        "acme", "batch_c1", Change(remove=("cancelling_at",), expect={"cancelling_at": 5})
+    )
     assert removed.cancelling_at is None
 
 
@@ -80,8 +102,15 @@ def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):
     ports.batches.create(new_batch())
     ports.batches.create(new_batch(id="batch_c2"))
     assert ports.batches.chunk_states("acme", "batch_c1") == ({}, {})
-    run = ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=1, version=1, segments=[[0, 3]],
-                         outcomes={"0-3": "101"}, expires_at=10**10)
+    run = ChunkRunRecord(
+        tenant="acme",
+        batch_id="batch_c1",
+        chunk=1,
+        version=1,
+        segments=[[0, 3]],
+        outcomes={"0-3": "101"},
+        expires_at=10**10,
+    )
     ports.batches.save_chunk_run(run)
     ports.batches.save_chunk_run(run.model_copy(update={"batch_id": "batch_c2", "chunk": 0}))
     assert ports.batches.count_chunk(marker(0))
@@ -93,14 +122,24 @@ def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):
 
 def test_finish_is_atomic(ports: Stores):
     ports.batches.create(new_batch(accepting=False))
-    f = FileRecord(tenant="acme", id="file-out", filename="o.jsonl", purpose="batch_output", bytes=3,
-                   created_at=1, expires_at=10**10, s3_key="files/acme/file-out")
+    f = FileRecord(
+        tenant="acme",
+        id="file-out",
+        filename="o.jsonl",
+        purpose="batch_output",
+        bytes=3,
+        created_at=1,
+        expires_at=10**10,
+        s3_key="files/acme/file-out",
+    )
     with pytest.raises(ConditionFailed):
-        ports.batches.transition("acme", "batch_c1", lifecycle.finish(1, status="completed", closed_from="finalizing", values={}),
-                                 files=[f])
+        ports.batches.transition(
+            "acme", "batch_c1", lifecycle.finish(1, status="completed", closed_from="finalizing", values={}), files=[f]
+        )
     assert ports.files.get("acme", "file-out", now=2) is None  # no file without the status
-    ports.batches.transition("acme", "batch_c1", lifecycle.finish(1, status="completed", closed_from="in_progress", values={}),
-                             files=[f])
+    ports.batches.transition(
+        "acme", "batch_c1", lifecycle.finish(1, status="completed", closed_from="in_progress", values={}), files=[f]
+    )
     assert ports.files.get("acme", "file-out", now=2) is not None
     assert ports.batches.get("acme", "batch_c1").status == "completed"
 
@@ -169,9 +208,19 @@ def test_a_chunk_run_record_is_written_optimistically(ports: Stores):
     ports.batches.save_chunk_run(first)
     with pytest.raises(ConditionFailed):  # a second "first" write loses
         ports.batches.save_chunk_run(first.model_copy(update={"open": ["b1"]}))
-    second = first.model_copy(update={"version": 2, "open": [], "failures": 1, "segments": [[0, 25], [25, 50]],
-                                      "in_flight": 50, "in_flight_end": 58, "in_flight_by": "a1", "blamed": [7],
-                                      "suspects": [3, 4]})
+    second = first.model_copy(
+        update={
+            "version": 2,
+            "open": [],
+            "failures": 1,
+            "segments": [[0, 25], [25, 50]],
+            "in_flight": 50,
+            "in_flight_end": 58,
+            "in_flight_by": "a1",
+            "blamed": [7],
+            "suspects": [3, 4],
+        }
+    )
     ports.batches.save_chunk_run(second)
     assert ports.batches.chunk_run("acme", "batch_c1", 3) == second
     with pytest.raises(ConditionFailed):  # written over a stale version
@@ -193,10 +242,17 @@ def test_open_batches_lists_exactly_the_batches_not_terminal(ports: Stores):
     ports.batches.create(new_batch(tenant="globex", id="batch_g", status="cancelling", expires_at=250))
     ports.batches.create(new_batch(id="batch_done", status="completed"))  # created terminal: never listed
     # oldest expiry first: 100, 200, 250, 300
-    assert ports.batches.open_batches() == [("acme", "batch_r"), ("acme", "batch_f"), ("globex", "batch_g"), ("acme", "batch_v")]
+    assert ports.batches.open_batches() == [
+        ("acme", "batch_r"),
+        ("acme", "batch_f"),
+        ("globex", "batch_g"),
+        ("acme", "batch_v"),
+    ]
     ports.batches.transition("acme", "batch_r", Change(values={"accepting": False}))  # not terminal: still listed
     ports.batches.transition("acme", "batch_v", lifecycle.refuse(1, []))
-    ports.batches.transition("acme", "batch_f", lifecycle.finish(2, status="completed", closed_from="in_progress", values={}))
+    ports.batches.transition(
+        "acme", "batch_f", lifecycle.finish(2, status="completed", closed_from="in_progress", values={})
+    )
     assert ports.batches.open_batches() == [("acme", "batch_r"), ("globex", "batch_g")]
     ports.batches.transition("globex", "batch_g", lifecycle.fail_without_files(3, []))
     assert ports.batches.open_batches() == [("acme", "batch_r")]
@@ -207,8 +263,16 @@ def test_open_batches_lists_exactly_the_batches_not_terminal(ports: Stores):
 def test_a_file_settles_once_from_uploaded(ports: Stores):
     """An assembled Upload's File moves from ``uploaded`` to processed/error exactly once; a File
     already processed (or gone) is never moved again (a redelivered assembly changes nothing)."""
-    pending = FileRecord(tenant="acme", id="file-up", filename="u.jsonl", purpose="batch", bytes=3,
-                         created_at=1, s3_key="files/acme/upload_1", status="uploaded")
+    pending = FileRecord(
+        tenant="acme",
+        id="file-up",
+        filename="u.jsonl",
+        purpose="batch",
+        bytes=3,
+        created_at=1,
+        s3_key="files/acme/upload_1",
+        status="uploaded",
+    )
     ports.files.create(pending)
     assert ports.files.get("acme", "file-up", now=2).to_wire().status == "uploaded"
     settled = ports.files.settle("acme", "file-up", "error", "md5 mismatch")
@@ -235,7 +299,11 @@ def test_tenant_policies_and_the_creation_counter(ports: Stores):
     assert ports.tenants.get("acme").batches_per_hour == 5
     assert [p.tenant for p in ports.tenants.list()] == ["Globex", "acme"]
     # the counter stops at the limit, per tenant and per window
-    assert [ports.tenants.count_creation("acme", 3600, limit=2, expires_at=10**10) for _ in range(3)] == [True, True, False]
+    assert [ports.tenants.count_creation("acme", 3600, limit=2, expires_at=10**10) for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
     assert ports.tenants.count_creation("acme", 7200, limit=2, expires_at=10**10)
     assert ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)
     assert not ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)

@@ -36,8 +36,16 @@ def test_a_batch_polled_while_its_chunks_run_shows_counts_rising_in_steps(client
 
     engine = InProcessEngine(rejecting("hi 4"))
     for message in messages:
-        asyncio.run(process_chunk(stores, message, engine, io=io, max_line_bytes=1 << 20,
-                                  policy=RunPolicy(checkpoint_lines=3, checkpoint_seconds=0)))
+        asyncio.run(
+            process_chunk(
+                stores,
+                message,
+                engine,
+                io=io,
+                max_line_bytes=1 << 20,
+                policy=RunPolicy(checkpoint_lines=3, checkpoint_seconds=0),
+            )
+        )
     poll()
     final = (59, 1)  # one line rejected by the engine
     assert polls[-1] == final

@@ -29,7 +29,9 @@ def deployed_settings():
     with mock_aws():
         clients.reset()
         yield create_resources(
-            TEST_SETTINGS.model_copy(update={"governance": False}), clients.client, prefix=PREFIX,
+            TEST_SETTINGS.model_copy(update={"governance": False}),
+            clients.client,
+            prefix=PREFIX,
             workflow_function_arn="arn:aws:lambda:us-east-1:123456789012:function:batch-api-test-workflow",
         )
         clients.reset()

@@ -17,7 +17,9 @@ def _line(i: int) -> str:
     return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": body})
 
 
-def test_deleting_the_input_file_removes_its_bytes_now_and_the_running_batch_keeps_its_snapshot(client, stores, deployed):
+def test_deleting_the_input_file_removes_its_bytes_now_and_the_running_batch_keeps_its_snapshot(
+    client, stores, deployed
+):
     content = ("\n".join(_line(i) for i in range(3)) + "\n").encode()
     f = client.files.create(file=("in.jsonl", content), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")

@@ -23,8 +23,15 @@ def gpu_service(aws, monkeypatch, clock):
     ecs.create_service(cluster="gpu", serviceName="model", taskDefinition="worker", desiredCount=0)
     queue_url = aws.models[next(iter(aws.models))].queue_url
     service = {
-        "model": "m", "cluster": "gpu", "service": "model", "queue_url": queue_url, "min_tasks": 0, "max_tasks": 3,
-        "backlog_per_task": T, "idle_seconds": IDLE, "scale_in_cooldown_seconds": 300,
+        "model": "m",
+        "cluster": "gpu",
+        "service": "model",
+        "queue_url": queue_url,
+        "min_tasks": 0,
+        "max_tasks": 3,
+        "backlog_per_task": T,
+        "idle_seconds": IDLE,
+        "scale_in_cooldown_seconds": 300,
     }
     monkeypatch.setenv("SCALER_TABLE_NAME", aws.table_name)
     monkeypatch.setenv("SCALER_SERVICES", json.dumps([service]))
@@ -68,7 +75,8 @@ def test_scaler_starts_a_gpu_for_waiting_messages_grows_and_returns_to_zero(gpu_
     _invoke()
     assert _desired() == 3
     item = clients.dynamodb_table(deps.settings().table_name).get_item(
-        Key={schema.PK: schema.scaler_pk("m"), schema.SK: "STATE"})["Item"]
+        Key={schema.PK: schema.scaler_pk("m"), schema.SK: "STATE"}
+    )["Item"]
     assert int(item["idle_since"]) == clock.now
     clock.now += IDLE - 1
     _invoke()

@@ -34,7 +34,12 @@ def test_any_accept_gets_the_bytes_inline_and_no_accept_gets_a_redirect(raw, cli
     request with no ``Accept`` would get the base64 text, so it gets a presigned URL instead."""
     data = b'{"a": 1}\n\x00\xff'
     f = client.files.create(file=("small.jsonl", data), purpose="batch")
-    for accept in ("*/*", "application/json", "text/html, application/xhtml+xml, */*;q=0.8", "application/octet-stream"):
+    for accept in (
+        "*/*",
+        "application/json",
+        "text/html, application/xhtml+xml, */*;q=0.8",
+        "application/octet-stream",
+    ):
         inline = raw.get(f"/files/{f.id}/content", headers={"Accept": accept})
         assert (inline.status_code, inline.content) == (200, data), accept
     bare = raw.build_request("GET", f"/files/{f.id}/content")
@@ -84,7 +89,9 @@ def throttled(aws, keys):
     from infra.local.front import LocalApi, make_server
 
     clock = ManualClock()
-    server = make_server(LocalApi(api_handler.handler, authorizer_handler.handler, throttle=(1.0, 2), clock=clock), "127.0.0.1", 0)
+    server = make_server(
+        LocalApi(api_handler.handler, authorizer_handler.handler, throttle=(1.0, 2), clock=clock), "127.0.0.1", 0
+    )
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     yield OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=keys["acme"], max_retries=0), clock
     server.shutdown()
@@ -100,7 +107,10 @@ def test_api_gateways_throttling_reaches_the_sdk_as_a_rate_limit_error_with_retr
     error = limited.value
     assert error.status_code == 429 and error.request_id
     assert error.body == {
-        "message": error.body["message"], "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded",
+        "message": error.body["message"],
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "rate_limit_exceeded",
     }
     assert error.response.headers["retry-after"] == "1"
     clock.now += 1.0  # the bucket refills one request per second

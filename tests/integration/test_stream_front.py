@@ -81,7 +81,12 @@ def open_multipart_uploads(aws: Settings) -> list[str]:
 def test_files_create_over_api_gateways_quota_through_the_unchanged_sdk(sdk: OpenAI, streamed_url: str, keys) -> None:
     data = payload(12 * MIB)  # API Gateway's quota is 10 MB: this never fits a Lambda request
     created = sdk.files.create(file=("big.jsonl", data), purpose="user_data")
-    assert (created.bytes, created.filename, created.purpose, created.status) == (len(data), "big.jsonl", "user_data", "processed")
+    assert (created.bytes, created.filename, created.purpose, created.status) == (
+        len(data),
+        "big.jsonl",
+        "user_data",
+        "processed",
+    )
     assert sdk.files.retrieve(created.id).bytes == len(data)
     assert sdk.files.content(created.id).read() == data  # streamed back, no redirect
     with raw_client(streamed_url, keys["acme"]) as raw:
@@ -92,9 +97,11 @@ def test_files_create_over_api_gateways_quota_through_the_unchanged_sdk(sdk: Ope
 
 
 def test_the_file_may_come_before_its_purpose_as_the_node_sdk_sends_it(streamed_url: str, keys) -> None:
-    body = (b'--b\r\nContent-Disposition: form-data; name="file"; filename="n.jsonl"\r\n'
-            b"Content-Type: application/octet-stream\r\n\r\n" + b'{"a": 1}\n' + b"\r\n"
-            b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--b--\r\n')
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="n.jsonl"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n" + b'{"a": 1}\n' + b"\r\n"
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n--b--\r\n'
+    )
     with raw_client(streamed_url, keys["acme"]) as raw:
         answer = raw.post("/files", content=body, headers={"Content-Type": "multipart/form-data; boundary=b"})
     assert answer.status_code == 200, answer.text
@@ -104,7 +111,9 @@ def test_the_file_may_come_before_its_purpose_as_the_node_sdk_sends_it(streamed_
 def test_a_64_mb_class_part_through_the_sdk_becomes_a_file(sdk: OpenAI) -> None:
     parts = [payload(20 * MIB, 1), payload(3 * MIB, 2)]
     data = b"".join(parts)
-    upload = sdk.uploads.create(bytes=len(data), filename="parts.bin", mime_type="application/octet-stream", purpose="user_data")
+    upload = sdk.uploads.create(
+        bytes=len(data), filename="parts.bin", mime_type="application/octet-stream", purpose="user_data"
+    )
     ids = [sdk.uploads.parts.create(upload.id, data=part).id for part in parts]
     done = sdk.uploads.complete(upload.id, part_ids=ids, md5=hashlib.md5(data).hexdigest())
     assert done.status == "completed" and done.file is not None and done.file.bytes == len(data)
@@ -128,16 +137,25 @@ def test_keys_tenants_and_rules_are_the_api_lambdas(sdk: OpenAI, streamed_url: s
     assert open_multipart_uploads(aws) == []
 
 
-def test_a_client_that_goes_away_mid_body_leaves_nothing(streamed_url: str, keys, sdk: OpenAI, aws: Settings,
-                                                         front: RecordingFront) -> None:
+def test_a_client_that_goes_away_mid_body_leaves_nothing(
+    streamed_url: str, keys, sdk: OpenAI, aws: Settings, front: RecordingFront
+) -> None:
     port = urlsplit(streamed_url).port
-    head = (b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
-            b'--b\r\nContent-Disposition: form-data; name="file"; filename="gone.jsonl"\r\n\r\n')
+    head = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="gone.jsonl"\r\n\r\n'
+    )
     declared = len(head) + 30 * MIB
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + keys["acme"].encode()
-                 + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: " + str(declared).encode()
-                 + b"\r\n\r\n" + head + payload(12 * MIB))  # past the first S3 parts, then gone
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + keys["acme"].encode()
+        + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: "
+        + str(declared).encode()
+        + b"\r\n\r\n"
+        + head
+        + payload(12 * MIB)
+    )  # past the first S3 parts, then gone
     sock.close()
     with front.changed:  # the request has ended on the server: it saw its client go away
         assert front.changed.wait_for(lambda: front.ended, timeout=30)
@@ -209,28 +227,43 @@ def test_streamed_requests_are_audited_as_the_api_lambdas_are(sdk: OpenAI, clien
         part = api.uploads.parts.with_raw_response.create(upload.id, data=b"abc")
         with pytest.raises(openai.BadRequestError) as refused:
             api.files.create(file=("e.jsonl", b""), purpose="batch")
-        mine = appender.records("acme")[len(records.get("lambda", [])):]
+        mine = appender.records("acme")[len(records.get("lambda", [])) :]
         records[name] = mine
         assert [r.request_id for r in mine if r.action in ("files.create", "uploads.add_part")] == [
-            created.headers["x-request-id"], part.headers["x-request-id"], refused.value.response.headers["x-request-id"]]
-    shape = {name: [(r.action, r.outcome, r.actor, r.details.get("error_code")) for r in rs] for name, rs in records.items()}
+            created.headers["x-request-id"],
+            part.headers["x-request-id"],
+            refused.value.response.headers["x-request-id"],
+        ]
+    shape = {
+        name: [(r.action, r.outcome, r.actor, r.details.get("error_code")) for r in rs] for name, rs in records.items()
+    }
     assert shape["streamed"] == shape["lambda"]
     assert [a for a, *_ in shape["streamed"]] == ["files.create", "uploads.create", "uploads.add_part", "files.create"]
     assert shape["streamed"][-1][1:] == ("400", shape["lambda"][0][2], "empty_file")
     assert audit.verify(appender.records("acme")) is None
 
 
-def test_a_tenants_slow_uploads_hold_only_its_own_share(streamed_url: str, keys, sdk: OpenAI, front: RecordingFront) -> None:
+def test_a_tenants_slow_uploads_hold_only_its_own_share(
+    streamed_url: str, keys, sdk: OpenAI, front: RecordingFront
+) -> None:
     port = urlsplit(streamed_url).port
-    head = (b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
-            b'--b\r\nContent-Disposition: form-data; name="file"; filename="slow.jsonl"\r\n\r\n')
+    head = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="slow.jsonl"\r\n\r\n'
+    )
     share = limits.STREAM_MAX_UPLOADS_PER_TENANT
     slow = []
     for _ in range(share):  # uploads that send a little, then nothing
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + keys["acme"].encode()
-                     + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: "
-                     + str(len(head) + MIB).encode() + b"\r\n\r\n" + head + b"{}")
+        sock.sendall(
+            b"POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + keys["acme"].encode()
+            + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: "
+            + str(len(head) + MIB).encode()
+            + b"\r\n\r\n"
+            + head
+            + b"{}"
+        )
         slow.append(sock)
     deadline = threading.Event()
     while front.slots.held("acme") < share and not deadline.wait(0.05):

@@ -25,7 +25,10 @@ from tests.integration.batch_helpers import (
 )
 from tests.integration.worker.harness import run_one_chunk
 
-pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30)]
+pytestmark = [
+    pytest.mark.workflow,
+    pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30),
+]
 
 #: The deployment's defaults (Settings): a batch not enqueued 300 s after it moved is restarted;
 #: an open batch 900 s past its expiry is finalized by the sweeper.
@@ -56,7 +59,9 @@ def start_fails(stores, monkeypatch):
     return failures
 
 
-def test_a_batch_whose_workflow_start_kept_failing_is_started_by_the_sweeper_and_completes(client, stores, deployed, clock, start_fails):
+def test_a_batch_whose_workflow_start_kept_failing_is_started_by_the_sweeper_and_completes(
+    client, stores, deployed, clock, start_fails
+):
     start_fails[0] = 2  # ingest's attempt, and the sweeper's first
     batch = submit(client, ("\n".join(line(i) for i in range(3)) + "\n").encode())
     assert run_ingest() == 0  # the event failed (redelivered in 60 s): StartExecution kept failing
@@ -99,7 +104,9 @@ def test_execution_already_exists_with_another_input_counts_as_started(client, s
     other = {**json.loads(described["input"]), "timeout_seconds": 17}
     with pytest.raises(ClientError, match="ExecutionAlreadyExists"):
         clients.client("stepfunctions").start_execution(
-            stateMachineArn=deployed.state_machine_arn, name=batch.id, input=json.dumps(other),
+            stateMachineArn=deployed.state_machine_arn,
+            name=batch.id,
+            input=json.dumps(other),
         )
     stores.workflows.start(batch.id, other)  # no raise: already started
     assert [e["name"] for e in executions(deployed)] == [batch.id]
@@ -108,7 +115,9 @@ def test_execution_already_exists_with_another_input_counts_as_started(client, s
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
 
 
-def test_an_open_batch_past_expiry_and_grace_with_no_workflow_ends_expired_with_its_files(client, stores, deployed, clock, start_fails, monkeypatch):
+def test_an_open_batch_past_expiry_and_grace_with_no_workflow_ends_expired_with_its_files(
+    client, stores, deployed, clock, start_fails, monkeypatch
+):
     start_fails[0] = 10**6  # its workflow never starts, ever
     batch = submit(client, ("\n".join(line(i) for i in range(4)) + "\n").encode(), window="30s")
     run_ingest()
@@ -129,7 +138,9 @@ def test_an_open_batch_past_expiry_and_grace_with_no_workflow_ends_expired_with_
     assert sweep() == {"looked": 0, "actions": {}, "errors": 0}
 
 
-def test_a_batch_stuck_validating_past_its_deadline_fails_with_the_clear_error(client, stores, deployed, clock, monkeypatch):
+def test_a_batch_stuck_validating_past_its_deadline_fails_with_the_clear_error(
+    client, stores, deployed, clock, monkeypatch
+):
     """Its ingest event was lost (never delivered): the sweeper's validating deadline ends it."""
     batch = submit(client, (line(0) + "\n").encode())
     lose_ingest_events()  # the S3 notification is lost
@@ -162,7 +173,9 @@ def test_a_batch_cancelled_before_it_started_with_no_ingest_left_ends_cancelled(
     assert executions(deployed) == []
 
 
-def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_by_the_sweeper(client, stores, deployed, clock, monkeypatch):
+def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_by_the_sweeper(
+    client, stores, deployed, clock, monkeypatch
+):
     """Every chunk is counted, then the execution fails without finalizing: Finalize and Fail hit
     a transient error on every retry (Fail raises it for its own retry, which runs out). The
     sweeper finalizes the batch ``completed`` a reconcile period plus the expiry grace after it went
@@ -190,7 +203,9 @@ def test_an_all_counted_batch_whose_workflow_died_is_finalized_completed_by_the_
         assert execution["status"] == "FAILED" and len(calls) >= 8  # Finalize's and Fail's every retry
     counted = stores.batches.get("acme", batch.id)
     assert counted.status == "in_progress" and counted.chunks_done == counted.chunk_count == 2
-    quiet = max([m.recorded_at for m in stores.batches.counted_chunks("acme", batch.id).values()] + [counted.in_progress_at])
+    quiet = max(
+        [m.recorded_at for m in stores.batches.counted_chunks("acme", batch.id).values()] + [counted.in_progress_at]
+    )
     clock.now = quiet + COMPLETION_GRACE - 1
     assert sweep()["actions"] == {}  # a live workflow's time
     clock.now = quiet + COMPLETION_GRACE

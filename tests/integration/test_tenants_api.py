@@ -41,7 +41,8 @@ def test_a_batch_with_a_model_not_allowed_ends_failed_with_model_not_allowed(cli
     failed = client.batches.retrieve(batch.id)
     assert failed.status == "failed"
     assert [(e.code, e.line, e.param) for e in failed.errors.data] == [
-        ("model_not_allowed", 1, "body.model"), ("model_not_allowed", 2, "body.model"),
+        ("model_not_allowed", 1, "body.model"),
+        ("model_not_allowed", 2, "body.model"),
     ]
     assert "test-chat" in failed.errors.data[0].message
 

@@ -45,8 +45,19 @@ def test_create_then_the_api_enforces_it_and_set_changes_only_what_it_is_given(
     stack: None, env: dict[str, str], client, stores, clock
 ) -> None:
     clock.now = 1_699_956_000 + 60  # a minute into a clock hour: both creates fall in it
-    code, _out, err = run_cli("tenants", "create", "--tenant", "acme", "--batches-per-hour", "1",
-                             "--allowed-models", "test-chat,other", "--max-enqueued-tokens", "test-chat=5000", env=env)
+    code, _out, err = run_cli(
+        "tenants",
+        "create",
+        "--tenant",
+        "acme",
+        "--batches-per-hour",
+        "1",
+        "--allowed-models",
+        "test-chat,other",
+        "--max-enqueued-tokens",
+        "test-chat=5000",
+        env=env,
+    )
     assert code == 0, err
     assert stores.tenants.get("acme").batches_per_hour == 1
 
@@ -55,8 +66,9 @@ def test_create_then_the_api_enforces_it_and_set_changes_only_what_it_is_given(
     with pytest.raises(openai.RateLimitError):
         submit(client, content)
 
-    code, _out, err = run_cli("tenants", "set", "--tenant", "acme", "--batches-per-hour", "none",
-                             "--max-enqueued-tokens", "other=7", env=env)
+    code, _out, err = run_cli(
+        "tenants", "set", "--tenant", "acme", "--batches-per-hour", "none", "--max-enqueued-tokens", "other=7", env=env
+    )
     assert code == 0, err
     policy = stores.tenants.get("acme")
     assert policy.batches_per_hour is None
@@ -64,7 +76,17 @@ def test_create_then_the_api_enforces_it_and_set_changes_only_what_it_is_given(
     assert policy.max_enqueued_tokens == {"test-chat": 5000, "other": 7}
     submit(client, content)  # no limit any more: admitted at once
 
-    run_cli("tenants", "set", "--tenant", "acme", "--allowed-models", "all", "--max-enqueued-tokens", "test-chat=none", env=env)
+    run_cli(
+        "tenants",
+        "set",
+        "--tenant",
+        "acme",
+        "--allowed-models",
+        "all",
+        "--max-enqueued-tokens",
+        "test-chat=none",
+        env=env,
+    )
     policy = stores.tenants.get("acme")
     assert policy.allowed_models is None and policy.max_enqueued_tokens == {"other": 7}
 
@@ -86,10 +108,16 @@ def test_list_prints_every_policy(stack: None, env: dict[str, str]) -> None:
     assert (rows[1]["output_token_budget"], rows[1]["budget_period"]) == (1_000_000, "day")
 
 
-@pytest.mark.parametrize("argv", [
-    ["--batches-per-hour", "-1"], ["--batches-per-hour", "many"], ["--max-enqueued-requests", "no-equals"],
-    ["--budget-period", "week"], ["--allowed-models", ","],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--batches-per-hour", "-1"],
+        ["--batches-per-hour", "many"],
+        ["--max-enqueued-requests", "no-equals"],
+        ["--budget-period", "week"],
+        ["--allowed-models", ","],
+    ],
+)
 def test_bad_values_exit_2(argv: list[str], env: dict[str, str], capsys) -> None:
     with pytest.raises(SystemExit) as info:
         cli.main(["tenants", "set", "--tenant", "acme", *argv], env=env)
@@ -97,16 +125,39 @@ def test_bad_values_exit_2(argv: list[str], env: dict[str, str], capsys) -> None
     assert capsys.readouterr().err
 
 
-def test_set_takes_the_line_bounds_the_input_budget_and_the_output_reservation(stack: None, env: dict[str, str], stores) -> None:
-    code, _out, err = run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "4", "--line-max-output-tokens", "2048",
-                             "--input-token-budget", "500000", "--reserve-output-tokens", "on", env=env)
+def test_set_takes_the_line_bounds_the_input_budget_and_the_output_reservation(
+    stack: None, env: dict[str, str], stores
+) -> None:
+    code, _out, err = run_cli(
+        "tenants",
+        "set",
+        "--tenant",
+        "acme",
+        "--line-max-n",
+        "4",
+        "--line-max-output-tokens",
+        "2048",
+        "--input-token-budget",
+        "500000",
+        "--reserve-output-tokens",
+        "on",
+        env=env,
+    )
     assert code == 0, err
     policy = stores.tenants.get("acme")
-    assert (policy.line_bounds.max_n, policy.line_bounds.max_output_tokens, policy.line_bounds.max_inputs) == (4, 2048, None)
+    assert (policy.line_bounds.max_n, policy.line_bounds.max_output_tokens, policy.line_bounds.max_inputs) == (
+        4,
+        2048,
+        None,
+    )
     assert (policy.input_token_budget, policy.reserve_output_tokens) == (500_000, True)
     run_cli("tenants", "set", "--tenant", "acme", "--line-max-n", "none", "--line-max-inputs", "16", env=env)
     bounds = stores.tenants.get("acme").line_bounds
-    assert (bounds.max_n, bounds.max_inputs, bounds.max_output_tokens) == (None, 16, 2048)  # only what was given changed
+    assert (bounds.max_n, bounds.max_inputs, bounds.max_output_tokens) == (
+        None,
+        16,
+        2048,
+    )  # only what was given changed
 
 
 def test_a_zero_line_bound_is_an_invalid_policy(env: dict[str, str], stack: None) -> None:

@@ -16,12 +16,32 @@ from tests.integration.test_tenants_cli import env, run_cli, stack
 def test_get_shows_enqueued_and_budget_usage(stack: None, env: dict[str, str], stores, appender) -> None:
     stores.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"test-chat": 5000}, output_token_budget=900))
     stores.batches.create(batch_record(id="b1", created_at=1, expires_at=10**10, input_key="k"))
-    stores.batches.transition("acme", "b1", lifecycle.start(1, values={"chunk_count": 1}, reservation=Reservation(
-        tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000)))
+    stores.batches.transition(
+        "acme",
+        "b1",
+        lifecycle.start(
+            1,
+            values={"chunk_count": 1},
+            reservation=Reservation(tenant="acme", model="test-chat", requests=3, tokens=120, max_tokens=5000),
+        ),
+    )
     now = int(time.time())
-    count_and_charge(stores, appender, ChunkRecord(tenant="acme", batch_id="b1", chunk=0, attempt="a", completed=3,
-                                                   failed=0, output_tokens=42, recorded_at=now, expires_at=10**10,
-                                                   budget_period="month"))
+    count_and_charge(
+        stores,
+        appender,
+        ChunkRecord(
+            tenant="acme",
+            batch_id="b1",
+            chunk=0,
+            attempt="a",
+            completed=3,
+            failed=0,
+            output_tokens=42,
+            recorded_at=now,
+            expires_at=10**10,
+            budget_period="month",
+        ),
+    )
     code, out, err = run_cli("tenants", "get", "--tenant", "acme", env=env)
     assert code == 0, err
     usage = json.loads(out)["usage"]

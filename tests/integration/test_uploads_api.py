@@ -19,7 +19,8 @@ MIB = 1024 * 1024
 
 def create(raw, *, size, filename="big.jsonl", purpose="batch", **extra):
     return raw.post(
-        "/uploads", json={"filename": filename, "purpose": purpose, "bytes": size, "mime_type": "application/jsonl", **extra}
+        "/uploads",
+        json={"filename": filename, "purpose": purpose, "bytes": size, "mime_type": "application/jsonl", **extra},
     )
 
 
@@ -44,7 +45,9 @@ def test_twenty_megabytes_from_parts_is_byte_identical(raw, client, stores):
         part_ids.append(parsed.id)
     assert len(part_ids) == 6
 
-    done = raw.post(f"/uploads/{upload.id}/complete", json={"part_ids": part_ids, "md5": hashlib.md5(payload).hexdigest()})
+    done = raw.post(
+        f"/uploads/{upload.id}/complete", json={"part_ids": part_ids, "md5": hashlib.md5(payload).hexdigest()}
+    )
     assert done.status_code == 200, done.text
     completed = assert_openai_shape(Upload, done.json())
     assert completed.status == "completed"
@@ -60,8 +63,12 @@ def test_twenty_megabytes_from_parts_is_byte_identical(raw, client, stores):
 def test_sdk_chunked_upload_helper(client, stores):
     payload = os.urandom(9 * MIB)
     upload = client.uploads.upload_file_chunked(
-        file=payload, filename="chunked.jsonl", bytes=len(payload), mime_type="application/jsonl",
-        purpose="batch", part_size=4 * MIB,
+        file=payload,
+        filename="chunked.jsonl",
+        bytes=len(payload),
+        mime_type="application/jsonl",
+        purpose="batch",
+        part_size=4 * MIB,
     )
     assert upload.status == "completed" and upload.file is not None
     record = stores.files.get("acme", upload.file.id, now=0)
@@ -96,12 +103,16 @@ def test_concatenate_copies_large_sources_and_coalesces_small_ones(stores, sizes
     finally:
         events.unregister("before-parameter-build.s3.*", record)
     assert sorted(k for op, k in calls if op == "UploadPartCopy") == [f"src/{i}" for i in sorted(copied)]
-    assert sorted(k for op, k in calls if op == "GetObject") == [f"src/{i}" for i in range(len(sizes)) if i not in copied]
+    assert sorted(k for op, k in calls if op == "GetObject") == [
+        f"src/{i}" for i in range(len(sizes)) if i not in copied
+    ]
     assert stores.objects.get("dest") == b"".join(blobs)
 
 
 def test_upload_file_has_expires_after(raw, client):
-    upload = create(raw, size=3, filename="n.txt", purpose="user_data", expires_after={"anchor": "created_at", "seconds": 4000}).json()
+    upload = create(
+        raw, size=3, filename="n.txt", purpose="user_data", expires_after={"anchor": "created_at", "seconds": 4000}
+    ).json()
     part = add_part(raw, upload["id"], b"abc").json()
     done = client.uploads.complete(upload["id"], part_ids=[part["id"]])
     assert done.file.expires_at == done.file.created_at + 4000 and done.file.purpose == "user_data"
@@ -121,7 +132,12 @@ def test_wrong_md5_keeps_the_upload_pending_and_creates_no_file(raw, client):
 def test_byte_count_must_match(raw):
     upload = create(raw, size=10).json()
     part = add_part(raw, upload["id"], b"abc").json()
-    assert_error(raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": [part["id"]]}), 400, "bytes_mismatch", "part_ids")
+    assert_error(
+        raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": [part["id"]]}),
+        400,
+        "bytes_mismatch",
+        "part_ids",
+    )
 
 
 def test_parts_must_belong_to_the_upload_and_be_listed_once(raw):
@@ -155,7 +171,12 @@ def test_cancel(raw, stores):
     assert cancelled.status == "cancelled" and cancelled.file is None and cancelled.id == upload["id"]
     assert stores.objects.list_keys("uploads/") == []
     assert_error(add_part(raw, upload["id"], b"abc"), 400, "upload_not_pending", "upload_id", message="cancelled")
-    assert_error(raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": [part["id"]]}), 400, "upload_not_pending", "upload_id")
+    assert_error(
+        raw.post(f"/uploads/{upload['id']}/complete", json={"part_ids": [part["id"]]}),
+        400,
+        "upload_not_pending",
+        "upload_id",
+    )
     assert_error(raw.post(f"/uploads/{upload['id']}/cancel"), 400, "upload_not_pending", "upload_id")
 
 
@@ -195,13 +216,47 @@ def test_another_tenants_upload_is_404(raw, other_client):
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
-        ({"filename": "a.jsonl", "purpose": "batch", "bytes": 0, "mime_type": "application/jsonl"}, "empty_file", "bytes"),
-        ({"filename": "a.jsonl", "purpose": "batch", "bytes": 200 * MIB + 1, "mime_type": "application/jsonl"}, "file_too_large", "bytes"),
-        ({"filename": "a.jsonl", "purpose": "nope", "bytes": 3, "mime_type": "application/jsonl"}, "invalid_value", "purpose"),
-        ({"filename": "a.jsonl", "purpose": "batch", "mime_type": "application/jsonl"}, "missing_required_parameter", "bytes"),
-        ({"filename": "a.jsonl", "purpose": "batch", "bytes": "x", "mime_type": "application/jsonl"}, "invalid_value", "bytes"),
-        ({"filename": "", "purpose": "batch", "bytes": 3, "mime_type": "application/jsonl"}, "invalid_value", "filename"),
-        ({"filename": "a.jsonl", "purpose": "batch", "bytes": 3, "mime_type": "application/jsonl", "expires_after": {"anchor": "created_at", "seconds": 1}}, "invalid_value", "expires_after.seconds"),
+        (
+            {"filename": "a.jsonl", "purpose": "batch", "bytes": 0, "mime_type": "application/jsonl"},
+            "empty_file",
+            "bytes",
+        ),
+        (
+            {"filename": "a.jsonl", "purpose": "batch", "bytes": 200 * MIB + 1, "mime_type": "application/jsonl"},
+            "file_too_large",
+            "bytes",
+        ),
+        (
+            {"filename": "a.jsonl", "purpose": "nope", "bytes": 3, "mime_type": "application/jsonl"},
+            "invalid_value",
+            "purpose",
+        ),
+        (
+            {"filename": "a.jsonl", "purpose": "batch", "mime_type": "application/jsonl"},
+            "missing_required_parameter",
+            "bytes",
+        ),
+        (
+            {"filename": "a.jsonl", "purpose": "batch", "bytes": "x", "mime_type": "application/jsonl"},
+            "invalid_value",
+            "bytes",
+        ),
+        (
+            {"filename": "", "purpose": "batch", "bytes": 3, "mime_type": "application/jsonl"},
+            "invalid_value",
+            "filename",
+        ),
+        (
+            {
+                "filename": "a.jsonl",
+                "purpose": "batch",
+                "bytes": 3,
+                "mime_type": "application/jsonl",
+                "expires_after": {"anchor": "created_at", "seconds": 1},
+            },
+            "invalid_value",
+            "expires_after.seconds",
+        ),
     ],
 )
 def test_bad_create_requests(raw, body, code, param):
@@ -210,7 +265,9 @@ def test_bad_create_requests(raw, body, code, param):
 
 @pytest.mark.parametrize("upload_id", ["upload_01m8n7xjx1bekcr5r3de2q3dfv", "nope"])
 def test_unknown_upload_is_404(raw, upload_id):
-    assert_error(add_part(raw, upload_id, b"abc"), 404, None, "upload_id", message=f"No such Upload object: {upload_id}")
+    assert_error(
+        add_part(raw, upload_id, b"abc"), 404, None, "upload_id", message=f"No such Upload object: {upload_id}"
+    )
     assert_error(raw.post(f"/uploads/{upload_id}/complete", json={"part_ids": ["p"]}), 404, None, "upload_id")
     assert_error(raw.post(f"/uploads/{upload_id}/cancel"), 404, None, "upload_id")
 
@@ -226,7 +283,9 @@ def test_an_upload_of_another_purpose_may_total_8_gib(raw, purpose):
     ok = create(raw, size=8 * 1024 * MIB, filename="big.jsonl", purpose=purpose)
     assert ok.status_code == 200, ok.text
     assert ok.json()["bytes"] == 8 * 1024 * MIB
-    assert_error(create(raw, size=8 * 1024 * MIB + 1, filename="big.jsonl", purpose=purpose), 400, "file_too_large", "bytes")
+    assert_error(
+        create(raw, size=8 * 1024 * MIB + 1, filename="big.jsonl", purpose=purpose), 400, "file_too_large", "bytes"
+    )
 
 
 def test_at_most_10_000_parts(raw):
@@ -261,8 +320,12 @@ def test_cancel_racing_a_complete_is_409_and_keeps_the_file(raw, client, stores,
     upload = create(raw, size=3).json()
     part = add_part(raw, upload["id"], b"abc").json()
     first = {}  # the complete that wins, sent while our cancel is between its read and write
-    _race(monkeypatch, stores.uploads, "transition", lambda _: first.setdefault(
-        "upload", client.uploads.complete(upload["id"], part_ids=[part["id"]])))
+    _race(
+        monkeypatch,
+        stores.uploads,
+        "transition",
+        lambda _: first.setdefault("upload", client.uploads.complete(upload["id"], part_ids=[part["id"]])),
+    )
     response = raw.post(f"/uploads/{upload['id']}/cancel")
     assert_error(response, 409, None, "upload_id", message="concurrently")
     file = first["upload"].file
@@ -288,9 +351,11 @@ def test_an_upload_named_with_quotes_and_any_script_keeps_its_name_and_downloads
     done = client.uploads.complete(upload_id=upload.id, part_ids=[part.id])
     assert done.file.filename == name and client.files.retrieve(done.file.id).filename == name
     assert client.files.content(done.file.id).content == payload
-    disposition = raw.get(f"/files/{done.file.id}/content", headers={"Accept": "application/binary"}).headers["content-disposition"]
+    disposition = raw.get(f"/files/{done.file.id}/content", headers={"Accept": "application/binary"}).headers[
+        "content-disposition"
+    ]
     assert all(" " <= c <= "~" for c in disposition)
-    assert disposition.startswith('attachment; filename="say _hi_ _ ___ _.jsonl"; filename*=UTF-8\'\'')
+    assert disposition.startswith("attachment; filename=\"say _hi_ _ ___ _.jsonl\"; filename*=UTF-8''")
     assert unquote(disposition.split("filename*=UTF-8''", 1)[1], errors="strict") == name
 
 
@@ -355,8 +420,13 @@ def test_no_api_request_moves_more_than_a_part_and_complete_moves_no_file_bytes(
     counter, sdk = wire
     payload = os.urandom(40 * MIB + 777)  # above the 32 MiB complete assembles itself
     upload = sdk.uploads.upload_file_chunked(
-        file=payload, filename="forty.jsonl", bytes=len(payload), mime_type="application/jsonl",
-        purpose="batch", part_size=4 * MIB, md5=hashlib.md5(payload).hexdigest(),
+        file=payload,
+        filename="forty.jsonl",
+        bytes=len(payload),
+        mime_type="application/jsonl",
+        purpose="batch",
+        part_size=4 * MIB,
+        md5=hashlib.md5(payload).hexdigest(),
     )
     # OpenAI's shape at once: completed, with its File; the File's bytes are still being assembled
     assert upload.status == "completed" and upload.file is not None and upload.file.bytes == len(payload)
@@ -389,12 +459,18 @@ def test_an_assembled_upload_is_not_a_batch_input_until_processed(assembler_queu
     payload = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m"}}\n'
     payload = payload * (33 * MIB // len(payload) + 1)
     upload = client.uploads.upload_file_chunked(
-        file=payload, filename="in.jsonl", bytes=len(payload), mime_type="application/jsonl", purpose="batch",
+        file=payload,
+        filename="in.jsonl",
+        bytes=len(payload),
+        mime_type="application/jsonl",
+        purpose="batch",
         part_size=4 * MIB,
     )
     file_id = upload.file.id
     body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
-    assert_error(raw.post("/batches", json=body), 400, "file_not_ready", "input_file_id", message="client.files.retrieve")
+    assert_error(
+        raw.post("/batches", json=body), 400, "file_not_ready", "input_file_id", message="client.files.retrieve"
+    )
     assert_error(raw.get(f"/files/{file_id}/content"), 400, "file_not_ready", "file_id")
     # a complete retried while assembling answers as the first did and hands the upload over again
     again = client.uploads.complete(upload.id, part_ids=["ignored"])
@@ -407,8 +483,13 @@ def test_an_assembled_upload_is_not_a_batch_input_until_processed(assembler_queu
 def test_a_large_upload_with_a_wrong_md5_ends_as_a_file_in_error(assembler_queue, client, raw, stores):
     payload = os.urandom(33 * MIB)
     upload = client.uploads.upload_file_chunked(
-        file=payload, filename="bad.jsonl", bytes=len(payload), mime_type="application/jsonl", purpose="batch",
-        part_size=4 * MIB, md5="0" * 32,
+        file=payload,
+        filename="bad.jsonl",
+        bytes=len(payload),
+        mime_type="application/jsonl",
+        purpose="batch",
+        part_size=4 * MIB,
+        md5="0" * 32,
     )
     assert upload.status == "completed" and upload.file.status == "uploaded"
     assembler_queue.drain()
@@ -427,7 +508,11 @@ def test_the_assemblers_last_failed_delivery_marks_the_file_error(assembler_queu
 
     payload = os.urandom(33 * MIB)
     upload = client.uploads.upload_file_chunked(
-        file=payload, filename="lost.jsonl", bytes=len(payload), mime_type="application/jsonl", purpose="batch",
+        file=payload,
+        filename="lost.jsonl",
+        bytes=len(payload),
+        mime_type="application/jsonl",
+        purpose="batch",
         part_size=4 * MIB,
     )
     stores.objects.delete(stores.objects.list_keys(f"uploads/acme/{upload.id}/")[0])  # a part vanished
@@ -457,14 +542,24 @@ def test_a_200_mib_batch_input_and_a_512_mib_file_through_the_sdk(wire, assemble
     batch_input = (line * (200 * MIB // len(line) + 1))[: 200 * MIB - 1] + b"\n"
     assert len(batch_input) == 200 * MIB
     first = sdk.uploads.upload_file_chunked(
-        file=batch_input, filename="input.jsonl", bytes=len(batch_input), mime_type="application/jsonl",
-        purpose="batch", part_size=4 * MIB, md5=hashlib.md5(batch_input).hexdigest(),
+        file=batch_input,
+        filename="input.jsonl",
+        bytes=len(batch_input),
+        mime_type="application/jsonl",
+        purpose="batch",
+        part_size=4 * MIB,
+        md5=hashlib.md5(batch_input).hexdigest(),
     )
     del batch_input
     big = os.urandom(512 * MIB)
     second = sdk.uploads.upload_file_chunked(
-        file=big, filename="weights.bin", bytes=len(big), mime_type="application/octet-stream",
-        purpose="user_data", part_size=4 * MIB, md5=hashlib.md5(big).hexdigest(),
+        file=big,
+        filename="weights.bin",
+        bytes=len(big),
+        mime_type="application/octet-stream",
+        purpose="user_data",
+        part_size=4 * MIB,
+        md5=hashlib.md5(big).hexdigest(),
     )
     bound = 2 * (4 * MIB * 4 // 3) + 64 * 1024
     assert max(r.total for r in counter.requests) <= bound

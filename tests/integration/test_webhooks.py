@@ -84,11 +84,19 @@ def releases(webhooks: Settings, clock: Any, monkeypatch: pytest.MonkeyPatch) ->
     return spy
 
 
-def add_endpoint(repo: WebhookRepo, endpoint_id: str, url: str, events: tuple[str, ...] = logic.EVENT_TYPES,
-                 tenant: str = TENANT) -> EndpointRecord:
+def add_endpoint(
+    repo: WebhookRepo, endpoint_id: str, url: str, events: tuple[str, ...] = logic.EVENT_TYPES, tenant: str = TENANT
+) -> EndpointRecord:
     now = int(time.time())
-    record = EndpointRecord(tenant=tenant, id=endpoint_id, url=url, events=list(events), secret=signing.new_secret(),
-                            created_at=now, updated_at=now)
+    record = EndpointRecord(
+        tenant=tenant,
+        id=endpoint_id,
+        url=url,
+        events=list(events),
+        secret=signing.new_secret(),
+        created_at=now,
+        updated_at=now,
+    )
     repo.create(record)
     return record
 
@@ -97,8 +105,17 @@ def end_batch(batch_id: str, status: str = "completed", tenant: str = TENANT) ->
     """A batch reaches a status: stored, and its event published as the workflow publishes it."""
     now = deps.now()
     stamp = {f"{status}_at": now} if status in ("completed", "failed", "expired", "cancelled") else {}
-    batch = batch_record(tenant=tenant, id=batch_id, input_key="batches/acme/in.jsonl", created_at=now - 60,
-                         expires_at=now + 86_400, status=status, total=2, completed=2, **stamp)
+    batch = batch_record(
+        tenant=tenant,
+        id=batch_id,
+        input_key="batches/acme/in.jsonl",
+        created_at=now - 60,
+        expires_at=now + 86_400,
+        status=status,
+        total=2,
+        completed=2,
+        **stamp,
+    )
     deps.stores().batches.create(batch)
     lifecycle.publish_status(deps.stores().events, batch)
     return batch
@@ -106,9 +123,16 @@ def end_batch(batch_id: str, status: str = "completed", tenant: str = TENANT) ->
 
 def forge(settings: Settings, event_type: str, detail: dict[str, Any]) -> None:
     """An event put on the bus by someone else than the system (any principal allowed PutEvents)."""
-    resp = clients.client("events").put_events(Entries=[{
-        "Source": EVENT_SOURCE, "DetailType": event_type, "Detail": json.dumps(detail), "EventBusName": settings.event_bus_name,
-    }])
+    resp = clients.client("events").put_events(
+        Entries=[
+            {
+                "Source": EVENT_SOURCE,
+                "DetailType": event_type,
+                "Detail": json.dumps(detail),
+                "EventBusName": settings.event_bus_name,
+            }
+        ]
+    )
     assert resp["FailedEntryCount"] == 0
 
 
@@ -212,9 +236,13 @@ def test_a_spent_schedule_goes_to_the_dead_letter_queue(
         releases.elapse()
     assert releases.seconds == [5, 300, 1800, 7200, 18000, 36000, 36000]
     sqs = clients.client("sqs")
-    [dead] = sqs.receive_message(QueueUrl=webhooks.webhook_dead_letter_queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    [dead] = sqs.receive_message(QueueUrl=webhooks.webhook_dead_letter_queue_url, MaxNumberOfMessages=10).get(
+        "Messages", []
+    )
     assert (json.loads(dead["Body"])["endpoint_id"], json.loads(dead["Body"])["attempt"]) == ("we_gone", 8)
-    outcomes = [a.outcome for a in sorted(repo.attempts(TENANT, limit=20, now=int(time.time())), key=lambda a: a.attempt)]
+    outcomes = [
+        a.outcome for a in sorted(repo.attempts(TENANT, limit=20, now=int(time.time())), key=lambda a: a.attempt)
+    ]
     assert outcomes == ["retry"] * 7 + ["failed"]
     assert depth(webhooks.webhook_queue_url) == 0
 
@@ -292,7 +320,8 @@ def test_delivery_messages_are_grouped_by_tenant_for_fair_queueing(webhooks: Set
     end_batch("batch_grouped", tenant="globex")
     assert poll(webhooks) == 1  # fan-out
     [message] = clients.client("sqs").receive_message(
-        QueueUrl=webhooks.webhook_queue_url, MessageSystemAttributeNames=["MessageGroupId"],
+        QueueUrl=webhooks.webhook_queue_url,
+        MessageSystemAttributeNames=["MessageGroupId"],
     )["Messages"]
     assert message["Attributes"]["MessageGroupId"] == "globex"
     assert json.loads(message["Body"])["kind"] == logic.DELIVERY_KIND

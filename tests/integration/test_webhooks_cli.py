@@ -33,8 +33,16 @@ def run(repo: WebhookRepo, *argv: str, local: bool = False, now: int = 1_800_000
 
 
 def test_create_shows_the_secret_once_and_list_masks_it(repo: WebhookRepo) -> None:
-    code, out, _ = run(repo, "create", "--tenant", "acme", "--url", "https://hooks.example.com/x",
-                       "--events", "batch.completed,batch.failed")
+    code, out, _ = run(
+        repo,
+        "create",
+        "--tenant",
+        "acme",
+        "--url",
+        "https://hooks.example.com/x",
+        "--events",
+        "batch.completed,batch.failed",
+    )
     assert code == 0
     created = json.loads(out)
     assert created["signing_secret"].startswith("whsec_") and created["id"].startswith("we_")
@@ -47,15 +55,18 @@ def test_create_shows_the_secret_once_and_list_masks_it(repo: WebhookRepo) -> No
     assert json.loads(other) == []
 
 
-@pytest.mark.parametrize(("url", "local", "ok"), [
-    ("https://hooks.example.com/x", False, True),
-    ("http://hooks.example.com/x", False, False),
-    ("http://127.0.0.1:8080/x", False, False),  # AWS: HTTPS only
-    ("http://127.0.0.1:8080/x", True, True),  # local: loopback http
-    ("http://[::1]:8080/x", True, True),
-    ("http://10.0.0.5/x", True, False),
-    ("ftp://127.0.0.1/x", True, False),
-])
+@pytest.mark.parametrize(
+    ("url", "local", "ok"),
+    [
+        ("https://hooks.example.com/x", False, True),
+        ("http://hooks.example.com/x", False, False),
+        ("http://127.0.0.1:8080/x", False, False),  # AWS: HTTPS only
+        ("http://127.0.0.1:8080/x", True, True),  # local: loopback http
+        ("http://[::1]:8080/x", True, True),
+        ("http://10.0.0.5/x", True, False),
+        ("ftp://127.0.0.1/x", True, False),
+    ],
+)
 def test_https_only_on_aws_loopback_http_locally(repo: WebhookRepo, url: str, local: bool, ok: bool) -> None:
     code, _, err = run(repo, "create", "--tenant", "acme", "--url", url, local=local)
     assert (code == 0) is ok, err
@@ -101,8 +112,18 @@ def test_delete_and_missing_endpoints(repo: WebhookRepo) -> None:
 def test_deliveries_lists_attempts_newest_first(repo: WebhookRepo) -> None:
     now = 1_800_000_000
     for n, (endpoint, outcome) in enumerate([("we_a", "retry"), ("we_b", "retry"), ("we_a", "delivered")], start=1):
-        repo.log(AttemptRecord(tenant="acme", endpoint_id=endpoint, webhook_id=f"wh_{endpoint}", event_id="evt_1",
-                               event_type="batch.completed", attempt=n, at=now + n, outcome=outcome))
+        repo.log(
+            AttemptRecord(
+                tenant="acme",
+                endpoint_id=endpoint,
+                webhook_id=f"wh_{endpoint}",
+                event_id="evt_1",
+                event_type="batch.completed",
+                attempt=n,
+                at=now + n,
+                outcome=outcome,
+            )
+        )
     _, out, _ = run(repo, "deliveries", "--tenant", "acme", now=now + 10)
     assert [json.loads(line)["attempt"] for line in out.splitlines()] == [3, 2, 1]
     _, out, _ = run(repo, "deliveries", "--tenant", "acme", "--endpoint", "we_a", now=now + 10)

@@ -56,8 +56,10 @@ def test_a_receiver_that_never_completes_its_answer_fails_at_the_deadline(mode: 
 def test_an_answer_is_its_status_and_a_redirect_is_not_followed() -> None:
     receiver = Receiver(free_port(), statuses=[204, 302, 503]).up()
     try:
-        answers = [ended(lambda: http.post(receiver.url, b'{"a":1}', {"content-type": "application/json"}, DEADLINE))
-                   for _ in range(3)]
+        answers = [
+            ended(lambda: http.post(receiver.url, b'{"a":1}', {"content-type": "application/json"}, DEADLINE))
+            for _ in range(3)
+        ]
     finally:
         receiver.down()
     assert answers == [204, 302, 503]

@@ -22,7 +22,10 @@ from tests.integration.batch_helpers import (
 )
 from tests.integration.worker.harness import run_one_chunk, wait_until
 
-pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30)]
+pytestmark = [
+    pytest.mark.workflow,
+    pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30),
+]
 
 
 @pytest.fixture
@@ -226,7 +229,9 @@ def test_a_cancel_keeps_the_checkpointed_lines_of_a_chunk_still_running(client, 
     req2 = next(results.unrun_lines(stores.objects, second, "x", "x"))
     usage = {"prompt_tokens": 7, "completion_tokens": 5}
     answered = results.response_line(req2.custom_id, 200, {"object": "chat.completion", "usage": usage}, "r")
-    chunk_lifecycle.add_segment(stores, second, "a1", results.write_checkpoint(stores.objects, second, 0, [answered]), None)
+    chunk_lifecycle.add_segment(
+        stores, second, "a1", results.write_checkpoint(stores.objects, second, 0, [answered]), None
+    )
     before = stores.batches.get("acme", batch.id)
     client.batches.cancel(batch.id)
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
@@ -290,7 +295,9 @@ def test_finalize_failure_lands_in_failed(client, stores, deployed, events, monk
 
 
 @pytest.mark.parametrize("task", ["drain", "finalize"])
-def test_a_batch_whose_workflow_keeps_failing_ends_failed_with_its_completed_lines(client, stores, deployed, events, monkeypatch, task):
+def test_a_batch_whose_workflow_keeps_failing_ends_failed_with_its_completed_lines(
+    client, stores, deployed, events, monkeypatch, task
+):
     """Nothing completed is lost (docs/reliability.md): Drain or Finalize fails on every retry, the
     state machine takes its failure path, and Fail keeps the lines that ran: the batch ends
     ``failed`` with its output file, and the requests that never ran are error lines."""
@@ -367,16 +374,27 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
     input_key = schema.batch_input_key("acme", batch_id)
     stores.objects.put(input_key, b"".join(rows))
     chunks = put_manifest(stores, cut(rows, 2), batch_id=batch_id).chunks
-    record = batch_record(id=batch_id, input_file_id="file-x", status="in_progress", model="test-chat", total=4,
-                          chunk_count=2, accepting=True)
+    record = batch_record(
+        id=batch_id,
+        input_file_id="file-x",
+        status="in_progress",
+        model="test-chat",
+        total=4,
+        chunk_count=2,
+        accepting=True,
+    )
     stores.batches.create(record)
     parts = {}
     for chunk in chunks:
         message = record.work_message(chunk)
-        ok = [results.response_line(f"req-{i}", 200, {"object": "chat.completion", "pad": "o" * 800}, "r")
-              for i in range(chunk.first_line - 1, chunk.first_line + 1)]
+        ok = [
+            results.response_line(f"req-{i}", 200, {"object": "chat.completion", "pad": "o" * 800}, "r")
+            for i in range(chunk.first_line - 1, chunk.first_line + 1)
+        ]
         parts[chunk.chunk] = results.write_parts(stores.objects, message, ok)
-        assert chunk_lifecycle.record_chunk(stores, message, parts=parts[chunk.chunk], usage=chunk_lifecycle.Usage(), now=200).counted
+        assert chunk_lifecycle.record_chunk(
+            stores, message, parts=parts[chunk.chunk], usage=chunk_lifecycle.Usage(), now=200
+        ).counted
     second_out = schema.chunk_part_key("acme", batch_id, 1, parts[1].attempt, "out")
     saved = stores.objects.get(second_out)
     stores.objects.delete(second_out)
@@ -395,7 +413,9 @@ def test_a_failure_mid_assembly_aborts_the_multipart_upload(stores, deployed, mo
     done = stores.batches.get("acme", batch_id)
     assert done.output_file_id == planned.planned_output_file_id
     output = stores.objects.get(schema.file_key("acme", done.output_file_id))
-    assert [BatchOutputLine.model_validate_json(l).custom_id for l in output.splitlines()] == [f"req-{i}" for i in range(4)]
+    assert [BatchOutputLine.model_validate_json(l).custom_id for l in output.splitlines()] == [
+        f"req-{i}" for i in range(4)
+    ]
 
 
 # --- lost signals: the reconciling wait (docs/lifecycle.md, "Lost signals") ---------------------
@@ -467,11 +487,19 @@ def test_a_batch_waits_across_reconcile_periods_until_its_signal(client, stores,
     assert client.batches.retrieve(batch.id).status == "completed"
 
 
-@pytest.mark.parametrize("task", [
-    "register",
-    pytest.param("check", marks=pytest.mark.settings(chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, reconcile_seconds=1)),
-    "drain",
-])
+@pytest.mark.parametrize(
+    "task",
+    [
+        "register",
+        pytest.param(
+            "check",
+            marks=pytest.mark.settings(
+                chunk_max_lines=2, drain_poll_seconds=0, drain_grace_seconds=30, reconcile_seconds=1
+            ),
+        ),
+        "drain",
+    ],
+)
 def test_a_transient_task_failure_is_retried_before_the_failure_path(client, stores, deployed, monkeypatch, task):
     from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
 

@@ -11,7 +11,9 @@ def run_chunk(stores, chunk: int, *, now: int, tenant: str = "acme", batch_id: s
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     message = batch.work_message(manifest.chunks[chunk])
     chunk_lifecycle.start_chunk(stores, message)
-    lines = [results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
-             for l in results.unrun_lines(stores.objects, message, "x", "x")]
+    lines = [
+        results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
+        for l in results.unrun_lines(stores.objects, message, "x", "x")
+    ]
     parts = results.write_parts(stores.objects, message, lines)
     return chunk_lifecycle.record_chunk(stores, message, parts=parts, usage=chunk_lifecycle.Usage(), now=now)

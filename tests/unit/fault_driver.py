@@ -59,8 +59,13 @@ WINDOW = 86_400
 LINES, PER_CHUNK = 6, 2
 RECONCILE = 300
 SETTINGS = Settings(
-    table_name="t", bucket_name="b", chunk_max_lines=PER_CHUNK, drain_grace_seconds=120, drain_poll_seconds=5,
-    reconcile_seconds=RECONCILE, models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)},
+    table_name="t",
+    bucket_name="b",
+    chunk_max_lines=PER_CHUNK,
+    drain_grace_seconds=120,
+    drain_poll_seconds=5,
+    reconcile_seconds=RECONCILE,
+    models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)},
 )
 #: infra/workflow.py: every task state retries MaxAttempts 3 (interval 2 s, backoff 2).
 TASK_RETRIES = 3
@@ -79,10 +84,14 @@ def custom_ids() -> list[str]:
 
 
 def request_line(i: int) -> str:
-    return json.dumps({
-        "custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-        "body": {"model": "chat", "messages": [{"role": "user", "content": f"line {i}"}]},
-    })
+    return json.dumps(
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": CHAT,
+            "body": {"model": "chat", "messages": [{"role": "user", "content": f"line {i}"}]},
+        }
+    )
 
 
 def echo(path: str, body: dict[str, Any], seen: int) -> Any:
@@ -149,8 +158,13 @@ class Driver:
         def check(op: str) -> None:
             self.calls[(self.phase, op)] += 1
             for f in self.faults:
-                if (f.phase == self.phase and f.op == op and f.raised < f.times and f.chunk in (None, self.chunk)
-                        and self.calls[(self.phase, op)] > f.skip):
+                if (
+                    f.phase == self.phase
+                    and f.op == op
+                    and f.raised < f.times
+                    and f.chunk in (None, self.chunk)
+                    and self.calls[(self.phase, op)] > f.skip
+                ):
                     f.raised += 1
                     raise f.error()
             original(op)
@@ -169,7 +183,14 @@ class Driver:
         self.stores.workflows.signal = lossy_signal  # type: ignore[method-assign]
 
     def fail(
-        self, phase: str, op: str, error: Callable[[], BaseException], *, skip: int = 0, times: int = 1, chunk: int | None = None,
+        self,
+        phase: str,
+        op: str,
+        error: Callable[[], BaseException],
+        *,
+        skip: int = 0,
+        times: int = 1,
+        chunk: int | None = None,
     ) -> Fault:
         fault = Fault(phase, op, error, skip, times, chunk)
         self.faults.append(fault)
@@ -180,7 +201,9 @@ class Driver:
         """What the API's create did: a validating batch over its input snapshot."""
         key = schema.batch_input_key(TENANT, BATCH)
         self.stores.objects.data[key] = ("\n".join(request_line(i) for i in range(LINES)) + "\n").encode()
-        self.stores.batches.put(batch_record(tenant=TENANT, id=BATCH, created_at=START, expires_at=START + WINDOW, input_key=key))
+        self.stores.batches.put(
+            batch_record(tenant=TENANT, id=BATCH, created_at=START, expires_at=START + WINDOW, input_key=key)
+        )
 
     def batch(self) -> BatchRecord:
         record = self.stores.batches.items[(TENANT, BATCH)]
@@ -243,7 +266,11 @@ class Driver:
                 continue  # the message stays in flight
             self.chunk = message.chunk
             try:
-                asyncio.run(process_chunk(self.stores, message, self.engine, io=_direct, max_line_bytes=1024 * 1024, now=lambda: self.now))
+                asyncio.run(
+                    process_chunk(
+                        self.stores, message, self.engine, io=_direct, max_line_bytes=1024 * 1024, now=lambda: self.now
+                    )
+                )
                 self.queue.delete(r.receipt)
                 continue
             except Killed:
@@ -300,7 +327,9 @@ class Driver:
             if signal is None:
                 return
             while True:
-                drained = self.task("drain", lambda: workflow.drain(self.stores, SETTINGS, TENANT, BATCH, signal, self.now))
+                drained = self.task(
+                    "drain", lambda: workflow.drain(self.stores, SETTINGS, TENANT, BATCH, signal, self.now)
+                )
                 if drained["drained"]:
                     break
                 self.now += SETTINGS.drain_poll_seconds
@@ -311,9 +340,16 @@ class Driver:
         except _TaskFailed as failed:
             cause = failed.error
             try:
-                self.task("fail", lambda: workflow.fail(
-                    self.stores, TENANT, BATCH, TaskError(Error=type(cause).__name__, Cause=str(cause)), self.now,
-                ))
+                self.task(
+                    "fail",
+                    lambda: workflow.fail(
+                        self.stores,
+                        TENANT,
+                        BATCH,
+                        TaskError(Error=type(cause).__name__, Cause=str(cause)),
+                        self.now,
+                    ),
+                )
                 self.execution = "failed (Fail state)"
             except _TaskFailed:
                 self.execution = "failed (Fail task failed)"
@@ -365,7 +401,10 @@ class Driver:
             except (Exception, Killed) as exc:
                 self.log.append(f"sweep raised {type(exc).__name__}")
             self.work()
-            if self.stores.workflows.started.get(BATCH) is not None and self.execution in ("not started", "never started"):
+            if self.stores.workflows.started.get(BATCH) is not None and self.execution in (
+                "not started",
+                "never started",
+            ):
                 self.log.append("the sweeper started the workflow")
                 self.run_workflow()
 

@@ -14,7 +14,10 @@ from tests.fakes.aws import fake_stores, throttle
 
 NOW = 1_700_000_000
 SETTINGS = Settings(
-    table_name="t", bucket_name="b", inline_content_limit=10, allowed_endpoints=("/v1/chat/completions",),
+    table_name="t",
+    bucket_name="b",
+    inline_content_limit=10,
+    allowed_endpoints=("/v1/chat/completions",),
     models={"m": ModelRoute(endpoints=("/v1/chat/completions",))},
 )
 CHAT = "/v1/chat/completions"
@@ -104,7 +107,9 @@ def test_expired_file_is_gone_from_every_call(stores):
 
 # --- uploads -------------------------------------------------------------------------------------
 def new_upload(stores, size, **over):
-    body = CreateUploadBody(**{"filename": "big.jsonl", "purpose": "batch", "bytes": size, "mime_type": "text/plain", **over})
+    body = CreateUploadBody(
+        **{"filename": "big.jsonl", "purpose": "batch", "bytes": size, "mime_type": "text/plain", **over}
+    )
     return uploads.create_upload(stores, SETTINGS, "acme", body, now=NOW)
 
 
@@ -113,7 +118,9 @@ def add_parts(stores, upload_id, blobs):
 
 
 def complete(stores, upload_id, part_ids, md5=None, now=NOW):
-    return uploads.complete_upload(stores, SETTINGS, "acme", upload_id, CompleteUploadBody(part_ids=part_ids, md5=md5), now=now)
+    return uploads.complete_upload(
+        stores, SETTINGS, "acme", upload_id, CompleteUploadBody(part_ids=part_ids, md5=md5), now=now
+    )
 
 
 def test_upload_lives_one_hour_and_its_file_takes_the_batch_default(stores):
@@ -235,7 +242,8 @@ def test_a_batch_whose_snapshot_fails_is_never_visible(stores):
 
 
 @pytest.mark.parametrize(
-    ("change", "param"), [({"endpoint": "/v1/embeddings"}, "endpoint"), ({"completion_window": "48h"}, "completion_window")]
+    ("change", "param"),
+    [({"endpoint": "/v1/embeddings"}, "endpoint"), ({"completion_window": "48h"}, "completion_window")],
 )
 def test_endpoint_and_window_come_from_the_settings(stores, change, param):
     with pytest.raises(InvalidRequest) as info:
@@ -301,12 +309,17 @@ def test_another_tenants_batch_is_not_found(stores):
 
 # --- models ---------------------------------------------------------------------------------------
 def test_models_are_the_served_ones():
-    settings = SETTINGS.model_copy(update={"models": {"b": ModelRoute(endpoints=(CHAT,)), "a": ModelRoute(endpoints=(CHAT,))}})
+    settings = SETTINGS.model_copy(
+        update={"models": {"b": ModelRoute(endpoints=(CHAT,)), "a": ModelRoute(endpoints=(CHAT,))}}
+    )
     listed = models.list_models(settings, created=7)
-    assert listed == {"object": "list", "data": [
-        {"id": "a", "object": "model", "created": 7, "owned_by": "batch-api"},
-        {"id": "b", "object": "model", "created": 7, "owned_by": "batch-api"},
-    ]}
+    assert listed == {
+        "object": "list",
+        "data": [
+            {"id": "a", "object": "model", "created": 7, "owned_by": "batch-api"},
+            {"id": "b", "object": "model", "created": 7, "owned_by": "batch-api"},
+        ],
+    }
     assert models.get_model(settings, "a", created=7).id == "a"
     with pytest.raises(NotFound) as info:
         models.get_model(settings, "gpt-x", created=7)

@@ -52,7 +52,9 @@ def test_metadata_rules(metadata, message):
 @pytest.mark.parametrize("seconds", [3_600, 30 * 86_400])
 def test_expires_after_bounds_are_inclusive(seconds):
     assert ExpiresAfter(anchor="created_at", seconds=seconds).seconds == seconds
-    body = CreateBatchBody.model_validate({**BATCH, "output_expires_after": {"anchor": "created_at", "seconds": seconds}})
+    body = CreateBatchBody.model_validate(
+        {**BATCH, "output_expires_after": {"anchor": "created_at", "seconds": seconds}}
+    )
     assert body.output_expires_after.seconds == seconds
 
 
@@ -60,7 +62,9 @@ def test_expires_after_bounds_are_inclusive(seconds):
 def test_expires_after_out_of_bounds(seconds):
     data = {**UPLOAD, "expires_after": {"anchor": "created_at", "seconds": seconds}}
     assert answer(CreateUploadBody, data) == (
-        400, "invalid_value", "expires_after.seconds",
+        400,
+        "invalid_value",
+        "expires_after.seconds",
         f"Invalid value for 'expires_after.seconds': {seconds}. It must be between 3600 and 2592000.",
     )
     batch = {**BATCH, "output_expires_after": {"anchor": "created_at", "seconds": seconds}}
@@ -69,11 +73,15 @@ def test_expires_after_out_of_bounds(seconds):
 
 def test_expires_after_anchor_and_missing_fields():
     assert answer(CreateBatchBody, {**BATCH, "output_expires_after": {"anchor": "now", "seconds": 7_200}}) == (
-        400, "invalid_value", "output_expires_after.anchor",
+        400,
+        "invalid_value",
+        "output_expires_after.anchor",
         "Invalid value for 'output_expires_after.anchor': 'now'. Supported values are: 'created_at'.",
     )
     assert answer(CreateBatchBody, {**BATCH, "output_expires_after": {"anchor": "created_at"}}) == (
-        400, "missing_required_parameter", "output_expires_after.seconds",
+        400,
+        "missing_required_parameter",
+        "output_expires_after.seconds",
         "Missing required parameter: 'output_expires_after.seconds'.",
     )
 
@@ -97,8 +105,15 @@ def test_expires_after_from_multipart_fields():
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        ({"purpose": "nope"}, ("invalid_value", "purpose", "Invalid value for 'purpose': 'nope'. Supported values are: "
-                               "'assistants', 'batch', 'fine-tune', 'vision', 'user_data', 'evals'.")),
+        (
+            {"purpose": "nope"},
+            (
+                "invalid_value",
+                "purpose",
+                "Invalid value for 'purpose': 'nope'. Supported values are: "
+                "'assistants', 'batch', 'fine-tune', 'vision', 'user_data', 'evals'.",
+            ),
+        ),
         ({"purpose": "batch_output"}, ("invalid_value", "purpose", None)),  # an output purpose, not an upload's
         ({"filename": ""}, ("invalid_value", "filename", "Invalid value for 'filename': it must not be empty.")),
         ({"mime_type": ""}, ("invalid_value", "mime_type", "Invalid value for 'mime_type': it must not be empty.")),
@@ -128,7 +143,10 @@ CONTROL = "It must not contain control characters (such as NUL, CR or LF)."
 )
 def test_a_filename_that_cannot_be_stored_or_echoed_safely_is_400(filename, detail):
     assert answer(CreateUploadBody, {**UPLOAD, "filename": filename}) == (
-        400, "invalid_value", "filename", f"Invalid value for 'filename': {detail}"
+        400,
+        "invalid_value",
+        "filename",
+        f"Invalid value for 'filename': {detail}",
     )
 
 
@@ -137,7 +155,8 @@ def test_a_lone_surrogate_in_a_filename_is_400():
 
 
 @pytest.mark.parametrize(
-    "filename", ['say "hi".jsonl', "back\\slash.jsonl", "dir/name.jsonl", "日本語 €.jsonl", "😀.jsonl", "x" * 249 + ".jsonl"]
+    "filename",
+    ['say "hi".jsonl', "back\\slash.jsonl", "dir/name.jsonl", "日本語 €.jsonl", "😀.jsonl", "x" * 249 + ".jsonl"],
 )
 def test_quotes_slashes_and_any_script_are_valid_filenames(filename):
     assert CreateUploadBody.model_validate({**UPLOAD, "filename": filename}).filename == filename
@@ -145,7 +164,10 @@ def test_quotes_slashes_and_any_script_are_valid_filenames(filename):
 
 def test_missing_fields_are_named():
     assert answer(CompleteUploadBody, {}) == (
-        400, "missing_required_parameter", "part_ids", "Missing required parameter: 'part_ids'."
+        400,
+        "missing_required_parameter",
+        "part_ids",
+        "Missing required parameter: 'part_ids'.",
     )
     missing = {k: v for k, v in UPLOAD.items() if k != "bytes"}
     assert answer(CreateUploadBody, missing)[1:3] == ("missing_required_parameter", "bytes")
@@ -154,7 +176,13 @@ def test_missing_fields_are_named():
 # --- lists ----------------------------------------------------------------------------------------
 def test_list_defaults():
     files = FileListQuery()
-    assert (files.limit, files.order, files.after, files.purpose, files.ascending) == (10_000, "desc", None, None, False)
+    assert (files.limit, files.order, files.after, files.purpose, files.ascending) == (
+        10_000,
+        "desc",
+        None,
+        None,
+        False,
+    )
     assert FileListQuery(order="asc").ascending
     assert (BatchListQuery().limit, BatchListQuery().after) == (20, None)
 
@@ -165,16 +193,25 @@ def test_list_limit_bounds(model, high):
     assert model.model_validate({"limit": str(high)}).limit == high
     for bad in (0, high + 1):
         assert answer(model, {"limit": str(bad)}, "query") == (
-            400, "invalid_value", "limit", f"Invalid value for 'limit': {bad}. It must be between 1 and {high}."
+            400,
+            "invalid_value",
+            "limit",
+            f"Invalid value for 'limit': {bad}. It must be between 1 and {high}.",
         )
 
 
 def test_list_cursor_order_and_purpose():
     assert answer(FileListQuery, {"order": "sideways"}, "query") == (
-        400, "invalid_value", "order", "Invalid value for 'order': 'sideways'. Supported values are: 'asc', 'desc'."
+        400,
+        "invalid_value",
+        "order",
+        "Invalid value for 'order': 'sideways'. Supported values are: 'asc', 'desc'.",
     )
     assert answer(BatchListQuery, {"after": "file-01m8n7xjx1bekcr5r3de2q3dfv"}, "query") == (
-        400, "invalid_value", "after", "Invalid value for 'after': 'file-01m8n7xjx1bekcr5r3de2q3dfv'. It must be a batch id."
+        400,
+        "invalid_value",
+        "after",
+        "Invalid value for 'after': 'file-01m8n7xjx1bekcr5r3de2q3dfv'. It must be a batch id.",
     )
     assert answer(FileListQuery, {"after": "batch_01m8n7xjx1bekcr5r3de2q3dfv"}, "query")[2] == "after"
     assert FileListQuery(after="file-01m8n7xjx1bekcr5r3de2q3dfv").after == "file-01m8n7xjx1bekcr5r3de2q3dfv"
@@ -193,6 +230,13 @@ def test_unparseable_bodies():
 
 def test_form_field_names_are_kept_as_sent():
     error = validation_to_api_error(
-        [{"type": "int_parsing", "loc": ("form", "expires_after[seconds]"), "msg": "Input should be a valid integer", "input": "soon"}]
+        [
+            {
+                "type": "int_parsing",
+                "loc": ("form", "expires_after[seconds]"),
+                "msg": "Input should be a valid integer",
+                "input": "soon",
+            }
+        ]
     )
     assert (error.code, error.param) == ("invalid_value", "expires_after[seconds]")

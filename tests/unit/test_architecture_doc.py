@@ -44,7 +44,7 @@ def _named_paths(text: str) -> set[str]:
     for span in _backticked(_prose(text)):
         for match in PATH.finditer(span):
             path = match.group(1).split("::")[0].rstrip(".,;:")
-            if path and not any(c in span[match.start():match.end() + 1] for c in "<*"):
+            if path and not any(c in span[match.start() : match.end() + 1] for c in "<*"):
                 found.add(path)
     return found
 

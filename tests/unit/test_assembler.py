@@ -27,7 +27,9 @@ def large_upload(stores, blobs: list[bytes], *, order=None, md5: str | None = No
     upload = uploads.create_upload(stores, SETTINGS, "acme", body, now=NOW)
     ids = [uploads.add_part(stores, SETTINGS, "acme", upload.id, data=b, now=NOW).id for b in blobs]
     listed = [ids[i] for i in (order or range(len(ids)))]
-    done = uploads.complete_upload(stores, SETTINGS, "acme", upload.id, CompleteUploadBody(part_ids=listed, md5=md5), now=NOW)
+    done = uploads.complete_upload(
+        stores, SETTINGS, "acme", upload.id, CompleteUploadBody(part_ids=listed, md5=md5), now=NOW
+    )
     return upload.id, done, listed
 
 
@@ -83,7 +85,9 @@ def test_a_lost_message_is_sent_again_by_a_retried_complete_and_a_duplicate_is_a
     blobs = [os.urandom(4 * MIB) for _ in range(9)]
     upload_id, done, listed = large_upload(stores, blobs)
     assert messages(stores) == []  # lost
-    again = uploads.complete_upload(stores, SETTINGS, "acme", upload_id, CompleteUploadBody(part_ids=listed), now=NOW + 5)
+    again = uploads.complete_upload(
+        stores, SETTINGS, "acme", upload_id, CompleteUploadBody(part_ids=listed), now=NOW + 5
+    )
     assert again.file.id == done.file.id and len(messages(stores)) == 1
     assert uploads.assemble(stores, "acme", upload_id, now=NOW).outcome == "processed"
     assert uploads.assemble(stores, "acme", upload_id, now=NOW).outcome == "skipped"  # a duplicate delivery

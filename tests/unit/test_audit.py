@@ -13,8 +13,16 @@ from tests.fakes.aws import FakeAudit, Faults
 def chain(n: int = 4, tenant: str = "acme") -> tuple[FakeAudit, list[AuditRecord]]:
     store = FakeAudit(Faults())
     for i in range(n):
-        audit.append(store, tenant, at=100 + i, actor="key:abc", action="files.create", outcome="200",
-                     target=f"file-{i}", request_id=f"req-{i}")
+        audit.append(
+            store,
+            tenant,
+            at=100 + i,
+            actor="key:abc",
+            action="files.create",
+            outcome="200",
+            target=f"file-{i}",
+            request_id=f"req-{i}",
+        )
     return store, store.records(tenant)
 
 
@@ -72,8 +80,17 @@ def test_concurrent_appends_never_fork():
     def writer(t: int) -> None:
         barrier.wait()
         for i in range(per_thread):
-            audit.append(store, "acme", at=1, actor=f"key:{t}", action="batches.create", outcome="200",
-                         target=f"{t}-{i}", sleep=lambda _: None, attempts=10_000)
+            audit.append(
+                store,
+                "acme",
+                at=1,
+                actor=f"key:{t}",
+                action="batches.create",
+                outcome="200",
+                target=f"{t}-{i}",
+                sleep=lambda _: None,
+                attempts=10_000,
+            )
 
     workers = [threading.Thread(target=writer, args=(t,)) for t in range(threads)]
     for w in workers:
@@ -100,8 +117,9 @@ def test_lost_race_rereads_the_head():
         return head
 
     store.head = stale_head
-    record = audit.append(store, "acme", at=3, actor="key:x", action="batches.cancel", outcome="200",
-                          sleep=lambda _: None)
+    record = audit.append(
+        store, "acme", at=3, actor="key:x", action="batches.cancel", outcome="200", sleep=lambda _: None
+    )
     assert record is not None and record.seq == 3
     assert audit.verify(store.records("acme")) is None
 

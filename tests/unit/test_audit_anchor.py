@@ -24,7 +24,9 @@ def appended(n: int) -> FakeAuditLog:
     return log
 
 
-def examine(log: FakeAuditLog, chain=None, worm: FakeWorm | None = None, key: bytes | None = None) -> anchor.Examination:
+def examine(
+    log: FakeAuditLog, chain=None, worm: FakeWorm | None = None, key: bytes | None = None
+) -> anchor.Examination:
     worm = worm or log.worm
     copies = anchor.by_seq(worm.originals(anchor.worm_prefix(TENANT)), anchor.worm_prefix(TENANT))
     checkpoints = anchor.by_seq(worm.originals(anchor.checkpoint_prefix(TENANT)), anchor.checkpoint_prefix(TENANT))
@@ -126,7 +128,9 @@ def test_a_checkpoint_signed_with_another_key_is_forged_and_anchors_nothing():
     other = KeySigner("another-key")
     record = log.chain.head(TENANT)
     fake = anchor.Checkpoint(tenant=TENANT, seq=9, hash=record.hash, at=T0, key_id=log.signer.key_id)
-    log.worm.put_once(anchor.checkpoint_key(TENANT, 9), anchor.signed(fake, other.sign(fake.message())).to_json().encode())
+    log.worm.put_once(
+        anchor.checkpoint_key(TENANT, 9), anchor.signed(fake, other.sign(fake.message())).to_json().encode()
+    )
     found = examine(log)
     assert kinds(found) == [("forged_checkpoint", 9)] and found.anchored == 2
 
@@ -157,14 +161,21 @@ def test_a_copy_that_is_not_its_record_is_invalid_and_a_checkpoint_without_a_cop
     log.worm.versions[anchor.worm_key(TENANT, 1)] = [b"garbage"]
     del log.worm.versions[anchor.worm_key(TENANT, 2)]
     found = examine(log)
-    assert kinds(found) == [("copy_invalid", 1), ("copy_missing", 1), ("forged_insert", 1), ("copy_missing", 2),
-                            ("forged_insert", 2)]
+    assert kinds(found) == [
+        ("copy_invalid", 1),
+        ("copy_missing", 1),
+        ("forged_insert", 1),
+        ("copy_missing", 2),
+        ("forged_insert", 2),
+    ]
 
 
 # --- batchctl audit verify: its report and exit codes -------------------------------------------
 def verify(store, worm, key) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
-    code = audit_cli.run(argparse.Namespace(action="verify", tenant=TENANT), store, out=out, err=err, worm=worm, key=key)
+    code = audit_cli.run(
+        argparse.Namespace(action="verify", tenant=TENANT), store, out=out, err=err, worm=worm, key=key
+    )
     return code, out.getvalue() + err.getvalue()
 
 
@@ -172,8 +183,10 @@ def test_verify_exits_0_on_an_intact_chain_1_on_a_broken_one_3_without_anchors()
     log = appended(3)
     key = log.signer.public_key()
     assert verify(log.chain, log.worm, key) == (
-        audit_cli.INTACT, "OK: tenant 'acme': 3 records, 3 WORM copies, newest signed checkpoint at seq 3: 0 after it "
-                          "not anchored yet (0 of them not copied yet)\n")
+        audit_cli.INTACT,
+        "OK: tenant 'acme': 3 records, 3 WORM copies, newest signed checkpoint at seq 3: 0 after it "
+        "not anchored yet (0 of them not copied yet)\n",
+    )
     code, text = verify(Table(log.chain.records(TENANT)[:2]), log.worm, key)
     assert code == audit_cli.BROKEN and text.startswith("BROKEN: tenant 'acme': 2 findings")
     assert "seq 3: cut_tail" in text

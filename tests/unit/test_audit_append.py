@@ -24,8 +24,13 @@ TENANT = "acme"
 @pytest.fixture
 def stores():
     base = fake_stores()
-    return base, AppenderStores(chain=FakeAudit(base.faults), worm=FakeWorm(base.faults), signer=KeySigner(),
-                                batches=base.batches, objects=base.objects)
+    return base, AppenderStores(
+        chain=FakeAudit(base.faults),
+        worm=FakeWorm(base.faults),
+        signer=KeySigner(),
+        batches=base.batches,
+        objects=base.objects,
+    )
 
 
 def run(appender: AppenderStores) -> Invocation:
@@ -33,8 +38,16 @@ def run(appender: AppenderStores) -> Invocation:
 
 
 def intent(i: int = 0, tenant: str = TENANT) -> audit.AuditIntent:
-    return audit.api_intent(tenant, method="POST", path="/v1/files", status=200, body=json.dumps({"id": f"file-{i}"}),
-                            authorization="Bearer sk-x", request_id=f"req-{i}", at=T0 + i)
+    return audit.api_intent(
+        tenant,
+        method="POST",
+        path="/v1/files",
+        status=200,
+        body=json.dumps({"id": f"file-{i}"}),
+        authorization="Bearer sk-x",
+        request_id=f"req-{i}",
+        at=T0 + i,
+    )
 
 
 def copies(worm: FakeWorm, tenant: str = TENANT) -> dict[str, list[bytes]]:
@@ -92,9 +105,13 @@ def test_a_cut_tail_is_not_written_over(stores):
     original_3 = audit.AuditRecord.model_validate_json(appender.worm.find(anchor.worm_key(TENANT, 3)))
     assert taken.record.prev_hash == original_3.hash  # the chain goes on from its copy
     assert [len(v) for v in copies(appender.worm).values()] == [1, 1, 1, 1]
-    found = anchor.examine(TENANT, appender.chain.records(TENANT),
-                           anchor.by_seq(appender.worm.originals(anchor.worm_prefix(TENANT)), anchor.worm_prefix(TENANT)),
-                           {}, lambda *_: True)
+    found = anchor.examine(
+        TENANT,
+        appender.chain.records(TENANT),
+        anchor.by_seq(appender.worm.originals(anchor.worm_prefix(TENANT)), anchor.worm_prefix(TENANT)),
+        {},
+        lambda *_: True,
+    )
     assert [(f.kind, f.seq) for f in found.findings] == [("deleted", 2), ("deleted", 3), ("link", 4)]
 
 
@@ -122,8 +139,19 @@ def test_chains_are_per_tenant(stores):
 
 # --- chunk receipts ---------------------------------------------------------------------------
 def counted(base, chunk: int = 0, **values) -> ChunkRecord:
-    marker = ChunkRecord(tenant=TENANT, batch_id="batch_1", chunk=chunk, attempt="a0", completed=2, failed=1,
-                         recorded_at=T0, expires_at=T0 + 99, input_tokens=7, output_tokens=3, **values)
+    marker = ChunkRecord(
+        tenant=TENANT,
+        batch_id="batch_1",
+        chunk=chunk,
+        attempt="a0",
+        completed=2,
+        failed=1,
+        recorded_at=T0,
+        expires_at=T0 + 99,
+        input_tokens=7,
+        output_tokens=3,
+        **values,
+    )
     base.batches.markers[(TENANT, "batch_1", chunk)] = marker
     return marker
 
@@ -133,16 +161,28 @@ def test_a_receipt_takes_its_numbers_from_the_count_marker_not_the_sender(stores
     marker = counted(base)
     digest = hashlib.sha256(b"out").hexdigest()
     sent = audit.receipt_intent(message(0), marker, at=T0, digests={"out_sha256": digest, "err_sha256": None})
-    forged = sent.model_copy(update={
-        "at": 1, "actor": "operator", "outcome": "forged", "dedupe": "another-key",
-        "details": sent.details | {"completed": 999, "usage": {"output_tokens": 0}, "attempt": "z9"},
-    })
+    forged = sent.model_copy(
+        update={
+            "at": 1,
+            "actor": "operator",
+            "outcome": "forged",
+            "dedupe": "another-key",
+            "details": sent.details | {"completed": 999, "usage": {"output_tokens": 0}, "attempt": "z9"},
+        }
+    )
     taken = run(appender).take(forged)
     record = taken.record
     assert_fields(record, at=T0, actor=audit.WORKER, outcome="ok", target="batch_1")
     assert record.details == {
-        "batch": "batch_1", "chunk": 0, "attempt": "a0", "first_line": 1, "line_count": 2, "completed": 2,
-        "failed": 1, "out_sha256": digest, "err_sha256": None,
+        "batch": "batch_1",
+        "chunk": 0,
+        "attempt": "a0",
+        "first_line": 1,
+        "line_count": 2,
+        "completed": 2,
+        "failed": 1,
+        "out_sha256": digest,
+        "err_sha256": None,
         "usage": {"input_tokens": 7, "cached_tokens": 0, "output_tokens": 3, "reasoning_tokens": 0},
     }
     # Keyed on the chunk, whatever key the sender named: the honest receipt is a duplicate of it.
@@ -169,31 +209,58 @@ def test_a_redelivered_receipt_reads_no_part_and_no_marker(stores):
     assert (base.faults.calls["objects.iter_bytes"], base.faults.calls["batches.counted_chunk"]) == before
 
 
-@pytest.mark.parametrize("details", [
-    {"batch": "batch_1", "chunk": 5, "first_line": 1, "line_count": 2},  # a chunk never counted
-    {"batch": "batch_1", "first_line": 1, "line_count": 2},  # no chunk
-    {"batch": "batch_1", "chunk": 0, "first_line": "1", "line_count": 2},  # not a line number
-    {"batch": "batch_1", "chunk": 0, "first_line": 1, "line_count": 2, "out_sha256": "not hex"},
-])
+@pytest.mark.parametrize(
+    "details",
+    [
+        {"batch": "batch_1", "chunk": 5, "first_line": 1, "line_count": 2},  # a chunk never counted
+        {"batch": "batch_1", "first_line": 1, "line_count": 2},  # no chunk
+        {"batch": "batch_1", "chunk": 0, "first_line": "1", "line_count": 2},  # not a line number
+        {"batch": "batch_1", "chunk": 0, "first_line": 1, "line_count": 2, "out_sha256": "not hex"},
+    ],
+)
 def test_a_receipt_that_names_no_counted_chunk_is_refused(stores, details):
     base, appender = stores
     counted(base)
-    sent = audit.AuditIntent(tenant=TENANT, at=T0, actor=audit.WORKER, action=audit.CHUNK_RECEIPT, outcome="ok",
-                             target="batch_1", details=details, dedupe="x")
+    sent = audit.AuditIntent(
+        tenant=TENANT,
+        at=T0,
+        actor=audit.WORKER,
+        action=audit.CHUNK_RECEIPT,
+        outcome="ok",
+        target="batch_1",
+        details=details,
+        dedupe="x",
+    )
     taken = run(appender).take(sent)
     assert taken.outcome == "refused" and appender.chain.records(TENANT) == []
 
 
 # --- the handler: FIFO partial failures, one checkpoint per tenant per invocation ---------------
 def sqs_event(intents: list[audit.AuditIntent]) -> dict:
-    return {"Records": [{
-        "messageId": f"m-{i}", "receiptHandle": f"r-{i}", "body": it.model_dump_json(), "md5OfBody": "",
-        "attributes": {"MessageGroupId": it.tenant, "ApproximateReceiveCount": "1", "SequenceNumber": str(i),
-                       "MessageDeduplicationId": str(i), "SentTimestamp": "0", "SenderId": "x",
-                       "ApproximateFirstReceiveTimestamp": "0"},
-        "messageAttributes": {}, "eventSource": "aws:sqs", "awsRegion": "us-east-1",
-        "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:audit.fifo",
-    } for i, it in enumerate(intents)]}
+    return {
+        "Records": [
+            {
+                "messageId": f"m-{i}",
+                "receiptHandle": f"r-{i}",
+                "body": it.model_dump_json(),
+                "md5OfBody": "",
+                "attributes": {
+                    "MessageGroupId": it.tenant,
+                    "ApproximateReceiveCount": "1",
+                    "SequenceNumber": str(i),
+                    "MessageDeduplicationId": str(i),
+                    "SentTimestamp": "0",
+                    "SenderId": "x",
+                    "ApproximateFirstReceiveTimestamp": "0",
+                },
+                "messageAttributes": {},
+                "eventSource": "aws:sqs",
+                "awsRegion": "us-east-1",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:audit.fifo",
+            }
+            for i, it in enumerate(intents)
+        ]
+    }
 
 
 @pytest.fixture
@@ -249,8 +316,9 @@ def test_a_checkpoint_that_cannot_be_signed_brings_the_tenant_s_last_intent_back
         def public_key(self) -> bytes:
             return signer.public_key()
 
-    broken = AppenderStores(chain=appender.chain, worm=appender.worm, signer=Failing(), batches=base.batches,
-                            objects=base.objects)
+    broken = AppenderStores(
+        chain=appender.chain, worm=appender.worm, signer=Failing(), batches=base.batches, objects=base.objects
+    )
     append_handler.appender_stores = lambda: broken  # monkeypatched back by the fixture
     assert invoke(sqs_event([intent(0), intent(1)])) == ["m-1"]
     assert len(appender.chain.records(TENANT)) == 2  # appended and copied; only the checkpoint waits

@@ -50,7 +50,9 @@ def test_a_counted_chunk_gets_one_receipt_with_its_digest_and_usage():
 def test_a_chunk_not_counted_gets_no_receipt():
     stores = fake_stores()
     stores.batches.put(batch(accepting=False))
-    chunk_lifecycle.record_chunk(stores, message(0), parts=write_parts(stores, 0, "a0"), usage=chunk_lifecycle.Usage(), now=5)
+    chunk_lifecycle.record_chunk(
+        stores, message(0), parts=write_parts(stores, 0, "a0"), usage=chunk_lifecycle.Usage(), now=5
+    )
     assert receipts(stores) == []
 
 
@@ -59,8 +61,9 @@ def test_a_failed_send_keeps_the_count_and_the_redelivery_sends_the_receipt():
     stores.batches.put(batch(chunk_count=1))
     stores.faults.fail("audit.record", throttle())  # SQS throttled past the SDK retries
     with pytest.raises(Throttled):
-        chunk_lifecycle.record_chunk(stores, message(0), parts=write_parts(stores, 0, "a0"), usage=chunk_lifecycle.Usage(),
-                                now=5)
+        chunk_lifecycle.record_chunk(
+            stores, message(0), parts=write_parts(stores, 0, "a0"), usage=chunk_lifecycle.Usage(), now=5
+        )
     assert stores.batches.counted_chunk("acme", "batch_1", 0) is not None  # the count stands
     assert stores.workflows.signals == [("token-1", {"outcome": "complete"})]  # signalled first
     assert receipts(stores) == []
@@ -77,8 +80,17 @@ def test_the_counting_worker_s_receipt_names_the_digests_it_wrote_without_readin
 
     stores = fake_stores()
     stores.batches.put(batch())
-    lines = [BatchOutputLine.model_validate({"id": f"r{i}", "custom_id": f"c{i}", "response": {
-        "status_code": 200, "request_id": "q", "body": {}}, "error": None}) for i in range(2)]
+    lines = [
+        BatchOutputLine.model_validate(
+            {
+                "id": f"r{i}",
+                "custom_id": f"c{i}",
+                "response": {"status_code": 200, "request_id": "q", "body": {}},
+                "error": None,
+            }
+        )
+        for i in range(2)
+    ]
     parts = write_real_parts(stores.objects, message(0), lines)
     reads = stores.faults.calls["objects.get"], stores.faults.calls["objects.list_keys"]
     assert chunk_lifecycle.record_chunk(stores, message(0), parts=parts, usage=chunk_lifecycle.Usage(), now=5).counted

@@ -53,10 +53,13 @@ def test_only_a_p256_key_is_accepted(tmp_path):
 
     other = ec.generate_private_key(ec.SECP384R1())
     path = tmp_path / "p384.pem"
-    path.write_bytes(other.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                         serialization.NoEncryption()))
+    path.write_bytes(
+        other.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     with pytest.raises(ValueError):
         signing.FileSigner(path)
-    public = other.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    public = other.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     with pytest.raises(ValueError):
         signing.verifier(public)

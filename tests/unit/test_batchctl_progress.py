@@ -17,6 +17,7 @@ def batch(status: str, completed: int = 0, failed: int = 0, total: int = 0, **ex
 
 # --- the bar ---------------------------------------------------------------------------------
 
+
 def test_render_shows_bar_percentage_rate_and_eta():
     text = b.render("in_progress", 250, 10, 1000, 12.5, width=20)
     # 250 of 1000: a quarter of the bar, 25 %; 750 left at 12.5 lines/s is 60 s
@@ -47,6 +48,7 @@ def test_rate_is_lines_since_the_first_observation_over_the_time_since():
 
 # --- wait --------------------------------------------------------------------------------------
 
+
 class Statuses:
     """``client.batches.retrieve`` answering a scripted sequence; a clock moved by ``sleep``."""
 
@@ -63,8 +65,12 @@ class Statuses:
 
 
 def test_wait_on_a_terminal_redraws_one_line_with_rate_and_eta():
-    api = Statuses(batch("validating"), batch("in_progress", 0, 0, 100), batch("in_progress", 38, 2, 100),
-                   batch("completed", 98, 2, 100))
+    api = Statuses(
+        batch("validating"),
+        batch("in_progress", 0, 0, 100),
+        batch("in_progress", 38, 2, 100),
+        batch("completed", 98, 2, 100),
+    )
     err = io.StringIO()
     done = b.wait_for(api, "batch_1", timeout=0, interval=10, err=err, sleep=api.sleep, clock=api.clock, tty=True)
     assert done.status == "completed"
@@ -92,8 +98,11 @@ _WAIT = b.wait_for
 
 def scripted_wait(monkeypatch, api: Statuses) -> None:
     """``run``'s wait uses the scripted clock and sleep, off a terminal."""
-    monkeypatch.setattr(b, "wait_for", lambda client, batch_id, **kw: _WAIT(
-        client, batch_id, sleep=api.sleep, clock=api.clock, tty=False, **kw))
+    monkeypatch.setattr(
+        b,
+        "wait_for",
+        lambda client, batch_id, **kw: _WAIT(client, batch_id, sleep=api.sleep, clock=api.clock, tty=False, **kw),
+    )
 
 
 def test_wait_times_out_with_exit_code_3(monkeypatch):
@@ -117,39 +126,47 @@ def test_wait_exit_codes_by_final_status(monkeypatch):
 
 # --- retry selection ---------------------------------------------------------------------------
 
+
 def err_line(custom_id, code=None, status=None):
     response = {"status_code": status, "request_id": "r", "body": {}} if status else None
     error = {"code": code, "message": "m"} if code else None
     return json.dumps({"id": "x", "custom_id": custom_id, "response": response, "error": error}).encode()
 
 
-@pytest.mark.parametrize("line, cls", [
-    (err_line("a", "batch_expired"), "never_ran"),
-    (err_line("a", "batch_cancelled"), "never_ran"),
-    (err_line("a", "batch_failed"), "never_ran"),
-    (err_line("a", "engine_crashed"), "transient"),
-    (err_line("a", "chunk_failed"), "transient"),
-    (err_line("a", "server_error"), "transient"),
-    (err_line("a", "engine_connection_error"), "transient"),
-    (err_line("a", "some_future_code"), "transient"),
-    (err_line("a", status=500), "transient"),
-    (err_line("a", status=503), "transient"),
-    (err_line("a", status=429), "transient"),
-    (err_line("a", status=408), "transient"),
-    (err_line("a", status=400), "rejected"),
-    (err_line("a", status=404), "rejected"),
-    (err_line("a", "response_too_large"), "rejected"),
-    (err_line("a", "invalid_json_line"), "invalid"),
-    (err_line("a", "invalid_url"), "invalid"),
-])
+@pytest.mark.parametrize(
+    "line, cls",
+    [
+        (err_line("a", "batch_expired"), "never_ran"),
+        (err_line("a", "batch_cancelled"), "never_ran"),
+        (err_line("a", "batch_failed"), "never_ran"),
+        (err_line("a", "engine_crashed"), "transient"),
+        (err_line("a", "chunk_failed"), "transient"),
+        (err_line("a", "server_error"), "transient"),
+        (err_line("a", "engine_connection_error"), "transient"),
+        (err_line("a", "some_future_code"), "transient"),
+        (err_line("a", status=500), "transient"),
+        (err_line("a", status=503), "transient"),
+        (err_line("a", status=429), "transient"),
+        (err_line("a", status=408), "transient"),
+        (err_line("a", status=400), "rejected"),
+        (err_line("a", status=404), "rejected"),
+        (err_line("a", "response_too_large"), "rejected"),
+        (err_line("a", "invalid_json_line"), "invalid"),
+        (err_line("a", "invalid_url"), "invalid"),
+    ],
+)
 def test_retry_class(line, cls):
     assert b.retry_class(json.loads(line)) == cls
 
 
 def test_plan_by_selection_and_the_skipped_reasons():
     done = batch("completed", error_file_id="file_e")
-    lines = [err_line("a", status=400), err_line("b", "batch_expired"), err_line("c", "engine_crashed"),
-             err_line("d", "invalid_url")]
+    lines = [
+        err_line("a", status=400),
+        err_line("b", "batch_expired"),
+        err_line("c", "engine_crashed"),
+        err_line("d", "invalid_url"),
+    ]
     assert b.plan_retry(done, lines, "never-ran").custom_ids == ["b"]
     plan = b.plan_retry(done, lines, "retryable")
     assert plan.custom_ids == ["b", "c"] and plan.total == 4
@@ -168,7 +185,7 @@ def test_plan_refusals():
 
 
 def test_select_lines_keeps_input_order_and_bytes():
-    rows = [b'{"custom_id": "r1", "x": 1}', b'{"custom_id":"r2"}', b'not json', b'{"custom_id": "r3"}']
+    rows = [b'{"custom_id": "r1", "x": 1}', b'{"custom_id":"r2"}', b"not json", b'{"custom_id": "r3"}']
     missing = {"r3", "r1", "gone"}
     assert list(b.select_lines(rows, missing)) == [rows[0], rows[3]] and missing == {"gone"}
 

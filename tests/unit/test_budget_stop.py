@@ -28,20 +28,42 @@ async def direct(fn, *args, **kwargs):
 
 def seed(stores, n: int, *, budget_stop: int | None, batch_id: str = "batch_1") -> WorkMessage:
     caps = BudgetCaps(output_tokens=budget_stop) if budget_stop is not None else None
-    lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-                         "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"line {i}"}]}}) + "\n"
-             for i in range(n)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": CHAT,
+                "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"line {i}"}]},
+            }
+        )
+        + "\n"
+        for i in range(n)
+    ]
     key = schema.batch_input_key("acme", batch_id)
     data = "".join(lines).encode()
     stores.objects.put(key, data)
-    batch = running_batch(id=batch_id, created_at=NOW, total=n, model="test-chat", budget_period="month", budget_stop=caps)
+    batch = running_batch(
+        id=batch_id, created_at=NOW, total=n, model="test-chat", budget_period="month", budget_stop=caps
+    )
     stores.batches.put(batch)
     return delivered(work_message(batch, byte_end=len(data), line_count=n, budget_period="month", budget_stop=caps))
 
 
 def run(stores, message, engine, watch, admission=None):
-    return asyncio.run(process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: NOW,
-                                     budget=watch, admission=admission, owner="m"))
+    return asyncio.run(
+        process_chunk(
+            stores,
+            message,
+            engine,
+            io=direct,
+            max_line_bytes=1 << 20,
+            now=lambda: NOW,
+            budget=watch,
+            admission=admission,
+            owner="m",
+        )
+    )
 
 
 def parts(stores, batch_id: str = "batch_1") -> dict[str, list[dict]]:
@@ -58,7 +80,9 @@ def test_ingest_snapshots_a_stop_budget_into_the_work_messages_and_a_reject_budg
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=500, budget_action="stop"))
     batch = ingested(stores)
     assert batch.budget_stop == BudgetCaps(output_tokens=500)
-    assert {WorkMessage.model_validate_json(b).budget_stop for b in stores.queues.queue("q-m").bodies()} == {BudgetCaps(output_tokens=500)}
+    assert {WorkMessage.model_validate_json(b).budget_stop for b in stores.queues.queue("q-m").bodies()} == {
+        BudgetCaps(output_tokens=500)
+    }
 
     stores = fake_stores()
     stores.tenants.put(TenantPolicy(tenant="acme", output_token_budget=500, budget_action="reject"))
@@ -75,7 +99,9 @@ def test_a_used_up_budget_sends_no_line_and_the_chunk_still_counts_once():
     assert engine.requests == []
     assert (report.completed, report.failed) == (0, 4) and report.outcome.counted
     err = parts(stores)["err"]
-    assert [(e["custom_id"], e["error"]["code"]) for e in err] == [(f"req-{i}", tenants.BUDGET_EXCEEDED) for i in range(4)]
+    assert [(e["custom_id"], e["error"]["code"]) for e in err] == [
+        (f"req-{i}", tenants.BUDGET_EXCEEDED) for i in range(4)
+    ]
     assert "100 tokens per month" in err[0]["error"]["message"]
     assert stores.batches.budget_used("acme", MONTH).output_tokens == 100  # nothing ran, nothing charged
 

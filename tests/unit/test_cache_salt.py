@@ -42,7 +42,9 @@ def test_every_line_sent_carries_its_tenants_salt_and_never_its_own():
     data = b"".join((hostile(line) + "\n").encode() for line in stores.objects.get(key).decode().splitlines())
     stores.objects.put(key, data)
     message = message.model_copy(update={"byte_end": len(data)})
-    asyncio.run(process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, salts=salts))
+    asyncio.run(
+        process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, salts=salts)
+    )
     assert [body[CACHE_SALT_FIELD] for _, body in engine.requests] == [salts.of("acme")] * 3
 
 

@@ -102,8 +102,15 @@ def test_the_engine_is_read_only_while_lines_wait_in_the_worker():
             raise asyncio.CancelledError
         waiting.pop(0)
 
-    watch = CapacityWatch(read, lambda c: None, headroom=32, cap=160, max_num_seqs=128, sleep=sleep,
-                          needed=lambda: bool(waiting) and waiting[0])
+    watch = CapacityWatch(
+        read,
+        lambda c: None,
+        headroom=32,
+        cap=160,
+        max_num_seqs=128,
+        sleep=sleep,
+        needed=lambda: bool(waiting) and waiting[0],
+    )
     try:
         asyncio.run(watch.run())
     except asyncio.CancelledError:

@@ -12,7 +12,10 @@ from tests.fakes.aws import fake_stores
 
 CHAT = "/v1/chat/completions"
 INPUT_KEY = schema.batch_input_key("acme", "batch_1")
-ROWS = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n" for i in range(4)]
+ROWS = [
+    json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n"
+    for i in range(4)
+]
 SPLIT = len(ROWS[0]) + len(ROWS[1])
 
 
@@ -27,8 +30,17 @@ def setup(**over):
 def message(chunk: int, batch_id: str = "batch_1") -> WorkMessage:
     start, end, first, count = (0, SPLIT, 1, 2) if chunk == 0 else (SPLIT, len(b"".join(ROWS)) + 1 + 9, 3, 3)
     return WorkMessage(
-        batch_id=batch_id, tenant="acme", chunk=chunk, input_key=INPUT_KEY, byte_start=start, byte_end=end,
-        first_line=first, line_count=count, endpoint=CHAT, model="m", expires_at=100 + 86_400,
+        batch_id=batch_id,
+        tenant="acme",
+        chunk=chunk,
+        input_key=INPUT_KEY,
+        byte_start=start,
+        byte_end=end,
+        first_line=first,
+        line_count=count,
+        endpoint=CHAT,
+        model="m",
+        expires_at=100 + 86_400,
     )
 
 
@@ -41,14 +53,20 @@ def test_a_chunk_of_an_unknown_batch_is_dropped():
 def test_a_closed_batch_is_left_alone():
     stores = setup(status="finalizing", accepting=False)
     assert logic.fail_chunk(stores, message(0), now=7).action == "batch_closed"
-    assert stores.batches.markers == {} and stores.objects.list_keys(schema.batch_prefix("acme", "batch_1") + "parts/") == []
+    assert (
+        stores.batches.markers == {}
+        and stores.objects.list_keys(schema.batch_prefix("acme", "batch_1") + "parts/") == []
+    )
 
 
 def test_a_chunk_a_worker_already_counted_keeps_its_results():
     stores = setup()
     first = logic.fail_chunk(stores, message(0), now=7)
     assert first == logic.DeadLetterOutcome("recorded", failed=2, last=False)
-    marker, parts = stores.batches.markers[("acme", "batch_1", 0)], stores.objects.list_keys(schema.batch_prefix("acme", "batch_1"))
+    marker, parts = (
+        stores.batches.markers[("acme", "batch_1", 0)],
+        stores.objects.list_keys(schema.batch_prefix("acme", "batch_1")),
+    )
     again = logic.fail_chunk(stores, message(0), now=8)
     assert again.action == "already_counted"
     assert stores.batches.markers[("acme", "batch_1", 0)] == marker
@@ -83,8 +101,11 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines():
     stores = setup()
     answer = results.response_line("req-2", 200, {"usage": {"prompt_tokens": 10, "completion_tokens": 3}}, "req_x")
     results.write_checkpoint(stores.objects, message(1), 0, [answer])
-    stores.batches.save_chunk_run(ChunkRunRecord(tenant="acme", batch_id="batch_1", chunk=1, version=1,
-                                                 segments=[[0, 1]], failures=2, expires_at=10**10))
+    stores.batches.save_chunk_run(
+        ChunkRunRecord(
+            tenant="acme", batch_id="batch_1", chunk=1, version=1, segments=[[0, 1]], failures=2, expires_at=10**10
+        )
+    )
     outcome = logic.fail_chunk(stores, message(1), now=7)
     assert outcome == logic.DeadLetterOutcome("recorded", failed=2, last=False)
     marker = stores.batches.markers[("acme", "batch_1", 1)]

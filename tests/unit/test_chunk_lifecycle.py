@@ -24,7 +24,11 @@ def message(chunk: int) -> WorkMessage:
 
 def record(stores, chunk: int, completed: int = 2, failed: int = 0, usage: chunk_lifecycle.Usage | None = None):
     return chunk_lifecycle.record_chunk(
-        stores, message(chunk), parts=Parts(f"a{chunk}", completed, failed), usage=usage or chunk_lifecycle.Usage(), now=5
+        stores,
+        message(chunk),
+        parts=Parts(f"a{chunk}", completed, failed),
+        usage=usage or chunk_lifecycle.Usage(),
+        now=5,
     )
 
 
@@ -60,17 +64,33 @@ def test_the_last_chunk_before_the_workflow_waits_does_not_signal():
 
 def test_usage_is_summed_with_cached_and_reasoning_tokens():
     usage = chunk_lifecycle.Usage()
-    usage.add_response({"prompt_tokens": 10, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 6},
-                        "completion_tokens_details": {"reasoning_tokens": 3}})
-    usage.add_response({"input_tokens": 5, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1},
-                        "output_tokens_details": {"reasoning_tokens": 2}})
+    usage.add_response(
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 4,
+            "prompt_tokens_details": {"cached_tokens": 6},
+            "completion_tokens_details": {"reasoning_tokens": 3},
+        }
+    )
+    usage.add_response(
+        {
+            "input_tokens": 5,
+            "output_tokens": 2,
+            "input_tokens_details": {"cached_tokens": 1},
+            "output_tokens_details": {"reasoning_tokens": 2},
+        }
+    )
     usage.add_response(None)
     assert usage.model_dump() == {"input_tokens": 15, "cached_tokens": 7, "output_tokens": 6, "reasoning_tokens": 5}
     stores = fake_stores()
     stores.batches.put(batch(chunk_count=1))
     outcome = record(stores, 0, usage=usage)
-    assert (outcome.batch.input_tokens, outcome.batch.cached_tokens, outcome.batch.output_tokens,
-            outcome.batch.reasoning_tokens) == (15, 7, 6, 5)
+    assert (
+        outcome.batch.input_tokens,
+        outcome.batch.cached_tokens,
+        outcome.batch.output_tokens,
+        outcome.batch.reasoning_tokens,
+    ) == (15, 7, 6, 5)
     wire = outcome.batch.to_wire().usage
     assert wire.input_tokens_details.cached_tokens == 7 and wire.output_tokens_details.reasoning_tokens == 5
     assert wire.total_tokens == 21

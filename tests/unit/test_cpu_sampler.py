@@ -15,7 +15,7 @@ def test_processes_are_named_by_their_command_line():
     assert label("/x/.venv-engine/bin/python /x/bin/vllm serve /m --port 1") == "vLLM API server (pipeline)"
     assert label("/x/bin/python /x/bin/vllm run-batch -i a -o b") == "run-batch front end"
     assert label("/x/python -m gpu_worker ") == "our worker"
-    assert label("python -m tests.bench.pipeline_local --engine-port 1") .startswith("local AWS")
+    assert label("python -m tests.bench.pipeline_local --engine-port 1").startswith("local AWS")
     assert label("bash") == cpu_sampler.OTHER
 
 

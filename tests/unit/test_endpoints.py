@@ -25,7 +25,8 @@ RESPONSES, SCORE, RERANK = "/v1/responses", "/v1/score", "/v1/rerank"
 
 #: A deployment whose chat model serves responses and whose embeddings model serves score only.
 SETTINGS = Settings(
-    table_name="t", bucket_name="b",
+    table_name="t",
+    bucket_name="b",
     models={
         "Qwen/Qwen2.5-7B-Instruct": ModelRoute(endpoints=(CHAT, COMPLETIONS, RESPONSES)),
         "embed": ModelRoute(endpoints=(EMBEDDINGS, SCORE)),
@@ -36,7 +37,12 @@ SETTINGS = Settings(
 # --- which endpoints a deployment serves --------------------------------------------------------
 def test_the_code_knows_openais_endpoints_and_vllms_score_and_rerank():
     assert Settings(table_name="t", bucket_name="b").allowed_endpoints == (
-        CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, SCORE, RERANK,
+        CHAT,
+        COMPLETIONS,
+        EMBEDDINGS,
+        RESPONSES,
+        SCORE,
+        RERANK,
     )
 
 
@@ -48,7 +54,9 @@ def test_a_deployment_serves_the_allowed_endpoints_its_models_answer():
 
 
 def create(stores, endpoint: str):
-    f = files.create_file(stores, SETTINGS, "acme", filename="in.jsonl", content=b"{}\n", purpose="batch", expires_after=None, now=NOW)
+    f = files.create_file(
+        stores, SETTINGS, "acme", filename="in.jsonl", content=b"{}\n", purpose="batch", expires_after=None, now=NOW
+    )
     body = CreateBatchBody(input_file_id=f.id, endpoint=endpoint, completion_window="24h")
     return batches.create_batch(stores, SETTINGS, "acme", body, now=NOW)
 
@@ -98,18 +106,45 @@ def test_a_line_whose_url_is_not_the_batchs_endpoint_names_it():
 # --- a line through the engine ------------------------------------------------------------------
 #: What vLLM answers on /v1/responses (trimmed): usage in the Responses shape.
 RESPONSE_BODY = {
-    "id": "resp_1", "object": "response", "created_at": 1, "model": "m", "status": "completed",
-    "output": [{"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
-                "content": [{"type": "output_text", "text": "Hi", "annotations": []}]}],
-    "parallel_tool_calls": True, "tool_choice": "none", "tools": [],
-    "usage": {"input_tokens": 739, "input_tokens_details": {"cached_tokens": 640}, "output_tokens": 8,
-              "output_tokens_details": {"reasoning_tokens": 5}, "total_tokens": 747},
+    "id": "resp_1",
+    "object": "response",
+    "created_at": 1,
+    "model": "m",
+    "status": "completed",
+    "output": [
+        {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Hi", "annotations": []}],
+        }
+    ],
+    "parallel_tool_calls": True,
+    "tool_choice": "none",
+    "tools": [],
+    "usage": {
+        "input_tokens": 739,
+        "input_tokens_details": {"cached_tokens": 640},
+        "output_tokens": 8,
+        "output_tokens_details": {"reasoning_tokens": 5},
+        "total_tokens": 747,
+    },
 }
 #: What vLLM answers on /v1/score and /v1/rerank (usage in the chat shape, no completion).
-SCORE_BODY = {"id": "score-1", "object": "list", "model": "m", "data": [{"index": 0, "object": "score", "score": 0.9}],
-              "usage": {"prompt_tokens": 24, "total_tokens": 24, "completion_tokens": 0}}
-RERANK_BODY = {"id": "score-2", "model": "m", "results": [{"index": 0, "relevance_score": 0.9}],
-               "usage": {"prompt_tokens": 12, "total_tokens": 12}}
+SCORE_BODY = {
+    "id": "score-1",
+    "object": "list",
+    "model": "m",
+    "data": [{"index": 0, "object": "score", "score": 0.9}],
+    "usage": {"prompt_tokens": 24, "total_tokens": 24, "completion_tokens": 0},
+}
+RERANK_BODY = {
+    "id": "score-2",
+    "model": "m",
+    "results": [{"index": 0, "relevance_score": 0.9}],
+    "usage": {"prompt_tokens": 12, "total_tokens": 12},
+}
 
 
 def test_each_line_goes_to_the_engine_at_its_endpoint_and_its_usage_counts_in_either_shape():
@@ -124,7 +159,12 @@ def test_each_line_goes_to_the_engine_at_its_endpoint_and_its_usage_counts_in_ei
         usage.add_response(result.usage)
     assert [path for path, _ in engine.requests] == [RESPONSES, SCORE, RERANK]
     assert [body for _, body in engine.requests] == [{"model": "m", **BODIES[e]} for e in (RESPONSES, SCORE, RERANK)]
-    assert usage.model_dump() == {"input_tokens": 739 + 24 + 12, "cached_tokens": 640, "output_tokens": 8, "reasoning_tokens": 5}
+    assert usage.model_dump() == {
+        "input_tokens": 739 + 24 + 12,
+        "cached_tokens": 640,
+        "output_tokens": 8,
+        "reasoning_tokens": 5,
+    }
 
 
 @pytest.mark.parametrize("stream", [True, "True", 1, "yes"])
@@ -135,16 +175,21 @@ def test_a_streaming_line_is_an_error_line_and_never_reaches_the_engine(stream, 
     text = json.dumps(obj).encode()
     result = asyncio.run(run_line(engine, RawLine(1, 0, len(text) + 1, text), endpoint=endpoint, endpoints=(CHAT,)))
     assert not result.succeeded and engine.requests == []
-    assert result.line.response is None and result.line.error.code == ("invalid_value" if stream is True else "invalid_type")
+    assert result.line.response is None and result.line.error.code == (
+        "invalid_value" if stream is True else "invalid_type"
+    )
     assert "body.stream" in result.line.error.message
 
 
 # --- model ids with "/" -------------------------------------------------------------------------
-@pytest.mark.parametrize("path", [
-    "/v1/models/Qwen%2FQwen2.5-7B-Instruct",  # what the openai SDK sends
-    "/v1/models/Qwen/Qwen2.5-7B-Instruct",  # the slash decoded (API Gateway) or never encoded
-    "/v1/models/Qwen%2fQwen2.5-7B-Instruct",  # lower-case hex
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/models/Qwen%2FQwen2.5-7B-Instruct",  # what the openai SDK sends
+        "/v1/models/Qwen/Qwen2.5-7B-Instruct",  # the slash decoded (API Gateway) or never encoded
+        "/v1/models/Qwen%2fQwen2.5-7B-Instruct",  # lower-case hex
+    ],
+)
 def test_a_model_id_with_a_slash_is_read_from_the_whole_path(path):
     assert models.model_id_from_path(path) == "Qwen/Qwen2.5-7B-Instruct"
     assert models.get_model(SETTINGS, models.model_id_from_path(path), created=1).id == "Qwen/Qwen2.5-7B-Instruct"

@@ -48,13 +48,25 @@ class Clock:
 
 def client(url, cap=4, clock=None, max_response_bytes=8 * 1024 * 1024, **policy):
     timing = {"clock": clock, "sleep": clock.sleep} if clock else {}
-    return EngineClient(url, max_in_flight=cap, request_timeout=PATIENCE, max_response_bytes=max_response_bytes, policy=RetryPolicy(
-        **{"backoff_base_seconds": 0.01, "backoff_max_seconds": 0.1, **policy}), **timing)
+    return EngineClient(
+        url,
+        max_in_flight=cap,
+        request_timeout=PATIENCE,
+        max_response_bytes=max_response_bytes,
+        policy=RetryPolicy(**{"backoff_base_seconds": 0.01, "backoff_max_seconds": 0.1, **policy}),
+        **timing,
+    )
 
 
 def chat_line(i, url="/v1/chat/completions", **body):
-    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": url,
-                       "body": {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}], **body}})
+    return json.dumps(
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": url,
+            "body": {"model": "m", "messages": [{"role": "user", "content": f"hi {i}"}], **body},
+        }
+    )
 
 
 def closed_port() -> int:
@@ -88,10 +100,19 @@ def test_config_from_env_and_the_default_cap():
 
 
 def test_the_client_built_from_config_takes_its_cap_and_policy():
-    engine = EngineClient.from_config(WorkerConfig(engine_max_num_seqs=256, max_attempts=3, backoff_base_seconds=2,
-                                                   backoff_max_seconds=9, overload_max_seconds=60))
+    engine = EngineClient.from_config(
+        WorkerConfig(
+            engine_max_num_seqs=256,
+            max_attempts=3,
+            backoff_base_seconds=2,
+            backoff_max_seconds=9,
+            overload_max_seconds=60,
+        )
+    )
     assert engine.max_in_flight == 512
-    assert engine.policy == RetryPolicy(max_attempts=3, backoff_base_seconds=2, backoff_max_seconds=9, overload_max_seconds=60)
+    assert engine.policy == RetryPolicy(
+        max_attempts=3, backoff_base_seconds=2, backoff_max_seconds=9, overload_max_seconds=60
+    )
 
 
 def test_backoff_is_exponential_jittered_and_capped():
@@ -119,7 +140,9 @@ def test_the_cap_holds_however_many_requests_wait(fake):
     async def go():
         async with client(fake.url, cap=5) as engine:
             clients.append(engine)
-            return await asyncio.gather(*(engine.post("/v1/chat/completions", {"messages": [{"content": str(i)}]}) for i in range(40)))
+            return await asyncio.gather(
+                *(engine.post("/v1/chat/completions", {"messages": [{"content": str(i)}]}) for i in range(40))
+            )
 
     replies = asyncio.run(go())
     assert all(r.status == 200 for r in replies) and fake.max_concurrent == 5 and len(fake.requests) == 40
@@ -163,7 +186,9 @@ def test_retry_after_pauses_every_request_sent_while_it_lasts(fake):
 
             async def sleep(seconds):
                 if not later:  # "a" is paused: another line arrives meanwhile
-                    later.append(asyncio.ensure_future(engine.post("/v1/chat/completions", {"messages": [{"content": "c"}]})))
+                    later.append(
+                        asyncio.ensure_future(engine.post("/v1/chat/completions", {"messages": [{"content": "c"}]}))
+                    )
                     while not clock.sleeps and not later[0].done():  # until "c" is at the gate (or sent)
                         await asyncio.sleep(0)
                 await real_sleep(seconds)
@@ -224,7 +249,9 @@ def test_dropped_connections_are_retried_with_backoff_then_become_an_error_line(
     clock = Clock()
 
     async def go():
-        async with client(fake.url, clock=clock, max_attempts=3, backoff_base_seconds=1.0, backoff_max_seconds=30.0) as engine:
+        async with client(
+            fake.url, clock=clock, max_attempts=3, backoff_base_seconds=1.0, backoff_max_seconds=30.0
+        ) as engine:
             src, out = io.BytesIO((chat_line(0) + "\n").encode()), io.BytesIO()
             return await run_file(engine, src, out), out.getvalue(), engine.stats
 
@@ -391,16 +418,33 @@ def test_run_batch_keeps_input_order_and_isolates_bad_lines(fake, tmp_path):
     lines[9] = chat_line(9, stream=True)
     lines.insert(12, "")  # blank lines are skipped
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
-    code = batchctl.main([
-        "run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
-        "--errors", str(tmp_path / "err.jsonl"), "--engine-url", fake.url, "--max-in-flight", "6",
-    ], env={}, out=io.StringIO(), err=(err := io.StringIO()))
+    code = batchctl.main(
+        [
+            "run-batch",
+            "-i",
+            str(tmp_path / "in.jsonl"),
+            "-o",
+            str(tmp_path / "out.jsonl"),
+            "--errors",
+            str(tmp_path / "err.jsonl"),
+            "--engine-url",
+            fake.url,
+            "--max-in-flight",
+            "6",
+        ],
+        env={},
+        out=io.StringIO(),
+        err=(err := io.StringIO()),
+    )
     assert code == 0, err.getvalue()
     out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
     errs = [json.loads(l) for l in (tmp_path / "err.jsonl").read_text().splitlines()]
     assert [l["custom_id"] for l in out] == [f"req-{i}" for i in range(30) if i not in (3, 5, 7, 9)]
     assert [(l["custom_id"], (l["error"] or {}).get("code")) for l in errs] == [
-        ("line-4", "invalid_json_line"), ("req-5", "invalid_url"), ("req-7", None), ("req-9", "invalid_value"),
+        ("line-4", "invalid_json_line"),
+        ("req-5", "invalid_url"),
+        ("req-7", None),
+        ("req-9", "invalid_value"),
     ]
     assert errs[2]["response"]["status_code"] == 400 and errs[2]["response"]["body"]["error"]["message"] == "too long"
     assert fake.max_concurrent <= 6 and len(fake.requests) == 27
@@ -408,13 +452,23 @@ def test_run_batch_keeps_input_order_and_isolates_bad_lines(fake, tmp_path):
 
 
 def test_run_batch_without_an_errors_file_writes_everything_in_input_order(fake, tmp_path):
-    fake.respond = lambda path, body, seen: (500, {"error": {"message": "x"}}) if content(body) == "hi 1" else (200, chat_answer(body))
+    fake.respond = lambda path, body, seen: (
+        (500, {"error": {"message": "x"}}) if content(body) == "hi 1" else (200, chat_answer(body))
+    )
     (tmp_path / "in.jsonl").write_text("".join(chat_line(i) + "\n" for i in range(3)))
-    code = batchctl.main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"),
-                          "--engine-url", fake.url], env={}, out=io.StringIO(), err=io.StringIO())
+    code = batchctl.main(
+        ["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--engine-url", fake.url],
+        env={},
+        out=io.StringIO(),
+        err=io.StringIO(),
+    )
     assert code == 0
     out = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [(l["custom_id"], l["response"]["status_code"]) for l in out] == [("req-0", 200), ("req-1", 500), ("req-2", 200)]
+    assert [(l["custom_id"], l["response"]["status_code"]) for l in out] == [
+        ("req-0", 200),
+        ("req-1", 500),
+        ("req-2", 200),
+    ]
 
 
 def test_run_batch_memory_is_bounded_by_its_window(fake):
@@ -456,9 +510,22 @@ def test_run_batch_memory_is_bounded_by_its_window(fake):
 def test_run_batch_with_no_engine_fails_clearly(tmp_path):
     (tmp_path / "in.jsonl").write_text(chat_line(0) + "\n")
     err = io.StringIO()
-    code = batchctl.main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "o.jsonl"),
-                          "--engine-url", f"http://127.0.0.1:{closed_port()}", "--health-timeout", "0.5"],
-                         env={}, out=io.StringIO(), err=err)
+    code = batchctl.main(
+        [
+            "run-batch",
+            "-i",
+            str(tmp_path / "in.jsonl"),
+            "-o",
+            str(tmp_path / "o.jsonl"),
+            "--engine-url",
+            f"http://127.0.0.1:{closed_port()}",
+            "--health-timeout",
+            "0.5",
+        ],
+        env={},
+        out=io.StringIO(),
+        err=err,
+    )
     assert code == 1 and "not healthy" in err.getvalue()
 
 

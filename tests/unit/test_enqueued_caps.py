@@ -24,15 +24,28 @@ CHAT = "/v1/chat/completions"
 NOW = 1_000
 QUEUE = "https://sqs.local/work-chat"
 SETTINGS = Settings(
-    table_name="t", bucket_name="b", chunk_max_lines=2,
-    models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE), "other": ModelRoute(endpoints=(CHAT,), queue_url="q-o")},
+    table_name="t",
+    bucket_name="b",
+    chunk_max_lines=2,
+    models={
+        "chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE),
+        "other": ModelRoute(endpoints=(CHAT,), queue_url="q-o"),
+    },
 )
 
 
 def content(n: int, model: str = "chat") -> bytes:
-    rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-                        "body": {"model": model, "messages": [{"role": "user", "content": "hello there"}]}})
-            for i in range(n)]
+    rows = [
+        json.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": CHAT,
+                "body": {"model": model, "messages": [{"role": "user", "content": "hello there"}]},
+            }
+        )
+        for i in range(n)
+    ]
     return ("\n".join(rows) + "\n").encode()
 
 
@@ -70,7 +83,9 @@ def test_ingest_reserves_requests_and_tokens_with_the_move_to_in_progress():
     capped(stores, max_enqueued_tokens={"chat": 10_000}, max_enqueued_requests={"chat": 10})
     assert run(stores) == "in_progress"
     b = batch(stores)
-    assert_fields(b, reserved_model="chat", reserved_requests=3, reserved_tokens=tokens_of(data), holds_reservation=True)
+    assert_fields(
+        b, reserved_model="chat", reserved_requests=3, reserved_tokens=tokens_of(data), holds_reservation=True
+    )
     assert counter(stores) == (3, tokens_of(data))
 
 
@@ -79,18 +94,30 @@ def test_a_tenant_without_caps_for_the_model_writes_no_counter():
     add_batch(stores, "b1", content(3))
     capped(stores, max_enqueued_tokens={"other": 1})  # a cap on another model only
     changes, transition = [], stores.batches.transition
-    stores.batches.transition = lambda tenant, batch_id, change, **kw: (changes.append(change), transition(tenant, batch_id, change, **kw))[1]
+    stores.batches.transition = lambda tenant, batch_id, change, **kw: (
+        changes.append(change),
+        transition(tenant, batch_id, change, **kw),
+    )[1]
     assert run(stores) == "in_progress"
     assert stores.batches.counters == {} and batch(stores).holds_reservation is None
     assert changes and all(change.counter is None for change in changes)  # no counter in any write
 
 
-@pytest.mark.parametrize(("caps", "wording"), [
-    ({"max_enqueued_tokens": {"chat": 20}}, "Enqueued token limit reached for chat in organization acme. "
-     "Limit: 20 enqueued tokens. Please try again once some in_progress batches have been completed."),
-    ({"max_enqueued_requests": {"chat": 2}}, "Enqueued request limit reached for chat in organization acme. "
-     "Limit: 2 enqueued requests. Please try again once some in_progress batches have been completed."),
-])
+@pytest.mark.parametrize(
+    ("caps", "wording"),
+    [
+        (
+            {"max_enqueued_tokens": {"chat": 20}},
+            "Enqueued token limit reached for chat in organization acme. "
+            "Limit: 20 enqueued tokens. Please try again once some in_progress batches have been completed.",
+        ),
+        (
+            {"max_enqueued_requests": {"chat": 2}},
+            "Enqueued request limit reached for chat in organization acme. "
+            "Limit: 2 enqueued requests. Please try again once some in_progress batches have been completed.",
+        ),
+    ],
+)
 def test_a_batch_over_a_cap_fails_at_validation_with_token_limit_exceeded(caps, wording):
     stores = fake_stores()
     add_batch(stores, "b1", content(3))
@@ -143,12 +170,15 @@ def cancel(stores):
     return workflow.finalize(stores, "acme", "b1", Signal.CANCEL, NOW)
 
 
-@pytest.mark.parametrize(("end", "status"), [
-    (lambda s: workflow.finalize(s, "acme", "b1", Signal.COMPLETE, NOW), "completed"),
-    (lambda s: workflow.finalize(s, "acme", "b1", Signal.EXPIRE, NOW), "expired"),
-    (cancel, "cancelled"),
-    (lambda s: workflow.fail(s, "acme", "b1", TaskError(Error="States.TaskFailed"), NOW), "failed"),
-])
+@pytest.mark.parametrize(
+    ("end", "status"),
+    [
+        (lambda s: workflow.finalize(s, "acme", "b1", Signal.COMPLETE, NOW), "completed"),
+        (lambda s: workflow.finalize(s, "acme", "b1", Signal.EXPIRE, NOW), "expired"),
+        (cancel, "cancelled"),
+        (lambda s: workflow.fail(s, "acme", "b1", TaskError(Error="States.TaskFailed"), NOW), "failed"),
+    ],
+)
 def test_every_terminal_status_releases_once(end, status):
     stores = fake_stores()
     started(stores)

@@ -56,9 +56,14 @@ def run(tmp_path):
 
     def start(**env):
         full = {
-            "PATH": os.environ["PATH"], "LOG": str(log), "ENGINE_MODEL": "org/weights",
-            "ENGINE_CMD": f"{sys.executable} {fake} engine", "WORKER_CMD": f"{sys.executable} {fake} worker",
-            "ENGINE_STOP_SECONDS": "2", "ENGINE_USER": "", **env,
+            "PATH": os.environ["PATH"],
+            "LOG": str(log),
+            "ENGINE_MODEL": "org/weights",
+            "ENGINE_CMD": f"{sys.executable} {fake} engine",
+            "WORKER_CMD": f"{sys.executable} {fake} worker",
+            "ENGINE_STOP_SECONDS": "2",
+            "ENGINE_USER": "",
+            **env,
         }
         process = subprocess.Popen(["bash", str(ENTRYPOINT)], env=full, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10
@@ -79,8 +84,19 @@ def test_the_engine_command_line_comes_from_the_environment(run):
     assert p.wait(10) == 0
     engine_argv = next(l for l in lines() if l.startswith("engine argv"))
     assert engine_argv.split()[2:] == [
-        "org/weights", "--served-model-name", "my-model", "--host", "127.0.0.1", "--port", "8123",
-        "--max-model-len", "8192", "--enforce-eager", "--max-num-seqs", "256", "--enable-prompt-tokens-details",
+        "org/weights",
+        "--served-model-name",
+        "my-model",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--max-model-len",
+        "8192",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "256",
+        "--enable-prompt-tokens-details",
     ]
     worker_env = next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_ENGINE_URL=http://127.0.0.1:8123" in worker_env
@@ -93,7 +109,9 @@ def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
     engine_argv = next(l for l in lines() if l.startswith("engine argv"))
-    assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith("--max-num-seqs 64 --enable-prompt-tokens-details")
+    assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith(
+        "--max-num-seqs 64 --enable-prompt-tokens-details"
+    )
     assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_MODEL=org/weights" in next(l for l in lines() if l.startswith("worker env"))
 
@@ -154,9 +172,12 @@ while true; do sleep 0.05; done
 def test_the_engine_gets_none_of_the_credentials_or_settings_and_runs_as_its_own_user(run):
     start, lines = run
     secret_env = {
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/abc", "AWS_REGION": "eu-west-1",
-        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/x",
-        "WORKER_CACHE_SALT_SECRET": "salt-secret", "BATCHAPI_TABLE_NAME": "t",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "/v2/credentials/abc",
+        "AWS_REGION": "eu-west-1",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "ECS_CONTAINER_METADATA_URI_V4": "http://169.254.170.2/v4/x",
+        "WORKER_CACHE_SALT_SECRET": "salt-secret",
+        "BATCHAPI_TABLE_NAME": "t",
     }
     shared = Path(tempfile.mkdtemp(prefix="entrypoint-"))  # readable by the engine's user
     shared.chmod(0o755)
@@ -182,8 +203,17 @@ def test_the_local_engines_withhold_what_the_gpu_tasks_engine_withholds():
 
     line = next(l for l in ENTRYPOINT.read_text().splitlines() if l.startswith("ENGINE_WITHHELD_PREFIXES="))
     assert tuple(line.split("=", 1)[1].strip('"').split()) == ENGINE_WITHHELD_PREFIXES
-    kept = engine_environment({"AWS_SECRET_ACCESS_KEY": "x", "AWS_ENDPOINT_URL": "http://moto", "WORKER_CACHE_SALT_SECRET": "s",
-                               "BATCHAPI_TABLE_NAME": "t", "PATH": "/bin", "ENGINE_DTYPE": "float32", "HF_HUB_OFFLINE": "1"})
+    kept = engine_environment(
+        {
+            "AWS_SECRET_ACCESS_KEY": "x",
+            "AWS_ENDPOINT_URL": "http://moto",
+            "WORKER_CACHE_SALT_SECRET": "s",
+            "BATCHAPI_TABLE_NAME": "t",
+            "PATH": "/bin",
+            "ENGINE_DTYPE": "float32",
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
     assert kept == {"PATH": "/bin", "ENGINE_DTYPE": "float32", "HF_HUB_OFFLINE": "1"}
     marked = engine_environment({"BATCHAPI_LOCAL_STATE_DIR": "/s", "BATCHAPI_TABLE_NAME": "t"})
     assert marked == {"LOCAL_BATCH_DEPLOYMENT": "/s"}  # only which deployment started it

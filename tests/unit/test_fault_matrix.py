@@ -133,7 +133,8 @@ class Case:
             for line, code in sorted(self.errors.items()):
                 by_code.setdefault(code, []).append(line)
             text += "; errors: " + "; ".join(
-                f"{','.join(map(str, lines))} {'HTTP ' + code if code.isdigit() else code}" for code, lines in by_code.items()
+                f"{','.join(map(str, lines))} {'HTTP ' + code if code.isdigit() else code}"
+                for code, lines in by_code.items()
             )
         elif self.errors is None:
             text += "; errors: the rest (any code)"
@@ -162,10 +163,16 @@ def rows(path: str, steps: list[tuple[str, str, str, int]], expect: dict[str, di
             fields = fields(slug) if callable(fields) else fields
             if fields is None:
                 continue
-            out.append(Case(
-                id=f"{path}-{slug}-{fault}", path=path, step=f"{step} (`{op}`{f' #{skip + 1}' if skip else ''})",
-                fault=words[fault], setup=makers[fault](PHASE[path], op, skip), **{**common, **fields},
-            ))
+            out.append(
+                Case(
+                    id=f"{path}-{slug}-{fault}",
+                    path=path,
+                    step=f"{step} (`{op}`{f' #{skip + 1}' if skip else ''})",
+                    fault=words[fault],
+                    setup=makers[fault](PHASE[path], op, skip),
+                    **{**common, **fields},
+                )
+            )
     return out
 
 
@@ -209,25 +216,57 @@ def _ingest_persistent(slug: str) -> dict:
     return {"status": COMPLETED}
 
 
-CASES: list[Case] = rows("ingest", INGEST_STEPS, {
-    "transient": {"status": COMPLETED, "once": True},
-    "kill": {"status": COMPLETED, "once": True},
-    "persistent": _ingest_persistent,
-})
+CASES: list[Case] = rows(
+    "ingest",
+    INGEST_STEPS,
+    {
+        "transient": {"status": COMPLETED, "once": True},
+        "kill": {"status": COMPLETED, "once": True},
+        "persistent": _ingest_persistent,
+    },
+)
 CASES += [
-    Case("ingest-start-workflow-persistent-dlq-too", "ingest", "start the workflow (`workflows.start`)",
-         "AccessDenied on every attempt of ingest and of the ingest DLQ consumer",
-         lambda d: (d.fail("ingest", "workflows.start", access_denied, times=EVERY),
-                    d.fail("dlq", "workflows.start", access_denied, times=EVERY)),
-         COMPLETED, bound=WINDOW),
-    Case("ingest-cancelled-before-ingest-event-lost", "ingest", "the S3 event (SQS), after the tenant cancelled",
-         "never delivered",
-         lambda d: (setattr(d, "lose_ingest_event", True), d.before_ingest.append(_cancel_now)),
-         ("cancelled",), output=(), bound=ENQUEUE_GRACE + SWEEP),
-    Case("ingest-event-duplicated", "ingest", "the S3 event (SQS)", "delivered twice",
-         lambda d: setattr(d, "duplicate_ingest_event", True), COMPLETED, once=True),
-    Case("ingest-event-lost", "ingest", "the S3 event (SQS)", "never delivered",
-         lambda d: setattr(d, "lose_ingest_event", True), FAILED, output=(), bound=VALIDATING_TIMEOUT + SWEEP),
+    Case(
+        "ingest-start-workflow-persistent-dlq-too",
+        "ingest",
+        "start the workflow (`workflows.start`)",
+        "AccessDenied on every attempt of ingest and of the ingest DLQ consumer",
+        lambda d: (
+            d.fail("ingest", "workflows.start", access_denied, times=EVERY),
+            d.fail("dlq", "workflows.start", access_denied, times=EVERY),
+        ),
+        COMPLETED,
+        bound=WINDOW,
+    ),
+    Case(
+        "ingest-cancelled-before-ingest-event-lost",
+        "ingest",
+        "the S3 event (SQS), after the tenant cancelled",
+        "never delivered",
+        lambda d: (setattr(d, "lose_ingest_event", True), d.before_ingest.append(_cancel_now)),
+        ("cancelled",),
+        output=(),
+        bound=ENQUEUE_GRACE + SWEEP,
+    ),
+    Case(
+        "ingest-event-duplicated",
+        "ingest",
+        "the S3 event (SQS)",
+        "delivered twice",
+        lambda d: setattr(d, "duplicate_ingest_event", True),
+        COMPLETED,
+        once=True,
+    ),
+    Case(
+        "ingest-event-lost",
+        "ingest",
+        "the S3 event (SQS)",
+        "never delivered",
+        lambda d: setattr(d, "lose_ingest_event", True),
+        FAILED,
+        output=(),
+        bound=VALIDATING_TIMEOUT + SWEEP,
+    ),
 ]
 
 # --- the chunk path: every store call of a chunk, in order (the fault hits chunk 0, or the last chunk
@@ -251,9 +290,20 @@ _DEAD_LETTERED = {"status": COMPLETED, "output": but(0, 1), "errors": {0: "serve
 def _chunk_persistent(slug: str) -> dict:
     # Before it is counted the chunk never succeeds: SQS dead-letters it and the DLQ handler fails
     # its two lines. Once counted, every redelivery skips it and the workflow completes the batch.
-    return _DEAD_LETTERED if slug in (
-        "start", "marker", "read-lines", "run-record", "open-attempt", "output-part", "error-part",
-    ) else {"status": COMPLETED}
+    return (
+        _DEAD_LETTERED
+        if slug
+        in (
+            "start",
+            "marker",
+            "read-lines",
+            "run-record",
+            "open-attempt",
+            "output-part",
+            "error-part",
+        )
+        else {"status": COMPLETED}
+    )
 
 
 def _chunk_transient(slug: str) -> dict:
@@ -262,38 +312,122 @@ def _chunk_transient(slug: str) -> dict:
     return {"status": COMPLETED, "benign": True, "once": True}
 
 
-CASES += rows("chunk", CHUNK_STEPS, {
-    "transient": _chunk_transient,
-    "kill": {"status": COMPLETED},
-    "persistent": _chunk_persistent,
-})
+CASES += rows(
+    "chunk",
+    CHUNK_STEPS,
+    {
+        "transient": _chunk_transient,
+        "kill": {"status": COMPLETED},
+        "persistent": _chunk_persistent,
+    },
+)
 CASES += [
-    Case("chunk-message-lost", "chunk", "the work message (SQS)", "chunk 0's message lost",
-         lambda d: d.queue.drop_next(1), ("expired",), output=but(0, 1),
-         errors={0: "batch_expired", 1: "batch_expired"}, late=True),
-    Case("chunk-message-lost-drain-conflict", "chunk", "the work message lost; at expiry, drain shows the batch finalizing (`batches.transition`)",
-         "TransactionConflict once", lambda d: (d.queue.drop_next(1), d.fail("drain", "batches.transition", conflict)),
-         ("expired",), output=but(0, 1), errors={0: "batch_expired", 1: "batch_expired"}, late=True),
-    Case("chunk-message-lost-finalize-killed", "chunk", "the work message lost; at expiry, finalize's transaction (`batches.transition`)",
-         "SIGKILL before it", lambda d: (d.queue.drop_next(1), d.fail("finalize", "batches.transition", Killed)),
-         ("expired",), output=but(0, 1), errors={0: "batch_expired", 1: "batch_expired"}, late=True),
-    Case("chunk-message-duplicated", "chunk", "the work message (SQS)", "chunk 0's message delivered twice",
-         lambda d: d.queue.duplicate_next(1), COMPLETED, once=True),
-    Case("chunk-last-message-redelivered-after-count", "chunk", "the last chunk's message (SQS)",
-         "redelivered after it was counted and signalled (SIGKILL before delete)",
-         lambda d: d.fail("worker", "queue.delete", Killed, skip=2), COMPLETED, once=True),
-    Case("chunk-worker-hangs-to-expiry", "chunk", "a worker runs chunk 0", "hangs (its message stays in flight) until expiry",
-         lambda d: setattr(d, "hang_chunk", 0), ("expired",), output=but(0, 1),
-         errors={0: "batch_expired", 1: "batch_expired"}, bound=WINDOW + RECONCILE + DRAIN_GRACE + 60,
-         waits=WINDOW + DRAIN_GRACE),
-    Case("chunk-engine-error-status", "chunk", "the engine answers one line", "HTTP 400",
-         lambda d: None, COMPLETED, output=but(3), errors={3: "400"}, respond="reject-3", once=True),
-    Case("chunk-engine-down-once", "chunk", "the engine client", "EngineDown on the first request",
-         lambda d: None, COMPLETED, respond="down-once"),
-    Case("chunk-poison-engine-crash", "chunk", "the engine client", "one line crashes the engine on every attempt",
-         lambda d: None, COMPLETED, output=but(1), errors={1: "engine_crashed"}, respond="crash-1"),
-    Case("chunk-poison-worker-killed", "chunk", "the engine client", "one line SIGKILLs the worker on every attempt",
-         lambda d: None, COMPLETED, output=but(1), errors={1: "engine_crashed"}, respond="kill-1"),
+    Case(
+        "chunk-message-lost",
+        "chunk",
+        "the work message (SQS)",
+        "chunk 0's message lost",
+        lambda d: d.queue.drop_next(1),
+        ("expired",),
+        output=but(0, 1),
+        errors={0: "batch_expired", 1: "batch_expired"},
+        late=True,
+    ),
+    Case(
+        "chunk-message-lost-drain-conflict",
+        "chunk",
+        "the work message lost; at expiry, drain shows the batch finalizing (`batches.transition`)",
+        "TransactionConflict once",
+        lambda d: (d.queue.drop_next(1), d.fail("drain", "batches.transition", conflict)),
+        ("expired",),
+        output=but(0, 1),
+        errors={0: "batch_expired", 1: "batch_expired"},
+        late=True,
+    ),
+    Case(
+        "chunk-message-lost-finalize-killed",
+        "chunk",
+        "the work message lost; at expiry, finalize's transaction (`batches.transition`)",
+        "SIGKILL before it",
+        lambda d: (d.queue.drop_next(1), d.fail("finalize", "batches.transition", Killed)),
+        ("expired",),
+        output=but(0, 1),
+        errors={0: "batch_expired", 1: "batch_expired"},
+        late=True,
+    ),
+    Case(
+        "chunk-message-duplicated",
+        "chunk",
+        "the work message (SQS)",
+        "chunk 0's message delivered twice",
+        lambda d: d.queue.duplicate_next(1),
+        COMPLETED,
+        once=True,
+    ),
+    Case(
+        "chunk-last-message-redelivered-after-count",
+        "chunk",
+        "the last chunk's message (SQS)",
+        "redelivered after it was counted and signalled (SIGKILL before delete)",
+        lambda d: d.fail("worker", "queue.delete", Killed, skip=2),
+        COMPLETED,
+        once=True,
+    ),
+    Case(
+        "chunk-worker-hangs-to-expiry",
+        "chunk",
+        "a worker runs chunk 0",
+        "hangs (its message stays in flight) until expiry",
+        lambda d: setattr(d, "hang_chunk", 0),
+        ("expired",),
+        output=but(0, 1),
+        errors={0: "batch_expired", 1: "batch_expired"},
+        bound=WINDOW + RECONCILE + DRAIN_GRACE + 60,
+        waits=WINDOW + DRAIN_GRACE,
+    ),
+    Case(
+        "chunk-engine-error-status",
+        "chunk",
+        "the engine answers one line",
+        "HTTP 400",
+        lambda d: None,
+        COMPLETED,
+        output=but(3),
+        errors={3: "400"},
+        respond="reject-3",
+        once=True,
+    ),
+    Case(
+        "chunk-engine-down-once",
+        "chunk",
+        "the engine client",
+        "EngineDown on the first request",
+        lambda d: None,
+        COMPLETED,
+        respond="down-once",
+    ),
+    Case(
+        "chunk-poison-engine-crash",
+        "chunk",
+        "the engine client",
+        "one line crashes the engine on every attempt",
+        lambda d: None,
+        COMPLETED,
+        output=but(1),
+        errors={1: "engine_crashed"},
+        respond="crash-1",
+    ),
+    Case(
+        "chunk-poison-worker-killed",
+        "chunk",
+        "the engine client",
+        "one line SIGKILLs the worker on every attempt",
+        lambda d: None,
+        COMPLETED,
+        output=but(1),
+        errors={1: "engine_crashed"},
+        respond="kill-1",
+    ),
 ]
 
 
@@ -325,45 +459,134 @@ _CANCELLED = {"status": ("cancelled",), "output": (0, 1), "errors": {i: "batch_c
 _FAILED_KEEPING = {"status": FAILED}
 
 CASES += [
-    Case("workflow-register-conflict", "workflow", "register the wait token (`batches.transition`)", "TransactionConflict once",
-         lambda d: d.fail("register", "batches.transition", conflict), COMPLETED),
-    Case("workflow-register-throttled", "workflow", "register the wait token (`batches.get`)", "throttled twice",
-         lambda d: d.fail("register", "batches.get", throttle, times=2), COMPLETED),
-    Case("workflow-register-persistent", "workflow", "register the wait token (`batches.transition`)",
-         "AccessDenied on every attempt (chunks already counted)",
-         lambda d: d.fail("register", "batches.transition", access_denied, times=EVERY), FAILED, order="work_first"),
-    Case("workflow-register-killed", "workflow", "register, after storing the token (`workflows.signal`)",
-         "SIGKILL before it signals itself (chunks already counted)",
-         lambda d: d.fail("register", "workflows.signal", Killed), COMPLETED, order="work_first"),
-    Case("workflow-signal-lost", "workflow", "the worker's complete signal", "lost (sent, never arrives)",
-         lambda d: setattr(d, "lose_signals", 1), COMPLETED),
-    Case("workflow-check-conflict", "workflow", "check after a lost signal (`batches.get`)", "TransactionConflict once",
-         lambda d: (setattr(d, "lose_signals", 1), d.fail("check", "batches.get", conflict)), COMPLETED),
-    Case("workflow-check-persistent", "workflow", "check after a lost signal (`batches.get`)", "AccessDenied on every attempt",
-         lambda d: (setattr(d, "lose_signals", 1), d.fail("check", "batches.get", access_denied, times=EVERY)), FAILED),
-    Case("workflow-drain-conflict", "workflow", "drain (`batches.get`)", "TransactionConflict once",
-         lambda d: d.fail("drain", "batches.get", conflict), COMPLETED),
-    Case("workflow-drain-persistent", "workflow", "drain (`batches.get`)", "AccessDenied on every attempt",
-         lambda d: d.fail("drain", "batches.get", access_denied, times=EVERY), FAILED),
-    Case("workflow-fail-denied", "workflow", "drain, then Fail (`batches.get`)",
-         "AccessDenied on every attempt of both: the execution fails, the batch is left open",
-         lambda d: (d.fail("drain", "batches.get", access_denied, times=EVERY),
-                    d.fail("fail", "batches.get", access_denied, times=EVERY)),
-         # Every chunk counted: the sweeper finalizes it once quiet for a reconcile period plus
-         # the expiry grace (a live workflow would have won that race), long before its expiry.
-         COMPLETED, output=but(3), errors={3: "400"}, respond="reject-3",
-         bound=RECONCILE + EXPIRY_GRACE + 2 * SWEEP, waits=RECONCILE + EXPIRY_GRACE),
-    Case("workflow-cancel", "workflow", "cancel after chunk 0 ran", "none (reference row)",
-         _cancel_at(1), **_CANCELLED),
-    Case("workflow-cancel-signal-lost", "workflow", "the API's cancel signal", "lost (sent, never arrives)",
-         _cancel_at(1, lose=True), **_CANCELLED),
-    Case("workflow-cancel-signal-throttled", "workflow", "the API's cancel signal", "throttled (the API answers 503)",
-         _cancel_at(1, throttled=True), **_CANCELLED),
-    Case("workflow-cancel-while-a-chunk-hangs", "workflow", "drain a cancelled batch while chunk 1 runs",
-         "its worker hangs: drain waits out its grace",
-         lambda d: (_cancel_at(2)(d), setattr(d, "hang_chunk", 1)), waits=DRAIN_GRACE, **_CANCELLED),
-    Case("workflow-cancel-drain-conflict", "workflow", "drain a cancelled batch (`batches.transition`)", "TransactionConflict once",
-         lambda d: (_cancel_at(1)(d), d.fail("drain", "batches.transition", conflict)), **_CANCELLED),
+    Case(
+        "workflow-register-conflict",
+        "workflow",
+        "register the wait token (`batches.transition`)",
+        "TransactionConflict once",
+        lambda d: d.fail("register", "batches.transition", conflict),
+        COMPLETED,
+    ),
+    Case(
+        "workflow-register-throttled",
+        "workflow",
+        "register the wait token (`batches.get`)",
+        "throttled twice",
+        lambda d: d.fail("register", "batches.get", throttle, times=2),
+        COMPLETED,
+    ),
+    Case(
+        "workflow-register-persistent",
+        "workflow",
+        "register the wait token (`batches.transition`)",
+        "AccessDenied on every attempt (chunks already counted)",
+        lambda d: d.fail("register", "batches.transition", access_denied, times=EVERY),
+        FAILED,
+        order="work_first",
+    ),
+    Case(
+        "workflow-register-killed",
+        "workflow",
+        "register, after storing the token (`workflows.signal`)",
+        "SIGKILL before it signals itself (chunks already counted)",
+        lambda d: d.fail("register", "workflows.signal", Killed),
+        COMPLETED,
+        order="work_first",
+    ),
+    Case(
+        "workflow-signal-lost",
+        "workflow",
+        "the worker's complete signal",
+        "lost (sent, never arrives)",
+        lambda d: setattr(d, "lose_signals", 1),
+        COMPLETED,
+    ),
+    Case(
+        "workflow-check-conflict",
+        "workflow",
+        "check after a lost signal (`batches.get`)",
+        "TransactionConflict once",
+        lambda d: (setattr(d, "lose_signals", 1), d.fail("check", "batches.get", conflict)),
+        COMPLETED,
+    ),
+    Case(
+        "workflow-check-persistent",
+        "workflow",
+        "check after a lost signal (`batches.get`)",
+        "AccessDenied on every attempt",
+        lambda d: (setattr(d, "lose_signals", 1), d.fail("check", "batches.get", access_denied, times=EVERY)),
+        FAILED,
+    ),
+    Case(
+        "workflow-drain-conflict",
+        "workflow",
+        "drain (`batches.get`)",
+        "TransactionConflict once",
+        lambda d: d.fail("drain", "batches.get", conflict),
+        COMPLETED,
+    ),
+    Case(
+        "workflow-drain-persistent",
+        "workflow",
+        "drain (`batches.get`)",
+        "AccessDenied on every attempt",
+        lambda d: d.fail("drain", "batches.get", access_denied, times=EVERY),
+        FAILED,
+    ),
+    Case(
+        "workflow-fail-denied",
+        "workflow",
+        "drain, then Fail (`batches.get`)",
+        "AccessDenied on every attempt of both: the execution fails, the batch is left open",
+        lambda d: (
+            d.fail("drain", "batches.get", access_denied, times=EVERY),
+            d.fail("fail", "batches.get", access_denied, times=EVERY),
+        ),
+        # Every chunk counted: the sweeper finalizes it once quiet for a reconcile period plus
+        # the expiry grace (a live workflow would have won that race), long before its expiry.
+        COMPLETED,
+        output=but(3),
+        errors={3: "400"},
+        respond="reject-3",
+        bound=RECONCILE + EXPIRY_GRACE + 2 * SWEEP,
+        waits=RECONCILE + EXPIRY_GRACE,
+    ),
+    Case(
+        "workflow-cancel", "workflow", "cancel after chunk 0 ran", "none (reference row)", _cancel_at(1), **_CANCELLED
+    ),
+    Case(
+        "workflow-cancel-signal-lost",
+        "workflow",
+        "the API's cancel signal",
+        "lost (sent, never arrives)",
+        _cancel_at(1, lose=True),
+        **_CANCELLED,
+    ),
+    Case(
+        "workflow-cancel-signal-throttled",
+        "workflow",
+        "the API's cancel signal",
+        "throttled (the API answers 503)",
+        _cancel_at(1, throttled=True),
+        **_CANCELLED,
+    ),
+    Case(
+        "workflow-cancel-while-a-chunk-hangs",
+        "workflow",
+        "drain a cancelled batch while chunk 1 runs",
+        "its worker hangs: drain waits out its grace",
+        lambda d: (_cancel_at(2)(d), setattr(d, "hang_chunk", 1)),
+        waits=DRAIN_GRACE,
+        **_CANCELLED,
+    ),
+    Case(
+        "workflow-cancel-drain-conflict",
+        "workflow",
+        "drain a cancelled batch (`batches.transition`)",
+        "TransactionConflict once",
+        lambda d: (_cancel_at(1)(d), d.fail("drain", "batches.transition", conflict)),
+        **_CANCELLED,
+    ),
 ]
 
 # --- finalize: every store call, in order (line 3 answered 400, so both files are written) ---------------
@@ -390,16 +613,26 @@ def _finalize_persistent(slug: str) -> dict:
 
 
 CASES += [
-    Case(f"{task}-answer-lost", "finalize" if task == "finalize" else "workflow", f"{task} (the Lambda invocation)",
-         "ran, its answer lost: Step Functions runs it again",
-         (lambda t: lambda d: d.duplicate_tasks.add(t))(task), COMPLETED, **_FINAL_OUTPUT)
+    Case(
+        f"{task}-answer-lost",
+        "finalize" if task == "finalize" else "workflow",
+        f"{task} (the Lambda invocation)",
+        "ran, its answer lost: Step Functions runs it again",
+        (lambda t: lambda d: d.duplicate_tasks.add(t))(task),
+        COMPLETED,
+        **_FINAL_OUTPUT,
+    )
     for task in ("register", "drain", "finalize")
 ]
-CASES += rows("finalize", FINALIZE_STEPS, {
-    "transient": {**_FINAL, "status": COMPLETED},
-    "kill": {**_FINAL, "status": COMPLETED},
-    "persistent": _finalize_persistent,
-})
+CASES += rows(
+    "finalize",
+    FINALIZE_STEPS,
+    {
+        "transient": {**_FINAL, "status": COMPLETED},
+        "kill": {**_FINAL, "status": COMPLETED},
+        "persistent": _finalize_persistent,
+    },
+)
 
 # --- fail: the last resort, itself faulted (the execution reached Fail: drain denied every time) -----------
 FAIL_STEPS = [
@@ -419,10 +652,14 @@ def _drain_denied_then(step: Callable[[Driver], None]) -> Callable[[Driver], Non
 
 CASES += [
     dataclasses.replace(c, setup=_drain_denied_then(c.setup))
-    for c in rows("fail", FAIL_STEPS, {
-        "transient": {**_FINAL, "status": FAILED},
-        "kill": {**_FINAL, "status": FAILED},
-    })
+    for c in rows(
+        "fail",
+        FAIL_STEPS,
+        {
+            "transient": {**_FINAL, "status": FAILED},
+            "kill": {**_FINAL, "status": FAILED},
+        },
+    )
 ]
 
 
@@ -490,12 +727,15 @@ def assert_outcome(d: Driver, case: Case) -> None:
         assert [l.custom_id for l in output] == [f"req-{i}" for i in case.output], trace
     if case.errors is not None and case.output is not None:
         codes = {
-            int(l.custom_id.removeprefix("req-")): str(l.response.status_code) if l.response else l.error.code for l in errors
+            int(l.custom_id.removeprefix("req-")): str(l.response.status_code) if l.response else l.error.code
+            for l in errors
         }
         assert codes == case.errors, trace
     if case.benign:
         spent = {k[2]: r.failures for k, r in d.stores.batches.runs.items() if r.failures}
-        assert not spent, f"a store error spent the poison budget of chunks {spent}; engine ran {len(d.engine.requests)} requests"
+        assert not spent, (
+            f"a store error spent the poison budget of chunks {spent}; engine ran {len(d.engine.requests)} requests"
+        )
     if case.once:
         ran = d.engine.contents()
         assert len(ran) == len(set(ran)), f"a request ran twice: {sorted(ran)}"
@@ -508,10 +748,7 @@ TABLE_END = "<!-- fault-matrix:end -->"
 
 def table() -> str:
     head = "| path | step | fault | asserted outcome | test |\n|---|---|---|---|---|\n"
-    body = "".join(
-        f"| {c.path} | {c.step} | {c.fault} | {c.outcome()}{_note(c)} | `{NODE}[{c.id}]` |\n"
-        for c in CASES
-    )
+    body = "".join(f"| {c.path} | {c.step} | {c.fault} | {c.outcome()}{_note(c)} | `{NODE}[{c.id}]` |\n" for c in CASES)
     return head + body
 
 
@@ -540,7 +777,8 @@ def test_the_failure_modes_table_names_real_tests():
     failure mode names at least one test."""
     text = DOC.read_text()
     assert FAILURE_MODES_START in text and FAILURE_MODES_END in text, (
-        'docs/reliability.md lacks the "Failure modes and their tests" table (its markers)')
+        'docs/reliability.md lacks the "Failure modes and their tests" table (its markers)'
+    )
     section = text.split(FAILURE_MODES_START, 1)[1].split(FAILURE_MODES_END, 1)[0]
     rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| failure mode")]
     assert len(rows) == 9, "one row per failure mode: nine"

@@ -20,7 +20,12 @@ def settings(**values) -> Settings:
 
 def test_the_switch_is_one_setting_on_by_default_and_read_from_its_env_var() -> None:
     assert settings().governance is True
-    assert Settings.from_env({"BATCHAPI_TABLE_NAME": "t", "BATCHAPI_BUCKET_NAME": "b", "BATCHAPI_GOVERNANCE": "false"}).governance is False
+    assert (
+        Settings.from_env(
+            {"BATCHAPI_TABLE_NAME": "t", "BATCHAPI_BUCKET_NAME": "b", "BATCHAPI_GOVERNANCE": "false"}
+        ).governance
+        is False
+    )
     assert settings(governance=False).to_env()["BATCHAPI_GOVERNANCE"] == "false"
 
 

@@ -39,16 +39,31 @@ def b64(data: dict) -> str:
 PEM_BODY = "MIIEowIBAAKCAQEA7bq" + "x" * 60 + "\nAbCdEf0123456789+/=="
 SECRETS = {
     "AWS access key id": ("AWS Access Key", "AKIA" + "IOSFODNN7EXAMPLE"),
-    "AWS secret key (assignment)": ("AWS Access Key", 'aws_secret_access_key = "' + "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + 'EXAMPLEKEY"'),
-    "RSA private key": ("Private Key", "-----BEGIN RSA " + f"PRIVATE KEY-----\n{PEM_BODY}\n-----END RSA PRIVATE KEY-----"),
-    "OpenSSH private key": ("Private Key", "-----BEGIN OPENSSH " + f"PRIVATE KEY-----\n{PEM_BODY}\n-----END OPENSSH PRIVATE KEY-----"),
+    "AWS secret key (assignment)": (
+        "AWS Access Key",
+        'aws_secret_access_key = "' + "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + 'EXAMPLEKEY"',
+    ),
+    "RSA private key": (
+        "Private Key",
+        "-----BEGIN RSA " + f"PRIVATE KEY-----\n{PEM_BODY}\n-----END RSA PRIVATE KEY-----",
+    ),
+    "OpenSSH private key": (
+        "Private Key",
+        "-----BEGIN OPENSSH " + f"PRIVATE KEY-----\n{PEM_BODY}\n-----END OPENSSH PRIVATE KEY-----",
+    ),
     "GitHub token": ("GitHub Token", "ghp_" + "A1b2C3d4E5f6G7h8I9j0" + "K1l2M3n4O5p6Q7r8"),
     "GitLab token": ("GitLab Token", "glpat-" + "Ab3dEf6hIj9lMn2pQr5t"),
     "Slack token": ("Slack Token", "xoxb-" + "123456789012-1234567890123-" + "abcdefghijklmnop1234"),
-    "Slack webhook": ("Slack Token", "https://hooks.slack.com/services/" + "T0123ABCD/B0123ABCD/abcdEFGHijklMNOPqrstUVWX"),
+    "Slack webhook": (
+        "Slack Token",
+        "https://hooks.slack.com/services/" + "T0123ABCD/B0123ABCD/abcdEFGHijklMNOPqrstUVWX",
+    ),
     "Stripe key": ("Stripe Access Key", "sk_" + "live_" + "4eC39HqLyjWDarjtT1zdp7dc"),
-    "JWT": ("JSON Web Token", f"eyJ{b64({'alg': 'HS256', 'typ': 'JWT'})[3:]}.{b64({'sub': '1234567890', 'name': 'Ann'})}."
-                              "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"),
+    "JWT": (
+        "JSON Web Token",
+        f"eyJ{b64({'alg': 'HS256', 'typ': 'JWT'})[3:]}.{b64({'sub': '1234567890', 'name': 'Ann'})}."
+        "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+    ),
     "OpenAI key": ("OpenAI Token", "sk-" + "proj-" + "A" * 20 + "T3Blbk" + "FJ" + "B" * 20),
     "SendGrid key": ("SendGrid API Key", "SG." + "a" * 22 + "." + "b" * 43),
     "Twilio key": ("Twilio API Key", "AC" + "0123456789abcdef" * 2),
@@ -102,8 +117,10 @@ NORMAL_PROMPTS = [
 
 
 def chat_body(text: str) -> dict:
-    return {"model": "test-chat", "messages": [{"role": "system", "content": "You are helpful."},
-                                               {"role": "user", "content": text}]}
+    return {
+        "model": "test-chat",
+        "messages": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": text}],
+    }
 
 
 # --- detectors ---------------------------------------------------------------------------------
@@ -128,14 +145,19 @@ def test_redact_replaces_the_whole_secret_with_its_type(name):
     # No piece of the secret's value survives (its variable end; a URL's password).
     tail = "s3cretPassw0rd" if kind == "Basic Auth Credentials" else secret[-12:]
     assert tail not in text and secret not in text
-    assert body["messages"][1]["content"].endswith("Thanks!") and secret in body["messages"][1]["content"]  # input unchanged
+    assert (
+        body["messages"][1]["content"].endswith("Thanks!") and secret in body["messages"][1]["content"]
+    )  # input unchanged
 
 
 def test_every_string_of_the_body_is_scanned_not_only_messages():
     key = SECRETS["AWS access key id"][1]
-    for body in ({"model": "m", "prompt": f"key {key}"}, {"model": "m", "input": ["fine", f"x {key}"]},
-                 {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": key}]}]},
-                 {"model": "m", "messages": [], "metadata": {"deep": [[{"note": key}]]}}):
+    for body in (
+        {"model": "m", "prompt": f"key {key}"},
+        {"model": "m", "input": ["fine", f"x {key}"]},
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": key}]}]},
+        {"model": "m", "messages": [], "metadata": {"deep": [[{"note": key}]]}},
+    ):
         _, violation = GuardPolicy(prompt_secrets="refuse").check_prompt(body)
         assert violation is not None, body
         redacted, _ = GuardPolicy(prompt_secrets="redact").check_prompt(body)
@@ -148,7 +170,10 @@ def test_several_secrets_of_several_types_in_one_string():
     _, violation = GuardPolicy(prompt_secrets="refuse").check_prompt(body)
     assert "AWS Access Key, GitHub Token" in violation.message
     redacted, _ = GuardPolicy(prompt_secrets="redact").check_prompt(body)
-    assert redacted["messages"][1]["content"] == "a [REDACTED:AWS Access Key] b [REDACTED:GitHub Token] c [REDACTED:AWS Access Key]"
+    assert (
+        redacted["messages"][1]["content"]
+        == "a [REDACTED:AWS Access Key] b [REDACTED:GitHub Token] c [REDACTED:AWS Access Key]"
+    )
 
 
 def test_no_false_positive_on_ordinary_prompts():
@@ -191,8 +216,20 @@ def test_a_deny_pattern_blocks_a_result_whose_generated_text_matches():
     # Only generated text counts: the envelope's strings (id, object, model) are not matched.
     assert GuardPolicy(output_deny_patterns=["chat.completion", "test-chat"]).check_output(answer("hi")) is None
     completion = {"object": "text_completion", "choices": [{"text": "a confidential plan"}]}
-    tool = {"choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "f", "arguments": '{"x": "confidential"}'}}]}}]}
-    responses = {"object": "response", "output": [{"type": "message", "content": [{"type": "output_text", "text": "confidential"}]}]}
+    tool = {
+        "choices": [
+            {
+                "message": {
+                    "content": None,
+                    "tool_calls": [{"function": {"name": "f", "arguments": '{"x": "confidential"}'}}],
+                }
+            }
+        ]
+    }
+    responses = {
+        "object": "response",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": "confidential"}]}],
+    }
     for body in (completion, tool, responses):
         assert policy.check_output(body) is not None, body
 
@@ -215,9 +252,15 @@ def test_the_example_check_blocks_a_secret_in_the_output():
 
 
 def test_the_policy_is_validated_when_set():
-    for bad in ({"output_deny_patterns": [""]}, {"output_checks": ["not a name"]},
-                {"output_checks": ["module_without_function"]}, {"prompt_secrets": "block"},
-                {"output_deny_patterns": ["x"] * 33}, {"output_deny_patterns": ["x" * 513]}, {"other": 1}):
+    for bad in (
+        {"output_deny_patterns": [""]},
+        {"output_checks": ["not a name"]},
+        {"output_checks": ["module_without_function"]},
+        {"prompt_secrets": "block"},
+        {"output_deny_patterns": ["x"] * 33},
+        {"output_deny_patterns": ["x" * 513]},
+        {"other": 1},
+    ):
         with pytest.raises(ValueError):
             GuardPolicy(**bad)
     # Compiling a pattern is RE2's work, done where the policy is set (batchctl) and used (the
@@ -227,7 +270,9 @@ def test_the_policy_is_validated_when_set():
 
 
 # --- the policy travels: tenant record -> manifest -> work messages ------------------------------
-POLICY = GuardPolicy(prompt_secrets="refuse", output_deny_patterns=["never"], output_checks=["tests.unit.test_guard:block_word"])
+POLICY = GuardPolicy(
+    prompt_secrets="refuse", output_deny_patterns=["never"], output_checks=["tests.unit.test_guard:block_word"]
+)
 
 
 def test_the_tenant_record_holds_the_policy_and_old_records_still_parse():
@@ -238,8 +283,10 @@ def test_the_tenant_record_holds_the_policy_and_old_records_still_parse():
 
 
 def ingest(stores, lines: int = 3):
-    content = "".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT,
-                                  "body": {"model": "m", "messages": []}}) + "\n" for i in range(lines)).encode()
+    content = "".join(
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {"model": "m", "messages": []}}) + "\n"
+        for i in range(lines)
+    ).encode()
     record = batch_record(created_at=NOW)
     stores.batches.put(record)
     stores.objects.put(record.input_key, content)
@@ -260,7 +307,7 @@ def test_ingest_snapshots_the_policy_into_the_manifest_and_every_work_message():
     stores.batches.set("acme", "batch_1", enqueued=False)
     batch = stores.batches.get("acme", "batch_1")
     ingest_logic.resume(stores, SETTINGS, batch, NOW)
-    again = [WorkMessage.model_validate_json(b) for b in stores.queues.queue("q-m").bodies()][len(messages):]
+    again = [WorkMessage.model_validate_json(b) for b in stores.queues.queue("q-m").bodies()][len(messages) :]
     assert again and all(m.guard == POLICY for m in again)
 
 
@@ -278,8 +325,10 @@ def test_without_an_active_policy_messages_are_as_before(policy):
 
 # --- the worker applies it around the engine -------------------------------------------------------
 def seed(stores, texts: list[str], policy: GuardPolicy | None) -> WorkMessage:
-    lines = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": chat_body(t)}) + "\n"
-             for i, t in enumerate(texts)]
+    lines = [
+        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": chat_body(t)}) + "\n"
+        for i, t in enumerate(texts)
+    ]
     key = schema.batch_input_key("acme", "batch_1")
     data = "".join(lines).encode()
     stores.objects.put(key, data)
@@ -299,8 +348,13 @@ def run(stores, message, engine):
 
 def counted(stores) -> dict[str, list[dict]]:
     marker = stores.batches.counted_chunk("acme", "batch_1", 0)
-    return {kind: [json.loads(x) for x in stores.objects.get(
-        schema.chunk_part_key("acme", "batch_1", 0, marker.attempt, kind)).splitlines()] for kind in ("out", "err")}
+    return {
+        kind: [
+            json.loads(x)
+            for x in stores.objects.get(schema.chunk_part_key("acme", "batch_1", 0, marker.attempt, kind)).splitlines()
+        ]
+        for kind in ("out", "err")
+    }
 
 
 def test_refuse_in_the_worker_never_sends_the_secret_to_the_engine():
@@ -329,13 +383,18 @@ def test_redact_in_the_worker_sends_the_redacted_body():
 
 def test_an_output_blocked_in_the_worker_is_an_error_line_without_the_result():
     stores = fake_stores()
-    message = seed(stores, ["say something forbidden", "say hi", "say never"],
-                   GuardPolicy(output_deny_patterns=["never"], output_checks=["tests.unit.test_guard:block_word"]))
+    message = seed(
+        stores,
+        ["say something forbidden", "say hi", "say never"],
+        GuardPolicy(output_deny_patterns=["never"], output_checks=["tests.unit.test_guard:block_word"]),
+    )
     report = run(stores, message, InProcessEngine())
     assert (report.completed, report.failed) == (1, 2)
     parts = counted(stores)
     assert [(e["custom_id"], e["error"]["code"], e["response"]) for e in parts["err"]] == [
-        ("req-0", OUTPUT_BLOCKED, None), ("req-2", OUTPUT_BLOCKED, None)]
+        ("req-0", OUTPUT_BLOCKED, None),
+        ("req-2", OUTPUT_BLOCKED, None),
+    ]
     assert "forbidden" not in json.dumps(parts["err"]) or "echo" not in json.dumps(parts["err"])
     assert "echo say" not in json.dumps(parts["err"])  # the blocked answers' text is written nowhere
     assert report.usage.output_tokens == 3  # only the written result's usage counts
@@ -372,19 +431,38 @@ def tenants_cmd(repo, *argv):
 
 def test_batchctl_tenants_sets_and_clears_the_policy():
     repo = fake_stores().tenants
-    code, out, err = tenants_cmd(repo, "create", "--tenant", "acme", "--prompt-secrets", "redact",
-                                 "--output-deny", "secret plan", "--output-deny", r"\d{16}")
+    code, out, err = tenants_cmd(
+        repo,
+        "create",
+        "--tenant",
+        "acme",
+        "--prompt-secrets",
+        "redact",
+        "--output-deny",
+        "secret plan",
+        "--output-deny",
+        r"\d{16}",
+    )
     assert code == 0, err
-    assert repo.get("acme").guard == GuardPolicy(prompt_secrets="redact", output_deny_patterns=["secret plan", r"\d{16}"])
+    assert repo.get("acme").guard == GuardPolicy(
+        prompt_secrets="redact", output_deny_patterns=["secret plan", r"\d{16}"]
+    )
     assert json.loads(out)["guard"]["prompt_secrets"] == "redact"
     code, _, err = tenants_cmd(repo, "set", "--tenant", "acme", "--output-check", "functions.core.guard:output_secrets")
     assert code == 0, err
-    assert repo.get("acme").guard == GuardPolicy(prompt_secrets="redact", output_deny_patterns=["secret plan", r"\d{16}"],
-                                                 output_checks=["functions.core.guard:output_secrets"])
+    assert repo.get("acme").guard == GuardPolicy(
+        prompt_secrets="redact",
+        output_deny_patterns=["secret plan", r"\d{16}"],
+        output_checks=["functions.core.guard:output_secrets"],
+    )
     code, _, err = tenants_cmd(repo, "set", "--tenant", "acme", "--output-deny", "none", "--batches-per-hour", "3")
     assert code == 0, err
     stored = repo.get("acme")
-    assert stored.guard.output_deny_patterns == [] and stored.guard.prompt_secrets == "redact" and stored.batches_per_hour == 3
+    assert (
+        stored.guard.output_deny_patterns == []
+        and stored.guard.prompt_secrets == "redact"
+        and stored.batches_per_hour == 3
+    )
 
 
 @pytest.mark.parametrize("pattern", [r"(a)\1", r"secret(?=s)", r"(?<!no )secret", r"(?>atomic)", r"x{2000}"])
@@ -403,7 +481,11 @@ def test_a_stored_pattern_re2_cannot_run_fails_closed_and_blocks_the_next_set():
     stored = GuardPolicy(output_deny_patterns=["fine", r"(a)\1"])  # what the Lambdas read: no compile there
     repo.put(TenantPolicy(tenant="acme", guard=stored))
     violation = stored.check_output(answer("hello"))
-    assert violation.code == OUTPUT_BLOCKED and "deny pattern 2" in violation.message and "cannot be run" in violation.message
+    assert (
+        violation.code == OUTPUT_BLOCKED
+        and "deny pattern 2" in violation.message
+        and "cannot be run" in violation.message
+    )
     code, _, err = tenants_cmd(repo, "set", "--tenant", "acme", "--prompt-secrets", "refuse")
     assert code == 2 and "output deny pattern 2: not a valid RE2 regular expression" in err
     assert repo.get("acme").guard == stored
@@ -419,8 +501,15 @@ def test_deny_patterns_run_in_re2_syntax():
     assert policy.check_output(answer("nothing here")) is None
 
 
-@pytest.mark.parametrize("argv", [["--output-deny", "("], ["--output-check", "no_module_here:f"],
-                                  ["--output-check", "bad name"], ["--prompt-secrets", "maybe"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--output-deny", "("],
+        ["--output-check", "no_module_here:f"],
+        ["--output-check", "bad name"],
+        ["--prompt-secrets", "maybe"],
+    ],
+)
 def test_batchctl_refuses_a_bad_policy_with_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.parser().parse_args(["tenants", "set", "--tenant", "acme", *argv])
@@ -437,10 +526,25 @@ def test_batchctl_retry_does_not_retry_a_policy_refusal_by_default(code):
 
 def test_run_batch_applies_the_same_policy():
     secret = SECRETS["AWS access key id"][1]
-    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": chat_body(t)})
-             for i, t in enumerate(["hi", f"key {secret}", "a forbidden word"])]
-    args = cli.parser().parse_args(["run-batch", "-i", "in", "-o", "out", "--engine-url", "http://x",
-                                    "--prompt-secrets", "refuse", "--output-check", "tests.unit.test_guard:block_word"])
+    lines = [
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": chat_body(t)})
+        for i, t in enumerate(["hi", f"key {secret}", "a forbidden word"])
+    ]
+    args = cli.parser().parse_args(
+        [
+            "run-batch",
+            "-i",
+            "in",
+            "-o",
+            "out",
+            "--engine-url",
+            "http://x",
+            "--prompt-secrets",
+            "refuse",
+            "--output-check",
+            "tests.unit.test_guard:block_word",
+        ]
+    )
     policy = guard.from_arguments(args)
     engine = InProcessEngine()
     output = io.BytesIO()
@@ -448,7 +552,10 @@ def test_run_batch_applies_the_same_policy():
     assert (summary.completed, summary.failed) == (1, 2)
     results = [json.loads(x) for x in output.getvalue().splitlines()]
     assert [(r["custom_id"], r["error"] and r["error"]["code"]) for r in results] == [
-        ("r0", None), ("r1", PROMPT_SECRET_DETECTED), ("r2", OUTPUT_BLOCKED)]
+        ("r0", None),
+        ("r1", PROMPT_SECRET_DETECTED),
+        ("r2", OUTPUT_BLOCKED),
+    ]
     assert secret not in json.dumps(engine.requests)
     no_flags = cli.parser().parse_args(["run-batch", "-i", "in", "-o", "out", "--engine-url", "http://x"])
     assert guard.from_arguments(no_flags) is None
@@ -458,8 +565,10 @@ def test_the_lambdas_import_the_policy_without_detect_secrets():
     """Ingest and the API import ``GuardPolicy`` (tenant record, messages) and validate a stored
     one, but never scan nor compile a pattern: detect-secrets and RE2 are worker (and batchctl)
     dependencies, loaded on first use only, so the Lambda asset holds neither."""
-    code = ("import sys, functions.ingest.logic, functions.api.batches, functions.core.guard, functions.core.tenants; "
-            "from functions.core.tenants import TenantPolicy; "
-            "TenantPolicy.from_item(TenantPolicy(tenant='a', guard={'output_deny_patterns': ['x']}).to_item()); "
-            "assert 'detect_secrets' not in sys.modules and 're2' not in sys.modules, 'imported'")
+    code = (
+        "import sys, functions.ingest.logic, functions.api.batches, functions.core.guard, functions.core.tenants; "
+        "from functions.core.tenants import TenantPolicy; "
+        "TenantPolicy.from_item(TenantPolicy(tenant='a', guard={'output_deny_patterns': ['x']}).to_item()); "
+        "assert 'detect_secrets' not in sys.modules and 're2' not in sys.modules, 'imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -187,7 +187,7 @@ def test_ingest_fails_each_hostile_line_with_its_code_param_and_line():
         ("invalid_method", "method", 7),
     ]
     assert all(len(e["message"]) <= MESSAGE for e in batch.errors)
-    (_event_type, detail), = stores.events.published
+    ((_event_type, detail),) = stores.events.published
     assert len(json.dumps(detail, ensure_ascii=False).encode()) < EVENTBRIDGE_EVENT
 
 
@@ -206,7 +206,7 @@ def test_the_errors_stay_bounded_in_count_and_total_size():
     assert all(len(e["message"]) <= MESSAGE for e in batch.errors)
     size = len(json.dumps(batch.errors, ensure_ascii=False).encode())
     assert size < EVENTBRIDGE_EVENT < DYNAMODB_ITEM
-    (_, detail), = stores.events.published
+    ((_, detail),) = stores.events.published
     assert len(json.dumps(detail, ensure_ascii=False).encode()) < EVENTBRIDGE_EVENT
 
 
@@ -236,15 +236,26 @@ def test_unrun_lines_of_a_chunk_of_hostile_lines_are_all_writable():
     key = schema.batch_input_key("acme", "batch_1")
     stores.objects.put(key, content)
     message = WorkMessage(
-        tenant="acme", batch_id="batch_1", chunk=0, input_key=key, byte_start=0, byte_end=len(content),
-        first_line=1, line_count=len(HOSTILE), endpoint=CHAT, model="chat", expires_at=NOW + 86_400,
+        tenant="acme",
+        batch_id="batch_1",
+        chunk=0,
+        input_key=key,
+        byte_start=0,
+        byte_end=len(content),
+        first_line=1,
+        line_count=len(HOSTILE),
+        endpoint=CHAT,
+        model="chat",
+        expires_at=NOW + 86_400,
     )
     lines = list(results.unrun_lines(stores.objects, message, "batch_expired", "expired"))
     assert [l.custom_id for l in lines] == ["line-1", "line-2", "line-3", "line-4", "\u0000"]
     parts = results.write_parts(stores.objects, message, lines)
     assert (parts.completed, parts.failed) == (0, 5)
     written = stores.objects.get(schema.chunk_part_key("acme", "batch_1", 0, parts.attempt, "err"))
-    assert [BatchOutputLine.model_validate_json(l).custom_id for l in written.splitlines()] == [l.custom_id for l in lines]
+    assert [BatchOutputLine.model_validate_json(l).custom_id for l in written.splitlines()] == [
+        l.custom_id for l in lines
+    ]
 
 
 def test_the_worker_turns_each_hostile_line_into_one_writable_result_line():

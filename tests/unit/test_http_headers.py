@@ -52,7 +52,7 @@ def test_the_rfc_5987_attr_chars_are_not_encoded():
 def test_any_name_gives_a_safe_fallback_and_the_exact_name_in_filename_star(name, fallback):
     header = content_disposition(name)
     assert header.isascii() and all(" " <= c <= "~" for c in header)
-    assert header.startswith(f'attachment; filename="{fallback}"; filename*=UTF-8\'\'')
+    assert header.startswith(f"attachment; filename=\"{fallback}\"; filename*=UTF-8''")
     assert parsed_name(header) == name
 
 

@@ -76,9 +76,10 @@ def test_the_worker_imports_neither_infra_nor_batchctl() -> None:
 
 
 def test_aws_sdk_only_in_the_adapters_and_clients() -> None:
-    assert violations(
-        "functions", {"boto3", "botocore"}, allowed=("functions/core/aws/", "functions/core/clients.py")
-    ) == []
+    assert (
+        violations("functions", {"boto3", "botocore"}, allowed=("functions/core/aws/", "functions/core/clients.py"))
+        == []
+    )
 
 
 def test_powertools_stays_out_of_the_core_and_the_logic_modules() -> None:
@@ -110,7 +111,9 @@ def test_renamed_modules_are_imported_by_their_new_names_only() -> None:
         for path in sorted((REPO / root).rglob("*.py")):
             if "node_modules" in path.parts:
                 continue
-            for line, name in imported_modules(path.read_text(), module_name(path), is_package=path.name == "__init__.py"):
+            for line, name in imported_modules(
+                path.read_text(), module_name(path), is_package=path.name == "__init__.py"
+            ):
                 if any(name == old or name.startswith(old + ".") for old in RENAMED):
                     found.append(f"{path.relative_to(REPO).as_posix()}:{line} imports {name}")
     assert sorted(set(found)) == []
@@ -123,10 +126,13 @@ def test_renamed_modules_are_imported_by_their_new_names_only() -> None:
 def test_every_lambda_handler_the_stack_names_is_importable() -> None:
     """The CDK constructs name each function's handler as a string (``handler="pkg.mod.fn"``): a
     module moved without its string would only fail at invoke time on AWS."""
-    handlers = sorted({
-        name for path in sorted((REPO / "infra/constructs").glob("*.py"))
-        for name in re.findall(r'handler="(functions\.[\w.]+)"', path.read_text())
-    })
+    handlers = sorted(
+        {
+            name
+            for path in sorted((REPO / "infra/constructs").glob("*.py"))
+            for name in re.findall(r'handler="(functions\.[\w.]+)"', path.read_text())
+        }
+    )
     assert len(handlers) >= 10, handlers
     for handler in handlers:
         module, _, attribute = handler.rpartition(".")
@@ -151,7 +157,8 @@ def test_checker_sees_every_form_of_import(source: str, module: str, expected: s
 def test_relative_imports_resolve_inside_their_package() -> None:
     assert {n for _, n in imported_modules("from . import schema", "functions.core.names")} >= {"functions.core"}
     assert {n for _, n in imported_modules("from .aws import sqs", "functions.core", is_package=True)} >= {
-        "functions.core.aws", "functions.core.aws.sqs",
+        "functions.core.aws",
+        "functions.core.aws.sqs",
     }
 
 
@@ -159,7 +166,9 @@ def test_relative_imports_resolve_inside_their_package() -> None:
 PACKAGES = ("functions", "gpu_worker", "infra", "batchctl")
 
 
-def module_level_imports(source: str, module: str, *, is_package: bool = False) -> Iterator[tuple[str, tuple[str, ...]]]:
+def module_level_imports(
+    source: str, module: str, *, is_package: bool = False
+) -> Iterator[tuple[str, tuple[str, ...]]]:
     """What a module imports when it is loaded, as (absolute module, names taken from it; none for
     ``import m``): its top-level statements (also inside a top-level ``try``/``if``), never a
     function's lazy imports nor ``if TYPE_CHECKING:``."""

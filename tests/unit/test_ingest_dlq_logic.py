@@ -139,19 +139,43 @@ def test_failing_a_stale_validating_record_never_overwrites_a_batch_ingest_moved
 # --- the handler: a dead-lettered S3 notification -------------------------------------------------
 def sqs_record(body: str) -> dict:
     return {
-        "messageId": "m-1", "receiptHandle": "r", "body": body, "md5OfBody": "",
-        "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "0", "SenderId": "s", "ApproximateFirstReceiveTimestamp": "0"},
-        "messageAttributes": {}, "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:1:q-dlq", "awsRegion": "us-east-1",
+        "messageId": "m-1",
+        "receiptHandle": "r",
+        "body": body,
+        "md5OfBody": "",
+        "attributes": {
+            "ApproximateReceiveCount": "1",
+            "SentTimestamp": "0",
+            "SenderId": "s",
+            "ApproximateFirstReceiveTimestamp": "0",
+        },
+        "messageAttributes": {},
+        "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:1:q-dlq",
+        "awsRegion": "us-east-1",
     }
 
 
 def notification(key: str) -> str:
-    return json.dumps({"Records": [{
-        "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1", "eventTime": "2026-01-01T00:00:00.000Z",
-        "eventName": "ObjectCreated:Copy",
-        "s3": {"s3SchemaVersion": "1.0", "configurationId": "c", "bucket": {"name": "b", "arn": "arn:aws:s3:::b"},
-               "object": {"key": key, "size": 10, "eTag": "e", "sequencer": "1"}},
-    }]})
+    return json.dumps(
+        {
+            "Records": [
+                {
+                    "eventVersion": "2.1",
+                    "eventSource": "aws:s3",
+                    "awsRegion": "us-east-1",
+                    "eventTime": "2026-01-01T00:00:00.000Z",
+                    "eventName": "ObjectCreated:Copy",
+                    "s3": {
+                        "s3SchemaVersion": "1.0",
+                        "configurationId": "c",
+                        "bucket": {"name": "b", "arn": "arn:aws:s3:::b"},
+                        "object": {"key": key, "size": 10, "eTag": "e", "sequencer": "1"},
+                    },
+                }
+            ]
+        }
+    )
 
 
 def test_the_handler_ends_the_batch_a_dead_lettered_notification_names_and_drops_garbage(monkeypatch):
@@ -164,7 +188,12 @@ def test_the_handler_ends_the_batch_a_dead_lettered_notification_names_and_drops
     monkeypatch.setattr(deps, "settings", lambda: SETTINGS)
     deps.use_clock(lambda: NOW)
     try:
-        event = {"Records": [sqs_record(notification("batches/acme/batch_1/input.jsonl")), {**sqs_record("{not json"), "messageId": "m-2"}]}
+        event = {
+            "Records": [
+                sqs_record(notification("batches/acme/batch_1/input.jsonl")),
+                {**sqs_record("{not json"), "messageId": "m-2"},
+            ]
+        }
         assert ingest_dlq_handler.handler(event, LocalLambdaContext("ingest-dlq")) == {"batchItemFailures": []}
     finally:
         deps.use_clock(None)

@@ -21,8 +21,14 @@ CHAT, EMBED = "/v1/chat/completions", "/v1/embeddings"
 NOW = 1_000
 QUEUE = "https://sqs.local/work-chat"
 SETTINGS = Settings(
-    table_name="t", bucket_name="b", chunk_max_lines=2, drain_poll_seconds=7,
-    models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE), "embed": ModelRoute(endpoints=(EMBED,), queue_url="q-e")},
+    table_name="t",
+    bucket_name="b",
+    chunk_max_lines=2,
+    drain_poll_seconds=7,
+    models={
+        "chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE),
+        "embed": ModelRoute(endpoints=(EMBED,), queue_url="q-e"),
+    },
 )
 
 
@@ -73,7 +79,13 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
     assert [c.chunk for c in manifest.chunks] == [0, 1, 2]
     assert stores.workflows.started == {
         # the first wait for a signal lasts the reconcile period (300 s by default), not the window
-        "batch_1": {"tenant": "acme", "batch_id": "batch_1", "timeout_seconds": 300, "poll_seconds": 7, "reconcile_seconds": 300}
+        "batch_1": {
+            "tenant": "acme",
+            "batch_id": "batch_1",
+            "timeout_seconds": 300,
+            "poll_seconds": 7,
+            "reconcile_seconds": 300,
+        }
     }
 
 
@@ -95,7 +107,10 @@ def test_a_valid_batch_is_cut_into_chunks_fanned_out_and_its_workflow_started():
         ([line(0), line(1, body_stream=True)], [("invalid_value", 2, "body.stream")]),
         # vLLM's run-batch case: a string an engine reads as true; any non-boolean is refused
         ([line(0), line(1, body_stream="True")], [("invalid_type", 2, "body.stream")]),
-        ([line(0, body_stream=1), line(1, body_stream="false")], [("invalid_type", 1, "body.stream"), ("invalid_type", 2, "body.stream")]),
+        (
+            [line(0, body_stream=1), line(1, body_stream="false")],
+            [("invalid_type", 1, "body.stream"), ("invalid_type", 2, "body.stream")],
+        ),
         ([line(0), "", line(2, method="PUT"), "{"], [("invalid_method", 3, "method"), ("invalid_json_line", 4, None)]),
         (["", "  "], [("empty_file", None, None)]),
     ],

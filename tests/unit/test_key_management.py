@@ -105,8 +105,10 @@ def test_a_disable_cut_short_by_the_store_finishes_when_run_again(stores):
 
 
 def test_backfill_lists_keys_stored_before_ids_and_disables_those_of_a_disabled_tenant(stores):
-    old = [ApiKeyRecord(key_hash=auth.hash_key(f"sk-old-{i}"), tenant=t, created_at=1, hint="ld-0")
-           for i, t in enumerate(("acme", "globex"))]
+    old = [
+        ApiKeyRecord(key_hash=auth.hash_key(f"sk-old-{i}"), tenant=t, created_at=1, hint="ld-0")
+        for i, t in enumerate(("acme", "globex"))
+    ]
     for record in old:
         stores.keys.put_unlisted(record)
     assert stores.keys.list("acme") == []
@@ -122,13 +124,17 @@ def test_backfill_lists_keys_stored_before_ids_and_disables_those_of_a_disabled_
 
 
 def test_revoking_a_key_stored_before_ids_by_its_plaintext(stores):
-    stores.keys.put_unlisted(ApiKeyRecord(key_hash=auth.hash_key("sk-legacy"), tenant="acme", created_at=1, hint="gacy"))
+    stores.keys.put_unlisted(
+        ApiKeyRecord(key_hash=auth.hash_key("sk-legacy"), tenant="acme", created_at=1, hint="gacy")
+    )
     assert auth.revoke_key(stores.keys, "sk-legacy").tenant == "acme"
     assert stores.keys.get(auth.hash_key("sk-legacy")) is None
 
 
 def _event(key: str) -> APIGatewayAuthorizerRequestEvent:
-    return APIGatewayAuthorizerRequestEvent({"type": "REQUEST", "methodArn": ARN, "headers": {"Authorization": bearer(key)}})
+    return APIGatewayAuthorizerRequestEvent(
+        {"type": "REQUEST", "methodArn": ARN, "headers": {"Authorization": bearer(key)}}
+    )
 
 
 def test_the_authorizer_denies_a_disabled_tenant_s_key_reading_its_key_item_only(stores):

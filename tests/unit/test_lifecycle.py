@@ -26,26 +26,46 @@ def cap(tenant: str) -> Reservation:
 
 
 def new_batch(batch_id: str, tenant: str = "acme") -> BatchRecord:
-    return batch_record(tenant=tenant, id=batch_id, created_at=1, expires_at=10**6, input_key=f"batches/acme/{batch_id}/input.jsonl")
+    return batch_record(
+        tenant=tenant, id=batch_id, created_at=1, expires_at=10**6, input_key=f"batches/acme/{batch_id}/input.jsonl"
+    )
 
 
 #: Every way the code asks for a transition, by name: (now, the batch as last read) -> a Change.
 OPERATIONS: dict[str, Callable[[int, BatchRecord], Change]] = {
     "start": lambda now, b: lifecycle.start(now, values={"model": "m", "total": 2, "chunk_count": 1}),
-    "start_reserved": lambda now, b: lifecycle.start(now, values={"model": "m", "total": 2, "chunk_count": 1},
-                                                     reservation=cap(b.tenant)),
+    "start_reserved": lambda now, b: lifecycle.start(
+        now, values={"model": "m", "total": 2, "chunk_count": 1}, reservation=cap(b.tenant)
+    ),
     "refuse": lambda now, b: lifecycle.refuse(now, [ERROR]),
     "request_cancel": lambda now, b: lifecycle.change(lifecycle.REQUEST_CANCEL, now),
     "cancel_unstarted": lambda now, b: lifecycle.cancel_unstarted(now),
     "drain_expiry": lambda now, b: lifecycle.drain(now, expiring=True, grace_seconds=10),
     "drain_cancel": lambda now, b: lifecycle.drain(now, expiring=False, grace_seconds=10),
-    "close": lambda now, b: lifecycle.close(now, closed_for="complete", planned_output_file_id=f"file-o{now}",
-                                            planned_error_file_id=f"file-e{now}", finalizing=True),
-    "close_as_is": lambda now, b: lifecycle.close(now, closed_for="cancel", planned_output_file_id=f"file-o{now}",
-                                                  planned_error_file_id=f"file-e{now}", finalizing=False),
-    **{f"finish_{status}": (lambda s: lambda now, b: lifecycle.finish(
-        now, status=s, closed_from=b.status if b.status in lifecycle.CLOSABLE else "in_progress", values={}))(status)
-       for status in lifecycle.FINISH},
+    "close": lambda now, b: lifecycle.close(
+        now,
+        closed_for="complete",
+        planned_output_file_id=f"file-o{now}",
+        planned_error_file_id=f"file-e{now}",
+        finalizing=True,
+    ),
+    "close_as_is": lambda now, b: lifecycle.close(
+        now,
+        closed_for="cancel",
+        planned_output_file_id=f"file-o{now}",
+        planned_error_file_id=f"file-e{now}",
+        finalizing=False,
+    ),
+    **{
+        f"finish_{status}": (
+            lambda s: (
+                lambda now, b: lifecycle.finish(
+                    now, status=s, closed_from=b.status if b.status in lifecycle.CLOSABLE else "in_progress", values={}
+                )
+            )
+        )(status)
+        for status in lifecycle.FINISH
+    },
     "fail_without_files": lambda now, b: lifecycle.fail_without_files(now, [ERROR]),
     "note_token": lambda now, b: lifecycle.note_token(f"token-{now}"),
     "note_enqueued": lambda now, b: lifecycle.note_enqueued(),
@@ -75,10 +95,13 @@ def check_state(stores: Stores, tenant: str, batch_ids: list[str]) -> None:
     batches = [stores.batches.get(tenant, b) for b in batch_ids]
     held = [b for b in batches if b.holds_reservation]
     assert all(not lifecycle.is_terminal(b.status) for b in held), "a terminal batch still holds its reservation"
-    assert stores.batches.enqueued(tenant, "m") == (sum(b.reserved_requests for b in held),
-                                                   sum(b.reserved_tokens for b in held))
+    assert stores.batches.enqueued(tenant, "m") == (
+        sum(b.reserved_requests for b in held),
+        sum(b.reserved_tokens for b in held),
+    )
     assert sorted(b for t, b in stores.batches.open_batches() if t == tenant) == sorted(
-        b.id for b in batches if not lifecycle.is_terminal(b.status))
+        b.id for b in batches if not lifecycle.is_terminal(b.status)
+    )
 
 
 def walk(stores: Stores, steps: list[tuple[int, str]], batch_ids: list[str], tenant: str = "acme") -> None:
@@ -96,8 +119,9 @@ def walk(stores: Stores, steps: list[tuple[int, str]], batch_ids: list[str], ten
         check_state(stores, tenant, batch_ids)
     published = [(detail["id"], kind) for kind, detail in getattr(stores.events, "published", None) or []]
     if hasattr(stores.events, "published"):  # the fake records what it was given
-        assert sorted(published) == sorted({(b, lifecycle.event_type(stores.batches.get(tenant, b).status)) for b in ended}), (
-            "each terminal move publishes its status once")
+        assert sorted(published) == sorted(
+            {(b, lifecycle.event_type(stores.batches.get(tenant, b).status)) for b in ended}
+        ), "each terminal move publishes its status once"
 
 
 STEPS = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(sorted(OPERATIONS))), max_size=40)

@@ -26,32 +26,62 @@ QUEUE = "q-m"
 
 def settings(**bounds) -> Settings:
     return Settings(
-        table_name="t", bucket_name="b", line_bounds=Bounds(**bounds),
-        models={"m": ModelRoute(endpoints=(CHAT, COMPLETIONS), queue_url=QUEUE), "e": ModelRoute(endpoints=(EMBEDDINGS,), queue_url="q-e")},
+        table_name="t",
+        bucket_name="b",
+        line_bounds=Bounds(**bounds),
+        models={
+            "m": ModelRoute(endpoints=(CHAT, COMPLETIONS), queue_url=QUEUE),
+            "e": ModelRoute(endpoints=(EMBEDDINGS,), queue_url="q-e"),
+        },
     )
 
 
-@pytest.mark.parametrize(("endpoint", "body", "work"), [
-    (CHAT, {"messages": []}, Work(n=1, inputs=1, output_limit=None)),
-    (CHAT, {"n": 4, "max_tokens": 10}, Work(n=4, inputs=1, output_limit=10, output_field="max_tokens")),
-    (CHAT, {"max_completion_tokens": 7, "max_tokens": 99}, Work(n=1, inputs=1, output_limit=7, output_field="max_completion_tokens")),
-    (COMPLETIONS, {"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 5}, Work(n=2, inputs=3, output_limit=5, output_field="max_tokens")),
-    (COMPLETIONS, {"prompt": [1, 2, 3]}, Work(n=1, inputs=1, output_limit=None)),  # one prompt as token ids
-    (COMPLETIONS, {"prompt": [[1, 2], [3]], "best_of": 3, "n": 2}, Work(n=3, inputs=2, output_limit=None, n_field="best_of")),
-    (EMBEDDINGS, {"input": ["a"] * 500}, Work(n=1, inputs=500, output_limit=0)),
-    (EMBEDDINGS, {"input": "one"}, Work(n=1, inputs=1, output_limit=0)),
-    ("/v1/rerank", {"query": "q", "documents": ["a", "b"]}, Work(n=1, inputs=2, output_limit=0)),
-    ("/v1/score", {"text_1": "q", "text_2": ["a", "b", "c"]}, Work(n=1, inputs=3, output_limit=0)),
-    ("/v1/responses", {"input": "hi", "max_output_tokens": 30}, Work(n=1, inputs=1, output_limit=30, output_field="max_output_tokens")),
-    (CHAT, {"n": True, "max_tokens": "9"}, Work(n=1, inputs=1, output_limit=None)),  # not integers: the engine judges them
-])
+@pytest.mark.parametrize(
+    ("endpoint", "body", "work"),
+    [
+        (CHAT, {"messages": []}, Work(n=1, inputs=1, output_limit=None)),
+        (CHAT, {"n": 4, "max_tokens": 10}, Work(n=4, inputs=1, output_limit=10, output_field="max_tokens")),
+        (
+            CHAT,
+            {"max_completion_tokens": 7, "max_tokens": 99},
+            Work(n=1, inputs=1, output_limit=7, output_field="max_completion_tokens"),
+        ),
+        (
+            COMPLETIONS,
+            {"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 5},
+            Work(n=2, inputs=3, output_limit=5, output_field="max_tokens"),
+        ),
+        (COMPLETIONS, {"prompt": [1, 2, 3]}, Work(n=1, inputs=1, output_limit=None)),  # one prompt as token ids
+        (
+            COMPLETIONS,
+            {"prompt": [[1, 2], [3]], "best_of": 3, "n": 2},
+            Work(n=3, inputs=2, output_limit=None, n_field="best_of"),
+        ),
+        (EMBEDDINGS, {"input": ["a"] * 500}, Work(n=1, inputs=500, output_limit=0)),
+        (EMBEDDINGS, {"input": "one"}, Work(n=1, inputs=1, output_limit=0)),
+        ("/v1/rerank", {"query": "q", "documents": ["a", "b"]}, Work(n=1, inputs=2, output_limit=0)),
+        ("/v1/score", {"text_1": "q", "text_2": ["a", "b", "c"]}, Work(n=1, inputs=3, output_limit=0)),
+        (
+            "/v1/responses",
+            {"input": "hi", "max_output_tokens": 30},
+            Work(n=1, inputs=1, output_limit=30, output_field="max_output_tokens"),
+        ),
+        (
+            CHAT,
+            {"n": True, "max_tokens": "9"},
+            Work(n=1, inputs=1, output_limit=None),
+        ),  # not integers: the engine judges them
+    ],
+)
 def test_the_work_a_body_asks(endpoint, body, work):
     assert work_of(endpoint, body) == work
 
 
 def test_a_tenant_bound_only_ever_tightens_the_deployment_bound():
     deployment = Bounds(max_n=8, max_inputs=100, max_output_tokens=1_000)
-    assert deployment.tighter(PolicyBounds(max_n=16, max_output_tokens=500)) == Bounds(max_n=8, max_inputs=100, max_output_tokens=500)
+    assert deployment.tighter(PolicyBounds(max_n=16, max_output_tokens=500)) == Bounds(
+        max_n=8, max_inputs=100, max_output_tokens=500
+    )
     assert Bounds().tighter(PolicyBounds(max_output_tokens=64)).max_output_tokens == 64
     assert deployment.tighter(None) == deployment
 
@@ -68,7 +98,9 @@ def line(i: int, body: dict, model: str = "m", url: str = CHAT) -> str:
     return json.dumps({"custom_id": f"r-{i}", "method": "POST", "url": url, "body": {"model": model, **body}})
 
 
-def ingested(stores, rows: list[str], *, endpoint: str = CHAT, conf: Settings | None = None, batch_id: str = "b1") -> BatchRecord:
+def ingested(
+    stores, rows: list[str], *, endpoint: str = CHAT, conf: Settings | None = None, batch_id: str = "b1"
+) -> BatchRecord:
     key = schema.batch_input_key("acme", batch_id)
     stores.objects.put(key, ("\n".join(rows) + "\n").encode())
     stores.batches.put(batch_record(id=batch_id, endpoint=endpoint, created_at=NOW - 5, expires_at=NOW + 86_400))
@@ -76,11 +108,18 @@ def ingested(stores, rows: list[str], *, endpoint: str = CHAT, conf: Settings | 
     return stores.batches.get("acme", batch_id)
 
 
-@pytest.mark.parametrize(("body", "code", "param", "message"), [
-    ({"n": 129}, "integer_above_max_value", "body.n",
-     "Invalid 'body.n': integer above maximum value. Expected a value <= 128, but got 129 instead."),
-    ({"n": 2, "max_tokens": 600}, "integer_above_max_value", "body.max_tokens", "(1200 in all)"),
-])
+@pytest.mark.parametrize(
+    ("body", "code", "param", "message"),
+    [
+        (
+            {"n": 129},
+            "integer_above_max_value",
+            "body.n",
+            "Invalid 'body.n': integer above maximum value. Expected a value <= 128, but got 129 instead.",
+        ),
+        ({"n": 2, "max_tokens": 600}, "integer_above_max_value", "body.max_tokens", "(1200 in all)"),
+    ],
+)
 def test_a_line_over_a_bound_fails_the_batch_at_ingest_with_its_line_and_openais_code(body, code, param, message):
     stores = fake_stores()
     batch = ingested(stores, [line(0, {}), line(1, body), line(2, {})], conf=settings(max_output_tokens=1_000))
@@ -110,7 +149,9 @@ def test_the_output_bound_rides_in_every_work_message():
     stores = fake_stores()
     stores.tenants.put(TenantPolicy(tenant="acme", line_bounds=PolicyBounds(max_output_tokens=300)))
     ingested(stores, [line(i, {}) for i in range(3)], conf=settings(max_output_tokens=1_000))
-    assert {WorkMessage.model_validate_json(b).max_line_output_tokens for b in stores.queues.queue(QUEUE).bodies()} == {300}
+    assert {WorkMessage.model_validate_json(b).max_line_output_tokens for b in stores.queues.queue(QUEUE).bodies()} == {
+        300
+    }
 
 
 def test_the_enqueued_request_cap_counts_engine_sequences():
@@ -129,7 +170,9 @@ def test_a_token_cap_reserves_the_output_lines_ask_for_when_the_policy_says_so()
     plain, reserving = fake_stores(), fake_stores()
     plain.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"m": 100_000}))
     reserving.tenants.put(TenantPolicy(tenant="acme", max_enqueued_tokens={"m": 100_000}, reserve_output_tokens=True))
-    assert ingested(plain, rows, conf=settings(max_output_tokens=500)).reserved_tokens == prompt  # prompts only, as OpenAI
+    assert (
+        ingested(plain, rows, conf=settings(max_output_tokens=500)).reserved_tokens == prompt
+    )  # prompts only, as OpenAI
     assert ingested(reserving, rows, conf=settings(max_output_tokens=500)).reserved_tokens == prompt + 200 + 500
 
 

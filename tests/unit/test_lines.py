@@ -20,7 +20,9 @@ def reads(data: bytes, *cuts: int) -> list[bytes]:
 
 def request(custom_id: str, content: str = "hi", pad: int = 0) -> bytes:
     body = {"model": "m", "messages": [{"role": "user", "content": content}], "pad": "x" * pad}
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}, ensure_ascii=False).encode()
+    return json.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}, ensure_ascii=False
+    ).encode()
 
 
 def padded_to(custom_id: str, size: int) -> bytes:
@@ -38,7 +40,9 @@ def summary(lines):
 def test_a_line_split_at_the_1_mib_read_boundary(where):
     # Line 1 is long: its newline sits at byte MIB - 1 (last byte of the first read), at MIB (first
     # byte of the second read), or the boundary falls inside line 2.
-    first_len = {"newline_last_in_first_read": MIB - 1, "newline_first_in_second_read": MIB, "mid_line": MIB - 40}[where]
+    first_len = {"newline_last_in_first_read": MIB - 1, "newline_first_in_second_read": MIB, "mid_line": MIB - 40}[
+        where
+    ]
     first, second, third = padded_to("a", first_len), request("b"), request("c")
     data = first + b"\n" + second + b"\n" + third + b"\n"
     got = list(iter_lines(reads(data, MIB), max_line_bytes=2 * MIB))
@@ -52,7 +56,14 @@ def test_a_line_split_at_the_1_mib_read_boundary(where):
 
 
 def test_the_same_lines_whatever_the_read_size():
-    data = b"\xef\xbb\xbf" + request("a", "caf\u00e9 \u65e5\u672c") + b"\r\n\r\n" + request("b", "\U0001f600") + b"\n" + request("c")
+    data = (
+        b"\xef\xbb\xbf"
+        + request("a", "caf\u00e9 \u65e5\u672c")
+        + b"\r\n\r\n"
+        + request("b", "\U0001f600")
+        + b"\n"
+        + request("c")
+    )
     whole = summary(iter_lines([data], max_line_bytes=10_000))
     for size in (1, 2, 3, 5, 7, 64):
         split = [data[i : i + size] for i in range(0, len(data), size)]

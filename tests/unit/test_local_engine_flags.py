@@ -27,8 +27,11 @@ def test_the_local_worker_defaults_yield_to_the_environment_but_its_model_and_en
     spec = EngineSpec("smollm2-135m-instruct", 8123)
     (plain,) = Workers([spec], tmp_path, {}).children
     assert WorkerConfig.from_env(plain._env()).visibility_seconds == 30  # the local default, not 120
-    (tuned,) = Workers([spec], tmp_path, {"WORKER_VISIBILITY_SECONDS": "15", "WORKER_MODEL": "other",
-                                          "WORKER_ENGINE_URL": "http://elsewhere"}).children
+    (tuned,) = Workers(
+        [spec],
+        tmp_path,
+        {"WORKER_VISIBILITY_SECONDS": "15", "WORKER_MODEL": "other", "WORKER_ENGINE_URL": "http://elsewhere"},
+    ).children
     config = WorkerConfig.from_env(tuned._env())
     assert config.visibility_seconds == 15 and config.heartbeat_interval() == 5
     assert (config.model, tuned._env()["WORKER_ENGINE_URL"]) == ("smollm2-135m-instruct", "http://127.0.0.1:8123")

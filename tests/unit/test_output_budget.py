@@ -22,20 +22,28 @@ from tests.fakes.aws import fake_stores
 CHAT = "/v1/chat/completions"
 NOW = 1_796_083_200 + 3_600  # 2026-12-01 01:00 UTC
 MONTH = "MONTH#2026-12"
-SETTINGS = Settings(table_name="t", bucket_name="b", allowed_endpoints=(CHAT,),
-                    models={"m": ModelRoute(endpoints=(CHAT,), queue_url="q-m")})
+SETTINGS = Settings(
+    table_name="t",
+    bucket_name="b",
+    allowed_endpoints=(CHAT,),
+    models={"m": ModelRoute(endpoints=(CHAT,), queue_url="q-m")},
+)
 
 
 def data(n: int = 3) -> bytes:
-    return "".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}) + "\n"
-                   for i in range(n)).encode()
+    return "".join(
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}) + "\n"
+        for i in range(n)
+    ).encode()
 
 
 def create(stores, now=NOW):
-    f = files.create_file(stores, SETTINGS, "acme", filename="in.jsonl", content=data(), purpose="batch",
-                          expires_after=None, now=now)
-    return batches.create_batch(stores, SETTINGS, "acme", CreateBatchBody(input_file_id=f.id, endpoint=CHAT,
-                                                                          completion_window="24h"), now=now)
+    f = files.create_file(
+        stores, SETTINGS, "acme", filename="in.jsonl", content=data(), purpose="batch", expires_after=None, now=now
+    )
+    return batches.create_batch(
+        stores, SETTINGS, "acme", CreateBatchBody(input_file_id=f.id, endpoint=CHAT, completion_window="24h"), now=now
+    )
 
 
 def ingested(stores, now=NOW):
@@ -86,7 +94,11 @@ def test_reject_answers_429_insufficient_quota_at_the_budget_and_counts_no_creat
     with pytest.raises(QuotaExceeded) as caught:
         create(stores)
     error = caught.value
-    assert (error.status, error.body()["error"]["type"], error.code) == (429, "insufficient_quota", "insufficient_quota")
+    assert (error.status, error.body()["error"]["type"], error.code) == (
+        429,
+        "insufficient_quota",
+        "insufficient_quota",
+    )
     assert error.message.startswith("You exceeded your current quota")
     assert stores.tenants.counters[("acme", tenants.window_start(NOW))] == 2  # the refusal counted nothing
     create(stores, now=NOW + 31 * 86_400)  # next month: admitted again

@@ -65,9 +65,13 @@ def test_the_pool_gives_the_verdicts_of_the_policy():
         async with PolicyChecks(2) as checks:
             clean = chat_body("hello")
             assert await checks.check_prompt("a", GuardPolicy(prompt_secrets="refuse"), clean) == (clean, None)
-            body, violation = await checks.check_prompt("a", GuardPolicy(prompt_secrets="refuse"), chat_body(f"k {secret}"))
+            body, violation = await checks.check_prompt(
+                "a", GuardPolicy(prompt_secrets="refuse"), chat_body(f"k {secret}")
+            )
             assert violation.code == PROMPT_SECRET_DETECTED and secret not in violation.message
-            body, violation = await checks.check_prompt("a", GuardPolicy(prompt_secrets="redact"), chat_body(f"k {secret}"))
+            body, violation = await checks.check_prompt(
+                "a", GuardPolicy(prompt_secrets="redact"), chat_body(f"k {secret}")
+            )
             assert violation is None and body["messages"][1]["content"] == "k [REDACTED:AWS Access Key]"
             deny = GuardPolicy(output_deny_patterns=["(?i)confidential"])
             assert (await checks.check_output("b", deny, answer("a CONFIDENTIAL plan"))).code == OUTPUT_BLOCKED
@@ -102,7 +106,9 @@ def test_a_check_past_its_time_limit_is_killed_with_its_process_and_the_pool_rec
             violation = await checks.check_output("a", check("loop_forever"), answer("x"))
             assert violation.code == POLICY_CHECK_TIMEOUT and "within 1 s" in violation.message
             assert checks.timeouts == 1
-            assert not any(s.proc is not None and s.proc.pid in pids and s.proc.returncode is None for s in checks._slots)
+            assert not any(
+                s.proc is not None and s.proc.pid in pids and s.proc.returncode is None for s in checks._slots
+            )
             # The next check runs in a new process.
             assert (await checks.check_output("a", check("block_word"), answer("forbidden"))).code == OUTPUT_BLOCKED
 
@@ -135,9 +141,12 @@ def test_an_input_over_the_size_limit_is_not_checked():
 def test_a_slow_tenant_does_not_hold_another_tenants_check(gate):
     """Tenant A's three checks block; with two processes A holds one, so B's check runs on the other
     at once and is answered while A's first is still blocked and its others still wait."""
+
     async def go():
         async with PolicyChecks(2) as checks:
-            slow = [asyncio.create_task(checks.check_output("A", check("wait_for_gate"), answer(f"a{i}"))) for i in range(3)]
+            slow = [
+                asyncio.create_task(checks.check_output("A", check("wait_for_gate"), answer(f"a{i}"))) for i in range(3)
+            ]
             await eventually(lambda: started(gate) == 1, "A's first check started")
             assert await checks.check_output("B", check("block_word"), answer("forbidden")) is not None
             assert started(gate) == 1 and not any(t.done() for t in slow)  # A's others wait for its slot

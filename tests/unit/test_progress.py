@@ -43,8 +43,17 @@ def polling(stores, polls: list[tuple[int, int]]):
 
 
 def run(stores, message, engine, polls, *, io=None):
-    return asyncio.run(process_chunk(stores, message, engine, io=io or polling(stores, polls), max_line_bytes=1 << 20,
-                                     now=lambda: 1000, policy=EVERY_TWO))
+    return asyncio.run(
+        process_chunk(
+            stores,
+            message,
+            engine,
+            io=io or polling(stores, polls),
+            max_line_bytes=1 << 20,
+            now=lambda: 1000,
+            policy=EVERY_TWO,
+        )
+    )
 
 
 def failing(*bad: str):
@@ -96,10 +105,17 @@ def test_list_shows_the_live_counts_too():
     stores = fake_stores()
     first, _ = seed(stores, 12, per_chunk=6)
     run(stores, first, InProcessEngine(), [])
-    stores.batches.save_chunk_run(ChunkRunRecord(
-        tenant="acme", batch_id="batch_1", chunk=1, version=1, segments=[[0, 2]], outcomes={"0-2": "10"},
-        expires_at=10**10,
-    ))
+    stores.batches.save_chunk_run(
+        ChunkRunRecord(
+            tenant="acme",
+            batch_id="batch_1",
+            chunk=1,
+            version=1,
+            segments=[[0, 2]],
+            outcomes={"0-2": "10"},
+            expires_at=10**10,
+        )
+    )
     (batch,) = list_batches(stores, "acme", BatchListQuery()).data
     assert (batch.request_counts.completed, batch.request_counts.failed) == (6 + 1, 1)
 
@@ -176,8 +192,14 @@ def test_a_redelivery_keeps_the_lines_shown_before_the_crash():
 
 
 def test_checkpointed_reads_overlapping_segments_once():
-    record = ChunkRunRecord(tenant="acme", batch_id="b", chunk=0, expires_at=1,
-                            segments=[[0, 4], [2, 6], [9, 10]], outcomes={"0-4": "1100", "2-6": "0011", "9-10": "0"})
+    record = ChunkRunRecord(
+        tenant="acme",
+        batch_id="b",
+        chunk=0,
+        expires_at=1,
+        segments=[[0, 4], [2, 6], [9, 10]],
+        outcomes={"0-4": "1100", "2-6": "0011", "9-10": "0"},
+    )
     # lines 0-3 from the first segment, 4-5 from the second; 9 is not written (line 6 is missing)
     assert record.checkpointed() == (4, 2)
 
@@ -194,15 +216,21 @@ def test_a_terminal_batch_shows_its_own_counts_without_reading_the_chunks():
 # --- the chunking rule ------------------------------------------------------------------------
 CHAT = "/v1/chat/completions"
 QUEUE = "https://sqs.local/work-chat"
-SETTINGS = Settings(table_name="t", bucket_name="b", chunk_max_lines=100,
-                    models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)})
+SETTINGS = Settings(
+    table_name="t",
+    bucket_name="b",
+    chunk_max_lines=100,
+    models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)},
+)
 
 
 def chunks_of(n: int, settings: Settings = SETTINGS, blank_every: int = 0):
     stores = fake_stores()
     rows = []
     for i in range(n):
-        rows.append(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {"model": "chat", "messages": []}}))
+        rows.append(
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": {"model": "chat", "messages": []}})
+        )
         if blank_every and i % blank_every == 0:
             rows.append("")
     key = schema.batch_input_key("acme", "batch_1")
@@ -220,7 +248,7 @@ def test_a_small_batch_is_spread_over_eight_chunks():
     for before, after in itertools.pairwise(chunks):
         assert after.byte_start >= before.byte_end and after.chunk == before.chunk + 1
     # every request line is in exactly one chunk's bytes
-    lines = [ln for c in chunks for ln in data[c.byte_start:c.byte_end].split(b"\n") if ln.strip()]
+    lines = [ln for c in chunks for ln in data[c.byte_start : c.byte_end].split(b"\n") if ln.strip()]
     assert len(lines) == 200 and len(set(lines)) == 200
 
 
@@ -243,13 +271,32 @@ def test_cancel_answers_with_the_live_counts_a_get_showed():
     from functions.api.batches import cancel_batch, get_batch
 
     stores = fake_stores()
-    stores.batches.put(batch_record(id="batch_01m8ravz6dmgem5n60vf5eqb29", status="in_progress", accepting=True, total=12,
-                                    chunk_count=2, input_key="k"))
-    stores.batches.save_chunk_run(ChunkRunRecord(
-        tenant="acme", batch_id="batch_01m8ravz6dmgem5n60vf5eqb29", chunk=0, version=1, segments=[[0, 3]],
-        outcomes={"0-3": "110"}, expires_at=10**10,
-    ))
+    stores.batches.put(
+        batch_record(
+            id="batch_01m8ravz6dmgem5n60vf5eqb29",
+            status="in_progress",
+            accepting=True,
+            total=12,
+            chunk_count=2,
+            input_key="k",
+        )
+    )
+    stores.batches.save_chunk_run(
+        ChunkRunRecord(
+            tenant="acme",
+            batch_id="batch_01m8ravz6dmgem5n60vf5eqb29",
+            chunk=0,
+            version=1,
+            segments=[[0, 3]],
+            outcomes={"0-3": "110"},
+            expires_at=10**10,
+        )
+    )
     shown = get_batch(stores, "acme", "batch_01m8ravz6dmgem5n60vf5eqb29").request_counts
     cancelled = cancel_batch(stores, "acme", "batch_01m8ravz6dmgem5n60vf5eqb29", now=5)
     assert cancelled.status == "cancelling"
-    assert (shown.completed, shown.failed) == (cancelled.request_counts.completed, cancelled.request_counts.failed) == (2, 1)
+    assert (
+        (shown.completed, shown.failed)
+        == (cancelled.request_counts.completed, cancelled.request_counts.failed)
+        == (2, 1)
+    )

@@ -44,14 +44,17 @@ def test_over_the_limit_is_a_429_in_openai_s_shape_with_the_seconds_to_the_windo
     error = caught.value
     assert (error.status, error.type, error.code, error.param) == (429, "requests", "rate_limit_exceeded", None)
     assert error.retry_after == 60 - 20
-    assert error.message == ("Rate limit reached for requests in organization acme on requests per min (RPM): "
-                             "Limit 3, Used 3, Requested 1. Please try again in 40s.")
+    assert error.message == (
+        "Rate limit reached for requests in organization acme on requests per min (RPM): "
+        "Limit 3, Used 3, Requested 1. Please try again in 40s."
+    )
     assert stores.tenants.requests[("acme", MINUTE)] == 3  # the refusal counted nothing
     response = errors.proxy_response(error)
     assert response["statusCode"] == 429
     assert response["multiValueHeaders"]["Retry-After"] == ["40"]
-    assert json.loads(response["body"]) == {"error": {"message": error.message, "type": "requests", "param": None,
-                                                      "code": "rate_limit_exceeded"}}
+    assert json.loads(response["body"]) == {
+        "error": {"message": error.message, "type": "requests", "param": None, "code": "rate_limit_exceeded"}
+    }
 
 
 def test_the_last_second_of_a_window_waits_one_second_and_the_next_window_admits(stores):

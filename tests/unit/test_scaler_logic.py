@@ -8,15 +8,32 @@ from functions.scaler.logic import Observation, ScaledService, State, decide, ru
 
 T = 20
 SERVICE = ScaledService(
-    model="m", cluster="c", service="s", queue_url="q", min_tasks=0, max_tasks=3, backlog_per_task=T,
-    idle_seconds=15 * 60, scale_in_cooldown_seconds=5 * 60,
+    model="m",
+    cluster="c",
+    service="s",
+    queue_url="q",
+    min_tasks=0,
+    max_tasks=3,
+    backlog_per_task=T,
+    idle_seconds=15 * 60,
+    scale_in_cooldown_seconds=5 * 60,
 )
 NOW = 1_800_000_000
 
 
-def desired(visible: int, in_flight: int, tasks: int, *, running: int | None = None, state: State = State(), now: int = NOW,
-            service: ScaledService = SERVICE) -> int:
-    return decide(Observation(tasks, tasks if running is None else running, visible, in_flight), state, service, now).desired
+def desired(
+    visible: int,
+    in_flight: int,
+    tasks: int,
+    *,
+    running: int | None = None,
+    state: State = State(),
+    now: int = NOW,
+    service: ScaledService = SERVICE,
+) -> int:
+    return decide(
+        Observation(tasks, tasks if running is None else running, visible, in_flight), state, service, now
+    ).desired
 
 
 # --- the three cases the scaler exists for (docs/deploy.md, "Scaling") ----------------------------

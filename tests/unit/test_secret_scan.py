@@ -32,17 +32,38 @@ def user(content) -> dict:
 
 
 def tool(name="lookup", description="Looks a record up.", properties=None) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": properties or {"id": {"type": "string", "description": "The id."}}}}}]}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": description,
+                    "parameters": {
+                        "type": "object",
+                        "properties": properties or {"id": {"type": "string", "description": "The id."}},
+                    },
+                },
+            }
+        ],
+    }
 
 
 def tool_call(arguments: str) -> dict:
-    return {"model": "m", "messages": [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]}
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+        ],
+    }
 
 
 def escaped(secret: str) -> str:
@@ -65,17 +86,29 @@ OBFUSCATED = {
     "combining grapheme joiner": user(f"key {spread(AWS, chr(0x034F))} ok"),
     "control characters": user(f"key {spread(AWS, chr(0x1B))} ok"),
     "full-width letters": user("key " + "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in AWS)),
-    "mathematical bold": user("key " + AWS[:4].translate({ord(c): 0x1D400 + ord(c) - ord("A") for c in AWS[:4]}) + AWS[4:]),
+    "mathematical bold": user(
+        "key " + AWS[:4].translate({ord(c): 0x1D400 + ord(c) - ord("A") for c in AWS[:4]}) + AWS[4:]
+    ),
     "accented letters": user("key " + AWS.replace("A", "Á")),
     "as a JSON key (tool schema property)": tool(properties={AWS: {"type": "string"}}),
     "as a metadata key": {**user("hi"), "metadata": {GITHUB: "x"}},
     "split across two text parts": user([{"type": "text", "text": AWS[:9]}, {"type": "text", "text": AWS[9:]}]),
-    "split across parts with an image between": user([
-        {"type": "text", "text": GITHUB[:12]},
-        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
-        {"type": "text", "text": GITHUB[12:]}]),
-    "split across Responses input parts": {"model": "m", "input": [{"role": "user", "content": [
-        {"type": "input_text", "text": STRIPE[:10]}, {"type": "input_text", "text": STRIPE[10:]}]}]},
+    "split across parts with an image between": user(
+        [
+            {"type": "text", "text": GITHUB[:12]},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+            {"type": "text", "text": GITHUB[12:]},
+        ]
+    ),
+    "split across Responses input parts": {
+        "model": "m",
+        "input": [
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": STRIPE[:10]}, {"type": "input_text", "text": STRIPE[10:]}],
+            }
+        ],
+    },
     "escaped in tool-call arguments": tool_call(json.dumps({"token": "x"}).replace('"x"', f'"{escaped(GITHUB)}"')),
     "as a key of tool-call arguments": tool_call('{"' + escaped(AWS) + '": 1}'),
     "zero-width space in a text part": user([{"type": "text", "text": spread(AWS, chr(0x200B))}]),
@@ -101,8 +134,11 @@ def test_redact_refuses_what_it_cannot_redact_in_place(name):
 
 
 def test_tool_schema_strings_are_scanned_and_redacted_in_place():
-    for body, secret in ((tool(name=f"call_{GITHUB}"), GITHUB), (tool(description=f"Uses {STRIPE}."), STRIPE),
-                         (tool(properties={"id": {"type": "string", "description": f"Use {AWS}."}}), AWS)):
+    for body, secret in (
+        (tool(name=f"call_{GITHUB}"), GITHUB),
+        (tool(description=f"Uses {STRIPE}."), STRIPE),
+        (tool(properties={"id": {"type": "string", "description": f"Use {AWS}."}}), AWS),
+    ):
         assert GuardPolicy(prompt_secrets="refuse").check_prompt(body)[1].code == PROMPT_SECRET_DETECTED
         redacted, violation = GuardPolicy(prompt_secrets="redact").check_prompt(body)
         assert violation is None and secret not in json.dumps(redacted) and "[REDACTED:" in json.dumps(redacted)
@@ -157,12 +193,64 @@ def _values(body):
 
 # --- the linear scan finds what the plugins find ------------------------------------------------
 PIECES = [s for _, s in SECRETS.values()] + [
-    "AKIA", "eyJ", "eyJhbGciOiJIUzI1NiJ9", ".", "//", "/:_authToken=", "npm_", "sk-", "T3BlbkFJ", "xoxb-", "12-",
-    "BEGIN RSA PRIVATE KEY", "-----", "-----END RSA PRIVATE KEY-----", "PuTTY-User-Key-File-2", "Private-MAC: ab12",
-    "glpat-", "https://", "://", "user:", "pw@", "@", ":", "aws_key='", "'", '"', " ", "\n", "a", "Z", "0123456789",
-    "é", "١٢٣٤٥٦٧٨٩", "\u00a0", "\u2028", "K", "ſ", "İ", "ı", "x" * 20, "A" * 16, "b" * 36, "AC", "SK",
-    "0123456789abcdef", "-us1", "M", "SG.", "sq0csp-", "pypi-AgEIcHlwaS5vcmc", "AccountKey=", "+/=", "_", "-",
-    "BLOCK", "PRIVATE KEY", "\t", "\x00",
+    "AKIA",
+    "eyJ",
+    "eyJhbGciOiJIUzI1NiJ9",
+    ".",
+    "//",
+    "/:_authToken=",
+    "npm_",
+    "sk-",
+    "T3BlbkFJ",
+    "xoxb-",
+    "12-",
+    "BEGIN RSA PRIVATE KEY",
+    "-----",
+    "-----END RSA PRIVATE KEY-----",
+    "PuTTY-User-Key-File-2",
+    "Private-MAC: ab12",
+    "glpat-",
+    "https://",
+    "://",
+    "user:",
+    "pw@",
+    "@",
+    ":",
+    "aws_key='",
+    "'",
+    '"',
+    " ",
+    "\n",
+    "a",
+    "Z",
+    "0123456789",
+    "é",
+    "١٢٣٤٥٦٧٨٩",
+    "\u00a0",
+    "\u2028",
+    "K",
+    "ſ",
+    "İ",
+    "ı",
+    "x" * 20,
+    "A" * 16,
+    "b" * 36,
+    "AC",
+    "SK",
+    "0123456789abcdef",
+    "-us1",
+    "M",
+    "SG.",
+    "sq0csp-",
+    "pypi-AgEIcHlwaS5vcmc",
+    "AccountKey=",
+    "+/=",
+    "_",
+    "-",
+    "BLOCK",
+    "PRIVATE KEY",
+    "\t",
+    "\x00",
 ]
 
 

@@ -58,11 +58,13 @@ def test_to_env_writes_strings_and_numbers_raw_and_the_rest_as_json() -> None:
 
 
 def test_json_fields_are_parsed_and_validated_into_their_types() -> None:
-    settings = Settings.from_env({
-        **BASE,
-        "BATCHAPI_MODELS": '{"m": {"endpoints": ["/v1/embeddings"], "queue_url": "u"}}',
-        "BATCHAPI_COMPLETION_WINDOWS": '["24h", "30s"]',
-    })
+    settings = Settings.from_env(
+        {
+            **BASE,
+            "BATCHAPI_MODELS": '{"m": {"endpoints": ["/v1/embeddings"], "queue_url": "u"}}',
+            "BATCHAPI_COMPLETION_WINDOWS": '["24h", "30s"]',
+        }
+    )
     assert settings.models == {"m": ModelRoute(endpoints=("/v1/embeddings",), queue_url="u")}
     assert settings.completion_windows == ("24h", "30s")
 
@@ -135,14 +137,16 @@ def test_settings_are_frozen() -> None:
 
 # --- WorkerConfig (WORKER_) -------------------------------------------------------------------
 def test_worker_reads_its_prefix_and_ignores_empty_values() -> None:
-    config = WorkerConfig.from_env({
-        "WORKER_MODEL": "org/Chat-7B",
-        "WORKER_MAX_IN_FLIGHT": "512",
-        "WORKER_DRAIN_SECONDS": "12.5",
-        "WORKER_QUEUE_URL": "",  # empty: unset, the model's queue from BATCHAPI_MODELS is used
-        "WORKER_ENGINE_URL": "",
-        "BATCHAPI_MODEL": "not-mine",
-    })
+    config = WorkerConfig.from_env(
+        {
+            "WORKER_MODEL": "org/Chat-7B",
+            "WORKER_MAX_IN_FLIGHT": "512",
+            "WORKER_DRAIN_SECONDS": "12.5",
+            "WORKER_QUEUE_URL": "",  # empty: unset, the model's queue from BATCHAPI_MODELS is used
+            "WORKER_ENGINE_URL": "",
+            "BATCHAPI_MODEL": "not-mine",
+        }
+    )
     assert (config.model, config.max_in_flight, config.drain_seconds) == ("org/Chat-7B", 512, 12.5)
     assert config.queue_url == ""
     assert config.engine_url == "http://127.0.0.1:8000"  # docs/worker.md: the engine on loopback
@@ -163,9 +167,13 @@ def test_cli_defaults() -> None:
 
 
 def test_cli_reads_batchapi_variables_and_treats_empty_as_unset() -> None:
-    settings = CliSettings.from_env({
-        "BATCHAPI_STACK": "Staging", "BATCHAPI_BASE_URL": "https://x/prod/v1", "BATCHAPI_LOCAL_STATE_DIR": "",
-    })
+    settings = CliSettings.from_env(
+        {
+            "BATCHAPI_STACK": "Staging",
+            "BATCHAPI_BASE_URL": "https://x/prod/v1",
+            "BATCHAPI_LOCAL_STATE_DIR": "",
+        }
+    )
     assert (settings.stack, settings.base_url, settings.local_state_dir) == ("Staging", "https://x/prod/v1", "")
     assert CliSettings.from_env({"BATCHAPI_STACK": ""}).stack == "BatchApi"
 

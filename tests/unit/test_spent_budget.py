@@ -107,8 +107,17 @@ def test_a_checkpointed_line_is_charged_once_though_a_later_attempt_reuses_it():
     answers = InProcessEngine(lambda p, b, s: (200, chat_answer(b, completion_tokens=6, prompt_tokens=15)))
     from gpu_worker.attempt import RunPolicy
 
-    report = asyncio.run(process_chunk(stores, message, answers, io=direct, max_line_bytes=1 << 20, now=lambda: 1000,
-                                       policy=RunPolicy(checkpoint_lines=1)))
+    report = asyncio.run(
+        process_chunk(
+            stores,
+            message,
+            answers,
+            io=direct,
+            max_line_bytes=1 << 20,
+            now=lambda: 1000,
+            policy=RunPolicy(checkpoint_lines=1),
+        )
+    )
     assert report.completed == 2
     run_record = stores.batches.chunk_run("acme", "batch_1", 0)
     assert run_record.spend().output_tokens == 6  # the first line's checkpoint; the last is the commit's
@@ -131,7 +140,16 @@ def test_a_line_the_budget_stopped_costs_nothing():
     from gpu_worker.budget import BudgetWatch
 
     engine = InProcessEngine()
-    report = asyncio.run(process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000,
-                                       budget=BudgetWatch(stores, direct, now=lambda: 1000)))
+    report = asyncio.run(
+        process_chunk(
+            stores,
+            message,
+            engine,
+            io=direct,
+            max_line_bytes=1 << 20,
+            now=lambda: 1000,
+            budget=BudgetWatch(stores, direct, now=lambda: 1000),
+        )
+    )
     assert report.failed == 1 and engine.requests == []
     assert stores.batches.counted_chunk("acme", "batch_1", 0).spent_output_tokens == 0

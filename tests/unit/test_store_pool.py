@@ -15,8 +15,15 @@ def test_urgent_calls_overtake_waiting_background_calls_in_order():
     pool = StorePool()
     gate, ran = threading.Event(), []
     blocker = pool.submit(URGENT, gate.wait)  # holds the thread while the rest queue up
-    futures = [pool.submit(priority, ran.append, name) for priority, name in (
-        (BACKGROUND, "checkpoint-1"), (URGENT, "count-1"), (BACKGROUND, "receipt-1"), (URGENT, "count-2"))]
+    futures = [
+        pool.submit(priority, ran.append, name)
+        for priority, name in (
+            (BACKGROUND, "checkpoint-1"),
+            (URGENT, "count-1"),
+            (BACKGROUND, "receipt-1"),
+            (URGENT, "count-2"),
+        )
+    ]
     gate.set()
     for f in (blocker, *futures):
         f.result(timeout=5)
@@ -97,8 +104,10 @@ def test_urgent_calls_of_an_earlier_chunk_go_before_a_later_chunk_s_whenever_the
     pool = StorePool()
     gate, ran = threading.Event(), []
     blocker = pool.submit(URGENT, gate.wait)
-    queued = [pool.submit_ranked(URGENT, rank, ran.append, name) for rank, name in (
-        (2, "chunk-2 start"), (1, "chunk-1 start"), (2, "chunk-2 read"), (1, "chunk-1 read"))]
+    queued = [
+        pool.submit_ranked(URGENT, rank, ran.append, name)
+        for rank, name in ((2, "chunk-2 start"), (1, "chunk-1 start"), (2, "chunk-2 read"), (1, "chunk-1 read"))
+    ]
     queued.append(pool.submit(BACKGROUND, ran.append, "checkpoint"))
     queued.append(pool.submit(URGENT, ran.append, "worker's own"))  # rank 0
     gate.set()

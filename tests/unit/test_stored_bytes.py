@@ -32,8 +32,17 @@ def stores():
 
 
 def put_file(stores, size: int, tenant: str = "acme", **over):
-    return files.create_file(stores, SETTINGS, tenant, filename="f.txt", content=b"x" * size, purpose="user_data",
-                             expires_after=None, now=NOW, **over)
+    return files.create_file(
+        stores,
+        SETTINGS,
+        tenant,
+        filename="f.txt",
+        content=b"x" * size,
+        purpose="user_data",
+        expires_after=None,
+        now=NOW,
+        **over,
+    )
 
 
 def image(record: FileRecord | UploadRecord) -> dict:
@@ -49,7 +58,12 @@ def test_files_count_until_the_quota_then_a_400_that_keeps_nothing(stores):
     with pytest.raises(StorageQuotaExceeded) as caught:
         put_file(stores, 1)
     error = caught.value
-    assert (error.status, error.type, error.code, error.param) == (400, "invalid_request_error", "storage_quota_exceeded", None)
+    assert (error.status, error.type, error.code, error.param) == (
+        400,
+        "invalid_request_error",
+        "storage_quota_exceeded",
+        None,
+    )
     assert error.message.startswith("You have exceeded your file storage quota.")
     assert "limited to 100 bytes" in error.message and "holds 100 bytes" in error.message
     assert set(stores.objects.data) == objects and len(stores.files.items) == 2

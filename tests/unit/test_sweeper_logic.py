@@ -25,8 +25,12 @@ QUEUE = "https://sqs.local/work-chat"
 CREATED = 10_000
 EXPIRES = CREATED + 86_400
 SETTINGS = Settings(
-    table_name="t", bucket_name="b", models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)},
-    validating_timeout_seconds=3_600, enqueue_grace_seconds=300, expiry_grace_seconds=900,
+    table_name="t",
+    bucket_name="b",
+    models={"chat": ModelRoute(endpoints=(CHAT,), queue_url=QUEUE)},
+    validating_timeout_seconds=3_600,
+    enqueue_grace_seconds=300,
+    expiry_grace_seconds=900,
 )
 INGEST_FAILED = "ingest_failed"
 
@@ -36,8 +40,10 @@ def setup(stores=None, batch_id: str = "batch_1", lines: int = 4, per_chunk: int
     stored as ``over`` says (``validating`` by default)."""
     stores = stores or fake_stores()
     key = schema.batch_input_key("acme", batch_id)
-    rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
-            for i in range(lines)]
+    rows = [
+        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "chat"}}).encode() + b"\n"
+        for i in range(lines)
+    ]
     stores.objects.put(key, b"".join(rows))
     put_manifest(stores, cut(rows, per_chunk), batch_id=batch_id)
     stores.batches.put(batch_record(id=batch_id, created_at=CREATED, **over))
@@ -58,7 +64,10 @@ def sweep(stores, now: int):
 def file_lines(stores, file_id) -> list[BatchOutputLine]:
     if file_id is None:
         return []
-    return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(schema.file_key("acme", file_id)).splitlines()]
+    return [
+        BatchOutputLine.model_validate_json(l)
+        for l in stores.objects.get(schema.file_key("acme", file_id)).splitlines()
+    ]
 
 
 # --- the open-batch index ----------------------------------------------------------------------

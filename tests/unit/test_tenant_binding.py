@@ -14,14 +14,17 @@ from tests.unit.test_worker_loop import RETRY_AFTER_FAILURE, Rig, seed
 OTHER_KEY = schema.batch_input_key("globex", "batch_9")
 
 
-@pytest.mark.parametrize("key, bound", [
-    (schema.batch_input_key("acme", "batch_1"), True),
-    (OTHER_KEY, False),  # another tenant's input
-    (schema.batch_input_key("acme", "batch_2"), False),  # the tenant's other batch
-    ("batches/acme/batch_1/../../globex/batch_9/input.jsonl", False),
-    ("batches/acme/batch_1/chunks.json", False),
-    ("files/acme/file-1", False),
-])
+@pytest.mark.parametrize(
+    "key, bound",
+    [
+        (schema.batch_input_key("acme", "batch_1"), True),
+        (OTHER_KEY, False),  # another tenant's input
+        (schema.batch_input_key("acme", "batch_2"), False),  # the tenant's other batch
+        ("batches/acme/batch_1/../../globex/batch_9/input.jsonl", False),
+        ("batches/acme/batch_1/chunks.json", False),
+        ("files/acme/file-1", False),
+    ],
+)
 def test_a_message_is_bound_only_to_its_own_tenants_batch_input(key: str, bound: bool) -> None:
     rig = Rig()
     (message,) = seed(rig.stores, 2, per_chunk=2)
@@ -50,7 +53,9 @@ def test_the_dlq_lambda_drops_a_forged_message_without_touching_any_store() -> N
     rig = Rig()
     (good,) = seed(rig.stores, 2, per_chunk=2)
     forged = good.model_copy(update={"input_key": OTHER_KEY})
-    record = SQSRecord({"messageId": "m1", "body": forged.model_dump_json(), "attributes": {"ApproximateReceiveCount": "5"}})
+    record = SQSRecord(
+        {"messageId": "m1", "body": forged.model_dump_json(), "attributes": {"ApproximateReceiveCount": "5"}}
+    )
     with mock.patch.object(chunk_dlq_handler.deps, "stores", side_effect=AssertionError("a store was used")) as stores:
         chunk_dlq_handler.handle_record(record)
     stores.assert_not_called()

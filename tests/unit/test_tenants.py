@@ -20,8 +20,13 @@ CHAT = "/v1/chat/completions"
 HOUR = 1_699_956_000
 NOW = HOUR + 20 * 60
 SETTINGS = Settings(
-    table_name="t", bucket_name="b", allowed_endpoints=(CHAT,),
-    models={"m": ModelRoute(endpoints=(CHAT,), queue_url="q-m"), "other": ModelRoute(endpoints=(CHAT,), queue_url="q-o")},
+    table_name="t",
+    bucket_name="b",
+    allowed_endpoints=(CHAT,),
+    models={
+        "m": ModelRoute(endpoints=(CHAT,), queue_url="q-m"),
+        "other": ModelRoute(endpoints=(CHAT,), queue_url="q-o"),
+    },
 )
 
 
@@ -31,8 +36,9 @@ def stores():
 
 
 def create(stores, *, now=NOW, tenant="acme"):
-    f = files.create_file(stores, SETTINGS, tenant, filename="in.jsonl", content=b"{}\n", purpose="batch",
-                          expires_after=None, now=now)
+    f = files.create_file(
+        stores, SETTINGS, tenant, filename="in.jsonl", content=b"{}\n", purpose="batch", expires_after=None, now=now
+    )
     body = CreateBatchBody(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     return batches.create_batch(stores, SETTINGS, tenant, body, now=now)
 
@@ -88,14 +94,25 @@ def test_zero_per_hour_refuses_every_create(stores):
 def test_a_create_refused_for_another_reason_counts_nothing(stores):
     stores.tenants.put(TenantPolicy(tenant="acme", batches_per_hour=1))
     with pytest.raises(InvalidRequest):
-        batches.create_batch(stores, SETTINGS, "acme",
-                             CreateBatchBody(input_file_id="file-x", endpoint="/v1/nope", completion_window="24h"), now=NOW)
+        batches.create_batch(
+            stores,
+            SETTINGS,
+            "acme",
+            CreateBatchBody(input_file_id="file-x", endpoint="/v1/nope", completion_window="24h"),
+            now=NOW,
+        )
     create(stores)  # the one create of the hour is still available
 
 
 def test_policy_round_trip_and_defaults():
-    policy = TenantPolicy(tenant="acme", allowed_models=["m"], batches_per_hour=3, max_enqueued_requests={"m": 10},
-                          output_token_budget=1_000_000, budget_period="day")
+    policy = TenantPolicy(
+        tenant="acme",
+        allowed_models=["m"],
+        batches_per_hour=3,
+        max_enqueued_requests={"m": 10},
+        output_token_budget=1_000_000,
+        budget_period="day",
+    )
     assert TenantPolicy.from_item(policy.to_item()) == policy
     assert TenantPolicy(tenant="acme").allows("anything")
     assert policy.allows("m") and not policy.allows("other")
@@ -123,7 +140,8 @@ def test_a_model_not_allowed_fails_the_batch_with_model_not_allowed(stores):
     batch = ingest(stores, ["m", "m"])
     assert batch.status == "failed"
     assert [(e["code"], e["line"], e["param"]) for e in batch.errors] == [
-        ("model_not_allowed", 1, "body.model"), ("model_not_allowed", 2, "body.model"),
+        ("model_not_allowed", 1, "body.model"),
+        ("model_not_allowed", 2, "body.model"),
     ]
     assert stores.queues.queue("q-m").bodies() == []  # nothing enqueued
     assert stores.faults.calls["tenants.get"] == 1  # the policy is read once per batch

@@ -79,12 +79,16 @@ def test_a_dynamodb_call_waits_while_another_holds_moto_s_table():
     atomic_dynamodb.install()
     atomic_dynamodb.install()  # idempotent: not wrapped twice
     from moto.dynamodb.models import DynamoDBBackend
+
     assert getattr(DynamoDBBackend.put_item, "__wrapped_atomic__", False)
     assert not getattr(DynamoDBBackend.put_item.__wrapped__, "__wrapped_atomic__", False)
     client = clients.client("dynamodb")
-    client.create_table(TableName="atomic", KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                        BillingMode="PAY_PER_REQUEST")
+    client.create_table(
+        TableName="atomic",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
     done = threading.Event()
 
     def put():
@@ -101,11 +105,15 @@ def test_a_dynamodb_call_waits_while_another_holds_moto_s_table():
 
 
 def _table(client, name):
-    client.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
-                                                   {"AttributeName": "sk", "KeyType": "RANGE"}],
-                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
-                                              {"AttributeName": "sk", "AttributeType": "S"}],
-                        BillingMode="PAY_PER_REQUEST")
+    client.create_table(
+        TableName=name,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
 
 
 @mock_aws
@@ -122,19 +130,44 @@ def test_a_cancelled_transaction_leaves_every_item_as_it_was_and_a_passing_one_a
     for i in range(50):  # the rest of the table, untouched either way
         client.put_item(TableName="tx", Item={**key("other", str(i)), "n": {"N": str(i)}})
     ops = [
-        {"Update": {"TableName": "tx", "Key": key("a", "1"), "UpdateExpression": "ADD n :one SET tag = :new",
-                    "ExpressionAttributeValues": {":one": {"N": "1"}, ":new": {"S": "new"}}}},
+        {
+            "Update": {
+                "TableName": "tx",
+                "Key": key("a", "1"),
+                "UpdateExpression": "ADD n :one SET tag = :new",
+                "ExpressionAttributeValues": {":one": {"N": "1"}, ":new": {"S": "new"}},
+            }
+        },
         {"Put": {"TableName": "tx", "Item": {**key("b", "1"), "n": {"N": "9"}}}},
-        {"ConditionCheck": {"TableName": "tx", "Key": key("c", "1"), "ConditionExpression": "#s = :closed",
-                            "ExpressionAttributeNames": {"#s": "state"}, "ExpressionAttributeValues": {":closed": {"S": "closed"}}}},
+        {
+            "ConditionCheck": {
+                "TableName": "tx",
+                "Key": key("c", "1"),
+                "ConditionExpression": "#s = :closed",
+                "ExpressionAttributeNames": {"#s": "state"},
+                "ExpressionAttributeValues": {":closed": {"S": "closed"}},
+            }
+        },
     ]
     with pytest.raises(client.exceptions.TransactionCanceledException) as cancelled:
         client.transact_write_items(TransactItems=ops)
-    assert [r["Code"] for r in cancelled.value.response["CancellationReasons"]] == ["None", "None", "ConditionalCheckFailed"]
-    assert client.get_item(TableName="tx", Key=key("a", "1"))["Item"] == {**key("a", "1"), "n": {"N": "1"}, "tag": {"S": "old"}}
+    assert [r["Code"] for r in cancelled.value.response["CancellationReasons"]] == [
+        "None",
+        "None",
+        "ConditionalCheckFailed",
+    ]
+    assert client.get_item(TableName="tx", Key=key("a", "1"))["Item"] == {
+        **key("a", "1"),
+        "n": {"N": "1"},
+        "tag": {"S": "old"},
+    }
     assert "Item" not in client.get_item(TableName="tx", Key=key("b", "1"))
     assert client.scan(TableName="tx")["Count"] == 52
     client.put_item(TableName="tx", Item={**key("c", "1"), "state": {"S": "closed"}})
     client.transact_write_items(TransactItems=ops)
-    assert client.get_item(TableName="tx", Key=key("a", "1"))["Item"] == {**key("a", "1"), "n": {"N": "2"}, "tag": {"S": "new"}}
+    assert client.get_item(TableName="tx", Key=key("a", "1"))["Item"] == {
+        **key("a", "1"),
+        "n": {"N": "2"},
+        "tag": {"S": "new"},
+    }
     assert client.get_item(TableName="tx", Key=key("b", "1"))["Item"] == {**key("b", "1"), "n": {"N": "9"}}

@@ -34,7 +34,8 @@ def conflict_error() -> ClientError:
 
 def cancelled(*reasons: str) -> ClientError:
     return client_error(
-        "TransactionCanceledException", "TransactWriteItems",
+        "TransactionCanceledException",
+        "TransactWriteItems",
         CancellationReasons=[{"Code": r} for r in reasons],
     )
 
@@ -66,7 +67,10 @@ def table(resource: ScriptedResource, sleeps: list[float], **kwargs: Any) -> Tab
     return Table(resource, sleep=sleeps.append, **kwargs)
 
 
-OPS = [Put({"pk": "m", "sk": "s"}, if_absent=True), Update("p", "s", add={"chunks_done": 1}, expect={"accepting": True})]
+OPS = [
+    Put({"pk": "m", "sk": "s"}, if_absent=True),
+    Update("p", "s", add={"chunks_done": 1}, expect={"accepting": True}),
+]
 
 
 # --- retried where the fault occurs -------------------------------------------------------------
@@ -80,7 +84,14 @@ OPS = [Put({"pk": "m", "sk": "s"}, if_absent=True), Update("p", "s", add={"chunk
         client_error("ProvisionedThroughputExceededException", "TransactWriteItems"),
         client_error("ThrottlingException", "TransactWriteItems"),
     ],
-    ids=["cancelled-conflict", "cancelled-conflict-first", "conflict", "cancelled-throttling", "throughput", "throttling"],
+    ids=[
+        "cancelled-conflict",
+        "cancelled-conflict-first",
+        "conflict",
+        "cancelled-throttling",
+        "throughput",
+        "throttling",
+    ],
 )
 def test_a_busy_transaction_is_retried_until_it_goes_through(fault):
     resource, sleeps = ScriptedResource(fault, fault), []
@@ -92,7 +103,10 @@ def test_a_busy_transaction_is_retried_until_it_goes_through(fault):
 def test_conditional_writes_are_retried_on_a_conflict_too():
     resource, sleeps = ScriptedResource(conflict_error(), conflict_error()), []
     t = table(resource, sleeps)
-    assert t.update(Update("p", "s", values={"status": "failed"}, expect={"status": "in_progress"})) == {"pk": "p", "sk": "s"}
+    assert t.update(Update("p", "s", values={"status": "failed"}, expect={"status": "in_progress"})) == {
+        "pk": "p",
+        "sk": "s",
+    }
     resource.errors = [conflict_error()]
     t.put({"pk": "p", "sk": "s"}, if_absent=True)
     assert resource.calls == ["update_item"] * 3 + ["put_item"] * 2 and len(sleeps) == 3
@@ -203,7 +217,9 @@ def logged():
 
 def test_a_failed_batch_tells_the_tenant_briefly_and_never_the_cause(logged):
     stores = running_batch()
-    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause=CAUSE), 500) == {"status": "failed"}
+    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause=CAUSE), 500) == {
+        "status": "failed"
+    }
     (error,) = stores.batches.get("acme", "batch_1").errors
     assert error["code"] == "batch_failed" and error["param"] is None and error["line"] is None
     message = error["message"]

@@ -25,10 +25,22 @@ class FakeRepo:
         self.endpoints: dict[tuple[str, str], EndpointRecord] = {}
         self.log_entries: list[AttemptRecord] = []
 
-    def add(self, tenant: str, endpoint_id: str, url: str = "https://hooks.example.com/x",
-            events: tuple[str, ...] = logic.EVENT_TYPES) -> EndpointRecord:
-        record = EndpointRecord(tenant=tenant, id=endpoint_id, url=url, events=list(events),
-                                secret=signing.new_secret(), created_at=NOW, updated_at=NOW)
+    def add(
+        self,
+        tenant: str,
+        endpoint_id: str,
+        url: str = "https://hooks.example.com/x",
+        events: tuple[str, ...] = logic.EVENT_TYPES,
+    ) -> EndpointRecord:
+        record = EndpointRecord(
+            tenant=tenant,
+            id=endpoint_id,
+            url=url,
+            events=list(events),
+            secret=signing.new_secret(),
+            created_at=NOW,
+            updated_at=NOW,
+        )
         self.endpoints[(tenant, endpoint_id)] = record
         return record
 
@@ -51,8 +63,15 @@ class FakeBatches:
 
     def add(self, tenant: str, batch_id: str, status: str) -> BatchRecord:
         stamp = {f"{status}_at": NOW} if status in ("completed", "failed", "expired", "cancelled") else {}
-        record = batch_record(tenant=tenant, id=batch_id, input_key="in", created_at=NOW - 60, expires_at=NOW + 86_400,
-                              status=status, **stamp)
+        record = batch_record(
+            tenant=tenant,
+            id=batch_id,
+            input_key="in",
+            created_at=NOW - 60,
+            expires_at=NOW + 86_400,
+            status=status,
+            **stamp,
+        )
         self.records[(tenant, batch_id)] = record
         return record
 
@@ -83,8 +102,14 @@ class Receiver:
 
 
 def event(event_type: str = "batch.completed", batch_id: str = "batch_1", tenant: str = "acme") -> dict[str, Any]:
-    return {"version": "0", "id": "eb-1", "detail-type": event_type, "source": "batch-api",
-            "time": "2027-01-15T08:00:10Z", "detail": {"tenant": tenant, "id": batch_id, "status": event_type[6:]}}
+    return {
+        "version": "0",
+        "id": "eb-1",
+        "detail-type": event_type,
+        "source": "batch-api",
+        "time": "2027-01-15T08:00:10Z",
+        "detail": {"tenant": tenant, "id": batch_id, "status": event_type[6:]},
+    }
 
 
 def test_fan_out_one_delivery_per_subscribed_endpoint_of_the_tenant() -> None:
@@ -97,8 +122,13 @@ def test_fan_out_one_delivery_per_subscribed_endpoint_of_the_tenant() -> None:
     assert result.webhook_ids == [queue.sent[0]["webhook_id"]] and result.dropped is None
     assert (queue.sent[0]["attempt"], queue.sent[0]["due"]) == (1, 0)
     body = json.loads(queue.sent[0]["body"])
-    assert body == {"id": body["id"], "object": "event", "created_at": NOW,  # when the batch completed
-                    "type": "batch.completed", "data": {"id": "batch_1"}}
+    assert body == {
+        "id": body["id"],
+        "object": "event",
+        "created_at": NOW,  # when the batch completed
+        "type": "batch.completed",
+        "data": {"id": "batch_1"},
+    }
 
 
 def test_a_repeated_event_fans_out_to_the_same_ids_and_body() -> None:
@@ -123,19 +153,22 @@ def test_other_events_fan_out_nothing(detail_type: str) -> None:
     assert result.webhook_ids == [] and result.dropped and queue.sent == []
 
 
-@pytest.mark.parametrize(("forged", "why"), [
-    # a batch that is still running: nothing may be signed about a state it has not reached
-    (event("batch.completed", batch_id="batch_running"), "the batch is in_progress, not completed"),
-    # a terminal batch, another terminal type
-    (event("batch.failed"), "the batch is completed, not failed"),
-    # another tenant named for acme's batch: globex's endpoints would be told about it
-    (event("batch.completed", tenant="globex"), "the tenant has no such batch"),
-    (event("batch.completed", batch_id="batch_nowhere"), "the tenant has no such batch"),
-    (event() | {"source": "someone-else"}, "not a terminal batch event"),
-    (event() | {"detail": {"tenant": "acme#WEBHOOKS", "id": "batch_1"}}, "the event names no valid tenant"),
-    (event() | {"detail": {"tenant": "acme"}}, "the event names no valid tenant"),
-    (event() | {"detail": "batch_1"}, "the event names no valid tenant"),
-])
+@pytest.mark.parametrize(
+    ("forged", "why"),
+    [
+        # a batch that is still running: nothing may be signed about a state it has not reached
+        (event("batch.completed", batch_id="batch_running"), "the batch is in_progress, not completed"),
+        # a terminal batch, another terminal type
+        (event("batch.failed"), "the batch is completed, not failed"),
+        # another tenant named for acme's batch: globex's endpoints would be told about it
+        (event("batch.completed", tenant="globex"), "the tenant has no such batch"),
+        (event("batch.completed", batch_id="batch_nowhere"), "the tenant has no such batch"),
+        (event() | {"source": "someone-else"}, "not a terminal batch event"),
+        (event() | {"detail": {"tenant": "acme#WEBHOOKS", "id": "batch_1"}}, "the event names no valid tenant"),
+        (event() | {"detail": {"tenant": "acme"}}, "the event names no valid tenant"),
+        (event() | {"detail": "batch_1"}, "the event names no valid tenant"),
+    ],
+)
 def test_an_event_the_table_does_not_bear_out_is_dropped(forged: dict[str, Any], why: str) -> None:
     repo, batches, queue = FakeRepo(), FakeBatches(), FakeQueue()
     batches.add("acme", "batch_running", "in_progress")
@@ -229,15 +262,18 @@ def test_loopback_http_only_where_allowed() -> None:
     assert len(post.calls) == 1 and repo.log_entries[0].outcome == "delivered"
 
 
-@pytest.mark.parametrize(("url", "allowed"), [
-    ("https://hooks.example.com/x", True),
-    ("https://127.0.0.1/x", True),
-    ("http://hooks.example.com/x", False),
-    ("http://127.0.0.1.nip.io/x", False),
-    ("http://169.254.169.254/latest", False),
-    ("file:///etc/passwd", False),
-    ("https:///x", False),
-])
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://hooks.example.com/x", True),
+        ("https://127.0.0.1/x", True),
+        ("http://hooks.example.com/x", False),
+        ("http://127.0.0.1.nip.io/x", False),
+        ("http://169.254.169.254/latest", False),
+        ("file:///etc/passwd", False),
+        ("https:///x", False),
+    ],
+)
 def test_url_rules_on_aws(url: str, allowed: bool) -> None:
     assert (logic.url_problem(url, allow_loopback_http=False) is None) is allowed
     if url.startswith("http://127.0.0.1.nip.io") or url.startswith("http://169"):
@@ -251,8 +287,9 @@ def test_the_rotated_out_secret_signs_only_while_kept() -> None:
     endpoint = repo.add("acme", "we_1")
     old = endpoint.secret
     now = int(time.time())
-    repo.endpoints[("acme", "we_1")] = endpoint.model_copy(update={
-        "secret": signing.new_secret(), "previous_secret": old, "previous_until": now + 1})
+    repo.endpoints[("acme", "we_1")] = endpoint.model_copy(
+        update={"secret": signing.new_secret(), "previous_secret": old, "previous_until": now + 1}
+    )
     post = Receiver(200, 200)
     logic.deliver(repo, message(repo), post=post, now=now, allow_loopback_http=False)
     logic.deliver(repo, message(repo), post=post, now=now + 1, allow_loopback_http=False)
@@ -299,10 +336,22 @@ def test_a_receiver_that_never_answers_does_not_hold_up_another_delivery() -> No
         slow.released.set()
         return 200
 
-    globex = logic.Delivery(tenant="globex", endpoint_id="we_slow", webhook_id="wh_g", event_id="evt_g",
-                            event_type="batch.completed", body="{}")
-    acme = logic.Delivery(tenant="acme", endpoint_id="we_fast", webhook_id="wh_a", event_id="evt_a",
-                          event_type="batch.completed", body="{}")
+    globex = logic.Delivery(
+        tenant="globex",
+        endpoint_id="we_slow",
+        webhook_id="wh_g",
+        event_id="evt_g",
+        event_type="batch.completed",
+        body="{}",
+    )
+    acme = logic.Delivery(
+        tenant="acme",
+        endpoint_id="we_fast",
+        webhook_id="wh_a",
+        event_id="evt_a",
+        event_type="batch.completed",
+        body="{}",
+    )
     slow_outcome, fast_outcome = logic.deliver_all(repo, [globex, acme], post=post, now=NOW, allow_loopback_http=False)
     assert posted_while_slow_waited == [True]
     assert fast_outcome.attempt.outcome == "delivered" and fast_outcome.retry is None
@@ -327,8 +376,13 @@ def test_a_delivery_that_could_not_be_attempted_is_not_an_attempt() -> None:
 
     repo.get = get  # type: ignore[method-assign]
     post = Receiver(200)
-    broken, ok = logic.deliver_all(repo, [message(repo, "we_throttled", attempt=3), message(repo, "we_ok")],
-                                   post=post, now=NOW, allow_loopback_http=False)
+    broken, ok = logic.deliver_all(
+        repo,
+        [message(repo, "we_throttled", attempt=3), message(repo, "we_ok")],
+        post=post,
+        now=NOW,
+        allow_loopback_http=False,
+    )
     assert isinstance(broken, RuntimeError)
     assert isinstance(ok, logic.Outcome) and ok.attempt.outcome == "delivered"
     assert [e.endpoint_id for e in repo.log_entries] == ["we_ok"] and len(post.calls) == 1

@@ -25,7 +25,9 @@ async def direct(fn, *args, **kwargs):
 
 
 def run(stores, message, engine, **kwargs):
-    return asyncio.run(process_chunk(stores, message, engine, io=direct, max_line_bytes=1024 * 1024, now=lambda: 1000, **kwargs))
+    return asyncio.run(
+        process_chunk(stores, message, engine, io=direct, max_line_bytes=1024 * 1024, now=lambda: 1000, **kwargs)
+    )
 
 
 def test_usage_with_cached_and_reasoning_tokens_reaches_the_marker_and_the_batch():
@@ -105,9 +107,16 @@ def test_a_cancelled_caller_does_not_interrupt_the_commit():
 
     async def scenario():
         commits: set = set()
-        task = asyncio.create_task(process_chunk(
-            stores, message, InProcessEngine(), io=io, max_line_bytes=1024 * 1024, commits=commits,
-        ))
+        task = asyncio.create_task(
+            process_chunk(
+                stores,
+                message,
+                InProcessEngine(),
+                io=io,
+                max_line_bytes=1024 * 1024,
+                commits=commits,
+            )
+        )
         await writing.wait()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -149,12 +158,19 @@ def test_a_redelivered_chunk_that_is_not_the_last_signals_nothing():
 
 # --- poison isolation, the chunk's own budget, checkpoints (docs/reliability.md) ----------------
 
+
 def parts(stores, chunk=0):
     """The counted (out, err) result lines of a chunk."""
     marker = stores.batches.counted_chunk("acme", "batch_1", chunk)
+
     def read(kind):
-        return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
-            schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, kind)).splitlines()]
+        return [
+            BatchOutputLine.model_validate_json(l)
+            for l in stores.objects.get(
+                schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, kind)
+            ).splitlines()
+        ]
+
     return read("out"), read("err")
 
 
@@ -198,6 +214,7 @@ def test_a_careful_line_goes_alone_so_another_chunk_on_the_worker_is_not_blamed(
     async def together():
         def go(m):
             return process_chunk(stores, m, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, gate=gate)
+
         return await asyncio.gather(go(poisoned), go(innocent), return_exceptions=True)
 
     results = asyncio.run(together())
@@ -220,8 +237,16 @@ def test_benign_ends_do_not_spend_the_budget():
     (message,) = seed(stores, 3, per_chunk=3)
 
     async def cancelled():
-        task = asyncio.create_task(process_chunk(stores, message, InProcessEngine(lambda p, b, s: "hang"), io=direct,
-                                                 max_line_bytes=1 << 20, now=lambda: 1000))
+        task = asyncio.create_task(
+            process_chunk(
+                stores,
+                message,
+                InProcessEngine(lambda p, b, s: "hang"),
+                io=direct,
+                max_line_bytes=1 << 20,
+                now=lambda: 1000,
+            )
+        )
         await asyncio.sleep(0.01)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -249,8 +274,17 @@ def test_a_redelivered_chunk_does_not_resend_written_lines():
     (message,) = seed(stores, 10, per_chunk=10)
     first = CrashingEngine("hi 7", crash_after=9)
     with pytest.raises(EngineDown):  # every other line answered, then 7 crashes the engine
-        asyncio.run(process_chunk(stores, message, first, io=direct, max_line_bytes=1 << 20, now=lambda: 1000,
-                                  policy=RunPolicy(checkpoint_lines=3)))
+        asyncio.run(
+            process_chunk(
+                stores,
+                message,
+                first,
+                io=direct,
+                max_line_bytes=1 << 20,
+                now=lambda: 1000,
+                policy=RunPolicy(checkpoint_lines=3),
+            )
+        )
     assert stores.batches.chunk_run("acme", "batch_1", 0).written() == 6  # checkpoints 0-2, 3-5
     again = InProcessEngine()  # the line no longer crashes anything (say, a fixed engine)
     report = run(stores, message, again, policy=RunPolicy(checkpoint_lines=3))
@@ -277,7 +311,9 @@ def test_the_budget_ends_a_chunk_that_keeps_dying_without_progress():
 
     for _ in range(3):
         with pytest.raises(Killed):
-            asyncio.run(process_chunk(stores, message, InProcessEngine(), io=dies, max_line_bytes=1 << 20, now=lambda: 1000))
+            asyncio.run(
+                process_chunk(stores, message, InProcessEngine(), io=dies, max_line_bytes=1 << 20, now=lambda: 1000)
+            )
     engine = InProcessEngine()
     report = run(stores, message, engine)
     out, err = parts(stores)
@@ -295,8 +331,9 @@ def test_a_careful_chunk_runs_in_groups_alone_and_blames_nobody_when_nothing_die
 
     stores = fake_stores()
     (message,) = seed(stores, 20, per_chunk=20)
-    stores.batches.save_chunk_run(ChunkRunRecord(tenant="acme", batch_id="batch_1", chunk=0, version=1,
-                                                 open=["killed"], expires_at=10**10))
+    stores.batches.save_chunk_run(
+        ChunkRunRecord(tenant="acme", batch_id="batch_1", chunk=0, version=1, open=["killed"], expires_at=10**10)
+    )
     engine = InProcessEngine()
     puts = stores.faults.calls["objects.put"]
     report = run(stores, message, engine, policy=RunPolicy(careful_group_lines=8))

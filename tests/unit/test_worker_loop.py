@@ -31,8 +31,14 @@ RETRY_AFTER_FAILURE = 37
 
 
 def line(i: int) -> str:
-    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-                       "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}})
+    return json.dumps(
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": CHAT,
+            "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]},
+        }
+    )
 
 
 def seed(stores, n: int, per_chunk: int) -> list[WorkMessage]:
@@ -112,15 +118,31 @@ class Rig:
         self.engine = InProcessEngine(respond) if respond else InProcessEngine()
         self.log = RecordingLogger()
         self.sleeps: list[float] = []
-        self.config = WorkerConfig(**{
-            "model": "test-chat", "queue_url": self.queue.url, "poll_wait_seconds": 0, "max_in_flight": 8,
-            "metrics_interval_seconds": 3600, "drain_seconds": 30, "visibility_seconds": 90,
-            "failure_retry_seconds": RETRY_AFTER_FAILURE, **config,
-        })
+        self.config = WorkerConfig(
+            **{
+                "model": "test-chat",
+                "queue_url": self.queue.url,
+                "poll_wait_seconds": 0,
+                "max_in_flight": 8,
+                "metrics_interval_seconds": 3600,
+                "drain_seconds": 30,
+                "visibility_seconds": 90,
+                "failure_retry_seconds": RETRY_AFTER_FAILURE,
+                **config,
+            }
+        )
         self.metrics = WorkerMetrics(namespace="Test", service="worker-test", logger=self.log, model="test-chat")
         self.worker = Worker(
-            self.config, stores=self.stores, queue=self.queue, engine=self.engine, metrics=self.metrics,
-            logger=self.log, max_line_bytes=1024 * 1024, chunk_max_lines=2, clock=lambda: NOW, sleep=self.beat,
+            self.config,
+            stores=self.stores,
+            queue=self.queue,
+            engine=self.engine,
+            metrics=self.metrics,
+            logger=self.log,
+            max_line_bytes=1024 * 1024,
+            chunk_max_lines=2,
+            clock=lambda: NOW,
+            sleep=self.beat,
         )
 
     async def beat(self, seconds: float) -> None:
@@ -243,8 +265,11 @@ def test_exit_2_on_bad_configuration(capsys):
 
 def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
     env = {
-        **TEST_SETTINGS.to_env(), "WORKER_MODEL": "test-chat", "WORKER_QUEUE_URL": "http://127.0.0.1:9/queue",
-        "WORKER_ENGINE_URL": f"http://127.0.0.1:{closed_port()}", "WORKER_HEALTH_TIMEOUT_SECONDS": "0.01",
+        **TEST_SETTINGS.to_env(),
+        "WORKER_MODEL": "test-chat",
+        "WORKER_QUEUE_URL": "http://127.0.0.1:9/queue",
+        "WORKER_ENGINE_URL": f"http://127.0.0.1:{closed_port()}",
+        "WORKER_HEALTH_TIMEOUT_SECONDS": "0.01",
         # A service name of its own: Powertools keeps one handler per service name, bound to the
         # stdout of whichever test first built it; a fresh name binds this test's captured stdout.
         "WORKER_SERVICE": "gpu-worker-exit-status-test",
@@ -303,7 +328,8 @@ def test_a_line_that_keeps_crashing_the_engine_fails_alone_through_the_loop():
     marker = rig.stores.batches.markers[("acme", "batch_1", 0)]
     err = rig.stores.objects.get(schema.chunk_part_key("acme", "batch_1", 0, marker.attempt, "err"))
     assert [(l.custom_id, l.error.code) for l in map(BatchOutputLine.model_validate_json, err.splitlines())] == [
-        ("req-1", "engine_crashed")]
+        ("req-1", "engine_crashed")
+    ]
     assert (marker.completed, marker.failed) == (1, 1)
     t = rig.metrics.totals
     assert (t.chunks_careful, t.lines_crashed, t.chunks_done) == (1, 1, 1)

@@ -33,7 +33,10 @@ SMART = [5, 3, 1, 6, 2, 4, 0, 7]
 
 
 def body(i: int, max_tokens: int | None, system: str) -> dict:
-    b = {"model": "test-chat", "messages": [{"role": "system", "content": SYSTEM[system]}, {"role": "user", "content": f"hi {i}"}]}
+    b = {
+        "model": "test-chat",
+        "messages": [{"role": "system", "content": SYSTEM[system]}, {"role": "user", "content": f"hi {i}"}],
+    }
     if max_tokens is not None:
         b["max_tokens"] = max_tokens
     return b
@@ -41,8 +44,10 @@ def body(i: int, max_tokens: int | None, system: str) -> dict:
 
 def seed_lines(stores, specs=LINES, per_chunk=4) -> list[WorkMessage]:
     """An in_progress batch of ``specs`` chat lines (custom_id req-<i>, user message "hi <i>")."""
-    raw = [(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": body(i, *spec)}) + "\n").encode()
-           for i, spec in enumerate(specs)]
+    raw = [
+        (json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": body(i, *spec)}) + "\n").encode()
+        for i, spec in enumerate(specs)
+    ]
     key = schema.batch_input_key("acme", "batch_1")
     stores.objects.put(key, b"".join(raw))
     chunks = cut(raw, per_chunk)
@@ -56,8 +61,17 @@ async def direct(fn, *args, **kwargs):
 
 
 def chunk(stores, message, engine, admission, **kwargs):
-    return process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000,
-                         admission=admission, owner=message.chunk, **kwargs)
+    return process_chunk(
+        stores,
+        message,
+        engine,
+        io=direct,
+        max_line_bytes=1 << 20,
+        now=lambda: 1000,
+        admission=admission,
+        owner=message.chunk,
+        **kwargs,
+    )
 
 
 def sent(engine) -> list[int]:
@@ -72,7 +86,10 @@ def results(stores, chunk_number):
     def read(kind):
         data = stores.objects.get(schema.chunk_part_key("acme", "batch_1", chunk_number, marker.attempt, kind))
         lines = [BatchOutputLine.model_validate_json(l) for l in data.splitlines()]
-        return [(l.custom_id, l.response.body["choices"][0]["message"]["content"] if l.response else l.error.code) for l in lines]
+        return [
+            (l.custom_id, l.response.body["choices"][0]["message"]["content"] if l.response else l.error.code)
+            for l in lines
+        ]
 
     return read("out"), read("err")
 
@@ -222,8 +239,9 @@ def test_the_keys_of_the_order():
     assert expected_output({"max_output_tokens": 7}) == 7  # /v1/responses
     assert expected_output({}) == expected_output({"max_tokens": None}) == float("inf")
     assert length_class(64) == length_class(127) < length_class(128)
-    assert prefix_of({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}) == \
-        prefix_of({"messages": [{"content": "s", "role": "system"}, {"role": "user", "content": "other"}]})
+    assert prefix_of({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}) == prefix_of(
+        {"messages": [{"content": "s", "role": "system"}, {"role": "user", "content": "other"}]}
+    )
     assert prefix_of({"prompt": "x" * 2000}) == "x" * 512 and prefix_of({"input": ["a", "b"]}) == "a"
     assert prefix_of({"model": "m"}) is None
 

@@ -31,8 +31,10 @@ INPUT_KEY = schema.batch_input_key("acme", "batch_1")
 def setup(lines: int = 4, per_chunk: int = 2, **over):
     """A batch in progress with ``lines`` requests in chunks of ``per_chunk``, its token stored."""
     stores = fake_stores()
-    rows = [json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n"
-            for i in range(lines)]
+    rows = [
+        json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": {"model": "m"}}).encode() + b"\n"
+        for i in range(lines)
+    ]
     stores.objects.put(INPUT_KEY, b"".join(rows))
     chunks = put_manifest(stores, cut(rows, per_chunk)).chunks
     fields = dict(in_progress_at=200, model="m", total=lines, task_token="tok")
@@ -51,7 +53,10 @@ def current(stores) -> BatchRecord:
 def file_lines(stores, file_id) -> list[BatchOutputLine]:
     if file_id is None:
         return []
-    return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(schema.file_key("acme", file_id)).splitlines()]
+    return [
+        BatchOutputLine.model_validate_json(l)
+        for l in stores.objects.get(schema.file_key("acme", file_id)).splitlines()
+    ]
 
 
 # --- register ---------------------------------------------------------------------------------
@@ -128,13 +133,19 @@ def test_check_on_a_batch_past_waiting_moves_on():
 # --- drain ------------------------------------------------------------------------------------
 def test_a_complete_signal_drains_at_once():
     stores = setup()
-    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {"drained": True, "reason": Signal.COMPLETE}
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {
+        "drained": True,
+        "reason": Signal.COMPLETE,
+    }
     assert stores.faults.calls["batches.transition"] == 0
 
 
 def test_a_cancel_waits_for_running_chunks_within_the_grace_period_only():
     stores = setup(status="cancelling", cancelling_at=300, started_chunks={0})
-    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW) == {"drained": False, "reason": Signal.CANCEL}
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW) == {
+        "drained": False,
+        "reason": Signal.CANCEL,
+    }
     assert current(stores).drain_deadline == NOW + GRACE
     # a later poll, still within the grace period: the deadline stays the first one
     assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + GRACE - 1)["drained"]
@@ -147,15 +158,21 @@ def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
     started = current(stores)
     stores.batches.set("acme", "batch_1", started_chunks={0})
     assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)["drained"]
-    message = started.work_message(ChunkManifest.model_validate_json(
-        stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0])
-    chunk_lifecycle.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, []), usage=chunk_lifecycle.Usage(), now=NOW)
+    message = started.work_message(
+        ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0]
+    )
+    chunk_lifecycle.record_chunk(
+        stores, message, parts=results.write_parts(stores.objects, message, []), usage=chunk_lifecycle.Usage(), now=NOW
+    )
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW + 1)["drained"]
 
 
 def test_expiry_shows_finalizing_and_stops_new_chunks():
     stores = setup(started_chunks={0})
-    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW) == {"drained": False, "reason": Signal.EXPIRE}
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW) == {
+        "drained": False,
+        "reason": Signal.EXPIRE,
+    }
     batch = current(stores)
     assert_fields(batch, status="finalizing", finalizing_at=NOW, accepting=True)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
@@ -164,7 +181,10 @@ def test_expiry_shows_finalizing_and_stops_new_chunks():
 
 def test_a_cancel_wins_over_a_complete_signal():
     stores = setup(status="cancelling", cancelling_at=300)
-    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {"drained": True, "reason": Signal.CANCEL}
+    assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.COMPLETE, NOW) == {
+        "drained": True,
+        "reason": Signal.CANCEL,
+    }
 
 
 # --- finalize ---------------------------------------------------------------------------------
@@ -179,7 +199,11 @@ def test_finalize_assembles_the_files_in_input_order_with_never_ran_lines():
     assert [(l.custom_id, l.error.code) for l in err] == [(f"req-{i}", "batch_cancelled") for i in range(4)]
     assert_fields(batch, completed=2, failed=4)
     output = stores.files.items[("acme", batch.output_file_id)]
-    assert (output.purpose, output.bytes, output.expires_at) == ("batch_output", len(stores.objects.get(output.s3_key)), NOW + 30 * 86_400)
+    assert (output.purpose, output.bytes, output.expires_at) == (
+        "batch_output",
+        len(stores.objects.get(output.s3_key)),
+        NOW + 30 * 86_400,
+    )
     assert stores.events.types() == ["batch.cancelled"]
 
 
@@ -205,7 +229,9 @@ def test_a_finalize_retried_after_a_crash_writes_the_planned_files_once():
     planned = current(stores).planned_output_file_id
     logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW + 1)
     assert current(stores).output_file_id == planned
-    assert [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))] == [schema.file_key("acme", planned)]
+    assert [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))] == [
+        schema.file_key("acme", planned)
+    ]
 
 
 def test_a_concurrent_finish_converges():
@@ -253,7 +279,9 @@ def test_a_failure_mid_assembly_aborts_the_writers_and_leaves_no_object():
 # --- fail -------------------------------------------------------------------------------------
 def test_fail_lands_a_running_batch_in_failed_without_the_cause():
     stores = setup()
-    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {"status": "failed"}
+    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {
+        "status": "failed"
+    }
     batch = current(stores)
     assert_fields(batch, status="failed", failed_at=NOW, accepting=False)
     (error,) = batch.errors
@@ -272,7 +300,9 @@ def test_fail_after_some_chunks_ran_keeps_their_lines():
     stores = setup(lines=6)
     run_chunk(stores, 0)
     run_chunk(stores, 2)  # chunk 1 never ran
-    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {"status": "failed"}
+    assert logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed", Cause="boom"), NOW) == {
+        "status": "failed"
+    }
     batch = current(stores)
     assert_fields(batch, status="failed", failed_at=NOW, accepting=False)
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
@@ -281,7 +311,11 @@ def test_fail_after_some_chunks_ran_keeps_their_lines():
     assert_fields(batch, completed=4, failed=2, total=6)
     assert_fields(batch, output_file_id=batch.planned_output_file_id, error_file_id=batch.planned_error_file_id)
     (error,) = batch.errors
-    assert error["code"] == "batch_failed" and "output and error files" in error["message"] and "boom" not in error["message"]
+    assert (
+        error["code"] == "batch_failed"
+        and "output and error files" in error["message"]
+        and "boom" not in error["message"]
+    )
     assert stores.events.types() == ["batch.failed"]
     assert stores.events.published[-1][1]["output_file_id"] == batch.output_file_id
 
@@ -293,13 +327,20 @@ def test_fail_when_the_files_cannot_be_written_fails_without_files(caplog):
     denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "S3 did not answer"}}, "PutObject")
     stores.faults.fail("objects.writer.write", denied, times=100)
     with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
-        assert logic.fail(stores, "acme", "batch_1", TaskError(Error="E", Cause="S3 is down"), NOW) == {"status": "failed"}
+        assert logic.fail(stores, "acme", "batch_1", TaskError(Error="E", Cause="S3 is down"), NOW) == {
+            "status": "failed"
+        }
     batch = current(stores)
     assert_fields(batch, status="failed", failed_at=NOW, accepting=False)
     assert (batch.output_file_id, batch.error_file_id) == (None, None) and stores.files.items == {}
     assert batch.errors == [logic.FAILED_ERROR]  # results not available: the tenant is told so
-    assert all(w.aborted for w in stores.objects.writers) and not [k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))]
-    assert any("could not write the files" in r.getMessage() and "S3 did not answer" in (r.exc_text or "") for r in caplog.records)
+    assert all(w.aborted for w in stores.objects.writers) and not [
+        k for k in stores.objects.data if k.startswith(schema.file_key("acme", ""))
+    ]
+    assert any(
+        "could not write the files" in r.getMessage() and "S3 did not answer" in (r.exc_text or "")
+        for r in caplog.records
+    )
     assert stores.events.types() == ["batch.failed"]
 
 
@@ -418,7 +459,9 @@ def test_the_counts_are_the_files_lines_when_the_counters_disagree(caplog):
     stores = setup(lines=4)
     run_chunk(stores, 0)
     run_chunk(stores, 1)
-    stores.batches.set("acme", "batch_1", completed=current(stores).completed + 1)  # a counter drifted (it never should)
+    stores.batches.set(
+        "acme", "batch_1", completed=current(stores).completed + 1
+    )  # a counter drifted (it never should)
     with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
         assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
     assert current(stores).completed == 4
@@ -433,7 +476,11 @@ USAGE = {"prompt_tokens": 10, "completion_tokens": 3, "prompt_tokens_details": {
 
 def answer(line: BatchOutputLine, status: int) -> BatchOutputLine:
     """The engine's answer to ``line``'s request: a 2xx with USAGE, or a 400 without usage."""
-    body = {"object": "chat.completion", "usage": USAGE} if status == 200 else {"error": {"message": "bad", "type": "invalid_request_error"}}
+    body = (
+        {"object": "chat.completion", "usage": USAGE}
+        if status == 200
+        else {"error": {"message": "bad", "type": "invalid_request_error"}}
+    )
     return results.response_line(line.custom_id, status, body, "r")
 
 
@@ -447,7 +494,9 @@ def checkpoint(stores, chunk: int, statuses: list[int]):
     message = message_of(stores, chunk)
     chunk_lifecycle.start_chunk(stores, message)
     chunk_lifecycle.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
-    lines = [answer(l, s) for l, s in zip(results.unrun_lines(stores.objects, message, "x", "x"), statuses, strict=False)]
+    lines = [
+        answer(l, s) for l, s in zip(results.unrun_lines(stores.objects, message, "x", "x"), statuses, strict=False)
+    ]
     segment = results.write_checkpoint(stores.objects, message, 0, lines)
     chunk_lifecycle.add_segment(stores, message, "a1", segment, None)
     return message
@@ -461,7 +510,9 @@ def run_with_usage(stores, chunk: int):
     usage = chunk_lifecycle.Usage()
     for line in lines:
         usage.add_response(results.usage_of(line))
-    return chunk_lifecycle.record_chunk(stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW)
+    return chunk_lifecycle.record_chunk(
+        stores, message, parts=results.write_parts(stores.objects, message, lines), usage=usage, now=NOW
+    )
 
 
 def end_batch(stores, how: str) -> str:
@@ -475,11 +526,14 @@ def end_batch(stores, how: str) -> str:
     return logic.fail(stores, "acme", "batch_1", TaskError(Error="States.TaskFailed"), NOW)["status"]
 
 
-@pytest.mark.parametrize(("how", "status", "code"), [
-    ("expire", "expired", "batch_expired"),
-    ("cancel", "cancelled", "batch_cancelled"),
-    ("fail", "failed", "batch_failed"),
-])
+@pytest.mark.parametrize(
+    ("how", "status", "code"),
+    [
+        ("expire", "expired", "batch_expired"),
+        ("cancel", "cancelled", "batch_cancelled"),
+        ("fail", "failed", "batch_failed"),
+    ],
+)
 def test_a_batch_ending_mid_chunk_keeps_the_chunks_checkpointed_lines(how, status, code):
     # Chunk 0 (req-0..3) ran two lines, checkpointed (req-0 answered 200, req-1 400), and was never
     # counted; chunk 1 (req-4, req-5) was.
@@ -490,12 +544,19 @@ def test_a_batch_ending_mid_chunk_keeps_the_chunks_checkpointed_lines(how, statu
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(6)])
     assert [l.custom_id for l in out] == ["req-0", "req-4", "req-5"]
     assert [(l.custom_id, l.response.status_code if l.response else l.error.code) for l in err] == [
-        ("req-1", 400), ("req-2", code), ("req-3", code)]
+        ("req-1", 400),
+        ("req-2", code),
+        ("req-3", code),
+    ]
     batch = current(stores)
     assert_fields(batch, completed=3, failed=3, total=6)
     # Three 2xx answers of 10 prompt (4 cached) and 3 completion tokens each.
     assert assert_usage_agrees(stores, "acme", "batch_1") == {
-        "input_tokens": 30, "cached_tokens": 12, "output_tokens": 9, "reasoning_tokens": 0}
+        "input_tokens": 30,
+        "cached_tokens": 12,
+        "output_tokens": 9,
+        "reasoning_tokens": 0,
+    }
 
 
 def test_a_retried_finalize_keeps_the_checkpointed_lines_once():
@@ -546,7 +607,11 @@ def test_a_chunk_counted_after_the_close_is_refused_and_its_checkpoints_are_kept
     assert late == [False]
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
     assert [l.custom_id for l in out] == ["req-0"]
-    assert [l.response.status_code if l.response else l.error.code for l in err] == [400, "batch_expired", "batch_expired"]
+    assert [l.response.status_code if l.response else l.error.code for l in err] == [
+        400,
+        "batch_expired",
+        "batch_expired",
+    ]
     assert assert_usage_agrees(stores, "acme", "batch_1")["output_tokens"] == 3
 
 
@@ -561,17 +626,25 @@ def test_the_dead_letter_consumer_and_finalize_keep_checkpoints_through_one_code
     assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
     out, err = assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
     assert [l.custom_id for l in out] == ["req-0"]
-    assert [l.response.status_code if l.response else l.error.code for l in err] == [400, dlq.ERROR_CODE, dlq.ERROR_CODE]
+    assert [l.response.status_code if l.response else l.error.code for l in err] == [
+        400,
+        dlq.ERROR_CODE,
+        dlq.ERROR_CODE,
+    ]
     assert assert_usage_agrees(stores, "acme", "batch_1")["input_tokens"] == 10
 
 
 # --- fail: a transient error is retried by the Fail state ---------------------------------------------
-@pytest.mark.parametrize(("op", "error", "skip"), [
-    ("batches.transition", conflict(), 0),  # the close
-    ("objects.writer.complete", TimeoutError("S3 did not answer"), 0),
-    ("batches.transition", throttle(), 1),  # the finish
-    ("batches.counted_chunks", ConnectionError("connection reset"), 0),
-], ids=["close-conflict", "complete-timeout", "finish-throttled", "read-connection-reset"])
+@pytest.mark.parametrize(
+    ("op", "error", "skip"),
+    [
+        ("batches.transition", conflict(), 0),  # the close
+        ("objects.writer.complete", TimeoutError("S3 did not answer"), 0),
+        ("batches.transition", throttle(), 1),  # the finish
+        ("batches.counted_chunks", ConnectionError("connection reset"), 0),
+    ],
+    ids=["close-conflict", "complete-timeout", "finish-throttled", "read-connection-reset"],
+)
 def test_fail_raises_a_transient_error_so_its_retry_keeps_the_files(op, error, skip):
     stores = setup(lines=4)
     run_chunk(stores, 0)
@@ -602,12 +675,19 @@ def test_task_events_are_typed_by_action():
     drain = tasks.parse({**base, "action": "drain", "signal": "expire"})
     assert isinstance(drain, Drain) and drain.signal is Signal.EXPIRE
     assert isinstance(tasks.parse({**base, "action": "finalize", "signal": "cancel"}), Finalize)
-    assert tasks.parse({**base, "action": "check", "reconcile_seconds": 2}) == Check(**base, action="check", reconcile_seconds=2)
+    assert tasks.parse({**base, "action": "check", "reconcile_seconds": 2}) == Check(
+        **base, action="check", reconcile_seconds=2
+    )
     failed = tasks.parse({**base, "action": "fail", "error": {"Error": "E", "Cause": "c"}})
     assert isinstance(failed, Fail) and failed.error.describe() == "c"
     assert tasks.parse({**base, "action": "fail", "error": None}).error.describe() == "unknown error"
-    for bad in ({**base, "action": "explode"}, {**base, "action": "drain", "signal": "later"}, {**base, "action": "register"},
-                {**base, "action": "check"}, {**base, "action": "check", "reconcile_seconds": 0}):
+    for bad in (
+        {**base, "action": "explode"},
+        {**base, "action": "drain", "signal": "later"},
+        {**base, "action": "register"},
+        {**base, "action": "check"},
+        {**base, "action": "check", "reconcile_seconds": 0},
+    ):
         with pytest.raises(ValidationError):
             tasks.parse(bad)
 
@@ -615,12 +695,18 @@ def test_task_events_are_typed_by_action():
 def test_run_dispatches_each_task_with_the_given_clock():
     stores = setup(status="cancelling", cancelling_at=300, task_token=None)
     base = {"tenant": "acme", "batch_id": "batch_1"}
-    assert logic.run(tasks.parse({**base, "action": "register", "token": "t9"}), stores, SETTINGS, now=NOW) == {"registered": True}
+    assert logic.run(tasks.parse({**base, "action": "register", "token": "t9"}), stores, SETTINGS, now=NOW) == {
+        "registered": True
+    }
     assert stores.workflows.signals == [("t9", {"outcome": "cancel"})]
     checked = logic.run(tasks.parse({**base, "action": "check", "reconcile_seconds": 60}), stores, SETTINGS, now=NOW)
     assert checked == {"outcome": "cancel", "timeout_seconds": 0}
     drained = logic.run(tasks.parse({**base, "action": "drain", "signal": "cancel"}), stores, SETTINGS, now=NOW)
     assert drained == {"drained": True, "reason": Signal.CANCEL}
-    assert logic.run(tasks.parse({**base, "action": "finalize", "signal": "cancel"}), stores, SETTINGS, now=NOW + 3) == {"status": "cancelled"}
+    assert logic.run(
+        tasks.parse({**base, "action": "finalize", "signal": "cancel"}), stores, SETTINGS, now=NOW + 3
+    ) == {"status": "cancelled"}
     assert current(stores).cancelled_at == NOW + 3
-    assert logic.run(tasks.parse({**base, "action": "fail", "error": {}}), stores, SETTINGS, now=NOW + 4) == {"status": "cancelled"}
+    assert logic.run(tasks.parse({**base, "action": "fail", "error": {}}), stores, SETTINGS, now=NOW + 4) == {
+        "status": "cancelled"
+    }

@@ -24,9 +24,14 @@ def create_file(
     expires_seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
 ) -> FileObject:
     return files.create_file(
-        deps.stores(), deps.settings(), tenant(router),
-        filename=file.filename or "file", content=file.content, purpose=purpose,
-        expires_after=ExpiresAfter.from_form(expires_anchor, expires_seconds), now=deps.now(),
+        deps.stores(),
+        deps.settings(),
+        tenant(router),
+        filename=file.filename or "file",
+        content=file.content,
+        purpose=purpose,
+        expires_after=ExpiresAfter.from_form(expires_anchor, expires_seconds),
+        now=deps.now(),
     )
 
 

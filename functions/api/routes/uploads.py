@@ -22,7 +22,9 @@ def create_upload(body: Annotated[CreateUploadBody, Body()]) -> Upload:
 
 @router.post("/v1/uploads/<upload_id>/parts")
 def add_upload_part(upload_id: str, data: Annotated[UploadFile, File()]) -> UploadPart:
-    return uploads.add_part(deps.stores(), deps.settings(), tenant(router), upload_id, data=data.content, now=deps.now())
+    return uploads.add_part(
+        deps.stores(), deps.settings(), tenant(router), upload_id, data=data.content, now=deps.now()
+    )
 
 
 @router.post("/v1/uploads/<upload_id>/complete")

@@ -105,10 +105,13 @@ class Table:
         bound = {":one": 1, ":limit": limit, **{f":v{i}": v for i, v in enumerate(values.values())}}
         sets = ", ".join(f"#v{i} = :v{i}" for i in range(len(values)))
         return self._call(
-            self._table.update_item, Key={schema.PK: pk, schema.SK: sk},
+            self._table.update_item,
+            Key={schema.PK: pk, schema.SK: sk},
             UpdateExpression="ADD #n :one" + (f" SET {sets}" if sets else ""),
             ConditionExpression="attribute_not_exists(#n) OR #n < :limit",
-            ExpressionAttributeNames=names, ExpressionAttributeValues=bound, ReturnValues="ALL_NEW",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=bound,
+            ReturnValues="ALL_NEW",
         )["Attributes"]
 
     def set_if(self, pk: str, sk: str, values: dict[str, Any], *, expect: dict[str, Any]) -> dict[str, Any]:
@@ -170,8 +173,9 @@ class Table:
         """Every item whose partition key starts with ``pk_prefix`` (all pages). A Scan reads the
         whole table: for one-off operator commands only (``batchctl keys backfill``), never a
         request path."""
-        return self._all_pages(self._table.scan, FilterExpression=Attr(schema.PK).begins_with(pk_prefix),
-                               ConsistentRead=True)
+        return self._all_pages(
+            self._table.scan, FilterExpression=Attr(schema.PK).begins_with(pk_prefix), ConsistentRead=True
+        )
 
     def _all_pages(self, operation: Callable[..., dict[str, Any]], **kwargs: Any) -> list[dict[str, Any]]:
         """Every item of a Query or Scan, page after page (``LastEvaluatedKey``)."""
@@ -264,8 +268,10 @@ class Check:
         names: dict[str, str] = {}
         values: dict[str, Any] = {}
         body: dict[str, Any] = {
-            "TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk},
-            "ConditionExpression": _render(self.condition, names, values), "ExpressionAttributeNames": names,
+            "TableName": table,
+            "Key": {schema.PK: self.pk, schema.SK: self.sk},
+            "ConditionExpression": _render(self.condition, names, values),
+            "ExpressionAttributeNames": names,
         }
         if values:
             body["ExpressionAttributeValues"] = values
@@ -298,11 +304,15 @@ class Add:
     def render(self, table: str) -> dict[str, Any]:
         names = {f"#a{i}": k for i, k in enumerate(self.add)}
         values = {f":a{i}": v for i, v in enumerate(self.add.values())}
-        return {"Update": {
-            "TableName": table, "Key": {schema.PK: self.pk, schema.SK: self.sk},
-            "UpdateExpression": "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(self.add))),
-            "ExpressionAttributeNames": names, "ExpressionAttributeValues": values,
-        }}
+        return {
+            "Update": {
+                "TableName": table,
+                "Key": {schema.PK: self.pk, schema.SK: self.sk},
+                "UpdateExpression": "ADD " + ", ".join(f"#a{i} :a{i}" for i in range(len(self.add))),
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": values,
+            }
+        }
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,14 @@ class EventBridge:
     def publish(self, detail_type: str, detail: dict[str, Any]) -> None:
         with translate():
             resp = self._events.put_events(
-                Entries=[{"Source": self.SOURCE, "DetailType": detail_type, "Detail": json.dumps(detail), "EventBusName": self._bus}]
+                Entries=[
+                    {
+                        "Source": self.SOURCE,
+                        "DetailType": detail_type,
+                        "Detail": json.dumps(detail),
+                        "EventBusName": self._bus,
+                    }
+                ]
             )
         if resp.get("FailedEntryCount"):
             raise Throttled(f"EventBridge refused the event: {resp['Entries']}")

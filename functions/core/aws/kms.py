@@ -15,8 +15,9 @@ class KmsSigner:
     def sign(self, message: bytes) -> bytes:
         # RAW: KMS hashes the message (at most 4,096 bytes; a checkpoint is about 300).
         with translate():
-            return self._kms.sign(KeyId=self.key_id, Message=message, MessageType="RAW",
-                                  SigningAlgorithm=SIGNING_ALGORITHM)["Signature"]
+            return self._kms.sign(
+                KeyId=self.key_id, Message=message, MessageType="RAW", SigningAlgorithm=SIGNING_ALGORITHM
+            )["Signature"]
 
     def public_key(self) -> bytes:
         with translate():

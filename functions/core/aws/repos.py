@@ -30,16 +30,19 @@ from .dynamodb import Check, Delete, Put, Table, Update, _render
 #: The file and upload attribute that says its bytes are on the tenant's stored-bytes ledger.
 HOLDS_STORAGE = "holds_storage"
 
+
 def _create_holding(table: Table, track: bool, record: FileRecord | UploadRecord, max_stored_bytes: int | None) -> None:
     """Put a new file or upload record (only if its id is free); with ``track``, with its bytes
     reserved on the tenant's stored-bytes ledger in the same transaction (``stored.hold``)."""
     if not track:
         table.put(record.to_item(), if_absent=True)
         return
-    table.transact([
-        Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
-        *stored.hold(record.tenant, record.sort_key(record.id), record.bytes, max_stored_bytes),
-    ])
+    table.transact(
+        [
+            Put({**record.to_item(), HOLDS_STORAGE: True}, if_absent=True),
+            *stored.hold(record.tenant, record.sort_key(record.id), record.bytes, max_stored_bytes),
+        ]
+    )
 
 
 class FileRepo:
@@ -72,20 +75,31 @@ class FileRepo:
 
         if purpose is None:
             items, more = self._table.query_page(
-                pk=schema.tenant_pk(tenant), prefix=FileRecord.sort_key(""), after=after,
-                ascending=ascending, limit=limit, keep=alive,
+                pk=schema.tenant_pk(tenant),
+                prefix=FileRecord.sort_key(""),
+                after=after,
+                ascending=ascending,
+                limit=limit,
+                keep=alive,
             )
         else:
             items, more = self._table.query_page(
-                pk=FileRecord.purpose_pk(tenant, purpose), prefix="", after=after,
-                ascending=ascending, limit=limit, keep=alive, index=schema.GSI_PURPOSE,
+                pk=FileRecord.purpose_pk(tenant, purpose),
+                prefix="",
+                after=after,
+                ascending=ascending,
+                limit=limit,
+                keep=alive,
+                index=schema.GSI_PURPOSE,
             )
         return [FileRecord.from_item(i) for i in items], more
 
     def settle(self, tenant: str, file_id: str, status: str, details: str | None = None) -> FileRecord | None:
         values: dict[str, Any] = {"status": status, **({"status_details": details} if details else {})}
         try:
-            item = self._table.set_if(schema.tenant_pk(tenant), FileRecord.sort_key(file_id), values, expect={"status": "uploaded"})
+            item = self._table.set_if(
+                schema.tenant_pk(tenant), FileRecord.sort_key(file_id), values, expect={"status": "uploaded"}
+            )
         except ConditionFailed:
             return None
         return FileRecord.from_item(item)
@@ -109,8 +123,10 @@ class UploadRepo:
     def transition(self, record: UploadRecord, status: str, **values: Any) -> UploadRecord:
         """Move a pending upload to ``status``; ConditionFailed if it is no longer pending."""
         item = self._table.set_if(
-            schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
-            {"status": status, **values}, expect={"status": "pending"},
+            schema.tenant_pk(record.tenant),
+            UploadRecord.sort_key(record.id),
+            {"status": status, **values},
+            expect={"status": "pending"},
         )
         return UploadRecord.from_item(item)
 
@@ -118,24 +134,35 @@ class UploadRepo:
         """Atomically create the File and mark the pending upload completed with its id (an upload
         holding stored bytes hands them to the File: its marker becomes the File's)."""
         if not record.holds_storage:
-            self._table.transact([
-                Put(file.to_item(), if_absent=True),
-                Update(
-                    schema.tenant_pk(record.tenant), UploadRecord.sort_key(record.id),
-                    values={"status": "completed", "file_id": file.id}, expect={"status": "pending"},
-                ),
-            ])
+            self._table.transact(
+                [
+                    Put(file.to_item(), if_absent=True),
+                    Update(
+                        schema.tenant_pk(record.tenant),
+                        UploadRecord.sort_key(record.id),
+                        values={"status": "completed", "file_id": file.id},
+                        expect={"status": "pending"},
+                    ),
+                ]
+            )
             return
         tenant, upload_sk, file_sk = record.tenant, UploadRecord.sort_key(record.id), FileRecord.sort_key(file.id)
-        self._table.transact([
-            Put({**file.to_item(), HOLDS_STORAGE: True}, if_absent=True),
-            Update(
-                schema.tenant_pk(tenant), upload_sk, values={"status": "completed", "file_id": file.id},
-                remove=(HOLDS_STORAGE,), expect={"status": "pending", HOLDS_STORAGE: True},
-            ),
-            Delete(schema.stored_pk(tenant), schema.stored_marker_sk(upload_sk), condition=Attr(schema.PK).exists()),
-            Put(stored.marker(tenant, file_sk, file.bytes), if_absent=True),
-        ])
+        self._table.transact(
+            [
+                Put({**file.to_item(), HOLDS_STORAGE: True}, if_absent=True),
+                Update(
+                    schema.tenant_pk(tenant),
+                    upload_sk,
+                    values={"status": "completed", "file_id": file.id},
+                    remove=(HOLDS_STORAGE,),
+                    expect={"status": "pending", HOLDS_STORAGE: True},
+                ),
+                Delete(
+                    schema.stored_pk(tenant), schema.stored_marker_sk(upload_sk), condition=Attr(schema.PK).exists()
+                ),
+                Put(stored.marker(tenant, file_sk, file.bytes), if_absent=True),
+            ]
+        )
 
     def add_part(self, part: UploadPartRecord) -> None:
         self._table.put(part.to_item(), if_absent=True)
@@ -155,15 +182,20 @@ class KeyRepo:
         self._table = table
 
     def create(self, record: ApiKeyRecord) -> None:
-        self._table.transact([
-            Put(record.to_item(), if_absent=True),
-            Put(record.listing_item(), if_absent=True),
-            Put(record.id_item(), if_absent=True),
-            # Serialized with ``tenants disable``, which writes the policy before it lists the keys
-            # to mark: a key created after that write is refused, one created before is listed.
-            Check(schema.TENANTS_PK, schema.tenant_policy_sk(record.tenant),
-                  Attr("disabled").not_exists() | Attr("disabled").ne(True)),
-        ])
+        self._table.transact(
+            [
+                Put(record.to_item(), if_absent=True),
+                Put(record.listing_item(), if_absent=True),
+                Put(record.id_item(), if_absent=True),
+                # Serialized with ``tenants disable``, which writes the policy before it lists the keys
+                # to mark: a key created after that write is refused, one created before is listed.
+                Check(
+                    schema.TENANTS_PK,
+                    schema.tenant_policy_sk(record.tenant),
+                    Attr("disabled").not_exists() | Attr("disabled").ne(True),
+                ),
+            ]
+        )
 
     def get(self, key_hash: str) -> ApiKeyRecord | None:
         item = self._table.get(schema.key_pk(key_hash), "KEY")
@@ -175,7 +207,10 @@ class KeyRepo:
 
     def list(self, tenant: str) -> list[ApiKeyRecord]:
         items, _ = self._table.query_page(
-            pk=schema.tenant_keys_pk(tenant), prefix=ApiKeyRecord.listing_sort_key(""), after=None, ascending=True,
+            pk=schema.tenant_keys_pk(tenant),
+            prefix=ApiKeyRecord.listing_sort_key(""),
+            after=None,
+            ascending=True,
             limit=10**9,
         )
         return [ApiKeyRecord.from_item(i) for i in items]
@@ -187,8 +222,10 @@ class KeyRepo:
         ops: list[Any] = [Delete(schema.key_pk(key_hash), "KEY", condition=Attr(schema.PK).exists())]
         # Its listing and id items go with it if they are this key's: a key stored before ids
         # existed has none (``batchctl keys backfill`` adds them), and another key may hold its id.
-        for pk, sk in ((schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id)),
-                       (schema.key_id_pk(record.id), "KEYID")):
+        for pk, sk in (
+            (schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id)),
+            (schema.key_id_pk(record.id), "KEYID"),
+        ):
             if (self._table.get(pk, sk) or {}).get("key_hash") == key_hash:
                 ops.append(Delete(pk, sk, condition=Attr("key_hash").eq(key_hash)))
         try:
@@ -200,11 +237,17 @@ class KeyRepo:
     def set_disabled(self, record: ApiKeyRecord, disabled: bool) -> bool:
         values, remove = ({"disabled": True}, ()) if disabled else ({}, ("disabled",))
         try:
-            self._table.transact([
-                Update(schema.key_pk(record.key_hash), "KEY", values=values, remove=remove),
-                Update(schema.tenant_keys_pk(record.tenant), ApiKeyRecord.listing_sort_key(record.id),
-                       values=values, remove=remove),
-            ])
+            self._table.transact(
+                [
+                    Update(schema.key_pk(record.key_hash), "KEY", values=values, remove=remove),
+                    Update(
+                        schema.tenant_keys_pk(record.tenant),
+                        ApiKeyRecord.listing_sort_key(record.id),
+                        values=values,
+                        remove=remove,
+                    ),
+                ]
+            )
         except ConditionFailed:  # revoked meanwhile
             return False
         return True
@@ -241,7 +284,9 @@ class BatchRepo:
         )
         return [BatchRecord.from_item(i) for i in items], more
 
-    def transition(self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()) -> BatchRecord:
+    def transition(
+        self, tenant: str, batch_id: str, change: Change, *, files: Sequence[FileRecord] = ()
+    ) -> BatchRecord:
         """Apply a lifecycle change (``functions.core.lifecycle``): the batch's conditional update,
         its counter change and ``files`` in one transaction (a lone update when there is nothing
         else); the terminal write's reservation release is ``lifecycle.settle``'s."""
@@ -250,8 +295,15 @@ class BatchRepo:
         def write(c: Change) -> dict[str, Any] | None:
             if isinstance(c.counter, Reservation) and not c.counter.fits_alone():
                 raise ConditionFailed("the batch alone exceeds the enqueued cap")
-            update = Update(pk, sk, values=dict(c.values), defaults=dict(c.defaults), add=dict(c.add),
-                            remove=c.remove, expect=dict(c.expect))
+            update = Update(
+                pk,
+                sk,
+                values=dict(c.values),
+                defaults=dict(c.defaults),
+                add=dict(c.add),
+                remove=c.remove,
+                expect=dict(c.expect),
+            )
             others = self._file_ops(tenant, files)
             if c.counter is not None:
                 others.append(_Counter(c.counter))
@@ -282,8 +334,10 @@ class BatchRepo:
         ops = [
             Put(marker.to_item(), if_absent=True),
             Update(
-                schema.batches_pk(marker.tenant), BatchRecord.sort_key(marker.batch_id),
-                add=marker.batch_counters(), expect={"accepting": True},
+                schema.batches_pk(marker.tenant),
+                BatchRecord.sort_key(marker.batch_id),
+                add=marker.batch_counters(),
+                expect={"accepting": True},
             ),
         ]
         try:
@@ -299,7 +353,10 @@ class BatchRepo:
 
     def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
         items, _ = self._table.query_page(
-            pk=chunks_pk(tenant, batch_id), prefix=ChunkRecord.PREFIX, after=None, ascending=True,
+            pk=chunks_pk(tenant, batch_id),
+            prefix=ChunkRecord.PREFIX,
+            after=None,
+            ascending=True,
             limit=10**9,
         )
         return {(r := ChunkRecord.from_item(i)).chunk: r for i in items}
@@ -307,8 +364,9 @@ class BatchRepo:
     def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
         """Markers and run records of the batch: one consistent Query of its chunk partition
         (paged by DynamoDB past 1 MB)."""
-        items, _ = self._table.query_page(pk=chunks_pk(tenant, batch_id), prefix="", after=None, ascending=True,
-                                          limit=10**9)
+        items, _ = self._table.query_page(
+            pk=chunks_pk(tenant, batch_id), prefix="", after=None, ascending=True, limit=10**9
+        )
         markers: dict[int, ChunkRecord] = {}
         runs: dict[int, ChunkRunRecord] = {}
         for item in items:
@@ -334,8 +392,11 @@ class BatchRepo:
         keys = record.keys()
         values = {k: v for k, v in item.items() if k not in (schema.PK, schema.SK)}
         absent = tuple(k for k, v in record.model_dump().items() if v is None)
-        self._table.update(Update(keys[schema.PK], keys[schema.SK], values=values, remove=absent,
-                                  expect={"version": record.version - 1}))
+        self._table.update(
+            Update(
+                keys[schema.PK], keys[schema.SK], values=values, remove=absent, expect={"version": record.version - 1}
+            )
+        )
 
     def _file_ops(self, tenant: str, files: Sequence[FileRecord]) -> builtins.list[Any]:
         """The puts of a finished batch's files, and (keeping the ledger) their bytes added to the

@@ -121,7 +121,10 @@ class MultipartWriter:
             return
         with translate():
             resp = self._s3.upload_part_copy(
-                Bucket=self._bucket, Key=self.key, UploadId=self._started(), PartNumber=len(self._parts) + 1,
+                Bucket=self._bucket,
+                Key=self.key,
+                UploadId=self._started(),
+                PartNumber=len(self._parts) + 1,
                 CopySource={"Bucket": self._bucket, "Key": key},
             )
         self._parts.append({"PartNumber": len(self._parts) + 1, "ETag": resp["CopyPartResult"]["ETag"]})
@@ -182,8 +185,14 @@ class WormObjects:
     def put_once(self, key: str, body: bytes) -> bool:
         try:
             with translate():
-                self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json",
-                                    ChecksumAlgorithm="SHA256", IfNoneMatch="*")
+                self._s3.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    ContentType="application/json",
+                    ChecksumAlgorithm="SHA256",
+                    IfNoneMatch="*",
+                )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == PRECONDITION_FAILED:
                 return False

@@ -30,9 +30,14 @@ SQS_BATCH_MAX = 10
 #: A batch send retries the entries SQS refused this many times.
 SEND_ATTEMPTS = 5
 #: Codes of ChangeMessageVisibility for a receipt that no longer holds the message.
-_STALE_RECEIPT = frozenset({
-    "ReceiptHandleIsInvalid", "MessageNotInflight", "AWS.SimpleQueueService.MessageNotInflight", "InvalidParameterValue",
-})
+_STALE_RECEIPT = frozenset(
+    {
+        "ReceiptHandleIsInvalid",
+        "MessageNotInflight",
+        "AWS.SimpleQueueService.MessageNotInflight",
+        "InvalidParameterValue",
+    }
+)
 
 
 def message_group(body: str) -> str | None:
@@ -79,7 +84,9 @@ class SqsQueue:
         )
         return [
             Received(
-                m["MessageId"], m["ReceiptHandle"], m["Body"],
+                m["MessageId"],
+                m["ReceiptHandle"],
+                m["Body"],
                 int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
             )
             for m in resp.get("Messages", [])
@@ -130,7 +137,9 @@ class SqsAuditLog:
     def record(self, intent: AuditIntent) -> None:
         with translate():
             self._sqs.send_message(
-                QueueUrl=self.url, MessageBody=intent.model_dump_json(), MessageGroupId=intent.tenant,
+                QueueUrl=self.url,
+                MessageBody=intent.model_dump_json(),
+                MessageGroupId=intent.tenant,
                 # At most 128 characters of [A-Za-z0-9] and punctuation: a digest of the key.
                 MessageDeduplicationId=hashlib.sha256(intent.dedupe.encode()).hexdigest(),
             )

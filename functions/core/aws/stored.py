@@ -76,10 +76,14 @@ class StoredBytesRepo:
 
     def release(self, tenant: str, holder: str, size: int) -> bool:
         try:
-            self._table.transact([
-                Delete(schema.stored_pk(tenant), schema.stored_marker_sk(holder), condition=Attr(schema.PK).exists()),
-                Charge(tenant, -size),
-            ])
+            self._table.transact(
+                [
+                    Delete(
+                        schema.stored_pk(tenant), schema.stored_marker_sk(holder), condition=Attr(schema.PK).exists()
+                    ),
+                    Charge(tenant, -size),
+                ]
+            )
         except ConditionFailed:  # released before (or never held)
             return False
         return True

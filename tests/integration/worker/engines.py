@@ -82,7 +82,11 @@ def start(model: str, log_dir: Path, *args: str, port: int | None = None) -> Ser
     """Start serve.sh MODEL PORT [args] in its own process group (so stop() reaches all of vLLM)."""
     port = port or free_port()
     log_path = log_dir / f"vllm-{model}-{port}.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"))
+    }
     with open(log_path, "wb") as log:  # the process writes to its own copy of the descriptor
         process = subprocess.Popen(
             [str(SERVE), model, str(port), *args], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

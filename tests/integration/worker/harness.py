@@ -69,9 +69,14 @@ class WorkerThread:
         metrics = WorkerMetrics(namespace="Test", service="gpu-worker-test", logger=logger, model=self.config.model)
         async with EngineClient.from_config(self.config) as engine:
             self.worker = Worker(
-                self.config, stores=self.stores, queue=SqsQueue(clients.client("sqs"), self.config.queue_url),
-                engine=engine, metrics=metrics, logger=logger,
-                max_line_bytes=self.settings.max_line_bytes, chunk_max_lines=self.settings.chunk_max_lines,
+                self.config,
+                stores=self.stores,
+                queue=SqsQueue(clients.client("sqs"), self.config.queue_url),
+                engine=engine,
+                metrics=metrics,
+                logger=logger,
+                max_line_bytes=self.settings.max_line_bytes,
+                chunk_max_lines=self.settings.chunk_max_lines,
             )
             self._ready.set()
             await self.worker.run()
@@ -151,10 +156,17 @@ def run_one_chunk(
             return stores.batches.get(message.tenant, message.batch_id)
         return fn(*args, **kwargs)
 
-    return asyncio.run(process_chunk(
-        stores, message, engine, io=io, max_line_bytes=max_line_bytes, on_dispatch=during or (lambda: None),
-        policy=policy,
-    ))
+    return asyncio.run(
+        process_chunk(
+            stores,
+            message,
+            engine,
+            io=io,
+            max_line_bytes=max_line_bytes,
+            on_dispatch=during or (lambda: None),
+            policy=policy,
+        )
+    )
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.02, what: str = "condition") -> Any:
@@ -179,5 +191,7 @@ def dlq_url(queue_url: str) -> str:
     import json
 
     sqs = clients.client("sqs")
-    policy = json.loads(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"])
+    policy = json.loads(
+        sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"]
+    )
     return sqs.get_queue_url(QueueName=policy["deadLetterTargetArn"].split(":")[-1])["QueueUrl"]

@@ -69,14 +69,20 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     run_ingest()
     first, second = take_work(deployed)
     with _pytest.raises(EngineDown):
-        run_one_chunk(stores, second, engine=CrashingEngine("hi 3", crash_after=1), policy=RunPolicy(checkpoint_lines=1))
+        run_one_chunk(
+            stores, second, engine=CrashingEngine("hi 3", crash_after=1), policy=RunPolicy(checkpoint_lines=1)
+        )
     assert stores.batches.chunk_run("acme", batch.id, 1).written() == 1
     assert run_one_chunk(stores, first).outcome.counted
     assert dead_letter(deployed, [second.model_dump_json()]) == 1
     marker = stores.batches.counted_chunk("acme", batch.id, 1)
+
     def read(kind):
-        return [BatchOutputLine.model_validate_json(l) for l in stores.objects.get(
-            schema.chunk_part_key("acme", batch.id, 1, marker.attempt, kind)).splitlines()]
+        return [
+            BatchOutputLine.model_validate_json(l)
+            for l in stores.objects.get(schema.chunk_part_key("acme", batch.id, 1, marker.attempt, kind)).splitlines()
+        ]
+
     assert [l.custom_id for l in read("out")] == ["req-2"]
     assert [(l.custom_id, l.error.code) for l in read("err")] == [("req-3", "server_error")]
     done = stores.batches.get("acme", batch.id)

@@ -20,7 +20,10 @@ from tests.integration.batch_helpers import line, wait_for_execution
 from tests.integration.test_workflow import assert_invariants, read_file, start
 from tests.integration.worker.harness import WorkerThread, dlq_url, queue_depth, wait_until, worker_config
 
-pytestmark = [pytest.mark.workflow, pytest.mark.settings(chunk_max_lines=3, drain_poll_seconds=0, drain_grace_seconds=30)]
+pytestmark = [
+    pytest.mark.workflow,
+    pytest.mark.settings(chunk_max_lines=3, drain_poll_seconds=0, drain_grace_seconds=30),
+]
 
 
 @pytest.fixture
@@ -218,8 +221,11 @@ def test_the_dlq_still_takes_a_chunk_received_too_often(client, stores, deployed
     # As the DLQ's event source mapping polls it: moto may return one of two visible messages to a
     # short poll (seen on a loaded 2-core machine), so poll until both were handled.
     handled: list[int] = []
-    wait_until(lambda: handled.append(drain_queue(sqs, dead, chunk_dlq_handler.handler, name="dlq")) or sum(handled) >= 2,
-               timeout=30, what="both dead-lettered chunks handled")
+    wait_until(
+        lambda: handled.append(drain_queue(sqs, dead, chunk_dlq_handler.handler, name="dlq")) or sum(handled) >= 2,
+        timeout=30,
+        what="both dead-lettered chunks handled",
+    )
     assert sum(handled) == 2
     done = finish(client, deployed, batch.id)
     assert done.status == "completed"
@@ -249,8 +255,10 @@ def test_sigterm_mid_chunk_finishes_what_it_holds_and_takes_no_more_work(client,
     queue = deployed.models["test-chat"].queue_url
     # Chunk 1 held means the loop has it open, not only that SQS lent it out: a message still on its
     # way from the receive to the loop when the stop comes is released, by design.
-    wait_until(lambda: len(fake.requests) == 3 and queue_depth(queue) == (1, 2) and worker.worker.open_chunks == 2,
-               what="chunk 0 running, chunk 1 held")
+    wait_until(
+        lambda: len(fake.requests) == 3 and queue_depth(queue) == (1, 2) and worker.worker.open_chunks == 2,
+        what="chunk 0 running, chunk 1 held",
+    )
     worker.request_stop()  # SIGTERM mid-chunk, drain time is plenty
     stopping.set()
     worker.join()
@@ -335,9 +343,15 @@ def test_a_running_chunk_of_a_batch_that_ended_is_abandoned_not_run_to_its_end(c
     assert done.status == "cancelled"
     queue = deployed.models["test-chat"].queue_url
     # The message is deleted just before the skip is counted and the chunk closed: wait for all three.
-    wait_until(lambda: worker.worker.engine.in_flight == 0 and queue_depth(queue) == (0, 0)
-               and worker.worker.metrics.totals.chunks_skipped == 1 and worker.worker.open_chunks == 0,
-               what="the chunk abandoned")
+    wait_until(
+        lambda: (
+            worker.worker.engine.in_flight == 0
+            and queue_depth(queue) == (0, 0)
+            and worker.worker.metrics.totals.chunks_skipped == 1
+            and worker.worker.open_chunks == 0
+        ),
+        what="the chunk abandoned",
+    )
     assert len(fake.requests) == 3  # nothing was sent again
     worker.stop()
     _, err = assert_invariants(client, done, ids(3))

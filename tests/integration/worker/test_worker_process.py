@@ -46,8 +46,14 @@ def moto_server(monkeypatch):
 
 
 def line(i):
-    return json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                       "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]}})
+    return json.dumps(
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "test-chat", "messages": [{"role": "user", "content": f"hi {i}"}]},
+        }
+    )
 
 
 @pytest.fixture
@@ -56,8 +62,9 @@ def batch(moto_server):
     settings = create_resources(TEST_SETTINGS, clients.client, prefix="proc-test")
     stores = stores_from_settings(settings)
     rows = [(line(i) + "\n").encode() for i in range(4)]
-    record = running_batch(id="batch_proc", input_file_id="file-x", created_at=int(time.time()), total=4, chunk_count=2,
-                           model="test-chat")
+    record = running_batch(
+        id="batch_proc", input_file_id="file-x", created_at=int(time.time()), total=4, chunk_count=2, model="test-chat"
+    )
     stores.objects.put(record.input_key, b"".join(rows))
     stores.batches.create(record)
     messages = [record.work_message(chunk) for chunk in cut(rows, 2)]
@@ -70,13 +77,26 @@ def batch(moto_server):
 def start_worker(settings, endpoint, engine_url, **worker_env):
     env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper()}
     env.update(settings.to_env())
-    env.update({
-        "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": REPO, "WORKER_MODEL": "test-chat", "WORKER_ENGINE_URL": engine_url,
-        "WORKER_MAX_IN_FLIGHT": "2", "WORKER_MAX_OPEN_CHUNKS": "1", "WORKER_POLL_WAIT_SECONDS": "1",
-        **{f"WORKER_{k.upper()}": str(v) for k, v in worker_env.items()},
-    })
-    return subprocess.Popen([sys.executable, "-m", "gpu_worker"], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "PYTHONPATH": REPO,
+            "WORKER_MODEL": "test-chat",
+            "WORKER_ENGINE_URL": engine_url,
+            "WORKER_MAX_IN_FLIGHT": "2",
+            "WORKER_MAX_OPEN_CHUNKS": "1",
+            "WORKER_POLL_WAIT_SECONDS": "1",
+            **{f"WORKER_{k.upper()}": str(v) for k, v in worker_env.items()},
+        }
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpu_worker"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_sigterm_mid_chunk_past_the_drain_time_releases_the_message(batch, moto_server):
@@ -86,8 +106,11 @@ def test_sigterm_mid_chunk_past_the_drain_time_releases_the_message(batch, moto_
         process = start_worker(settings, moto_server, fake.url, drain_seconds=0.5)
         # Chunk 0's 2 lines fill the engine (cap 2); as they are all in it, the worker also takes
         # chunk 1, whose lines wait for slots (a chunk's tail never keeps new lines out).
-        wait_until(lambda: len(fake.requests) == 2 and queue_depth(url) == (0, 2), timeout=30,
-                   what="chunk 0 in the engine, chunk 1 held")
+        wait_until(
+            lambda: len(fake.requests) == 2 and queue_depth(url) == (0, 2),
+            timeout=30,
+            what="chunk 0 in the engine, chunk 1 held",
+        )
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
     finally:
@@ -112,9 +135,15 @@ def test_sigterm_mid_chunk_finishes_what_it_holds_and_exits_cleanly(batch, moto_
         process = start_worker(settings, moto_server, fake.url, drain_seconds=30)
         # Both messages received *and* both chunks started (so held by the worker, not in a receive
         # whose answer it has yet to read: a message received while stopping is released).
-        wait_until(lambda: len(fake.requests) == 2 and queue_depth(url) == (0, 2)
-                   and (stores.batches.get("acme", "batch_proc").started_chunks or set()) == {0, 1}, timeout=30,
-                   what="chunk 0 in the engine, chunk 1 held")
+        wait_until(
+            lambda: (
+                len(fake.requests) == 2
+                and queue_depth(url) == (0, 2)
+                and (stores.batches.get("acme", "batch_proc").started_chunks or set()) == {0, 1}
+            ),
+            timeout=30,
+            what="chunk 0 in the engine, chunk 1 held",
+        )
         process.send_signal(signal.SIGTERM)
         before = []
         for log_line in process.stdout:  # its log says when the stop is taken

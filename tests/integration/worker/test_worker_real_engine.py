@@ -58,10 +58,16 @@ def request(i, url, body):
 
 
 def chat(i, content=None, max_tokens=8):
-    return request(i, CHAT, {
-        "model": engines.CHAT_MODEL, "max_tokens": max_tokens, "temperature": 0,
-        "messages": [{"role": "user", "content": content or f"Say something about the number {i}."}],
-    })
+    return request(
+        i,
+        CHAT,
+        {
+            "model": engines.CHAT_MODEL,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": content or f"Say something about the number {i}."}],
+        },
+    )
 
 
 def run_batch(client, stores, deployed, vllm, model, endpoint, lines, **config):
@@ -113,7 +119,9 @@ def test_chat_chunk_and_a_line_too_long_for_the_context(client, stores, deployed
 
 def test_completions_chunk(client, stores, deployed, vllm):
     lines = [
-        request(i, COMPLETIONS, {"model": engines.CHAT_MODEL, "prompt": f"Once upon a time, number {i}", "max_tokens": 6})
+        request(
+            i, COMPLETIONS, {"model": engines.CHAT_MODEL, "prompt": f"Once upon a time, number {i}", "max_tokens": 6}
+        )
         for i in range(6)
     ]
     done, out, err, _ = run_batch(client, stores, deployed, vllm, engines.CHAT_MODEL, COMPLETIONS, lines)
