@@ -1,6 +1,10 @@
-"""Offline mode, as vLLM's ``run-batch``: a local JSONL file through the engine with no AWS.
+"""Offline mode, as vLLM's ``run-batch``: a JSONL file through the engine with no AWS.
 
-    batchctl run-batch -i in.jsonl -o out.jsonl [--errors err.jsonl] --engine-url URL
+    batchctl run-batch -i IN -o OUT [--errors ERR] [--output-tmp-dir DIR] --engine-url URL
+
+IN, OUT and ERR are local paths or ``http(s)`` URLs (``remote_io``: the input streamed from a GET,
+each output PUT from a temporary file once the run ends, both retried with backoff), so a
+presigned S3 GET and PUT pair works.
 
 Same per-line code path as the SQS worker (``line_runner.run_line`` under the engine client's global
 cap, retries and overload backoff). Streaming: the input is read in 1 MiB pieces and results are
@@ -25,6 +29,7 @@ from functions.core import limits
 from functions.core.chunk_lifecycle import Usage
 from functions.core.lines import RawLine, iter_lines
 
+from . import remote_io
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .line_runner import LineResult, run_line, run_ordered
@@ -91,20 +96,23 @@ async def run_file(
 
 
 async def run_paths(
-    input_path: Path,
-    output_path: Path,
-    errors_path: Path | None,
+    input_path: str | Path,
+    output_path: str | Path,
+    errors_path: str | Path | None,
     engine: EngineClient,
     *,
     health_timeout: float,
     guard: guards.GuardPolicy | None = None,
     checks: Checks = IN_PROCESS,
+    tmp_dir: str | Path | None = None,
 ) -> Summary:
+    """``run_file`` between paths or ``http(s)`` URLs (``remote_io``): the input read as it
+    arrives, each URL output PUT once the run has ended."""
     await engine.wait_healthy(health_timeout)
-    with open(input_path, "rb") as source, open(output_path, "wb") as output:
+    with remote_io.source(input_path) as source, remote_io.sink(output_path, tmp_dir=tmp_dir) as output:
         if errors_path is None:
             return await run_file(engine, source, output, guard=guard, checks=checks)
-        with open(errors_path, "wb") as errors:
+        with remote_io.sink(errors_path, tmp_dir=tmp_dir) as errors:
             return await run_file(engine, source, output, errors, guard=guard, checks=checks)
 
 
@@ -113,9 +121,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "run-batch", help="run a local batch file through an OpenAI-compatible engine (no AWS), like `vllm run-batch`"
     )
-    p.add_argument("-i", "--input", required=True, type=Path, help="input JSONL (OpenAI batch lines)")
-    p.add_argument("-o", "--output", required=True, type=Path, help="output JSONL (results, input order)")
-    p.add_argument("--errors", type=Path, help="error lines go here (default: into the output file)")
+    where = "a path or an http(s) URL"
+    p.add_argument("-i", "--input", required=True, help=f"input JSONL (OpenAI batch lines): {where} (GET)")
+    p.add_argument("-o", "--output", required=True, help=f"output JSONL (results, input order): {where} (PUT)")
+    p.add_argument("--errors", help=f"error lines go here (default: into the output file): {where}")
+    p.add_argument(
+        "--output-tmp-dir", help="where URL outputs are written before their PUT (default: the system's temp dir)"
+    )
     p.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument(
         "--max-in-flight", type=int, default=0, help="requests in flight (default: 2 x --engine-max-num-seqs, or 512)"
@@ -145,6 +157,7 @@ def command(args: argparse.Namespace, *, err: TextIO) -> int:
                 health_timeout=args.health_timeout,
                 guard=guards.from_arguments(args),
                 checks=checks,
+                tmp_dir=args.output_tmp_dir,
             )
 
     try:
