@@ -4,6 +4,7 @@ engine command in place of serve.sh (tests/fakes/serve_engine.py: /health and /v
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -200,3 +201,28 @@ def test_the_engine_command_is_serve_sh_with_the_served_names_and_the_extra_args
 
 def offline_args(*argv: str):
     return batchctl.cli.parser().parse_args(["run-batch", "-i", "in", "-o", "out", *argv])
+
+
+def serve_sh_args(tmp_path: Path, *argv: str) -> list[str]:
+    """The `vllm serve` arguments serve.sh execs, with a stand-in vllm that prints them."""
+    vllm = tmp_path / "venv" / "bin" / "vllm"
+    vllm.parent.mkdir(parents=True)
+    vllm.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    vllm.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "ENGINE_VENV": str(tmp_path / "venv"), "ENGINE_DTYPE": "float32"}
+    done = subprocess.run([str(local_engine.SERVE_SH), *argv], capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_serve_sh_gives_a_model_folder_the_cpu_settings_and_no_local_model_flags(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    args = serve_sh_args(tmp_path, str(folder), "1234", "--served-model-name", "mine")
+    assert args[:2] == ["serve", str(folder)]
+    assert "--runner" not in args and "--max-model-len" not in args
+    assert args[args.index("--port") + 1] == "1234" and args[args.index("--host") + 1] == "127.0.0.1"
+    assert args[args.index("--kv-cache-memory-bytes") + 1] == "2G"  # float32: the doubled default
+    assert {"--enforce-eager", "--enable-prompt-tokens-details"} <= set(args)
+    assert args[-2:] == ["--served-model-name", "mine"]
