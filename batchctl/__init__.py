@@ -9,8 +9,9 @@
     batchctl tenants disable|enable NAME   refuse (accept again) every key of NAME
     batchctl files upload PATH             uploads a file (large ones through the Uploads API)
     batchctl batches create|get|list|cancel|wait|retry|download ...   (see batchctl/batches.py)
-    batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL
-                                           runs a local batch file through an engine (no AWS)
+    batchctl run-batch -i IN -o OUT [--errors ERR] --engine-url URL | --model NAME [-- ENGINE_ARGS]
+                                           runs a local batch file through an engine (no AWS);
+                                           --model starts it for the run (docs/run-batch.md)
 
 Modules: ``cli`` (the parser and ``main``), ``settings`` (its environment, ``CliSettings``),
 ``targets`` (which deployment: the local one or a stack), ``keys`` (API keys, straight in the

@@ -1,10 +1,15 @@
 """Offline mode, as vLLM's ``run-batch``: a JSONL file through the engine with no AWS.
 
     batchctl run-batch -i IN -o OUT [--errors ERR] [--output-tmp-dir DIR] --engine-url URL
+    batchctl run-batch -i IN -o OUT [--errors ERR] [--output-tmp-dir DIR] --model NAME [-- ENGINE_ARGS]
 
 IN, OUT and ERR are local paths or ``http(s)`` URLs (``remote_io``: the input streamed from a GET,
 each output PUT from a temporary file once the run ends, both retried with backoff), so a
-presigned S3 GET and PUT pair works.
+presigned S3 GET and PUT pair works. ``--engine-url`` uses an engine already running; ``--model``
+starts one for the run and stops it after (``local_engine``: serve.sh for a local model's name or
+a model folder, a free loopback port, the log in ``--output-tmp-dir``), as vLLM's run-batch loads
+its own. Exit codes: ``EPILOG`` (0 every line ran, per-line failures included; 1 engine or file
+failure; 2 usage; 130 Ctrl-C).
 
 Same per-line code path as the SQS worker (``line_runner.run_line`` under the engine client's global
 cap, retries and overload backoff). Streaming: the input is read in 1 MiB pieces and results are
@@ -29,7 +34,7 @@ from functions.core import limits
 from functions.core.chunk_lifecycle import Usage
 from functions.core.lines import RawLine, iter_lines
 
-from . import remote_io
+from . import local_engine, remote_io
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .line_runner import LineResult, run_line, run_ordered
@@ -117,18 +122,62 @@ async def run_paths(
 
 
 # --- the `batchctl run-batch` subcommand --------------------------------------------------------
+EPILOG = """\
+engine: exactly one of --engine-url (an engine already running) or --model NAME (started here:
+NAME is smollm2-135m-instruct, all-minilm-l6-v2 or a Hugging Face model folder; started through
+gpu_worker/engine/serve.sh on a free 127.0.0.1 port, log in --output-tmp-dir or a temp dir, stopped
+when the run ends, fails or is interrupted). Arguments after `--` go to the engine (`vllm serve`).
+
+exit codes:
+  0    every line ran; lines that failed are error lines in the output (or --errors) file, and
+       the summary on stderr counts them (as vLLM's run-batch, which also exits 0 then)
+  1    the engine could not start, was not healthy in time or died; or a file could not be read
+       or written (the last lines of a started engine's log are printed)
+  2    usage error (bad or conflicting arguments, --model that is neither a local model nor a folder)
+  130  interrupted (Ctrl-C); a started engine is stopped first
+"""
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
-        "run-batch", help="run a local batch file through an OpenAI-compatible engine (no AWS), like `vllm run-batch`"
+        "run-batch",
+        help="run a local batch file through an OpenAI-compatible engine (no AWS), like `vllm run-batch`",
+        description="Run a local batch file (OpenAI batch lines) through an engine, like `vllm run-batch` "
+        "(docs/run-batch.md: the flags side by side).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-i", "--input-file", "--input", dest="input", required=True, help="input JSONL: a path or an http(s) URL (GET)"
+    )
+    p.add_argument(
+        "-o",
+        "--output-file",
+        "--output",
+        dest="output",
+        required=True,
+        help="output JSONL (input order): a path or an http(s) URL (PUT once the run ends)",
     )
     where = "a path or an http(s) URL"
-    p.add_argument("-i", "--input", required=True, help=f"input JSONL (OpenAI batch lines): {where} (GET)")
-    p.add_argument("-o", "--output", required=True, help=f"output JSONL (results, input order): {where} (PUT)")
     p.add_argument("--errors", help=f"error lines go here (default: into the output file): {where}")
+    engine = p.add_mutually_exclusive_group(required=True)
+    engine.add_argument("--engine-url", help="a running engine's base URL, e.g. http://127.0.0.1:8000")
+    engine.add_argument("--model", help="start this engine for the run: a local model's name or a model folder")
     p.add_argument(
-        "--output-tmp-dir", help="where URL outputs are written before their PUT (default: the system's temp dir)"
+        "--served-model-name",
+        nargs="+",
+        help="with --model: the names the engine answers to (default: NAME); a line's body.model is one of them",
     )
-    p.add_argument("--engine-url", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--output-tmp-dir",
+        type=Path,
+        help="where URL outputs are written before their PUT, and with --model the engine's log (default: a temp dir)",
+    )
+    p.add_argument(
+        "--enable-metrics", action="store_true", help="with --model: the engine on --port, Prometheus at /metrics"
+    )
+    p.add_argument("--port", type=int, help="with --model: the engine's port (default: a free one; 8000 with metrics)")
+    p.add_argument("engine_args", nargs="*", metavar="-- ENGINE_ARGS", help="with --model: extra `vllm serve` args")
     p.add_argument(
         "--max-in-flight", type=int, default=0, help="requests in flight (default: 2 x --engine-max-num-seqs, or 512)"
     )
@@ -138,36 +187,49 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     guards.add_arguments(p.add_argument_group("prompt and output policy (as `batchctl tenants set`)"))
 
 
-def command(args: argparse.Namespace, *, err: TextIO) -> int:
+async def _run(args: argparse.Namespace, engine_url: str) -> Summary:
     config = WorkerConfig(
-        engine_url=args.engine_url, max_in_flight=args.max_in_flight, engine_max_num_seqs=args.engine_max_num_seqs
+        engine_url=engine_url, max_in_flight=args.max_in_flight, engine_max_num_seqs=args.engine_max_num_seqs
     )
+    # One tenant: it may use every check process (reserve 0).
+    async with (
+        EngineClient.from_config(config) as engine,
+        PolicyChecks(config.policy_check_processes, seconds=config.policy_check_seconds, reserve=0) as checks,
+    ):
+        return await run_paths(
+            args.input,
+            args.output,
+            args.errors,
+            engine,
+            health_timeout=args.health_timeout,
+            guard=guards.from_arguments(args),
+            checks=checks,
+            tmp_dir=args.output_tmp_dir,
+        )
 
-    async def go() -> Summary:
-        # One tenant: it may use every check process (reserve 0).
-        async with (
-            EngineClient.from_config(config) as engine,
-            PolicyChecks(config.policy_check_processes, seconds=config.policy_check_seconds, reserve=0) as checks,
-        ):
-            return await run_paths(
-                args.input,
-                args.output,
-                args.errors,
-                engine,
-                health_timeout=args.health_timeout,
-                guard=guards.from_arguments(args),
-                checks=checks,
-                tmp_dir=args.output_tmp_dir,
-            )
 
+def command(args: argparse.Namespace, *, err: TextIO) -> int:
+    """Exit codes: EPILOG."""
+    if problem := local_engine.usage_problem(args):
+        print(f"batchctl run-batch: {problem}", file=err)
+        return 2
     try:
-        summary = asyncio.run(go())
-    except EngineDown as exc:
+        if args.model is None:
+            summary = asyncio.run(_run(args, args.engine_url))
+        else:
+            engine = local_engine.for_arguments(args, err=err)
+            summary = local_engine.serve_and_run(
+                engine, lambda url: _run(args, url), health_timeout=args.health_timeout
+            )
+    except local_engine.UnknownModel as exc:
+        print(f"batchctl run-batch: {exc}", file=err)
+        return 2
+    except (EngineDown, local_engine.EngineExited, OSError) as exc:
         print(f"batchctl run-batch: {exc}", file=err)
         return 1
-    except OSError as exc:
-        print(f"batchctl run-batch: {exc}", file=err)
-        return 1
+    except KeyboardInterrupt:
+        print("batchctl run-batch: interrupted", file=err)
+        return 130
     print(
         f"batchctl run-batch: {summary.completed} completed, {summary.failed} failed in {summary.seconds:.1f} s; "
         f"{summary.usage.input_tokens} input / {summary.usage.output_tokens} output tokens "

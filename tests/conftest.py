@@ -65,6 +65,7 @@ def settings(request: pytest.FixtureRequest) -> Settings:
 GROUPS = (
     ("tests/e2e/", "engine"),
     ("tests/integration/worker/test_worker_real_engine.py", "engine"),
+    ("tests/integration/worker/test_run_batch_real_engine.py", "engine"),
     ("tests/infra/", "infra"),
 )
 

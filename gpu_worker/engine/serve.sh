@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Start vLLM's OpenAI-compatible server on this CPU for one of the two local models.
+# Start vLLM's OpenAI-compatible server on this CPU for one of the two local models, or for a
+# model folder.
 #
-#   gpu_worker/engine/serve.sh MODEL_NAME PORT [extra `vllm serve` args...]
+#   gpu_worker/engine/serve.sh MODEL_NAME|MODEL_DIR PORT [extra `vllm serve` args...]
 #
 #   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions, /v1/responses)
 #               all-minilm-l6-v2       (pooling:  /v1/embeddings, /v1/score, /v1/rerank)
+#   MODEL_DIR   a Hugging Face model folder (with config.json): vLLM picks the runner and the context
+#               length from it, served under its path (as `vllm serve DIR`) unless the extra args
+#               say --served-model-name; the same CPU settings as the two local models
 #   PORT        TCP port on 127.0.0.1 (the server never binds another address)
 #
 # Environment overrides (all optional):
 #   ENGINE_VENV           venv made by install.sh          (default: <repo>/.venv-engine)
 #   ENGINE_MODELS_DIR     folders made by prepare_models   (default: <repo>/.models)
-#   ENGINE_KV_CACHE_BYTES KV cache size, vLLM syntax (1G, 512M)  (default: 1G chat, 64M embeddings)
-#   ENGINE_MAX_MODEL_LEN  context length                   (default: 2048 chat, 256 embeddings)
+#   ENGINE_KV_CACHE_BYTES KV cache size, vLLM syntax (1G, 512M)  (default: 1G chat and MODEL_DIR,
+#                                                           64M embeddings)
+#   ENGINE_MAX_MODEL_LEN  context length                   (default: 2048 chat, 256 embeddings, the
+#                                                           folder's own for MODEL_DIR)
 #   ENGINE_DTYPE          vLLM --dtype                     (default: cpu_dtype.sh's choice)
 #
 # The server is exec'd: SIGTERM/SIGINT sent to this script's PID reach vLLM directly.
@@ -19,7 +25,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2} PORT [vllm serve args...]" >&2
+  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2|MODEL_DIR} PORT [vllm serve args...]" >&2
   exit 2
 }
 [[ $# -ge 2 ]] || usage
@@ -34,7 +40,18 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${ENGINE_VENV:-$REPO_ROOT/.venv-engine}
 MODELS_DIR=${ENGINE_MODELS_DIR:-$REPO_ROOT/.models}
 
+MODEL_DIR=$MODELS_DIR/$MODEL_NAME
+NAME_ARGS=(--served-model-name "$MODEL_NAME")
 case $MODEL_NAME in
+  */*|.|..)
+    # A folder path (it has a slash): vLLM reads its runner from config.json, and its served name
+    # is the path, as with a plain `vllm serve DIR`.
+    MODEL_DIR=$MODEL_NAME
+    NAME_ARGS=()
+    MODEL_ARGS=()
+    DEFAULT_MAX_LEN=
+    DEFAULT_KV=1G
+    ;;
   smollm2-135m-instruct)
     # Decoder LLM: chat + completions. bf16 weights (the folder's dtype).
     # Prefix caching (vLLM's default for this model, made explicit): lines sharing a long system
@@ -50,10 +67,8 @@ case $MODEL_NAME in
     DEFAULT_MAX_LEN=256
     DEFAULT_KV=64M
     ;;
-  *) echo "unknown model: $MODEL_NAME" >&2; usage ;;
+  *) echo "unknown model: $MODEL_NAME (a folder path needs a slash, e.g. ./$MODEL_NAME)" >&2; usage ;;
 esac
-
-MODEL_DIR=$MODELS_DIR/$MODEL_NAME
 if [[ ! -x $VENV/bin/vllm ]]; then
   echo "no vLLM in $VENV: run gpu_worker/engine/install.sh first" >&2; exit 1
 fi
@@ -73,6 +88,9 @@ export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 # float32 KV entries take twice the bytes of bf16 ones: the default KV cache doubles with it, so
 # the engine holds as many tokens (46,592 for SmolLM2) whatever the CPU.
 DTYPE=$("$REPO_ROOT/gpu_worker/engine/cpu_dtype.sh")
+LEN_ARGS=()
+MAX_LEN=${ENGINE_MAX_MODEL_LEN:-$DEFAULT_MAX_LEN}
+[[ -n $MAX_LEN ]] && LEN_ARGS=(--max-model-len "$MAX_LEN")
 DTYPE_ARGS=()
 if [[ -n $DTYPE ]]; then
   DTYPE_ARGS=(--dtype "$DTYPE")
@@ -85,13 +103,13 @@ fi
 # gpu-memory-utilization x the NUMA node's memory and refuses to start when that much is not
 # free, so a second server (the local deployment runs both) fails to start after the first.
 exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
-  --served-model-name "$MODEL_NAME" \
+  "${NAME_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
   --host 127.0.0.1 --port "$PORT" \
   --enforce-eager \
   --gpu-memory-utilization 0.5 \
   --kv-cache-memory-bytes "${ENGINE_KV_CACHE_BYTES:-$DEFAULT_KV}" \
-  --max-model-len "${ENGINE_MAX_MODEL_LEN:-$DEFAULT_MAX_LEN}" \
+  "${LEN_ARGS[@]}" \
   --enable-prompt-tokens-details \
   "${DTYPE_ARGS[@]}" \
   "$@"
