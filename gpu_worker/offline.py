@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Final, TextIO
 
 from functions.core import guard as guards
 from functions.core import limits
@@ -41,6 +41,10 @@ from .line_runner import LineResult, run_line, run_ordered
 from .policy_checks import IN_PROCESS, Checks, PolicyChecks
 
 READ_BYTES = 1024 * 1024
+#: The paths a line may name offline: every batch endpoint, and the other routes vLLM's server
+#: (and so ``vllm run-batch``) answers for the same calls: ``/score``, ``/rerank`` and
+#: ``/v2/rerank`` (its Cohere-style rerank). A line is sent to the path it names.
+OFFLINE_ENDPOINTS: Final = (*limits.DEFAULT_ENDPOINTS, "/score", "/rerank", "/v2/rerank")
 
 
 @dataclass
@@ -70,7 +74,7 @@ async def run_file(
     output: IO[bytes],
     errors: IO[bytes] | None = None,
     *,
-    endpoints: tuple[str, ...] = limits.DEFAULT_ENDPOINTS,
+    endpoints: tuple[str, ...] = OFFLINE_ENDPOINTS,
     max_line_bytes: int = limits.DEFAULT_MAX_LINE_BYTES,
     window: int | None = None,
     guard: guards.GuardPolicy | None = None,

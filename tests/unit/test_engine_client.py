@@ -543,3 +543,13 @@ def test_the_client_is_the_engine_port():
         assert list(inspect.signature(impl).parameters) == list(inspect.signature(port).parameters), name
     reply = Reply(200, {}, "req_1")
     assert all(hasattr(reply, field) for field in EngineReply.__annotations__)
+
+
+def test_run_batch_of_an_empty_file_writes_an_empty_output(fake, tmp_path):
+    """vLLM's ``test_empty_file``: exit 0, nothing in the output, nothing sent to the engine."""
+    (tmp_path / "in.jsonl").write_text("")
+    argv = ["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--engine-url", fake.url]
+    code = batchctl.main(argv, env={}, out=io.StringIO(), err=(err := io.StringIO()))
+    assert code == 0, err.getvalue()
+    assert (tmp_path / "out.jsonl").read_text() == "" and fake.requests == []
+    assert "0 completed, 0 failed" in err.getvalue()

