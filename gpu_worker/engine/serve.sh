@@ -5,6 +5,8 @@
 #
 #   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions, /v1/responses)
 #               all-minilm-l6-v2       (pooling:  /v1/embeddings, /v1/score, /v1/rerank)
+#               whisper-tiny-en        (speech:   /v1/audio/transcriptions, /v1/audio/translations;
+#                                       English only; not part of the local deployment)
 #   PORT        TCP port on 127.0.0.1 (the server never binds another address)
 #
 # Environment overrides (all optional):
@@ -19,7 +21,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2} PORT [vllm serve args...]" >&2
+  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2|whisper-tiny-en} PORT [vllm serve args...]" >&2
   exit 2
 }
 [[ $# -ge 2 ]] || usage
@@ -48,6 +50,15 @@ case $MODEL_NAME in
     # Its own limit is 256 tokens (sentence_bert_config.json): vLLM refuses a larger max-model-len.
     MODEL_ARGS=(--runner pooling)
     DEFAULT_MAX_LEN=256
+    DEFAULT_KV=64M
+    ;;
+  whisper-tiny-en)
+    # Whisper tiny.en (encoder-decoder; prepare_whisper.py). vLLM's own Whisper class prompts
+    # with language and task tokens an English-only model does not know (empty transcripts): the
+    # plugin vllm_whisper_en (install.sh) serves it under this architecture name instead. 448 is
+    # Whisper's decoder length; the KV cache holds the decoder's and the cross-attention's.
+    MODEL_ARGS=(--runner generate --hf-overrides '{"architectures": ["WhisperEnglishForConditionalGeneration"]}')
+    DEFAULT_MAX_LEN=448
     DEFAULT_KV=64M
     ;;
   *) echo "unknown model: $MODEL_NAME" >&2; usage ;;
