@@ -63,6 +63,10 @@ class MediaPolicy:
     timeout: float = limits.AUDIO_FETCH_SECONDS
 
 
+#: No host allowed: only ``data:`` URLs (the default of ``Settings.allowed_media_domains``).
+DATA_URLS_ONLY = MediaPolicy()
+
+
 def resolve(host: str, port: int) -> list[str]:
     """Every address ``host`` resolves to (one ``getaddrinfo``)."""
     return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
