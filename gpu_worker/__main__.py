@@ -55,6 +55,7 @@ async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue:
             logger=logger,
             max_line_bytes=settings.max_line_bytes,
             chunk_max_lines=settings.chunk_max_lines,
+            allowed_media_domains=settings.allowed_media_domains,
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

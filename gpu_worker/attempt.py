@@ -24,6 +24,7 @@ from functions.core.work import Spend
 from .engine_client import EngineDown
 from .gated_engine import ChunkEngines, GatedEngine
 from .line_runner import LineResult, run_line, run_ordered
+from .media import DATA_URLS_ONLY, MediaPolicy
 from .policy_checks import LineChecks
 from .store_pool import Io
 
@@ -43,6 +44,8 @@ class RunPolicy:
     careful_group_lines: int = 8
     max_strikes: int = limits.CHUNK_MAX_STRIKES
     max_failures: int = limits.CHUNK_MAX_FAILURES
+    #: Where an audio line's ``file_url`` may be fetched from (``Settings.allowed_media_domains``).
+    media: MediaPolicy = DATA_URLS_ONLY
 
 
 class Attempt:
@@ -188,7 +191,14 @@ class Attempt:
             await self.add(result, remaining=len(todo) - position)
 
     def _line(self, engine: GatedEngine, raw: RawLine) -> Awaitable[LineResult]:
-        return run_line(engine, raw, endpoint=self.message.endpoint, guard=self.guard, prepare=self.prepare)
+        return run_line(
+            engine,
+            raw,
+            endpoint=self.message.endpoint,
+            guard=self.guard,
+            prepare=self.prepare,
+            media=self.policy.media,
+        )
 
     def unrecorded_spend(self) -> Spend:
         """What the engine spent on this attempt's lines that the run record does not hold yet."""

@@ -45,6 +45,31 @@ UNREAD_ANSWERS = frozenset({ENGINE_TIMEOUT, ENGINE_CONNECTION_ERROR, RESPONSE_TO
 READ_CHUNK_BYTES = 64 * 1024
 
 
+def _quoted(value: str) -> str:
+    """A multipart parameter value (a field or file name) in quotes: quotes and line breaks
+    percent-encoded as browsers do (WHATWG), so a client's field name cannot end the header."""
+    return '"' + value.replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A") + '"'
+
+
+def encode_multipart(fields: list[tuple[str, str]], files: list[tuple[str, str, bytes]]) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body and its Content-Type, built once (a retry resends the same
+    bytes): ``fields`` (name, value), ``files`` (field name, file name, bytes). The boundary is
+    random, so no value can contain it but by chance (2^-128)."""
+    boundary = f"batchapi-{uuid.uuid4().hex}"
+    out = bytearray()
+    for name, value in fields:
+        out += f"--{boundary}\r\nContent-Disposition: form-data; name={_quoted(name)}\r\n\r\n".encode()
+        out += value.encode("utf-8") + b"\r\n"
+    for name, filename, content in files:
+        out += (
+            f"--{boundary}\r\nContent-Disposition: form-data; name={_quoted(name)}; "
+            f"filename={_quoted(filename)}\r\nContent-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        out += content + b"\r\n"
+    out += f"--{boundary}--\r\n".encode()
+    return bytes(out), f"multipart/form-data; boundary={boundary}"
+
+
 class ResponseTooLarge(Exception):
     """The engine's answer is larger than the client reads (``status``: the answer's status)."""
 
@@ -217,6 +242,16 @@ class EngineClient:
     async def post(self, path: str, body: dict[str, Any]) -> Reply:
         """Send one line's body to ``path`` (e.g. ``/v1/chat/completions``) under the global cap."""
         payload = json.dumps(body, separators=(",", ":")).encode()
+        return await self._post_capped(path, payload, "application/json")
+
+    async def post_form(self, path: str, fields: list[tuple[str, str]], files: list[tuple[str, str, bytes]]) -> Reply:
+        """Send one line as ``multipart/form-data`` (the audio endpoints: ``files`` the audio,
+        ``fields`` the other body fields) to ``path``, with the same cap, retries, overload gate
+        and bounded read as ``post``."""
+        payload, content_type = encode_multipart(fields, files)
+        return await self._post_capped(path, payload, content_type)
+
+    async def _post_capped(self, path: str, payload: bytes, content_type: str) -> Reply:
         self._waiting += 1
         try:
             await self._slots.acquire()
@@ -224,12 +259,12 @@ class EngineClient:
             self._waiting -= 1
         self._in_flight += 1
         try:
-            return await self._post_with_retries(path, payload)
+            return await self._post_with_retries(path, payload, content_type)
         finally:
             self._in_flight -= 1
             self._slots.release()
 
-    async def _post_with_retries(self, path: str, payload: bytes) -> Reply:
+    async def _post_with_retries(self, path: str, payload: bytes, content_type: str) -> Reply:
         attempts = 0
         failures = 0  # timeouts + connection errors
         overloaded_since: float | None = None
@@ -239,7 +274,7 @@ class EngineClient:
             request_id = f"req_{uuid.uuid4().hex}"
             self.stats.requests += 1
             try:
-                status, body, headers = await self._send(path, payload, request_id)
+                status, body, headers = await self._send(path, payload, request_id, content_type)
             except TimeoutError:
                 self.stats.timeouts += 1
                 failures += 1
@@ -284,8 +319,8 @@ class EngineClient:
             self.stats.retries += 1
             await self._sleep(self.policy.delay(failures))
 
-    async def _send(self, path: str, payload: bytes, request_id: str) -> tuple[int, Any, Any]:
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    async def _send(self, path: str, payload: bytes, request_id: str, content_type: str) -> tuple[int, Any, Any]:
+        headers = {"Content-Type": content_type, "X-Request-Id": request_id}
         async with self.session.post(f"{self.base_url}{path}", data=payload, headers=headers) as resp:
             raw = await self._read_bounded(resp)
             try:

@@ -62,6 +62,13 @@ class GatedEngine:
         return await self._engine.wait_healthy(timeout, interval)
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
+        return await self._through(body, lambda: self._engine.post(path, body))
+
+    async def post_form(self, path: str, fields: list[tuple[str, str]], files: list[tuple[str, str, bytes]]) -> Any:
+        """An audio line: admitted by its body fields (its audio is no prompt to weigh)."""
+        return await self._through(dict(fields), lambda: self._engine.post_form(path, fields, files))
+
+    async def _through(self, body: dict[str, Any], send: Callable[[], Awaitable[Any]]) -> Any:
         async with contextlib.nullcontext() if self._held else self._gate.shared(), self._admitted(body):
             if self._stop is not None and (why := await self._stop()) is not None:
                 return Reply(None, None, "", 0, tenants.BUDGET_EXCEEDED, why)
@@ -69,7 +76,7 @@ class GatedEngine:
             if self.first_sent_at is None:
                 self.first_sent_at = self._now()
             try:
-                reply = await self._engine.post(path, body)
+                reply = await send()
             except EngineDown:
                 self._gate.down = True  # before the gate lets the next line in
                 self.died_in_flight |= not entered_down

@@ -9,18 +9,20 @@ never answered or the line is not a valid request. Results keep input order.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from functions.core import results
+from functions.core import limits, results
 from functions.core.lines import LineError, RawLine, check_request, parse_request
-from functions.core.ports import Engine
+from functions.core.ports import Engine, EngineReply
 from functions.core.wire import BatchOutputLine
 from functions.core.work import Spend, answered_spend, unread_spend, work_of
 
 from .engine_client import UNREAD_ANSWERS
+from .media import DATA_URLS_ONLY, MediaFetchError, MediaPolicy, fetch_audio, filename_of
 from .policy_checks import LineChecks
 
 T = TypeVar("T")
@@ -53,6 +55,7 @@ async def run_line(
     endpoints: Iterable[str] = (),
     guard: LineChecks | None = None,
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    media: MediaPolicy = DATA_URLS_ONLY,
 ) -> LineResult:
     """One input line -> one result line. ``endpoint`` is the batch's (every line must use it);
     None (offline mode) accepts a line's own ``url`` if it is one of ``endpoints``. ``guard``: the
@@ -60,7 +63,8 @@ async def run_line(
     worker's check processes; None: none): a refused prompt
     never reaches the engine, a redacted one is what is sent, a blocked result is not written.
     ``prepare``: what the body sent becomes after the policy (``shaping.preparer``: the tenant's
-    cache salt, the output bound)."""
+    cache salt, the output bound). ``media``: where an audio line's ``file_url`` may be fetched
+    from (``send``)."""
     custom_id = results.custom_id_of(None, raw)
     try:
         obj = parse_request(raw)
@@ -70,7 +74,7 @@ async def run_line(
             if url not in set(endpoints):
                 raise LineError("invalid_url", f"The url {url!r} is not one of {sorted(endpoints)}.", "url")
             endpoint = url
-        check_request(obj, endpoint=endpoint)
+        check_request(obj, endpoint=endpoint, allowed_media_domains=media.allowed_domains)
     except LineError as exc:
         return LineResult(results.error_line(custom_id, exc.code, exc.message))
     body, violation = await guard.check_prompt(obj["body"]) if guard is not None else (obj["body"], None)
@@ -78,7 +82,10 @@ async def run_line(
         return LineResult(results.error_line(custom_id, violation.code, violation.message))
     if prepare is not None:
         body = prepare(body)
-    reply = await engine.post(endpoint, body)
+    try:
+        reply = await send(engine, endpoint, body, media)
+    except MediaFetchError as exc:
+        return LineResult(results.error_line(custom_id, exc.code, str(exc)))
     if reply.status is None:
         spent = (
             unread_spend(work_of(endpoint, body), len(raw.text), reply.attempts)
@@ -86,17 +93,52 @@ async def run_line(
             else Spend()
         )
         return LineResult(results.error_line(custom_id, reply.error_code, reply.error_message), spent=spent)
-    spent = answered_spend(reply.body.get("usage") if isinstance(reply.body, dict) else None)
-    line = results.response_line(custom_id, reply.status, reply.body, reply.request_id)
-    usage = reply.body.get("usage") if results.succeeded(line) and isinstance(reply.body, dict) else None
-    if (
-        guard is not None
-        and results.succeeded(line)
-        and (violation := await guard.check_output(reply.body)) is not None
-    ):
+    answer = reply.body
+    if endpoint in limits.AUDIO_ENDPOINTS and isinstance(answer, str) and 200 <= reply.status < 300:
+        answer = {"text": answer}  # a text/srt/vtt answer (text/plain), as OpenAI's SDK wraps it
+    spent = answered_spend(answer.get("usage") if isinstance(answer, dict) else None)
+    line = results.response_line(custom_id, reply.status, answer, reply.request_id)
+    usage = answer.get("usage") if results.succeeded(line) and isinstance(answer, dict) else None
+    if usage is not None and not isinstance(usage, dict):
+        usage = None
+    if guard is not None and results.succeeded(line) and (violation := await guard.check_output(answer)) is not None:
         # No usage (an error line), but the engine did the work: it is charged.
         return LineResult(results.error_line(custom_id, violation.code, violation.message), spent=spent)
     return LineResult(line, usage, spent)
+
+
+async def send(engine: Engine, endpoint: str, body: dict[str, Any], media: MediaPolicy) -> EngineReply:
+    """A line's body to the engine: as JSON; an audio line's as ``multipart/form-data`` (its
+    ``file_url`` fetched in a thread first, ``media.py``; ``MediaFetchError`` if it cannot be)."""
+    if endpoint not in limits.AUDIO_ENDPOINTS:
+        return await engine.post(endpoint, body)
+    url = body["file_url"]
+    audio = await asyncio.to_thread(
+        fetch_audio, url, allowed_domains=media.allowed_domains, max_bytes=media.max_bytes, timeout=media.timeout
+    )
+    return await engine.post_form(endpoint, audio_fields(body), [("file", filename_of(url), audio)])
+
+
+def audio_fields(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """An audio body's fields but ``file_url`` as form fields, as vLLM's server parses them: a
+    list as repeated ``name[]`` fields (its ``timestamp_granularities[]``), booleans as
+    ``true``/``false``, numbers and objects as JSON, nulls left out."""
+    fields: list[tuple[str, str]] = []
+    for name, value in body.items():
+        if name == "file_url" or value is None:
+            continue
+        if isinstance(value, list):
+            listed = name if name.endswith("[]") else f"{name}[]"
+            fields.extend((listed, _form_value(item)) for item in value)
+        else:
+            fields.append((name, _form_value(value)))
+    return fields
+
+
+def _form_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
 
 
 async def run_ordered(

@@ -40,6 +40,7 @@ from .chunk import ChunkRunner
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .engine_gate import EngineGate
+from .media import MediaPolicy
 from .metrics import WorkerMetrics
 from .policy_checks import PolicyChecks
 from .shaping import CacheSalts
@@ -76,6 +77,7 @@ class Worker:
         logger: Logger,
         max_line_bytes: int,
         chunk_max_lines: int,
+        allowed_media_domains: tuple[str, ...] = (),
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
@@ -117,6 +119,7 @@ class Worker:
             checkpoint_lines=config.checkpoint_lines,
             checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
+            media=MediaPolicy(allowed_domains=allowed_media_domains),
         )
         #: Ranks of chunks' urgent store calls, by arrival (0: the worker's own calls, first).
         self._ranks = itertools.count(1)

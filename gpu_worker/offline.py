@@ -38,6 +38,7 @@ from . import local_engine, remote_io
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .line_runner import LineResult, run_line, run_ordered
+from .media import DATA_URLS_ONLY, MediaPolicy
 from .policy_checks import IN_PROCESS, Checks, PolicyChecks
 
 READ_BYTES = 1024 * 1024
@@ -79,17 +80,19 @@ async def run_file(
     window: int | None = None,
     guard: guards.GuardPolicy | None = None,
     checks: Checks = IN_PROCESS,
+    media: MediaPolicy = DATA_URLS_ONLY,
 ) -> Summary:
     """Run every line of ``source``; write results in input order. Returns counts and usage.
     ``guard``: the prompt and output policy every line passes (as in the worker), run by
-    ``checks`` (``command`` passes check processes, as the worker does)."""
+    ``checks`` (``command`` passes check processes, as the worker does). ``media``: the hosts
+    an audio line's ``file_url`` may name (``--allowed-media-domains``)."""
     summary = Summary()
     started = time.monotonic()
     window = window or 2 * engine.max_in_flight
     bound = checks.bind("", guard)
 
     async def run(raw: RawLine) -> LineResult:
-        return await run_line(engine, raw, endpoint=None, endpoints=endpoints, guard=bound)
+        return await run_line(engine, raw, endpoint=None, endpoints=endpoints, guard=bound, media=media)
 
     async for result in run_ordered(file_lines(source, max_line_bytes=max_line_bytes), run, window=window):
         data = result.line.model_dump_json().encode() + b"\n"
@@ -114,15 +117,16 @@ async def run_paths(
     guard: guards.GuardPolicy | None = None,
     checks: Checks = IN_PROCESS,
     tmp_dir: str | Path | None = None,
+    media: MediaPolicy = DATA_URLS_ONLY,
 ) -> Summary:
     """``run_file`` between paths or ``http(s)`` URLs (``remote_io``): the input read as it
     arrives, each URL output PUT once the run has ended."""
     await engine.wait_healthy(health_timeout)
     with remote_io.source(input_path) as source, remote_io.sink(output_path, tmp_dir=tmp_dir) as output:
         if errors_path is None:
-            return await run_file(engine, source, output, guard=guard, checks=checks)
+            return await run_file(engine, source, output, guard=guard, checks=checks, media=media)
         with remote_io.sink(errors_path, tmp_dir=tmp_dir) as errors:
-            return await run_file(engine, source, output, errors, guard=guard, checks=checks)
+            return await run_file(engine, source, output, errors, guard=guard, checks=checks, media=media)
 
 
 # --- the `batchctl run-batch` subcommand --------------------------------------------------------
@@ -187,6 +191,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--engine-max-num-seqs", type=int, default=0, help="the engine's --max-num-seqs, if known")
     p.add_argument("--health-timeout", type=float, default=600.0, help="seconds to wait for the engine's /health")
+    p.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=[],
+        metavar="HOST",
+        help="hosts an audio line's http(s) file_url may be fetched from (exact host; default: none, only data: URLs)",
+    )
     # The same prompt and output policy a tenant's batches pass (docs/governance.md).
     guards.add_arguments(p.add_argument_group("prompt and output policy (as `batchctl tenants set`)"))
 
@@ -209,6 +220,7 @@ async def _run(args: argparse.Namespace, engine_url: str) -> Summary:
             guard=guards.from_arguments(args),
             checks=checks,
             tmp_dir=args.output_tmp_dir,
+            media=MediaPolicy(allowed_domains=tuple(host.lower() for host in args.allowed_media_domains)),
         )
 
 

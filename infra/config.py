@@ -59,7 +59,9 @@ _WIRED_WORKER: Final = frozenset({"model", "queue_url", "engine_url"})
 #: The endpoints a model serves unless its config says otherwise (a chat model: vLLM serves the
 #: Responses API for every generate model). An embeddings model: ``["/v1/embeddings", "/v1/score",
 #: "/v1/rerank"]`` (vLLM scores with the embeddings' cosine); a cross-encoder reranker:
-#: ``["/v1/score", "/v1/rerank"]`` (docs/engine.md "Endpoints").
+#: ``["/v1/score", "/v1/rerank"]``; a speech model: ``["/v1/audio/transcriptions",
+#: "/v1/audio/translations"]`` (its audio hosts: ``limits: {"allowed_media_domains": [...]}``)
+#: (docs/engine.md "Endpoints").
 DEFAULT_MODEL_ENDPOINTS: Final = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 #: The engine image the GPU worker runs by default: the same vLLM release the local deployment runs

@@ -16,7 +16,7 @@ from .messages import WorkMessage
 from .ports import Stores
 from .records import BatchRecord, ChunkRecord, ChunkRunRecord
 from .results import Parts
-from .work import Spend
+from .work import Spend, token_count
 
 
 @dataclass(frozen=True)
@@ -49,15 +49,18 @@ class Usage(BaseModel):
     reasoning_tokens: int = 0
 
     def add_response(self, usage: dict[str, Any] | None) -> None:
-        """Add an engine response's ``usage`` (chat, completions or embeddings shape)."""
-        if not usage:
+        """Add an engine response's ``usage`` (chat, completions, embeddings or responses shape;
+        an audio answer's in seconds adds nothing, and no unknown shape raises: ``token_count``)."""
+        if not isinstance(usage, dict):
             return
-        self.input_tokens += int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0)
-        self.output_tokens += int(usage.get("completion_tokens") or usage.get("output_tokens") or 0)
-        prompt_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
-        self.cached_tokens += int(prompt_details.get("cached_tokens") or 0)
-        self.reasoning_tokens += int(completion_details.get("reasoning_tokens") or 0)
+        self.input_tokens += token_count(usage, "prompt_tokens", "input_tokens")
+        self.output_tokens += token_count(usage, "completion_tokens", "output_tokens")
+        prompt_details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+        completion_details = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
+        if isinstance(prompt_details, dict):
+            self.cached_tokens += token_count(prompt_details, "cached_tokens")
+        if isinstance(completion_details, dict):
+            self.reasoning_tokens += token_count(completion_details, "reasoning_tokens")
 
 
 def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:

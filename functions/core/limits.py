@@ -63,8 +63,12 @@ ASSEMBLER_TIMEOUT_SECONDS: Final = 900
 ASSEMBLER_MAX_RECEIVES: Final = 3
 
 # --- Batches (OpenAI: POST /v1/batches) ---------------------------------------------------------
-#: Every endpoint a batch can target: OpenAI's four that vLLM serves, and vLLM's score and rerank
-#: (docs/engine.md "Endpoints"). Which ones a deployment serves is per model (``ModelRoute.endpoints``).
+#: Every endpoint a batch can target: OpenAI's four that vLLM serves, vLLM's score and rerank, and
+#: the two audio endpoints (a line's audio by ``body.file_url``, as vLLM's run-batch: docs/api.md,
+#: "Audio lines"). Which ones a deployment serves is per model (``ModelRoute.endpoints``).
+TRANSCRIPTIONS: Final = "/v1/audio/transcriptions"
+TRANSLATIONS: Final = "/v1/audio/translations"
+AUDIO_ENDPOINTS: Final = (TRANSCRIPTIONS, TRANSLATIONS)
 DEFAULT_ENDPOINTS: Final = (
     "/v1/chat/completions",
     "/v1/completions",
@@ -72,6 +76,7 @@ DEFAULT_ENDPOINTS: Final = (
     "/v1/responses",
     "/v1/score",
     "/v1/rerank",
+    *AUDIO_ENDPOINTS,
 )
 DEFAULT_COMPLETION_WINDOWS: Final = ("24h",)
 #: A batch holds at most 50,000 requests.
@@ -164,6 +169,12 @@ MAX_ERROR_MESSAGE_CHARS: Final = 500
 #: answer is about 150 KB; 100 embeddings of 4,096 floats about 8 MB as JSON is the edge) and
 #: bounds the worker's memory: a chunk holds at most DEFAULT_CHUNK_MAX_LINES answers.
 MAX_ENGINE_RESPONSE_BYTES: Final = 8 * 1024 * 1024
+#: The most audio one audio line's ``file_url`` may bring (decoded ``data:`` or fetched
+#: ``http(s)``): vLLM's ``VLLM_MAX_AUDIO_CLIP_FILESIZE_MB`` default, 25 MiB. A ``data:`` URL is also
+#: bounded by the line itself (DEFAULT_MAX_LINE_BYTES, 1 MiB: about 750 KiB of audio in base64).
+MAX_AUDIO_BYTES: Final = 25 * 1024 * 1024
+#: How long one audio fetch may take in all (connect, headers and body together).
+AUDIO_FETCH_SECONDS: Final = 60.0
 #: A file's name may be at most this many characters (OpenAI documents no limit; 255 is what
 #: common file systems store). Control characters and lone surrogates are refused: see
 #: docs/api.md, "Hostile content and file names".

@@ -10,11 +10,13 @@ no result line carrying it could be written), is a LineError; client values echo
 cut to a short prefix, and every message to MAX_ERROR_MESSAGE_CHARS.
 """
 
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
+from urllib.parse import urlsplit
 
 from . import limits
 
@@ -170,14 +172,16 @@ def _too_deep(line: RawLine) -> str:
     return f"Line {line.number} nests JSON deeper than {limits.MAX_JSON_DEPTH} levels."
 
 
-def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
+def check_request(obj: dict[str, Any], *, endpoint: str, allowed_media_domains: Iterable[str] = ()) -> tuple[str, str]:
     """Check one request line's own fields; returns (custom_id, model).
 
     The body's shape is the endpoint's, and the engine's to judge, as OpenAI's validation leaves
     it to the request: only ``body.model`` (which routes the batch) is required here, so every
     endpoint's body passes: ``messages`` (chat), ``prompt`` (completions), ``input`` (embeddings,
     and responses, with ``instructions``), ``text_1``/``text_2`` (score), ``query``/``documents``
-    (rerank). A body the engine refuses becomes that line's 400 in the error file."""
+    (rerank). A body the engine refuses becomes that line's 400 in the error file. The audio
+    endpoints are the exception: their body's ``file_url`` and options are checked here
+    (``check_audio_body``; ``allowed_media_domains``: the hosts an ``http(s)`` URL may name)."""
     if "custom_id" not in obj:
         raise LineError("missing_required_parameter", "Missing required parameter: 'custom_id'.", "custom_id")
     custom_id = obj["custom_id"]
@@ -221,4 +225,154 @@ def check_request(obj: dict[str, Any], *, endpoint: str) -> tuple[str, str]:
             f"Invalid type for 'body.stream': expected a boolean, but got {shown(stream)}.",
             "body.stream",
         )
+    if endpoint in limits.AUDIO_ENDPOINTS:
+        check_audio_body(body, endpoint=endpoint, allowed_media_domains=allowed_media_domains)
     return custom_id, model
+
+
+# --- audio lines (/v1/audio/transcriptions, /v1/audio/translations) -----------------------------
+#: OpenAI's ``response_format`` values of TranscriptionCreateParams and TranslationCreateParams.
+AUDIO_RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+#: OpenAI's ``timestamp_granularities`` items (transcriptions only).
+TIMESTAMP_GRANULARITIES = ("word", "segment")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+_FILE_URL = "body.file_url"
+
+
+def check_audio_body(body: dict[str, Any], *, endpoint: str, allowed_media_domains: Iterable[str] = ()) -> None:
+    """An audio line's body, as vLLM's run-batch takes it: the audio as ``file_url`` (an
+    ``http(s)`` URL on an allowed host, or a base64 ``data:`` URL of at most
+    ``limits.MAX_AUDIO_BYTES``), never ``file``; OpenAI's optional fields typed. Raises LineError."""
+    if "file" in body:
+        raise LineError(
+            "invalid_value",
+            "The 'body.file' field is not supported in batches: give the audio as 'body.file_url' "
+            "(an http(s) URL or a base64 data: URL).",
+            "body.file",
+        )
+    if "file_url" not in body:
+        raise LineError("missing_required_parameter", "Missing required parameter: 'body.file_url'.", _FILE_URL)
+    url = body["file_url"]
+    if not isinstance(url, str):
+        raise LineError(
+            "invalid_type", f"Invalid type for 'body.file_url': expected a string, but got {shown(url)}.", _FILE_URL
+        )
+    check_file_url(url, allowed_media_domains=allowed_media_domains)
+    _check_audio_options(body, endpoint)
+
+
+def check_file_url(url: str, *, allowed_media_domains: Iterable[str], max_bytes: int = limits.MAX_AUDIO_BYTES) -> str:
+    """A ``file_url`` fit to fetch: its host (lowercase) for an ``http(s)`` URL, "" for a ``data:``
+    URL (its decoded size checked by arithmetic, its alphabet by a pattern: nothing is decoded).
+    Raises LineError (``invalid_value``, param ``body.file_url``); messages never echo the URL's
+    path or query (they may carry a signature)."""
+    scheme, sep, _ = url.partition(":")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https", "data"):
+        raise _bad_url(f"its scheme must be http, https or data, but it is {shown(scheme if sep else url[:10])}.")
+    if scheme == "data":
+        data_url_size(url, max_bytes=max_bytes)
+        return ""
+    return url_host(url, allowed_media_domains)
+
+
+def data_url_size(url: str, *, max_bytes: int) -> int:
+    """The decoded size of a base64 ``data:`` URL (``data:[<mediatype>];base64,<data>``), checked
+    to be 1..``max_bytes`` bytes of valid base64 without decoding it. Raises LineError."""
+    header, comma, data = url.partition(",")
+    if not comma or not header.lower().endswith(";base64"):
+        raise _bad_url("a data: URL must be base64 ('data:<media type>;base64,<data>').")
+    padding = len(data) - len(data.rstrip("="))
+    size = len(data) * 3 // 4 - padding
+    if size > max_bytes:
+        raise _bad_url(f"its audio is {size} bytes; at most {max_bytes} are allowed.")
+    if not data or len(data) % 4 or padding > 2 or not _BASE64.fullmatch(data):
+        raise _bad_url("its data is not valid base64 audio.")
+    return size
+
+
+def url_host(url: str, allowed_media_domains: Iterable[str]) -> str:
+    """The host of an ``http(s)`` URL, lowercase, if it is one of ``allowed_media_domains``
+    (exact match: no subdomains; an IP literal only if listed). Raises LineError."""
+    if any(c in url for c in "\\ \t\r\n") or not url.isprintable():
+        raise _bad_url("it contains whitespace, control characters or backslashes.")
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        parts.port  # noqa: B018 (a malformed port raises)
+    except ValueError:
+        raise _bad_url("it is not a valid URL.") from None
+    if "@" in parts.netloc:
+        raise _bad_url("it must not carry credentials ('user@').")
+    if not host:
+        raise _bad_url("it has no host.")
+    allowed = {domain.lower() for domain in allowed_media_domains}
+    if host not in allowed:
+        what = "the IP address" if _is_ip(host) else "the host"
+        listed = ", ".join(sorted(allowed)) if allowed else "none (only data: URLs are accepted)"
+        raise _bad_url(f"{what} {shown(host)} is not an allowed media domain; allowed: {listed}.")
+    return host
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _bad_url(why: str) -> LineError:
+    return LineError("invalid_value", f"Invalid value for 'body.file_url': {why}", _FILE_URL)
+
+
+def _check_audio_options(body: dict[str, Any], endpoint: str) -> None:
+    """OpenAI's optional fields, typed as its TranscriptionCreateParams/TranslationCreateParams
+    (anything else is the engine's to judge)."""
+    for name in ("language", "prompt"):
+        if name in body and not isinstance(body[name], str):
+            raise _bad_type(name, "a string", body[name])
+    if "response_format" in body and body["response_format"] not in AUDIO_RESPONSE_FORMATS:
+        raise LineError(
+            "invalid_value",
+            f"Invalid value for 'body.response_format': {shown(body['response_format'])}. Supported values are: "
+            + ", ".join(repr(f) for f in AUDIO_RESPONSE_FORMATS)
+            + ".",
+            "body.response_format",
+        )
+    if "temperature" in body:
+        _check_temperature(body["temperature"])
+    if "timestamp_granularities" in body:
+        _check_granularities(body["timestamp_granularities"], endpoint)
+
+
+def _check_temperature(value: Any) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _bad_type("temperature", "a number", value)
+    if not 0 <= value <= 1:
+        raise LineError(
+            "invalid_value",
+            f"Invalid value for 'body.temperature': {shown(value)}; it must be between 0 and 1.",
+            "body.temperature",
+        )
+
+
+def _check_granularities(value: Any, endpoint: str) -> None:
+    param = "body.timestamp_granularities"
+    if endpoint != limits.TRANSCRIPTIONS:
+        raise LineError("invalid_value", f"'{param}' is supported by {limits.TRANSCRIPTIONS} only.", param)
+    if not isinstance(value, list):
+        raise _bad_type("timestamp_granularities", "an array", value)
+    for item in value:
+        if item not in TIMESTAMP_GRANULARITIES:
+            raise LineError(
+                "invalid_value",
+                f"Invalid value for '{param}': {shown(item)}. Supported values are: 'word', 'segment'.",
+                param,
+            )
+
+
+def _bad_type(name: str, expected: str, value: Any) -> LineError:
+    return LineError(
+        "invalid_type", f"Invalid type for 'body.{name}': expected {expected}, but got {shown(value)}.", f"body.{name}"
+    )

@@ -94,6 +94,10 @@ class Settings(EnvSettings):
     # --- Batches ---
     #: Endpoints a batch may target (each also needs a model that serves it: ``served_endpoints``).
     allowed_endpoints: tuple[str, ...] = limits.DEFAULT_ENDPOINTS
+    #: The hosts an audio line's ``http(s)`` ``file_url`` may be fetched from (exact host names, as
+    #: lowercase; an IP literal only if listed): empty, only ``data:`` URLs are accepted
+    #: (docs/api.md, "Audio lines"; docs/worker.md, "Audio fetch").
+    allowed_media_domains: tuple[str, ...] = ()
     #: Completion windows a batch may ask for ("24h" as OpenAI; a local deployment adds short ones).
     completion_windows: tuple[str, ...] = limits.DEFAULT_COMPLETION_WINDOWS
     #: Served models by name (the `model` in each request line).

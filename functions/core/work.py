@@ -115,14 +115,24 @@ class Spend:
         return Spend(self.input_tokens - other.input_tokens, self.output_tokens - other.output_tokens)
 
 
+def token_count(usage: dict[str, Any], *names: str) -> int:
+    """The first of ``names`` in ``usage`` that is a non-negative number, as an int (0 if none):
+    an answer's usage of an unknown shape (a transcription's ``{"type": "duration", "seconds"}``,
+    strings, nulls) counts no tokens and never raises."""
+    for name in names:
+        value = usage.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return 0
+
+
 def answered_spend(usage: Any) -> Spend:
     """What an engine answer's ``usage`` says was spent, whatever its status (chat, completions,
-    embeddings or responses shape; nothing without one)."""
+    embeddings, responses or an audio answer's tokens shape; nothing without one, or in seconds)."""
     if not isinstance(usage, dict):
         return Spend()
     return Spend(
-        int(usage.get("prompt_tokens") or usage.get("input_tokens") or 0),
-        int(usage.get("completion_tokens") or usage.get("output_tokens") or 0),
+        token_count(usage, "prompt_tokens", "input_tokens"), token_count(usage, "completion_tokens", "output_tokens")
     )
 
 

@@ -99,7 +99,9 @@ def _check_line(
     """One line's request checked (its custom_id unique, its model the batch's one, its work within
     the bounds): the work it asks for. Raises ``LineError``."""
     request = parse_request(line)
-    custom_id, model = check_request(request, endpoint=batch.endpoint)
+    custom_id, model = check_request(
+        request, endpoint=batch.endpoint, allowed_media_domains=settings.allowed_media_domains
+    )
     if custom_id in seen:
         raise LineError("duplicate_custom_id", f"The custom_id {shown(custom_id)} appears more than once.", "custom_id")
     seen.add(custom_id)

@@ -8,6 +8,11 @@ with the same body (so "fail the first k attempts" is easy). Every request is re
 ``max_concurrent`` is the most requests open at once. ``health_status`` and ``models_status`` are
 what ``GET /health`` and ``GET /v1/models`` answer; ``probes`` records those GETs.
 
+The audio endpoints get ``multipart/form-data`` (``EngineClient.post_form``): ``respond`` sees it
+as a dict (``form_body``: fields by name, a repeated ``name[]`` as the list ``name``, the file as
+``{"filename", "bytes"}``; its content in ``files``), and ``default_respond`` answers it with
+``{"text": "heard N bytes", "usage": {"type": "duration", "seconds": 1}}``.
+
 ``InProcessEngine`` is the same ``respond`` behind ``functions.core.ports.Engine`` with no HTTP
 at all: what chunk-level tests hand to ``gpu_worker.chunk.ChunkRunner``.
 """
@@ -23,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+AUDIO_PATHS = ("/v1/audio/transcriptions", "/v1/audio/translations")
 
 HANG = "hang"
 DROP = "drop"
@@ -74,8 +81,25 @@ def chat_answer(body: dict[str, Any], completion_tokens: int = 3, prompt_tokens:
     }
 
 
+def audio_answer(body: dict[str, Any]) -> dict[str, Any]:
+    return {"text": f"heard {body['file']['bytes']} bytes", "usage": {"type": "duration", "seconds": 1}}
+
+
+def form_body(fields: list[tuple[str, str]], files: list[tuple[str, str, bytes]]) -> dict[str, Any]:
+    """A multipart request as ``respond`` sees it (the module docstring)."""
+    body: dict[str, Any] = {}
+    for name, value in fields:
+        if name.endswith("[]"):
+            body.setdefault(name[:-2], []).append(value)
+        else:
+            body[name] = value
+    for name, filename, data in files:
+        body[name] = {"filename": filename, "bytes": len(data)}
+    return body
+
+
 async def default_respond(path: str, body: dict[str, Any], seen: int) -> Any:
-    return 200, chat_answer(body)
+    return 200, audio_answer(body) if path in AUDIO_PATHS else chat_answer(body)
 
 
 #: The body vLLM's OpenAI server answers a request it rejects (with status 400).
@@ -99,6 +123,8 @@ class FakeEngine:
         self.models_status = 200
         self.probes: list[str] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        #: The files of multipart requests: (path, file name, content).
+        self.files: list[tuple[str, str, bytes]] = []
         self.open = 0
         self.max_concurrent = 0
         self._seen: Counter[str] = Counter()
@@ -130,8 +156,20 @@ class FakeEngine:
             {"object": "list", "data": [{"id": "test-chat", "object": "model", "max_model_len": 2048}]}
         )
 
+    async def _form(self, request: web.Request) -> dict[str, Any]:
+        fields: list[tuple[str, str]] = []
+        files: list[tuple[str, str, bytes]] = []
+        for name, value in (await request.post()).items():
+            if isinstance(value, web.FileField):
+                files.append((name, value.filename, value.file.read()))
+            else:
+                fields.append((name, str(value)))
+        with self._lock:
+            self.files.extend((request.path, filename, data) for _, filename, data in files)
+        return form_body(fields, files)
+
     async def _post(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        body = await (self._form(request) if request.content_type == "multipart/form-data" else request.json())
         key = json.dumps(body, sort_keys=True)
         with self._lock:
             self.requests.append((request.path, body))
@@ -231,6 +269,9 @@ class InProcessEngine:
 
     async def wait_healthy(self, timeout: float, interval: float = 1.0) -> float:
         return 0.0
+
+    async def post_form(self, path: str, fields: list[tuple[str, str]], files: list[tuple[str, str, bytes]]) -> Any:
+        return await self.post(path, form_body(fields, files))
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
         from gpu_worker.engine_client import Reply

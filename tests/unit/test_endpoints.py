@@ -35,7 +35,7 @@ SETTINGS = Settings(
 
 
 # --- which endpoints a deployment serves --------------------------------------------------------
-def test_the_code_knows_openais_endpoints_and_vllms_score_and_rerank():
+def test_the_code_knows_openais_endpoints_vllms_score_and_rerank_and_the_audio_ones():
     assert Settings(table_name="t", bucket_name="b").allowed_endpoints == (
         CHAT,
         COMPLETIONS,
@@ -43,6 +43,8 @@ def test_the_code_knows_openais_endpoints_and_vllms_score_and_rerank():
         RESPONSES,
         SCORE,
         RERANK,
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
     )
 
 

@@ -292,3 +292,30 @@ def test_the_ingest_lambda_waits_for_a_record_briefly_first_then_up_to_its_patie
         wait()
     assert slept[0] <= 0.02 and slept == sorted(slept)
     assert 1.5 <= sum(slept) <= 2.0
+
+
+def test_an_audio_line_on_a_host_not_allowed_is_refused_with_its_line_number():
+    audio = "/v1/audio/transcriptions"
+    settings = SETTINGS.model_copy(
+        update={
+            "models": {"whisper": ModelRoute(endpoints=(audio,), queue_url=QUEUE)},
+            "allowed_media_domains": ("media.example.com",),
+        }
+    )
+
+    def audio_line(i: int, url: str) -> str:
+        body = {"model": "whisper", "file_url": url}
+        return json.dumps({"custom_id": f"a-{i}", "method": "POST", "url": audio, "body": body})
+
+    stores = setup(
+        [audio_line(0, "https://media.example.com/a.wav"), audio_line(1, "https://evil.example.net/a.wav?sig=s3cr3t")],
+        endpoint=audio,
+    )
+    assert run(stores, settings) == "failed"
+    assert error_rows(stores) == [("invalid_value", 2, "body.file_url")]
+    message = current(stores).errors[0]["message"]
+    assert "'evil.example.net' is not an allowed media domain" in message and "s3cr3t" not in message
+    accepted = setup(
+        [audio_line(0, "https://media.example.com/a.wav"), audio_line(1, "data:audio/wav;base64,AAAA")], endpoint=audio
+    )
+    assert run(accepted, settings) == "in_progress"

@@ -1,19 +1,24 @@
 """One chunk through ``gpu_worker.chunk.ChunkRunner`` against the in-memory stores and an
 in-process engine: usage totals (cached and reasoning tokens included) reach the chunk's marker
 and the batch; a chunk already counted, or of a stopped batch, runs nothing; the commit (parts +
-count) is not interrupted by a cancelled caller."""
+count) is not interrupted by a cancelled caller; an audio chunk runs under the worker's media
+policy (``RunPolicy.media``) and is posted as multipart."""
 
 import asyncio
+import base64
+import json
 
 import pytest
 
 from functions.core import schema
 from functions.core.chunk_lifecycle import Usage
+from functions.core.messages import Chunk
 from functions.core.wire import BatchOutputLine
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.engine_client import EngineDown
 from gpu_worker.engine_gate import EngineGate
-from tests.builders import assert_fields
+from gpu_worker.media import MediaPolicy
+from tests.builders import assert_fields, running_batch
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
@@ -357,3 +362,37 @@ def test_a_store_error_while_committing_is_benign_and_keeps_what_ran():
     report = run(stores, message, engine)
     assert engine.requests == [] and (report.completed, report.reused, report.careful) == (3, 3, False)
     assert stores.batches.get("acme", "batch_1").completed == 3
+
+
+def test_an_audio_chunk_fetches_under_the_workers_media_policy_and_posts_multipart():
+    audio = "/v1/audio/transcriptions"
+    wav = "data:audio/wav;base64," + base64.b64encode(b"RIFF-audio").decode()
+    bodies = [{"file_url": wav}, {"file_url": "http://10.0.0.1/a.wav"}]
+    lines = [
+        (
+            json.dumps({"custom_id": f"a-{i}", "method": "POST", "url": audio, "body": {"model": "test-chat", **b}})
+            + "\n"
+        )
+        for i, b in enumerate(bodies)
+    ]
+    data = "".join(lines).encode()
+
+    def chunk(stores):
+        stores.objects.put(schema.batch_input_key("acme", "batch_1"), data)
+        batch = running_batch(created_at=1000, total=2, chunk_count=1, model="test-chat", endpoint=audio)
+        stores.batches.put(batch)
+        return batch.work_message(Chunk(chunk=0, byte_start=0, byte_end=len(data), first_line=1, line_count=2))
+
+    def codes(stores):
+        return [(row.custom_id, row.error.code if row.error else None) for row in parts(stores)[1]]
+
+    engine = InProcessEngine()
+    stores = fake_stores()
+    report = run(stores, chunk(stores), engine)  # no allowlist: only the data: URL is accepted
+    assert (report.completed, report.failed) == (1, 1)
+    assert engine.requests == [(audio, {"model": "test-chat", "file": {"filename": "audio.bin", "bytes": 10}})]
+    assert codes(stores) == [("a-1", "invalid_value")]
+    stores = fake_stores()
+    policy = RunPolicy(media=MediaPolicy(allowed_domains=("10.0.0.1",)))
+    report = run(stores, chunk(stores), InProcessEngine(), policy=policy)  # listed, but a private address
+    assert codes(stores) == [("a-1", "media_fetch_failed")]
