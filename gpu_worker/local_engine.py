@@ -57,11 +57,34 @@ def serve_command(model: str, port: int, engine_args: Sequence[str]) -> list[str
     return [str(SERVE_SH), model, str(port), *engine_args]
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (bind 127.0.0.1:0)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` nothing listens on now (bind port 0). The local deployment's too."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """``sig`` to ``process``'s process group (it was started with ``start_new_session``)."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the whole group is gone
+
+
+def stop_group(process: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to the process group, SIGKILL after ``grace`` seconds; idempotent. The group is
+    signalled even when the leader has exited, and SIGKILLed once the leader is gone, so no child
+    of it is left behind (a grandchild that outlived it would hold an engine's port). The local
+    deployment stops its engines and workers with it too."""
+    signal_group(process, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        signal_group(process, signal.SIGKILL)
+        process.wait()
+    # Children that ignored SIGTERM after the leader exited.
+    signal_group(process, signal.SIGKILL)
 
 
 def _env() -> dict[str, str]:
@@ -98,25 +121,9 @@ class LocalEngine:
         return None if self.process is None else self.process.poll()
 
     def stop(self) -> None:
-        """SIGTERM to the process group, SIGKILL after the grace; idempotent. The group is
-        signalled even when the leader has exited, so no child of it is left behind."""
-        if self.process is None:
-            return
-        self._signal(signal.SIGTERM)
-        try:
-            self.process.wait(self.stop_grace)
-        except subprocess.TimeoutExpired:
-            self._signal(signal.SIGKILL)
-            self.process.wait()
-        # Children that ignored SIGTERM after the leader exited.
-        self._signal(signal.SIGKILL)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        assert self.process is not None
-        try:
-            os.killpg(self.process.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the whole group is gone
+        """The engine's process group stopped (``stop_group``); idempotent."""
+        if self.process is not None:
+            stop_group(self.process, self.stop_grace)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
+from .media import shown_url
+
 #: Seconds for a connection or a read to make progress; the transfer itself may take longer.
 SOCKET_TIMEOUT_SECONDS = 60.0
 #: The bytes the PUT reads from the temporary file at a time.
@@ -75,7 +77,7 @@ def _with_retries(
         except (urllib.error.URLError, OSError) as exc:
             delay = next(delays, None) if _transient(exc) else None
             if delay is None:
-                raise RemoteError(f"{what} {_redacted(url)} failed: {_describe(exc)}") from exc
+                raise RemoteError(f"{what} {shown_url(url)} failed: {_describe(exc)}") from exc
             sleep(delay)
 
 
@@ -86,11 +88,6 @@ def _describe(exc: Exception) -> str:
     if isinstance(exc, urllib.error.URLError):
         return str(exc.reason)
     return str(exc)
-
-
-def _redacted(url: str) -> str:
-    """The URL without its query string: a presigned URL's signature stays out of messages."""
-    return url.split("?", 1)[0]
 
 
 @contextmanager
@@ -181,7 +178,7 @@ class _Body:
         try:
             return cast(bytes, self._response.read(size))
         except (http.client.HTTPException, OSError) as exc:
-            raise RemoteError(f"GET {_redacted(self._url)} failed while reading: {exc!r}") from exc
+            raise RemoteError(f"GET {shown_url(self._url)} failed while reading: {exc!r}") from exc
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -9,6 +9,8 @@ import httpx2
 from openai import BaseModel as OpenAIModel
 from openai.types.shared import ErrorObject
 
+from gpu_worker.local_engine import free_port
+
 
 def assert_openai_shape(model: type[OpenAIModel], data: dict[str, Any]) -> OpenAIModel:
     """``data`` has exactly the SDK type's fields (none missing, none extra) and validates."""
@@ -54,13 +56,6 @@ def with_changes(obj: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]
         else:
             obj[key] = value
     return obj
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (for a server a test starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chat_jsonl(n: int, model: str = "test-chat") -> bytes:

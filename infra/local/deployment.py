@@ -33,6 +33,7 @@ from functions.stream_front.routes import StreamFront
 from functions.sweeper import handler as sweeper_handler
 from functions.webhooks import handler as webhooks_handler
 from functions.workflow import handler as workflow_handler
+from gpu_worker.local_engine import free_port
 from infra import names
 
 from . import atomic_dynamodb, fair_queues, state
@@ -564,12 +565,6 @@ def engine_components(config: LocalConfig, environ: MutableMapping[str, str]) ->
     engines, workers = Engines(specs, log_dir), Workers(specs, log_dir, environ)
     # Last, so it stops first: nothing is restarted while the workers drain and the engines stop.
     return [engines, workers, Supervisor([*engines.children, *workers.children], log_dir / "supervisor.log")]
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def wait_until_answering(base_url: str, key: str, timeout: float = 10.0) -> None:

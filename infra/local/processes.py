@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from functions.core.settings import Settings
+from gpu_worker.local_engine import signal_group, stop_group
 from infra.local import state
 
 log = logging.getLogger("infra.local.processes")
@@ -80,24 +81,12 @@ class ChildProcess:
         """After the command exited on its own: kill what is left of its process group (a
         grandchild that outlived it would hold the engine's port)."""
         if self._process is not None:
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_group(self._process, signal.SIGKILL)
             self._process.wait()
 
     def stop(self, timeout: float = 30.0) -> None:
-        process = self._process
-        if process is not None and process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            except ProcessLookupError:
-                pass
-        self.reap()
+        if self._process is not None:
+            stop_group(self._process, timeout)
         self._process = None
         if self._log is not None:
             self._log.close()
