@@ -53,6 +53,8 @@ LOCAL_MOTO_PORT: Final = 4566  # MOTO_PORT overrides
 #: The models the local deployment serves (real small models on the CPU engine).
 LOCAL_CHAT_MODEL: Final = "smollm2-135m-instruct"
 LOCAL_EMBED_MODEL: Final = "all-minilm-l6-v2"
+#: Speech (Whisper tiny.en, English only; docs/engine.md "Speech"): BATCHAPI_LOCAL_SPEECH=0 leaves it out.
+LOCAL_SPEECH_MODEL: Final = "whisper-tiny-en"
 #: Besides OpenAI's 24h, short windows so that expiry can be tried locally.
 LOCAL_COMPLETION_WINDOWS: Final = ("24h", "1h", "10m", "1m", "30s", "15s")
 #: Where a running `make up` writes how to reach it (batchctl reads it): <repo>/.local-state/
@@ -65,6 +67,7 @@ LOCAL_AUDIT_PUBLIC_KEY_FILE: Final = "audit-signing-key.pub.pem"
 
 
 def _local_models() -> dict:
+    from functions.core.limits import AUDIO_ENDPOINTS
     from functions.core.settings import ModelRoute
 
     return {
@@ -72,6 +75,7 @@ def _local_models() -> dict:
         # and rerank (cosine similarity of the embeddings) for an embeddings model.
         LOCAL_CHAT_MODEL: ModelRoute(endpoints=("/v1/chat/completions", "/v1/completions", "/v1/responses")),
         LOCAL_EMBED_MODEL: ModelRoute(endpoints=("/v1/embeddings", "/v1/score", "/v1/rerank")),
+        LOCAL_SPEECH_MODEL: ModelRoute(endpoints=AUDIO_ENDPOINTS),
     }
 
 

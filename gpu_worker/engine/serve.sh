@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start vLLM's OpenAI-compatible server on this CPU for one of the two local models, or for a
+# Start vLLM's OpenAI-compatible server on this CPU for one of the three local models, or for a
 # model folder.
 #
 #   gpu_worker/engine/serve.sh MODEL_NAME|MODEL_DIR PORT [extra `vllm serve` args...]
@@ -7,10 +7,10 @@
 #   MODEL_NAME  smollm2-135m-instruct  (generate: /v1/chat/completions, /v1/completions, /v1/responses)
 #               all-minilm-l6-v2       (pooling:  /v1/embeddings, /v1/score, /v1/rerank)
 #               whisper-tiny-en        (speech:   /v1/audio/transcriptions, /v1/audio/translations;
-#                                       English only; not part of the local deployment)
+#                                       English only)
 #   MODEL_DIR   a Hugging Face model folder (with config.json): vLLM picks the runner and the context
 #               length from it, served under its path (as `vllm serve DIR`) unless the extra args
-#               say --served-model-name; the same CPU settings as the two local models
+#               say --served-model-name; the same CPU settings as the local models
 #   PORT        TCP port on 127.0.0.1 (the server never binds another address)
 #
 # Environment overrides (all optional):

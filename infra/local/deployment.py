@@ -424,8 +424,8 @@ class LocalConfig:
     prefix: str = names.LOCAL_PREFIX
     #: Run the vLLM engines and the workers (off: the API, ingest and workflow only, in a second).
     engines: bool = True
-    #: Ports of the engines by model (0 = a free port).
-    engine_ports: tuple[tuple[str, int], ...] = ((names.LOCAL_CHAT_MODEL, 0), (names.LOCAL_EMBED_MODEL, 0))
+    #: Ports of the engines by model (0 = a free port): one for each model ``settings.models`` routes.
+    engine_ports: tuple[tuple[str, int], ...] = tuple((model, 0) for model in names.LOCAL_MODELS)
     ttl_sweep_seconds: float = 10.0
     #: moto's standard queues receive as SQS fair queues (infra/local/fair_queues.py); off: by arrival.
     fair_queues: bool = True

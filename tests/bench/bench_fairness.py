@@ -60,7 +60,7 @@ def deployment(directory: Path, *, fair: bool):
     original = e2e.clean_env
     e2e.clean_env = lambda **extra: original(**extra, BATCHAPI_LOCAL_FAIR_QUEUES="1" if fair else "0")
     try:
-        return e2e.start_local_deployment(directory, engines=True)
+        return e2e.start_local_deployment(directory, engines=True, speech=False)
     finally:
         e2e.clean_env = original
 

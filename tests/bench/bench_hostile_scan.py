@@ -79,7 +79,7 @@ def main() -> None:
     receives: dict[str, list[int]] = {k: [] for k in results}
     outcomes: dict[str, list[str]] = {k: [] for k in results}
     with tempfile.TemporaryDirectory(prefix="bench-hostile-scan-") as tmp:
-        local = e2e.start_local_deployment(Path(tmp), engines=True)
+        local = e2e.start_local_deployment(Path(tmp), engines=True, speech=False)
         try:
             code = cli.main(
                 ["tenants", "set", "--tenant", "hostile-a", "--prompt-secrets", "refuse"],

@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.05)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
-        local = start_local_deployment(Path(tmp), engines=True)
+        local = start_local_deployment(Path(tmp), engines=True, speech=False)
         try:
             sdk = local.client()
             worker_log = local.state_dir / "logs" / f"worker-{names.LOCAL_CHAT_MODEL}.log"

@@ -189,9 +189,10 @@ class LocalDeployment:
         return True
 
 
-def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDeployment:
+def start_local_deployment(directory: Path, *, engines: bool = False, speech: bool = True) -> LocalDeployment:
     """``python -m infra.local`` on free ports; returns once it printed its ready line. Without
-    ``engines`` it runs the API, ingest and workflow only (no vLLM engines, no workers)."""
+    ``engines`` it runs the API, ingest and workflow only (no vLLM engines, no workers); without
+    ``speech``, no speech model (the benchmarks measure chat and embeddings alone)."""
     directory.mkdir(parents=True, exist_ok=True)
     state_dir, log_path = directory / "state", directory / "infra-local.log"
     api_port, moto_port = free_port(), free_port()
@@ -200,6 +201,7 @@ def start_local_deployment(directory: Path, *, engines: bool = False) -> LocalDe
         MOTO_PORT=str(moto_port),
         PYTHONUNBUFFERED="1",
         BATCHAPI_LOCAL_ENGINES="1" if engines else "0",
+        BATCHAPI_LOCAL_SPEECH="1" if speech else "0",
         # Live progress every second (5 s by default): the progress test sees running chunks'
         # lines within its small batch on a fast CPU too (tests/e2e/test_progress_e2e.py).
         WORKER_CHECKPOINT_SECONDS="1",
@@ -334,7 +336,8 @@ def target_models(deployment_with_models: e2e_target.Deployment, e2e_settings: e
             assert all(s == "completed" for s in statuses.values()), (
                 f"warm-up batches after {e2e_settings.warm_up_seconds}s ({e2e_target.WARM_UP_ENV}): {statuses}"
             )
-    return {"chat": chat, "embed": embed, "served": served}
+        speech = e2e_target.pick_model(served, wanted=e2e_settings.speech_model, local=names.LOCAL_SPEECH_MODEL)
+    return {"chat": chat, "embed": embed, "speech": speech, "served": served}
 
 
 @pytest.fixture(scope="package")
@@ -349,6 +352,13 @@ def embed_model(target_models: dict) -> str:
     if target_models["embed"] is None:
         pytest.skip(f"no embeddings model to use among {target_models['served']} (set {e2e_target.EMBED_MODEL_ENV})")
     return target_models["embed"]
+
+
+@pytest.fixture(scope="package")
+def speech_model(target_models: dict) -> str:
+    if target_models["speech"] is None:
+        pytest.skip(f"no speech model to use among {target_models['served']} (set {e2e_target.SPEECH_MODEL_ENV})")
+    return target_models["speech"]
 
 
 # --- The local deployment (local_only tests) ---------------------------------------------------

@@ -9,6 +9,8 @@ take a ``deployment`` (conftest.py) and use only what both kinds have (``Deploym
                               only model the stack serves)
     BATCHAPI_E2E_EMBED_MODEL  the embeddings model (default: the local one if served; tests that
                               need one skip when there is none)
+    BATCHAPI_E2E_SPEECH_MODEL the speech model (audio transcriptions and translations; default: the
+                              local one if served; tests that need one skip when there is none)
     BATCHAPI_E2E_KEY_CACHE_SECONDS  how long a revoked key may still work (the stack's
                               authorizer_cache_seconds; default 300, the config's default)
     BATCHAPI_E2E_WARM_UP_SECONDS    on AWS, how long the models' first one-line batches may take
@@ -44,6 +46,7 @@ from infra.local import state as local_state
 TARGET_ENV = "BATCHAPI_E2E_TARGET"
 CHAT_MODEL_ENV = "BATCHAPI_E2E_CHAT_MODEL"
 EMBED_MODEL_ENV = "BATCHAPI_E2E_EMBED_MODEL"
+SPEECH_MODEL_ENV = "BATCHAPI_E2E_SPEECH_MODEL"
 KEY_CACHE_ENV = "BATCHAPI_E2E_KEY_CACHE_SECONDS"
 WARM_UP_ENV = "BATCHAPI_E2E_WARM_UP_SECONDS"
 #: From zero: queue metrics (1-5 min), an instance (~2 min), the image (~10 GB) and the weights:
@@ -67,6 +70,7 @@ class E2ESettings:
     stack: str = names.STACK_NAME
     chat_model: str | None = None
     embed_model: str | None = None
+    speech_model: str | None = None
     key_cache_seconds: int = DEFAULT_KEY_CACHE_SECONDS
     warm_up_seconds: int = DEFAULT_WARM_UP_SECONDS
 
@@ -86,6 +90,7 @@ class E2ESettings:
             stack=CliSettings.from_env(env).stack,
             chat_model=env.get(CHAT_MODEL_ENV) or None,
             embed_model=env.get(EMBED_MODEL_ENV) or None,
+            speech_model=env.get(SPEECH_MODEL_ENV) or None,
             key_cache_seconds=seconds[KEY_CACHE_ENV]
             if seconds[KEY_CACHE_ENV] is not None
             else DEFAULT_KEY_CACHE_SECONDS,

@@ -165,5 +165,7 @@ def test_an_endpoint_no_model_serves_is_refused_naming_the_served_ones(sdk: Open
         "/v1/responses",
         "/v1/score",
         "/v1/rerank",
+        "/v1/audio/transcriptions",
+        "/v1/audio/translations",
     ):
         assert f"'{served}'" in message

@@ -2,7 +2,8 @@
 local models from `make engine`), on vLLM's own run-batch test cases
 (``tests/entrypoints/openai/test_run_batch.py`` in vLLM: the chat mix, the invalid input, the
 embeddings, score, rerank and transcription batches, their bodies as written there, with these model
-names and the chat's ``max_tokens`` cut from 1000 to 64 for the CPU): every output row validates as
+names and the chat's ``max_tokens`` cut from 1000 to 64 for the CPU), and real speech (espeak-ng,
+``tests/speech.py``) transcribed and translated, asserted by its words: every output row validates as
 vLLM's own ``BatchRequestOutput`` (imported in .venv-engine's Python: this venv has no vLLM), the
 run exits 0 with its per-line failures in it, and no engine is left listening after. Three engine
 starts in all (about 18 s embeddings, 35 s chat, 40 s Whisper)."""
@@ -14,6 +15,7 @@ import sys
 
 import pytest
 
+from tests import speech
 from tests.integration.worker import engines
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -165,14 +167,26 @@ def test_vllms_transcription_case_and_a_translation(tmp_path):
     if not (engines.MODELS_DIR / "whisper-tiny-en" / "config.json").exists():
         pytest.fail(f"no model folder {engines.MODELS_DIR / 'whisper-tiny-en'}: run `make engine` first")
     audio = {"model": "whisper-tiny-en", "file_url": f"data:audio/wav;base64,{MINIMAL_WAV}", "response_format": "json"}
+    spoken = {**audio, "file_url": speech.data_url(speech.spoken_wav())}
     lines = [
         vllm_line("request-1", "/v1/audio/transcriptions", audio),
         vllm_line("request-2", "/v1/audio/translations", audio),
+        # Real speech (espeak-ng): the words come back, as a transcription and as an (English) translation.
+        vllm_line("spoken-1", "/v1/audio/transcriptions", spoken),
+        vllm_line("spoken-2", "/v1/audio/translations", spoken),
+        vllm_line("spoken-3", "/v1/audio/transcriptions", {**spoken, "response_format": "verbose_json"}),
     ]
     done = run_batch(tmp_path, "whisper-tiny-en", lines)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert validated_codes(tmp_path / "out.jsonl") == [200, 200]
-    transcription, translation = (json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines())
+    assert validated_codes(tmp_path / "out.jsonl") == [200] * 5
+    rows = [json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines()]
+    transcription, translation, *spoken_rows = rows
     assert transcription["error"] is None and {"text", "usage"} <= set(transcription["response"]["body"]), transcription
     assert translation["error"] is None and "text" in translation["response"]["body"], translation
+    for row in spoken_rows:
+        assert speech.understood(row["response"]["body"]["text"]), row
+    assert not speech.heard(transcription["response"]["body"]["text"]), transcription  # no samples, no words
+    verbose = spoken_rows[2]["response"]["body"]
+    assert verbose["segments"] and verbose["duration"] > 3, verbose  # the clip is about 6 s
+    assert spoken_rows[0]["response"]["body"]["usage"]["seconds"] > 3, spoken_rows[0]
     assert not listening(engine_port(done.stderr))
