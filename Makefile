@@ -87,6 +87,13 @@ bench-lifecycle: $(STAMP)
 ## machine): output tokens/s of each and their ratio.
 bench-worker: $(STAMP) engine
 	$(PY) -m tests.bench.bench_worker --lines 200 --max-tokens 64 --rounds 3
+## The worker's own ceiling: 5,000 short embeddings and chat lines against an engine that answers at
+## once (no vLLM), on the in-memory stores, over real HTTP, and on moto: CPU per line split into our
+## code, the HTTP client and the store calls, lines/s per core (docs/benchmarks.md "Worker ceiling";
+## ~5 min).
+.PHONY: bench-worker-ceiling
+bench-worker-ceiling: $(STAMP)
+	$(PY) -m tests.bench.bench_worker_ceiling --lines 5000 --rounds 3
 ## A 512 MiB upload through the SDK's upload_file_chunked (4 MiB parts): bytes per API request,
 ## complete's latency, the assembler's time and peak memory (docs/uploads.md).
 bench-uploads: $(STAMP)

@@ -6,6 +6,7 @@ Exit status: 0 after a clean stop, 1 if the engine never became healthy, 2 on ba
 """
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -39,6 +40,27 @@ def queue_url(config: WorkerConfig, settings: Settings) -> str:
     return route.queue_url
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (the vLLM image has it: uvicorn's), else
+    asyncio's: the loop's own work (callbacks, timers, socket reads and writes) is a large part of
+    a short line's CPU (docs/benchmarks.md, "Worker ceiling")."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a platform without it
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def freeze_startup_heap() -> None:
+    """Take what the process built to start (its modules, boto3's service models, pydantic's
+    schemas: hundreds of thousands of objects that live as long as it) out of the garbage
+    collector's view, so its full collections, which the per-line garbage of a fast batch
+    triggers every few thousand lines, scan only what came after (``gc.freeze``). Measured in
+    docs/benchmarks.md, "Worker ceiling"."""
+    gc.collect()
+    gc.freeze()
+
+
 async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue: WorkQueue) -> int:
     logger = make_logger(config.service)
     logger.append_keys(model=config.model)
@@ -60,6 +82,7 @@ async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
+        freeze_startup_heap()
         try:
             await worker.run()
         except EngineDown as exc:
@@ -78,9 +101,12 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gpu_worker: configuration error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(
-        serve(config, settings, stores_from_settings(settings, concurrent=True), SqsQueue(clients.client("sqs"), url))
-    )
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(
+            serve(
+                config, settings, stores_from_settings(settings, concurrent=True), SqsQueue(clients.client("sqs"), url)
+            )
+        )
 
 
 if __name__ == "__main__":

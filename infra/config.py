@@ -109,6 +109,10 @@ class ModelConfig(_Strict):
     #: Secrets Manager secret (its complete ARN) holding a Hugging Face token, for gated weights.
     hf_token_secret_arn: Annotated[str, Field(pattern=r"^arn:aws[a-z-]*:secretsmanager:")] | None = None
     #: EC2 GPU instance type of the capacity provider (x86_64 with NVIDIA GPUs: g4dn, g5, g6, p4d...).
+    #: The task reserves no CPU, so its vCPUs are the instance's: a chat model needs about 2 beside
+    #: its GPU (vLLM's engine core, its API server, one worker), which 4 vCPUs hold; short embeddings
+    #: at a fast GPU's rate need many more (vLLM's ``--api-server-count`` in ``engine_args``, fewer
+    #: checkpoints): docs/benchmarks.md, "Worker ceiling", "What an H100 needs beside it".
     instance_type: str = "g6.xlarge"
     #: GPUs per task (= per instance: one engine per instance).
     gpu_count: Annotated[int, Field(ge=1)] = 1

@@ -30,7 +30,9 @@ def _encode(value: int, width: int) -> str:
 
 def new_id(prefix: str, now_ms: int | None = None) -> str:
     ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    rand = "".join(secrets.choice(_ALPHABET) for _ in range(_RANDOM_CHARS))
+    # 16 base32 characters are 80 random bits: one draw, not one per character (the worker makes
+    # an id for every result line; docs/benchmarks.md, "Worker ceiling").
+    rand = _encode(secrets.randbits(5 * _RANDOM_CHARS), _RANDOM_CHARS)
     return f"{prefix}{_encode(ms, _TIME_CHARS)}{rand}"
 
 
