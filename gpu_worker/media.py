@@ -30,10 +30,10 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_for
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 
 from functions.core import limits
@@ -138,6 +138,15 @@ class MediaPolicy:
     max_bytes: int = limits.MAX_AUDIO_BYTES
     timeout: float = limits.AUDIO_FETCH_SECONDS
     resolver: Resolver = field(default=resolve, compare=False, repr=False)
+
+    def narrowed(self, domains: Iterable[str] | None) -> MediaPolicy:
+        """This policy with only its hosts that ``domains`` lists too (a work message's snapshot of
+        its tenant's list; None: this policy as it is): never wider than this one."""
+        if domains is None:
+            return self
+        listed = {domain.lower() for domain in domains}
+        kept = tuple(dict.fromkeys(d.lower() for d in self.allowed_domains if d.lower() in listed))
+        return replace(self, allowed_domains=kept)
 
 
 #: No host allowed: only ``data:`` URLs (the default of ``Settings.allowed_media_domains``).
