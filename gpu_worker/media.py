@@ -3,17 +3,20 @@
 
 - ``data:``: decoded (base64 only; its size checked by arithmetic before decoding).
 - ``http(s)``: the host checked again against the allowlist (``functions.core.lines.url_host``,
-  the rule ingest applied), resolved once with ``socket.getaddrinfo`` within the fetch's deadline
-  (``Lookups``: the lookup runs in a thread of a small bounded set, waited for at most until the
-  deadline; a lookup still stuck then is left to end on its own, holding its slot till it does);
-  every address it resolves to must be public (no loopback, private, link-local incl. the metadata address 169.254.169.254,
-  CGNAT, multicast, reserved or unspecified address, no IPv6 ULA or site-local, and the IPv4
-  address inside an IPv4-mapped, 6to4 or NAT64 one is checked the same), else nothing is sent.
-  The connection goes to the vetted address itself (no second lookup: a DNS answer that changes
-  between check and use cannot redirect it), with the URL's host in ``Host`` and, for https, as
-  the TLS server name the certificate is checked against. No redirect is followed (a 3xx is an
-  error), any status but 200 is an error, the body is read up to ``max_bytes + 1`` (more: an
-  error), and the whole fetch has one deadline.
+  the rule ingest applied; ``MediaPolicy.narrowed`` by a work message's tenant list), resolved
+  once with ``socket.getaddrinfo`` within the fetch's deadline (``Lookups``: the lookup runs in
+  a thread of a small bounded set and is waited for at most until the deadline; a lookup still
+  stuck then is left to end on its own, holding its slot till it does); every address it
+  resolves to must be public (no loopback, private, link-local incl. the metadata address
+  169.254.169.254, CGNAT, multicast, reserved or unspecified address, no IPv6 ULA or
+  site-local, and the IPv4 address inside an IPv4-mapped, 6to4 or NAT64 one is checked the
+  same), else nothing is sent. The connection goes to the vetted address itself (no second
+  lookup: a DNS answer that changes between check and use cannot redirect it), with the URL's
+  host in ``Host`` and, for https, as the TLS server name the certificate is checked against.
+  No redirect is followed (a 3xx is an error), any status but 200 is an error, the body is read
+  up to ``max_bytes + 1`` (more: an error), and the whole fetch has one deadline: the lookup and
+  the body are held to it, the connect and the status and headers get what the lookup left of
+  it as their socket timeout.
 
 Every failure is a ``MediaFetchError`` (the line's error ``media_fetch_failed``) whose message
 names the URL without its query (a presigned URL's signature stays out of error files).
