@@ -5,7 +5,8 @@ within the API's policy cache (``BATCHAPI_POLICY_CACHE_SECONDS``, 5 s).
 
 A tenant without a record has the default policy (the defaults: every served model, no
 limits). ``create`` refuses an existing record; ``set`` changes only the options given (on the
-stored policy, or the default one); ``none`` clears a limit, ``all`` clears the allowlist.
+stored policy, or the default one); ``none`` clears a limit, ``all`` clears an allowlist (for
+``--allowed-media-domains``: the deployment's hosts apply; ``none`` there: ``data:`` URLs only).
 ``disable`` marks the policy and every key of the tenant disabled (the authorizer refuses them:
 at once locally, within the authorizer's result cache on AWS); ``enable`` undoes it."""
 
@@ -84,6 +85,19 @@ def _models(value: str) -> list[str] | None:
     return models
 
 
+def _hosts(value: str) -> list[str] | None:
+    """``--allowed-media-domains``: hosts (comma-separated), ``all`` (the deployment's) or ``none``
+    (no host: ``data:`` URLs only)."""
+    if value == "all":
+        return None
+    if value == "none":
+        return []
+    hosts = [h.strip().lower() for h in value.split(",") if h.strip()]
+    if not hosts:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of hosts, 'all' or 'none'")
+    return hosts
+
+
 def _cap(value: str) -> tuple[str, int | None]:
     model, sep, number = value.rpartition("=")
     if not sep or not model:
@@ -98,6 +112,14 @@ def _policy_options(parser: argparse.ArgumentParser) -> None:
     option = parser.add_argument_group("policy").add_argument
     unset = argparse.SUPPRESS
     option("--allowed-models", type=_models, default=unset, help="comma-separated models this tenant may use, or 'all'")
+    option(
+        "--allowed-media-domains",
+        type=_hosts,
+        default=unset,
+        metavar="HOSTS",
+        help="comma-separated hosts audio lines may fetch from, within the deployment's allowed_media_domains "
+        "(a host it does not list stays refused); 'all': the deployment's; 'none': data: URLs only",
+    )
     option("--batches-per-hour", type=_count, default=unset, help="batch creations per clock hour, or 'none'")
     option(
         "--max-enqueued-requests",
@@ -177,6 +199,7 @@ def apply(policy: TenantPolicy, args: argparse.Namespace, *, now: int) -> Tenant
     given = vars(args)
     for name in (
         "allowed_models",
+        "allowed_media_domains",
         "batches_per_hour",
         "output_token_budget",
         "input_token_budget",

@@ -12,6 +12,8 @@ import signal
 import sys
 from collections.abc import Mapping
 
+from aws_lambda_powertools import Logger
+
 from functions.core import clients
 from functions.core.aws import stores_from_settings
 from functions.core.aws.sqs import SqsQueue
@@ -61,6 +63,31 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def build_worker(
+    config: WorkerConfig,
+    settings: Settings,
+    *,
+    stores: Stores,
+    queue: WorkQueue,
+    engine: EngineClient,
+    metrics: WorkerMetrics,
+    logger: Logger,
+) -> Worker:
+    """The worker of ``config`` under the deployment's ``settings`` (its line bound, chunk size and
+    the hosts audio lines may be fetched from)."""
+    return Worker(
+        config,
+        stores=stores,
+        queue=queue,
+        engine=engine,
+        metrics=metrics,
+        logger=logger,
+        max_line_bytes=settings.max_line_bytes,
+        chunk_max_lines=settings.chunk_max_lines,
+        allowed_media_domains=settings.allowed_media_domains,
+    )
+
+
 async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue: WorkQueue) -> int:
     logger = make_logger(config.service)
     logger.append_keys(model=config.model)
@@ -68,16 +95,8 @@ async def serve(config: WorkerConfig, settings: Settings, stores: Stores, queue:
         namespace=config.metrics_namespace, service=config.service, logger=logger, model=config.model
     )
     async with EngineClient.from_config(config) as engine:
-        worker = Worker(
-            config,
-            stores=stores,
-            queue=queue,
-            engine=engine,
-            metrics=metrics,
-            logger=logger,
-            max_line_bytes=settings.max_line_bytes,
-            chunk_max_lines=settings.chunk_max_lines,
-            allowed_media_domains=settings.allowed_media_domains,
+        worker = build_worker(
+            config, settings, stores=stores, queue=queue, engine=engine, metrics=metrics, logger=logger
         )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -44,7 +44,8 @@ class RunPolicy:
     careful_group_lines: int = 8
     max_strikes: int = limits.CHUNK_MAX_STRIKES
     max_failures: int = limits.CHUNK_MAX_FAILURES
-    #: Where an audio line's ``file_url`` may be fetched from (``Settings.allowed_media_domains``).
+    #: Where an audio line's ``file_url`` may be fetched from (``Settings.allowed_media_domains``;
+    #: a message's ``allowed_media_domains`` narrows it for its chunk).
     media: MediaPolicy = DATA_URLS_ONLY
 
 
@@ -91,6 +92,9 @@ class Attempt:
         self.prepare = prepare
         #: The message's prompt and output policy, bound to the worker's check processes.
         self.guard = guard
+        #: Where its audio lines may be fetched from: the worker's hosts, narrowed by the
+        #: tenant's as ingest snapshotted them into the message.
+        self.media = policy.media.narrowed(message.allowed_media_domains)
 
     async def run(self, requests: list[RawLine], *, on_dispatch: Callable[[], None]) -> None:
         """Give every request line of the chunk a result (``on_dispatch``: called once the lines
@@ -197,7 +201,7 @@ class Attempt:
             endpoint=self.message.endpoint,
             guard=self.guard,
             prepare=self.prepare,
-            media=self.policy.media,
+            media=self.media,
         )
 
     def unrecorded_spend(self) -> Spend:

@@ -114,7 +114,12 @@ async def send(engine: Engine, endpoint: str, body: dict[str, Any], media: Media
         return await engine.post(endpoint, body)
     url = body["file_url"]
     audio = await asyncio.to_thread(
-        fetch_audio, url, allowed_domains=media.allowed_domains, max_bytes=media.max_bytes, timeout=media.timeout
+        fetch_audio,
+        url,
+        allowed_domains=media.allowed_domains,
+        max_bytes=media.max_bytes,
+        timeout=media.timeout,
+        resolver=media.resolver,
     )
     return await engine.post_form(endpoint, audio_fields(body), [("file", filename_of(url), audio)])
 

@@ -40,7 +40,7 @@ from .chunk import ChunkRunner
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
 from .engine_gate import EngineGate
-from .media import MediaPolicy
+from .media import MediaPolicy, Resolver, resolve
 from .metrics import WorkerMetrics
 from .policy_checks import PolicyChecks
 from .shaping import CacheSalts
@@ -78,6 +78,7 @@ class Worker:
         max_line_bytes: int,
         chunk_max_lines: int,
         allowed_media_domains: tuple[str, ...] = (),
+        media_resolver: Resolver = resolve,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
@@ -115,11 +116,13 @@ class Worker:
             if config.measure_capacity and read is not None
             else None
         )
+        #: Audio lines fetch from ``allowed_media_domains`` (a message may narrow it), their hosts
+        #: looked up by ``media_resolver`` (tests inject one).
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines,
             checkpoint_seconds=config.checkpoint_seconds,
             careful_group_lines=config.careful_group_lines,
-            media=MediaPolicy(allowed_domains=allowed_media_domains),
+            media=MediaPolicy(allowed_domains=allowed_media_domains, resolver=media_resolver),
         )
         #: Ranks of chunks' urgent store calls, by arrival (0: the worker's own calls, first).
         self._ranks = itertools.count(1)

@@ -37,6 +37,10 @@ class WorkMessage(BaseModel):
     #: ``work.Bounds.max_output_tokens``; None: no bound, absent): a line that sets no output limit
     #: of its own is sent with its share of it (``Bounds.output_cap``).
     max_line_output_tokens: int | None = None
+    #: The hosts an audio line may be fetched from when the tenant's policy narrowed the
+    #: deployment's list (``tenants.media_domains`` as ingest snapshotted it; None: no narrowing,
+    #: absent): the worker fetches only from the hosts both this and its own setting list.
+    allowed_media_domains: tuple[str, ...] | None = None
 
     def bound(self) -> bool:
         """Tenant binding: the input this message names is its own tenant's batch
@@ -60,8 +64,9 @@ class Chunk(BaseModel):
 
 class ChunkManifest(BaseModel):
     chunks: list[Chunk]
-    #: The tenant's policy at validation (``guard.active``) and the output bound of one line:
-    #: every fan-out copies them into the work messages, so a retried fan-out (ingest DLQ,
-    #: sweeper) carries the same policy.
+    #: The tenant's policy at validation (``guard.active``), the output bound of one line and the
+    #: tenant's narrowed media hosts (audio batches only): every fan-out copies them into the work
+    #: messages, so a retried fan-out (ingest DLQ, sweeper) carries the same policy.
     guard: GuardPolicy | None = None
     max_line_output_tokens: int | None = None
+    allowed_media_domains: tuple[str, ...] | None = None

@@ -6,6 +6,10 @@ Enforced (docs/governance.md):
 
 - ``allowed_models``: ingest fails a line whose ``body.model`` is not listed (``model_not_allowed``),
   so the batch ends ``failed`` (the model is known only at ingest).
+- ``allowed_media_domains``: narrows the deployment's ``Settings.allowed_media_domains`` for the
+  tenant's audio lines (``media_domains``: the hosts both list; a tenant never widens it): ingest
+  refuses a ``file_url`` on another host, and snapshots the list into the batch's manifest and
+  work messages, whose hosts the worker then fetches from, whatever the policy becomes.
 - ``batches_per_hour``: batch creations per tenant per clock hour, counted with one conditional
   atomic counter item per (tenant, hour window); over the limit the create is answered 429
   ``rate_limit_error`` with ``Retry-After`` (seconds to the window's end).
@@ -31,7 +35,7 @@ Enforced (docs/governance.md):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -76,6 +80,10 @@ class TenantPolicy(BaseModel):
     tenant: str
     #: The models this tenant may use; None: every model the deployment serves. Enforced at ingest.
     allowed_models: list[str] | None = None
+    #: The hosts this tenant's audio lines may fetch from, within the deployment's
+    #: ``allowed_media_domains`` (the hosts both list: a tenant's list narrows, never widens);
+    #: None: the deployment's; []: ``data:`` URLs only. Lowercase. Enforced at ingest, snapshotted.
+    allowed_media_domains: list[str] | None = None
     #: Batch creations per clock hour; None: unlimited. Enforced at create (429).
     batches_per_hour: int | None = Field(default=None, ge=0)
     #: Per model: at most this many requests enqueued (not yet finished): reserved at ingest.
@@ -109,6 +117,16 @@ class TenantPolicy(BaseModel):
 
     _check_tenant = field_validator("tenant")(classmethod(lambda cls, v: check_tenant(v)))
 
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _hosts(cls, hosts: list[str] | None) -> list[str] | None:
+        if hosts is None:
+            return None
+        cleaned = [host.strip().lower() for host in hosts]
+        if any(not host or not host.isprintable() or any(c in host for c in " /@\\") for host in cleaned):
+            raise ValueError("media domains must be host names (or IP literals), without scheme, path or spaces")
+        return list(dict.fromkeys(cleaned))
+
     @field_validator("max_enqueued_requests", "max_enqueued_tokens")
     @classmethod
     def _non_negative(cls, caps: dict[str, int]) -> dict[str, int]:
@@ -127,6 +145,17 @@ class TenantPolicy(BaseModel):
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> Self:
         return cls.model_validate({k: v for k, v in item.items() if k not in (schema.PK, schema.SK)})
+
+
+def media_domains(policy: TenantPolicy | None, deployment: Iterable[str]) -> tuple[str, ...] | None:
+    """The hosts ``policy``'s tenant may fetch audio from when its policy narrows the deployment's
+    list (``deployment``, ``Settings.allowed_media_domains``): the deployment's hosts its list
+    names too, lowercase, in the deployment's order; None when it has no list of its own (the
+    deployment's apply as they are). A host only the tenant lists is never in it."""
+    if policy is None or policy.allowed_media_domains is None:
+        return None
+    listed = set(policy.allowed_media_domains)
+    return tuple(dict.fromkeys(host.lower() for host in deployment if host.lower() in listed))
 
 
 def default_policy(tenant: str) -> TenantPolicy:

@@ -41,6 +41,14 @@ class Validation:
     guard: GuardPolicy | None = None
     #: The bounds on one line's work (the deployment's, tightened by the tenant's policy).
     bounds: Bounds = field(default_factory=Bounds)
+    #: An audio batch's media hosts when the tenant's policy narrows the deployment's
+    #: (``tenants.media_domains``; None: the deployment's), snapshotted into the manifest.
+    allowed_media_domains: tuple[str, ...] | None = None
+
+    def media_domains(self, settings: Settings) -> tuple[str, ...]:
+        """The hosts an audio line's ``file_url`` may name."""
+        narrowed = self.allowed_media_domains
+        return settings.allowed_media_domains if narrowed is None else narrowed
 
 
 def validate(
@@ -52,6 +60,11 @@ def validate(
     result = Validation(
         guard=guard.active(policy.guard if policy is not None else None),
         bounds=settings.line_bounds.tighter(policy.line_bounds if policy is not None else None),
+        allowed_media_domains=(
+            tenants.media_domains(policy, settings.allowed_media_domains)
+            if batch.endpoint in limits.AUDIO_ENDPOINTS
+            else None
+        ),
     )
 
     def fail(code: str, message: str, param: str | None = None, line: int | None = None) -> bool:
@@ -100,7 +113,7 @@ def _check_line(
     the bounds): the work it asks for. Raises ``LineError``."""
     request = parse_request(line)
     custom_id, model = check_request(
-        request, endpoint=batch.endpoint, allowed_media_domains=settings.allowed_media_domains
+        request, endpoint=batch.endpoint, allowed_media_domains=result.media_domains(settings)
     )
     if custom_id in seen:
         raise LineError("duplicate_custom_id", f"The custom_id {shown(custom_id)} appears more than once.", "custom_id")
@@ -287,7 +300,12 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
         return _fail_validation(stores, batch, [tenants.budget_error(policy, kind)], now)  # nothing of it runs
     # The manifest is deterministic: a repeated ingest writes the same bytes.
     manifest = (
-        ChunkManifest(chunks=result.chunks, guard=result.guard, max_line_output_tokens=result.bounds.max_output_tokens)
+        ChunkManifest(
+            chunks=result.chunks,
+            guard=result.guard,
+            max_line_output_tokens=result.bounds.max_output_tokens,
+            allowed_media_domains=result.allowed_media_domains,
+        )
         .model_dump_json(exclude_none=True)
         .encode()
     )
@@ -328,7 +346,11 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
         manifest = ChunkManifest.model_validate_json(
             stores.objects.get(schema.batch_manifest_key(batch.tenant, batch.id))
         )
-        snapshot = {"guard": manifest.guard, "max_line_output_tokens": manifest.max_line_output_tokens}
+        snapshot = {
+            "guard": manifest.guard,
+            "max_line_output_tokens": manifest.max_line_output_tokens,
+            "allowed_media_domains": manifest.allowed_media_domains,
+        }
         messages = [
             batch.work_message(c).model_copy(update=snapshot).model_dump_json(exclude_none=True)
             for c in manifest.chunks

@@ -169,3 +169,24 @@ def test_reserve_output_tokens_takes_on_or_off_only(env: dict[str, str], capsys)
     with pytest.raises(SystemExit) as info:
         cli.main(["tenants", "set", "--tenant", "acme", "--reserve-output-tokens", "yes"], env=env)
     assert info.value.code == 2 and "expected on or off" in capsys.readouterr().err
+
+
+def test_set_takes_the_media_allowlist_and_none_stores_an_empty_one(stack: None, env: dict[str, str], stores) -> None:
+    code, _out, err = run_cli(
+        "tenants", "set", "--tenant", "acme", "--allowed-media-domains", "CDN.example.org,media.example.com", env=env
+    )
+    assert code == 0, err
+    assert stores.tenants.get("acme").allowed_media_domains == ["cdn.example.org", "media.example.com"]
+    run_cli("tenants", "set", "--tenant", "acme", "--allowed-media-domains", "none", env=env)
+    assert stores.tenants.get("acme").allowed_media_domains == []  # data: URLs only, stored as such
+    code, out, _ = run_cli("tenants", "get", "--tenant", "acme", env=env)
+    assert code == 0 and json.loads(out)["allowed_media_domains"] == []
+    run_cli("tenants", "set", "--tenant", "acme", "--allowed-media-domains", "all", env=env)
+    assert stores.tenants.get("acme").allowed_media_domains is None  # the deployment's again
+
+
+def test_a_media_domain_that_is_not_a_host_is_an_invalid_policy(stack: None, env: dict[str, str]) -> None:
+    code, _, err = run_cli(
+        "tenants", "set", "--tenant", "acme", "--allowed-media-domains", "https://x.example", env=env
+    )
+    assert code == 2 and "media domains must be host names" in err

@@ -1,18 +1,28 @@
 """The audio fetch (gpu_worker/media.py): the address policy with injected resolvers (every
 forbidden range, answers mixing public and private addresses, IPv4 inside IPv6), data: URLs
-decoded within their bound, and the HTTP path against a loopback server, reachable only through
-the test-only ``allow_private`` switch: a redirect and an oversized body are refused."""
+decoded within their bound, the name lookup bounded by the fetch's deadline (a slow resolver, a
+full set of lookups), and the HTTP path against a loopback server, reachable only through the
+test-only ``allow_private`` switch: a redirect and an oversized body are refused."""
 
 from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpu_worker.media import MediaFetchError, address_problem, fetch_audio, filename_of, shown_url, vetted_address
+from gpu_worker.media import (
+    Lookups,
+    MediaFetchError,
+    address_problem,
+    fetch_audio,
+    filename_of,
+    shown_url,
+    vetted_address,
+)
 
 AUDIO = b"RIFF\x00\x00\x00\x00WAVEfmt " * 10
 
@@ -84,6 +94,85 @@ def test_the_host_is_checked_against_the_allowlist_again_before_any_lookup():
             resolver=lambda h, p: looked_up.append(h) or ["8.8.8.8"],
         )
     assert looked_up == []
+
+
+# --- the name lookup, within the fetch's deadline ---------------------------------------------------
+class SlowResolver:
+    """A resolver that answers only once released (a name server that never answers in time);
+    ``calls`` counts the lookups it was asked for."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self, host: str, port: int) -> list[str]:
+        self.calls += 1
+        self.release.wait(30)
+        return ["93.184.215.14"]
+
+
+@pytest.fixture
+def slow() -> Iterator[SlowResolver]:
+    resolver = SlowResolver()
+    yield resolver
+    resolver.release.set()  # the abandoned lookups end on their own
+
+
+def wait_until(predicate, seconds: float = 5.0) -> None:
+    end = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.005)
+
+
+def test_a_slow_lookup_fails_the_fetch_within_its_deadline(slow):
+    lookups = Lookups(2)
+    started = time.monotonic()
+    with pytest.raises(MediaFetchError, match="could not be resolved before the fetch's deadline"):
+        fetch_audio(
+            "https://media.example.com/a.wav?sig=s3cr3t",
+            allowed_domains=("media.example.com",),
+            timeout=0.3,
+            resolver=slow,
+            lookups=lookups,
+        )
+    took = time.monotonic() - started
+    assert 0.3 <= took < 2.0  # the deadline, not the resolver's 30 s
+    assert slow.calls == 1 and lookups.running == 1  # the stuck lookup is left to end on its own
+    slow.release.set()
+    wait_until(lambda: lookups.running == 0)
+
+
+def test_stuck_lookups_hold_their_slots_and_never_pile_up_threads(slow):
+    """Every slot held by a lookup that outlived its fetch: the next fetches start no thread, fail
+    within their own deadline, and once the stuck lookups end a fetch resolves again."""
+    lookups = Lookups(2)
+    for _ in range(2):
+        with pytest.raises(MediaFetchError):
+            vetted_address("media.example.com", 443, resolver=slow, lookups=lookups, deadline=time.monotonic() + 0.05)
+    assert lookups.running == 2 and slow.calls == 2
+    threads = threading.active_count()
+    for _ in range(5):
+        started = time.monotonic()
+        with pytest.raises(MediaFetchError, match="2 name lookups are already under way"):
+            vetted_address("media.example.com", 443, resolver=slow, lookups=lookups, deadline=time.monotonic() + 0.05)
+        assert time.monotonic() - started < 1.0
+    assert slow.calls == 2 and lookups.running == 2 and threading.active_count() <= threads
+    slow.release.set()
+    wait_until(lambda: lookups.running == 0)
+    assert vetted_address("media.example.com", 443, resolver=lambda h, p: ["8.8.8.8"], lookups=lookups) == "8.8.8.8"
+
+
+def test_a_fetch_waits_for_a_slot_that_frees_up_before_its_deadline(slow):
+    lookups = Lookups(1)
+    with pytest.raises(MediaFetchError):
+        vetted_address("media.example.com", 443, resolver=slow, lookups=lookups, deadline=time.monotonic() + 0.05)
+    threading.Timer(0.1, slow.release.set).start()  # the stuck lookup ends while the next fetch waits
+    address = vetted_address(
+        "media.example.com", 443, resolver=lambda h, p: ["8.8.8.8"], lookups=lookups, deadline=time.monotonic() + 5
+    )
+    assert address == "8.8.8.8"
+    wait_until(lambda: lookups.running == 0)
 
 
 def test_a_data_url_is_decoded_within_its_bound():

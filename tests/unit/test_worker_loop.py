@@ -1,9 +1,11 @@
 """The worker loop (``gpu_worker.loop.Worker``) against in-memory fakes: the queue and stores of
 tests/fakes/aws.py and an in-process engine. What becomes of a malformed message, a chunk that
-fails, a running chunk's visibility (the heartbeat, on an injected sleep), a lost receipt; and
+fails, a running chunk's visibility (the heartbeat, on an injected sleep), a lost receipt; the
+media allowlist the worker is built with (from the settings too) reaching its chunks' lines; and
 the process's exit codes. Nothing here waits on wall-clock time for its verdict."""
 
 import asyncio
+import base64
 import dataclasses
 import json
 import socket
@@ -13,7 +15,8 @@ import pytest
 
 from functions.core import schema
 from functions.core.messages import WorkMessage
-from gpu_worker.__main__ import main
+from functions.core.wire import BatchOutputLine
+from gpu_worker.__main__ import build_worker, main
 from gpu_worker.config import WorkerConfig
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
@@ -110,9 +113,10 @@ class Rig:
     """One Worker on fakes. ``beat`` is the heartbeat's injected sleep: by default it never
     returns (no extension happens); a test replaces it to drive the heartbeat."""
 
-    def __init__(self, respond=None, concurrent=False, **config):
+    def __init__(self, respond=None, concurrent=False, worker=None, **config):
         # concurrent: the fakes declared safe to call from several threads (as the AWS set is),
-        # for a test that shows the worker's store calls side by side.
+        # for a test that shows the worker's store calls side by side. worker: more of Worker's
+        # keywords.
         self.stores = dataclasses.replace(fake_stores(), concurrent=True) if concurrent else fake_stores()
         self.queue = RecordingQueue(self.stores.faults)
         self.engine = InProcessEngine(respond) if respond else InProcessEngine()
@@ -143,6 +147,7 @@ class Rig:
             chunk_max_lines=2,
             clock=lambda: NOW,
             sleep=self.beat,
+            **(worker or {}),
         )
 
     async def beat(self, seconds: float) -> None:
@@ -165,6 +170,13 @@ class Rig:
 
     def counted(self, chunk: int) -> bool:
         return self.stores.batches.markers.get(("acme", "batch_1", chunk)) is not None
+
+    def errors(self, chunk: int = 0) -> list[tuple[str, str, str]]:
+        """The counted attempt's error lines: (custom_id, code, message)."""
+        marker = self.stores.batches.markers[("acme", "batch_1", chunk)]
+        err = self.stores.objects.get(schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, "err"))
+        rows = map(BatchOutputLine.model_validate_json, err.splitlines())
+        return [(row.custom_id, row.error.code, row.error.message) for row in rows if row.error is not None]
 
 
 def test_a_malformed_message_is_released_for_a_later_retry_and_the_loop_goes_on():
@@ -310,7 +322,6 @@ def test_a_line_that_keeps_crashing_the_engine_fails_alone_through_the_loop():
     /health, as the local supervisor or a new ECS task does). Each death releases the chunk at
     once; the worker's own record narrows it down to that line, which fails as engine_crashed;
     the other line completes, and the message is deleted, never dead-lettered."""
-    from functions.core.wire import BatchOutputLine
     from tests.fakes.engine import CrashingEngine
 
     rig = Rig()
@@ -360,3 +371,71 @@ def test_chunks_that_end_together_write_their_parts_side_by_side():
 
 def test_stores_that_do_not_allow_it_get_one_store_pool():
     assert Rig(store_threads=4).worker._store_pool.threads == 1
+
+
+# --- the media allowlist the worker is built with -----------------------------------------------
+AUDIO = "/v1/audio/transcriptions"
+WAV = "data:audio/wav;base64," + base64.b64encode(b"RIFF-audio").decode()
+
+
+def seed_audio(stores, urls: list[str]) -> WorkMessage:
+    """An in_progress audio batch of one chunk, a line per ``file_url``, and its work message."""
+    lines = [
+        (
+            json.dumps(
+                {"custom_id": f"a-{i}", "method": "POST", "url": AUDIO, "body": {"model": "test-chat", "file_url": url}}
+            )
+            + "\n"
+        ).encode()
+        for i, url in enumerate(urls)
+    ]
+    stores.objects.put(schema.batch_input_key("acme", "batch_1"), b"".join(lines))
+    batch = running_batch(created_at=NOW, total=len(lines), chunk_count=1, model="test-chat", endpoint=AUDIO)
+    stores.batches.put(batch)
+    return batch.work_message(cut(lines, len(lines))[0])
+
+
+def test_the_workers_media_allowlist_reaches_its_chunks_lines():
+    """``Worker(allowed_media_domains=...)``: a line on a listed host goes on to the fetch (its name
+    looked up by the injected resolver, whose private answer the SSRF rules then refuse: nothing is
+    connected to), a line on another host is refused before any lookup, a data: URL runs."""
+    looked_up = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        looked_up.append((host, port))
+        return ["10.9.8.7"]
+
+    rig = Rig(worker={"allowed_media_domains": ("media.example.com",), "media_resolver": resolver})
+    message = seed_audio(rig.stores, ["https://media.example.com/a.wav", "https://evil.example.net/b.wav", WAV])
+    rig.queue.send([message.model_dump_json()])
+    rig.run_until(lambda: rig.counted(0), "the chunk counted")
+    (fetched, refused) = rig.errors()
+    assert fetched[:2] == ("a-0", "media_fetch_failed") and "resolves to 10.9.8.7, a private address" in fetched[2]
+    assert refused[:2] == ("a-1", "invalid_value") and "'evil.example.net' is not an allowed media domain" in refused[2]
+    assert looked_up == [("media.example.com", 443)]
+    assert [path for path, _ in rig.engine.requests] == [AUDIO]  # the data: URL only
+
+
+def test_a_worker_without_an_allowlist_fetches_no_host():
+    looked_up = []
+    rig = Rig(worker={"media_resolver": lambda host, port: looked_up.append(host) or ["10.9.8.7"]})
+    message = seed_audio(rig.stores, ["https://media.example.com/a.wav"])
+    rig.queue.send([message.model_dump_json()])
+    rig.run_until(lambda: rig.counted(0), "the chunk counted")
+    assert [row[:2] for row in rig.errors()] == [("a-0", "invalid_value")] and looked_up == []
+
+
+def test_python_m_gpu_worker_builds_its_worker_with_the_deployments_media_allowlist():
+    rig = Rig()
+    settings = TEST_SETTINGS.model_copy(update={"allowed_media_domains": ("media.example.com", "cdn.example.org")})
+    worker = build_worker(
+        rig.config,
+        settings,
+        stores=rig.stores,
+        queue=rig.queue,
+        engine=rig.engine,
+        metrics=rig.metrics,
+        logger=rig.log,
+    )
+    assert worker.policy.media.allowed_domains == ("media.example.com", "cdn.example.org")
+    assert worker.chunks.policy.media == worker.policy.media  # what every attempt runs with

@@ -25,9 +25,11 @@ from tests.builders import cut, running_batch
 from tests.conftest import TEST_SETTINGS
 from tests.fakes.engine import FakeEngine, chat_answer
 from tests.integration.worker.engines import DIRECT
+from tests.integration.worker.engines import REPO as ENGINES_REPO
 from tests.integration.worker.harness import queue_depth, wait_until
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: The checkout's root: the worker process runs this checkout's code.
+REPO = str(ENGINES_REPO)
 
 
 @pytest.fixture
