@@ -36,7 +36,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.builders import running_batch
+from tests.builders import cut, running_batch
 from tests.integration.worker import engines
 
 MAX_NUM_SEQS = 128
@@ -234,38 +234,21 @@ def bench_sqs(url: str, input_path: Path, before_run: Callable[[], None] = lambd
         stores = stores_from_settings(settings)
         key = schema.batch_input_key("bench", "batch_bench")
         stores.objects.put(key, data)
-        now = int(time.time())
-        offsets = [0]
-        for raw in data.splitlines(keepends=True):
-            offsets.append(offsets[-1] + len(raw))
-        n = len(offsets) - 1
-        chunks = [(i, min(i + 100, n)) for i in range(0, n, 100)]
-        stores.batches.create(
-            running_batch(
-                tenant="bench",
-                id="batch_bench",
-                input_file_id="file-bench",
-                created_at=now,
-                total=n,
-                chunk_count=len(chunks),
-                model=engines.CHAT_MODEL,
-            )
+        lines = data.splitlines(keepends=True)
+        chunks = cut(lines, 100)
+        batch = running_batch(
+            tenant="bench",
+            id="batch_bench",
+            input_file_id="file-bench",
+            created_at=int(time.time()),
+            total=len(lines),
+            chunk_count=len(chunks),
+            model=engines.CHAT_MODEL,
         )
+        stores.batches.create(batch)
         queue_url = settings.models[engines.CHAT_MODEL].queue_url
-        for c, (a, b) in enumerate(chunks):
-            message = WorkMessage(
-                batch_id="batch_bench",
-                tenant="bench",
-                chunk=c,
-                input_key=key,
-                byte_start=offsets[a],
-                byte_end=offsets[b],
-                first_line=a + 1,
-                line_count=b - a,
-                endpoint="/v1/chat/completions",
-                model=engines.CHAT_MODEL,
-                expires_at=now + 86400,
-            )
+        for chunk in chunks:
+            message = batch.work_message(chunk)
             clients.client("sqs").send_message(QueueUrl=queue_url, MessageBody=message.model_dump_json())
         config = worker_config(
             settings, url, model=engines.CHAT_MODEL, max_in_flight=0, engine_max_num_seqs=MAX_NUM_SEQS

@@ -243,45 +243,24 @@ def moto_setup(kind: str, moto_pid: int) -> Setup:
 
 def enqueue(setup: Setup, kind: str, data: bytes) -> int:
     """The batch's input, its record (in progress) and one work message per 100-line chunk."""
-    from functions.core.messages import WorkMessage
-    from tests.builders import running_batch
+    from tests.builders import cut, running_batch
 
     key = schema.batch_input_key(TENANT, BATCH)
     setup.stores.objects.put(key, data)
-    offsets = [0]
-    for raw in data.splitlines(keepends=True):
-        offsets.append(offsets[-1] + len(raw))
-    n = len(offsets) - 1
-    chunks = [(a, min(a + CHUNK_LINES, n)) for a in range(0, n, CHUNK_LINES)]
-    now = int(time.time())
-    setup.stores.batches.create(
-        running_batch(
-            tenant=TENANT,
-            id=BATCH,
-            input_file_id="file-bench",
-            created_at=now,
-            total=n,
-            chunk_count=len(chunks),
-            model=MODELS[kind],
-            endpoint=ENDPOINTS[kind],
-        )
+    lines = data.splitlines(keepends=True)
+    chunks = cut(lines, CHUNK_LINES)
+    batch = running_batch(
+        tenant=TENANT,
+        id=BATCH,
+        input_file_id="file-bench",
+        created_at=int(time.time()),
+        total=len(lines),
+        chunk_count=len(chunks),
+        model=MODELS[kind],
+        endpoint=ENDPOINTS[kind],
     )
-    bodies = [
-        WorkMessage(
-            batch_id=BATCH,
-            tenant=TENANT,
-            chunk=c,
-            input_key=key,
-            byte_start=offsets[a],
-            byte_end=offsets[b],
-            first_line=a + 1,
-            line_count=b - a,
-            endpoint=ENDPOINTS[kind],
-            model=MODELS[kind],
-            expires_at=now + 86400,
-        ).model_dump_json()
-        for c, (a, b) in enumerate(chunks)
-    ]
+    setup.stores.batches.create(batch)
+    bodies = [batch.work_message(chunk).model_dump_json() for chunk in chunks]
     setup.queue.send(bodies)
     return len(chunks)
 
