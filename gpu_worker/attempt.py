@@ -34,13 +34,18 @@ log = logging.getLogger("gpu_worker.chunk")
 @dataclass(frozen=True)
 class RunPolicy:
     """Checkpoints and the poison budget (docs/reliability.md, "Poison isolation"). A checkpoint
-    is written once ``checkpoint_lines`` results wait, or ``checkpoint_seconds`` after the last
-    one; never for the chunk's last lines (the commit writes them); after every group in careful
-    mode. 0 turns a trigger off. Careful mode sends ``careful_group_lines`` lines at a time alone
-    on the engine (a suspect line, one that was in a group that died, goes by itself)."""
+    is written once ``checkpoint_lines`` results wait (and ``checkpoint_min_seconds`` passed since
+    the last one), or ``checkpoint_seconds`` after the last one; never for the chunk's last lines
+    (the commit writes them); after every group in careful mode. 0 turns a trigger off. Careful
+    mode sends ``careful_group_lines`` lines at a time alone on the engine (a suspect line, one
+    that was in a group that died, goes by itself)."""
 
     checkpoint_lines: int = 25
     checkpoint_seconds: float = 5.0
+    #: The line trigger waits this long after the last checkpoint (or the attempt's start): lines
+    #: that finish in milliseconds (short embeddings) are checkpointed by time, not every
+    #: ``checkpoint_lines``, so checkpoints scale with the chunk's run time, not its lines.
+    checkpoint_min_seconds: float = 1.0
     careful_group_lines: int = 8
     max_strikes: int = limits.CHUNK_MAX_STRIKES
     max_failures: int = limits.CHUNK_MAX_FAILURES
@@ -215,10 +220,15 @@ class Attempt:
     async def add(self, result: LineResult, *, remaining: int, force: bool = False) -> None:
         self.done.append(result)
         waiting = len(self.done) - self.saved
+        policy, since = self.policy, self.now() - self.flushed_at
         due = (
             force
-            or (self.policy.checkpoint_lines and waiting >= self.policy.checkpoint_lines)
-            or (self.policy.checkpoint_seconds and self.now() - self.flushed_at >= self.policy.checkpoint_seconds)
+            or (
+                policy.checkpoint_lines
+                and waiting >= policy.checkpoint_lines
+                and since >= policy.checkpoint_min_seconds
+            )
+            or (policy.checkpoint_seconds and since >= policy.checkpoint_seconds)
         )
         if due and (remaining > 0 or force):
             await self.flush()

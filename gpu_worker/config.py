@@ -85,6 +85,9 @@ class WorkerConfig(EnvSettings):
     #: request_counts lags finished lines by about ``checkpoint_seconds``.
     checkpoint_lines: int = Field(default=25, ge=0)
     checkpoint_seconds: float = Field(default=5.0, ge=0)
+    #: ...but never by the line count sooner than this after the last checkpoint: fast lines are
+    #: checkpointed by time (docs/lifecycle.md, "Live progress"; docs/benchmarks.md, "Worker ceiling").
+    checkpoint_min_seconds: float = Field(default=1.0, ge=0)
     #: A chunk that failed for real (careful mode) sends this many lines at a time, alone on the
     #: engine (docs/reliability.md, "Poison isolation").
     careful_group_lines: int = Field(default=8, ge=1)

@@ -121,6 +121,7 @@ class Worker:
         self.policy = RunPolicy(
             checkpoint_lines=config.checkpoint_lines,
             checkpoint_seconds=config.checkpoint_seconds,
+            checkpoint_min_seconds=config.checkpoint_min_seconds,
             careful_group_lines=config.careful_group_lines,
             media=MediaPolicy(allowed_domains=allowed_media_domains, resolver=media_resolver),
         )

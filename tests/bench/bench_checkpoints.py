@@ -95,7 +95,7 @@ def main() -> None:
     )
     print("| ---: | ---: | ---: | ---: | ---: |")
     for every in (0, 10, 25, 50):
-        policy = RunPolicy(checkpoint_lines=every, checkpoint_seconds=0)
+        policy = RunPolicy(checkpoint_lines=every, checkpoint_seconds=0, checkpoint_min_seconds=0)
         puts, writes = clean(n, policy)
         resent = [one(n, k, policy)[2] for k in range(1, n)]
         print(f"| {every or 'off'} | {puts} | {writes} | {sum(resent) / len(resent):.1f} | {max(resent)} |")

@@ -57,6 +57,8 @@ from functions.core import schema
 
 TENANT, BATCH = "bench", "batch_ceiling"
 CHUNK_LINES = int(os.environ.get("BENCH_CHUNK_LINES", "100"))  # ingest's default chunk size
+#: The worker's checkpoint_min_seconds ("" = its default; 0: a checkpoint every 25 lines however fast).
+CHECKPOINT_MIN_SECONDS = os.environ.get("BENCH_CHECKPOINT_MIN_SECONDS", "")
 #: The entrypoint's default ``ENGINE_MAX_NUM_SEQS``: the worker's in-flight cap is twice it.
 MAX_NUM_SEQS = 256
 MODELS = {"embeddings": "all-minilm-l6-v2", "chat": "smollm2-135m-instruct"}
@@ -285,6 +287,7 @@ def run_worker(
         engine_max_num_seqs=MAX_NUM_SEQS,
         poll_wait_seconds=1,
         metrics_interval_seconds=3600,
+        **({"checkpoint_min_seconds": float(CHECKPOINT_MIN_SECONDS)} if CHECKPOINT_MIN_SECONDS else {}),
     )
 
     async def go() -> dict[str, Any]:
@@ -459,6 +462,7 @@ def main() -> None:
     p.add_argument("--kinds", default="embeddings,chat")
     p.add_argument("--modes", default="inproc,http,moto")
     p.add_argument("--chunk-lines", type=int, default=CHUNK_LINES, help="lines a chunk (ingest cuts 100)")
+    p.add_argument("--checkpoint-min-seconds", default=CHECKPOINT_MIN_SECONDS, help="the worker's (default: its own)")
     p.add_argument("--profile", help="KIND:MODE, e.g. embeddings:http: one run under cProfile instead")
     p.add_argument("--one", help=argparse.SUPPRESS)  # KIND:MODE, a child's one run
     p.add_argument("--engine-url", help=argparse.SUPPRESS)
@@ -469,6 +473,7 @@ def main() -> None:
         print(json.dumps(one_run(kind, mode, args.lines, args.engine_url, args.engine_pid)), flush=True)
         return
     os.environ["BENCH_CHUNK_LINES"] = str(args.chunk_lines)  # the children's chunk size
+    os.environ["BENCH_CHECKPOINT_MIN_SECONDS"] = str(args.checkpoint_min_seconds)
     kinds, modes = args.kinds.split(","), args.modes.split(",")
     rows: list[dict] = []
     with instant_server() as (url, pid):

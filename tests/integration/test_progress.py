@@ -43,7 +43,7 @@ def test_a_batch_polled_while_its_chunks_run_shows_counts_rising_in_steps(client
                 engine,
                 io=io,
                 max_line_bytes=1 << 20,
-                policy=RunPolicy(checkpoint_lines=3, checkpoint_seconds=0),
+                policy=RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=3, checkpoint_seconds=0),
             )
         )
     poll()

@@ -22,7 +22,7 @@ from tests.fakes.engine import InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed
 
 #: A checkpoint every 2 finished lines (never for a chunk's last lines: the commit writes them).
-EVERY_TWO = RunPolicy(checkpoint_lines=2, checkpoint_seconds=0)
+EVERY_TWO = RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=2, checkpoint_seconds=0)
 
 
 def counts(stores) -> tuple[int, int]:

@@ -115,7 +115,7 @@ def test_a_checkpointed_line_is_charged_once_though_a_later_attempt_reuses_it():
             io=direct,
             max_line_bytes=1 << 20,
             now=lambda: 1000,
-            policy=RunPolicy(checkpoint_lines=1),
+            policy=RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=1),
         )
     )
     assert report.completed == 2

@@ -264,7 +264,7 @@ def test_benign_ends_do_not_spend_the_budget():
         asyncio.run(cancelled())
         stores.faults.fail("objects.put", TimeoutError())  # the first checkpoint's PUT fails
         with pytest.raises(TimeoutError):
-            run(stores, message, InProcessEngine(), policy=RunPolicy(checkpoint_lines=1))
+            run(stores, message, InProcessEngine(), policy=RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=1))
         with pytest.raises(EngineDown):
             run(stores, message, dead, gate=down)
     record = stores.batches.chunk_run("acme", "batch_1", 0)
@@ -287,12 +287,12 @@ def test_a_redelivered_chunk_does_not_resend_written_lines():
                 io=direct,
                 max_line_bytes=1 << 20,
                 now=lambda: 1000,
-                policy=RunPolicy(checkpoint_lines=3),
+                policy=RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=3),
             )
         )
     assert stores.batches.chunk_run("acme", "batch_1", 0).written() == 6  # checkpoints 0-2, 3-5
     again = InProcessEngine()  # the line no longer crashes anything (say, a fixed engine)
-    report = run(stores, message, again, policy=RunPolicy(checkpoint_lines=3))
+    report = run(stores, message, again, policy=RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=3))
     assert again.contents() == [f"hi {i}" for i in range(6, 10)] and report.reused == 6
     out, err = parts(stores)
     assert [l.custom_id for l in out] == [f"req-{i}" for i in range(10)] and err == []
@@ -396,3 +396,26 @@ def test_an_audio_chunk_fetches_under_the_workers_media_policy_and_posts_multipa
     policy = RunPolicy(media=MediaPolicy(allowed_domains=("10.0.0.1",)))
     report = run(stores, chunk(stores), InProcessEngine(), policy=policy)  # listed, but a private address
     assert codes(stores) == [("a-1", "media_fetch_failed")]
+
+
+def test_fast_lines_are_checkpointed_by_time_not_every_checkpoint_lines():
+    """The line trigger waits ``checkpoint_min_seconds`` after the last checkpoint: lines that
+    finish at once write no checkpoint before the commit; once the clock has moved on, the next
+    ``checkpoint_lines`` results are checkpointed."""
+    policy = RunPolicy(checkpoint_lines=3, checkpoint_seconds=0, checkpoint_min_seconds=1.0)
+    stores = fake_stores()
+    (message,) = seed(stores, 10, per_chunk=10)
+    report = run(stores, message, InProcessEngine(), policy=policy)  # the clock never moves
+    assert report.completed == 10 and stores.batches.chunk_run("acme", "batch_1", 0).written() == 0
+
+    clock = iter(range(1000, 10_000))  # every reading a second later
+    stores = fake_stores()
+    (message,) = seed(stores, 10, per_chunk=10)
+    first = CrashingEngine("hi 7", crash_after=9)
+    with pytest.raises(EngineDown):
+        asyncio.run(
+            process_chunk(
+                stores, message, first, io=direct, max_line_bytes=1 << 20, now=lambda: next(clock), policy=policy
+            )
+        )
+    assert stores.batches.chunk_run("acme", "batch_1", 0).written() == 6  # checkpoints 0-2, 3-5

@@ -169,7 +169,7 @@ def test_a_crash_mid_chunk_with_checkpoints_then_redelivery_gives_file_orders_ou
     def deliver(order, engine):
         stores = fake_stores()
         (message,) = seed_lines(stores, specs, per_chunk=8)
-        policy = RunPolicy(checkpoint_lines=2, checkpoint_seconds=0)
+        policy = RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=2, checkpoint_seconds=0)
         for _ in range(10):
             try:
                 report = asyncio.run(chunk(stores, message, engine, Admission(2, order), policy=policy))

@@ -70,7 +70,10 @@ def test_a_dead_lettered_chunk_keeps_its_checkpointed_lines(client, stores, depl
     first, second = take_work(deployed)
     with _pytest.raises(EngineDown):
         run_one_chunk(
-            stores, second, engine=CrashingEngine("hi 3", crash_after=1), policy=RunPolicy(checkpoint_lines=1)
+            stores,
+            second,
+            engine=CrashingEngine("hi 3", crash_after=1),
+            policy=RunPolicy(checkpoint_min_seconds=0, checkpoint_lines=1),
         )
     assert stores.batches.chunk_run("acme", batch.id, 1).written() == 1
     assert run_one_chunk(stores, first).outcome.counted
