@@ -92,6 +92,12 @@ DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
 #: chunk would only add per-chunk requests. See docs/lifecycle.md, "Live progress".
 TARGET_CHUNKS: Final = 8
 MIN_CHUNK_LINES: Final = 25
+#: A large batch (more than TARGET_CHUNKS full chunks) is cut into about this many chunks, each of
+#: at least chunk_max_lines and at most MAX_CHUNK_LINES lines: a chunk costs about a dozen AWS
+#: requests whatever its lines, so requests per line fall as the batch grows (docs/lifecycle.md,
+#: "Chunking rule"), while 200 chunks still spread one batch over 200 GPUs.
+LARGE_BATCH_CHUNKS: Final = 200
+MAX_CHUNK_LINES: Final = 1000
 #: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
 #: failures in a row without progress, or this many in all, its unwritten lines fail with
 #: ``chunk_failed`` and it is counted. Benign releases (shutdown, an engine already down, store

@@ -5,7 +5,8 @@ Every step is safe to repeat: the state moves with conditional writes, the chunk
 work messages are deterministic, and the workflow execution is named after the batch."""
 
 import math
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,7 @@ def validate(
     objects: Objects, settings: Settings, batch: BatchRecord, policy: TenantPolicy | None = None
 ) -> Validation:
     """Stream the input once: every line checked, chunks cut; memory is one line plus the set of
-    custom_ids (bounded by the line limit). ``policy`` is the tenant's (None: no record, every
+    custom_ids and three integers a valid line (bounded by the line limit). ``policy`` is the tenant's (None: no record, every
     served model allowed)."""
     result = Validation(
         guard=guard.active(policy.guard if policy is not None else None),
@@ -159,56 +160,40 @@ def _count(result: Validation, line: RawLine, asked: Work) -> None:
 
 
 class _Cutter:
-    """The valid lines cut into chunks as they stream: full chunks (``chunk_max_lines`` lines,
-    ``chunk_max_bytes`` bytes). A small batch is cut again once its total is known
-    (``chunk_lines``): its valid lines' offsets are kept while there are at most TARGET_CHUNKS full
-    chunks' worth (memory bounded)."""
+    """The valid lines' offsets as they stream (three machine integers a line: at most
+    ``max_batch_lines`` x 24 bytes, 1.2 MB at OpenAI's 50,000), cut into chunks once the total is
+    known (``chunk_lines``), each also within ``chunk_max_bytes``."""
 
     def __init__(self, settings: Settings) -> None:
         self.max_lines = settings.chunk_max_lines
         self.max_bytes = settings.chunk_max_bytes
-        self.full: list[Chunk] = []
-        self.current: dict[str, int] | None = None
-        self.small: list[tuple[int, int, int]] | None = []
-        self.small_cap = limits.TARGET_CHUNKS * settings.chunk_max_lines
+        self.starts, self.ends, self.numbers = array("q"), array("q"), array("q")
 
     def add(self, line: RawLine) -> None:
-        current = self.current
-        if current is not None and (
-            current["line_count"] >= self.max_lines or line.end - current["byte_start"] > self.max_bytes
-        ):
-            self.full.append(Chunk(chunk=len(self.full), **current))
-            current = None
-        if current is None:
-            current = {"byte_start": line.start, "byte_end": line.end, "first_line": line.number, "line_count": 0}
-        current["line_count"] += 1
-        current["byte_end"] = line.end
-        self.current = current
-        if self.small is not None and len(self.small) < self.small_cap:
-            self.small.append((line.start, line.end, line.number))
-        else:
-            self.small = None
+        self.starts.append(line.start)
+        self.ends.append(line.end)
+        self.numbers.append(line.number)
 
     def chunks(self, total: int) -> list[Chunk]:
         """The chunks of the ``total`` lines added."""
-        if self.small:
-            return _cut(self.small, chunk_lines(total, self.max_lines), self.max_bytes)
-        full = list(self.full)
-        if self.current is not None:
-            full.append(Chunk(chunk=len(full), **self.current))
-        return full
+        lines = zip(self.starts, self.ends, self.numbers, strict=True)
+        return _cut(lines, chunk_lines(total, self.max_lines), self.max_bytes)
 
 
 def chunk_lines(total: int, chunk_max_lines: int) -> int:
-    """Lines per chunk: a small batch is spread over up to TARGET_CHUNKS chunks of at least
-    MIN_CHUNK_LINES lines (so several GPUs share it and its progress moves chunk by chunk); a large
-    one uses full chunks."""
+    """Lines per chunk (docs/lifecycle.md, "Chunking rule"): a small batch is spread over up to
+    TARGET_CHUNKS chunks of at least MIN_CHUNK_LINES lines (so several GPUs share it and its
+    progress moves chunk by chunk); a large one over about LARGE_BATCH_CHUNKS chunks of at least
+    ``chunk_max_lines`` and at most MAX_CHUNK_LINES lines, so the requests a chunk costs are spread
+    over more lines as the batch grows."""
+    if total > limits.TARGET_CHUNKS * chunk_max_lines:
+        return max(chunk_max_lines, min(limits.MAX_CHUNK_LINES, math.ceil(total / limits.LARGE_BATCH_CHUNKS)))
     return min(chunk_max_lines, max(limits.MIN_CHUNK_LINES, math.ceil(total / limits.TARGET_CHUNKS)))
 
 
-def _cut(lines: list[tuple[int, int, int]], size: int, max_bytes: int) -> list[Chunk]:
+def _cut(lines: Iterable[tuple[int, int, int]], size: int, max_bytes: int) -> list[Chunk]:
     """Chunks of consecutive (start, end, number) lines: at most ``size`` lines and ``max_bytes``
-    bytes each (always at least one line), as the streaming cut does."""
+    bytes each (always at least one line)."""
     chunks: list[Chunk] = []
     current: dict[str, int] | None = None
     for start, end, number in lines:
