@@ -94,6 +94,12 @@ bench-worker: $(STAMP) engine
 .PHONY: bench-worker-ceiling
 bench-worker-ceiling: $(STAMP)
 	$(PY) -m tests.bench.bench_worker_ceiling --lines 5000 --rounds 3
+## OpenAI's largest batch, 50,000 short embeddings lines, under the local deployment and through
+## `vllm run-batch` on the same file and engine flags: wall time, lines/s, peak RSS (docs/benchmarks.md
+## "A 50,000-line embeddings batch"). LINES= sets the size.
+.PHONY: bench-embeddings-large
+bench-embeddings-large: $(STAMP) engine
+	$(PY) -m tests.bench.bench_embeddings_large --lines $${LINES:-50000}
 ## A 512 MiB upload through the SDK's upload_file_chunked (4 MiB parts): bytes per API request,
 ## complete's latency, the assembler's time and peak memory (docs/uploads.md).
 bench-uploads: $(STAMP)

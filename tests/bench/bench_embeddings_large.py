@@ -1,0 +1,159 @@
+"""A large embeddings batch (OpenAI's maximum, 50,000 short lines) under the local deployment, as
+`make up` runs it, against `vllm run-batch` on the same file with the same engine flags
+(docs/benchmarks.md, "A 50,000-line embeddings batch").
+
+    .venv/bin/python -m tests.bench.bench_embeddings_large [--lines 50000] [--skip-run-batch]
+
+- pipeline: the SDK's ``files.create`` and ``batches.create``, then ``batches.retrieve`` every 2 s
+  until the batch ends; timed from the create's answer to the first poll that sees ``completed``;
+  the deployment's own process (moto, the front, the local Lambdas, the pollers) sampled for its
+  RSS; the output read back, every custom_id checked once.
+- run-batch: `vllm run-batch` with serve.sh's embeddings flags and the local deployment's
+  ``--max-num-seqs``, timed from its "Reading batch from" log line to its output file (its engine's
+  startup excluded, as bench_worker does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from infra import names
+from infra.local.processes import LOCAL_MAX_NUM_SEQS
+from tests.bench.bench_worker import ENGINE_ENV
+from tests.e2e import conftest as e2e
+from tests.integration.worker import engines
+
+MODEL = names.LOCAL_EMBED_MODEL
+ENDPOINT = "/v1/embeddings"
+
+
+def make_input(path: Path, lines: int) -> None:
+    with path.open("w") as out:
+        for i in range(lines):
+            body = {"model": MODEL, "input": f"Sentence {i}: a short line about the number {i % 997}."}
+            out.write(json.dumps({"custom_id": f"e-{i}", "method": "POST", "url": ENDPOINT, "body": body}) + "\n")
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def bench_pipeline(input_path: Path, workdir: Path, lines: int) -> dict:
+    local = e2e.start_local_deployment(workdir / "local", engines=True, speech=False)
+    peak = [0.0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(1.0):
+            peak[0] = max(peak[0], rss_mib(local.process.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        sdk = local.client()
+        file_id = sdk.files.create(file=("input.jsonl", input_path.read_bytes()), purpose="batch").id
+        batch = sdk.batches.create(input_file_id=file_id, endpoint=ENDPOINT, completion_window="24h")
+        created = time.monotonic()
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            time.sleep(2)
+            batch = sdk.batches.retrieve(batch.id)
+        seconds = time.monotonic() - created
+        ids = [json.loads(row)["custom_id"] for row in sdk.files.content(batch.output_file_id).content.splitlines()]
+        assert batch.status == "completed" and sorted(ids) == sorted(f"e-{i}" for i in range(lines)), batch
+        return {"system": "pipeline", "seconds": seconds, "lines_s": lines / seconds, "peak_rss_mib": peak[0]}
+    finally:
+        stop.set()
+        local.stop()
+
+
+def bench_run_batch(input_path: Path, workdir: Path, lines: int) -> dict:
+    output = workdir / "run-batch.jsonl"
+    dtype = subprocess.run([str(engines.CPU_DTYPE)], check=True, capture_output=True, text=True).stdout.strip()
+    command = [
+        str(engines.ENGINE_VENV / "bin" / "vllm"),
+        "run-batch",
+        "-i",
+        str(input_path),
+        "-o",
+        str(output),
+        "--model",
+        str(engines.MODELS_DIR / MODEL),
+        "--served-model-name",
+        MODEL,
+        "--runner",
+        "pooling",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--kv-cache-memory-bytes",
+        "64M",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        str(LOCAL_MAX_NUM_SEQS),
+        *(["--dtype", dtype] if dtype else []),
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **ENGINE_ENV}, text=True
+    )
+    reading_at: list[float] = []
+    tail: list[str] = []
+    peak = [0.0]
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for text in process.stdout:
+            tail[:] = [*tail[-40:], text]
+            if not reading_at and "Reading batch from" in text:
+                reading_at.append(time.monotonic())
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    done_at = None
+    while process.poll() is None:
+        peak[0] = max(peak[0], rss_mib(process.pid))
+        if done_at is None and output.exists():
+            done_at = time.monotonic()
+        time.sleep(0.05)
+    reader.join(5)
+    done_at = done_at or (time.monotonic() if output.exists() else None)
+    if process.returncode != 0 or not reading_at or done_at is None:
+        raise RuntimeError(f"vllm run-batch failed ({process.returncode}):\n" + "".join(tail))
+    seconds = done_at - reading_at[0]
+    assert len(output.read_text().splitlines()) == lines
+    return {"system": "vllm run-batch", "seconds": seconds, "lines_s": lines / seconds, "peak_rss_mib": peak[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lines", type=int, default=50_000)
+    p.add_argument("--skip-run-batch", action="store_true")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        input_path = workdir / "input.jsonl"
+        make_input(input_path, args.lines)
+        rows = [bench_pipeline(input_path, workdir, args.lines)]
+        if not args.skip_run_batch:
+            rows.append(bench_run_batch(input_path, workdir, args.lines))
+    for row in rows:
+        print(json.dumps(row))
+    if len(rows) == 2:
+        print(f"pipeline ÷ run-batch (lines/s): {rows[0]['lines_s'] / rows[1]['lines_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
