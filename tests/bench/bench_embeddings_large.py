@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 import threading
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from infra import names
 from infra.local.processes import LOCAL_MAX_NUM_SEQS
-from tests.bench.bench_worker import ENGINE_ENV
+from tests.bench import bench_worker
 from tests.e2e import conftest as e2e
 from tests.integration.worker import engines
 
@@ -41,16 +40,6 @@ def make_input(path: Path, lines: int) -> None:
             out.write(json.dumps({"custom_id": f"e-{i}", "method": "POST", "url": ENDPOINT, "body": body}) + "\n")
 
 
-def rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def bench_pipeline(input_path: Path, workdir: Path, lines: int) -> dict:
     local = e2e.start_local_deployment(workdir / "local", engines=True, speech=False)
     peak = [0.0]
@@ -58,7 +47,7 @@ def bench_pipeline(input_path: Path, workdir: Path, lines: int) -> dict:
 
     def sample() -> None:
         while not stop.wait(1.0):
-            peak[0] = max(peak[0], rss_mib(local.process.pid))
+            peak[0] = max(peak[0], bench_worker.rss_mib(local.process.pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -106,35 +95,14 @@ def bench_run_batch(input_path: Path, workdir: Path, lines: int) -> dict:
         str(LOCAL_MAX_NUM_SEQS),
         *(["--dtype", dtype] if dtype else []),
     ]
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **ENGINE_ENV}, text=True
-    )
-    reading_at: list[float] = []
-    tail: list[str] = []
-    peak = [0.0]
-
-    def pump() -> None:
-        assert process.stdout is not None
-        for text in process.stdout:
-            tail[:] = [*tail[-40:], text]
-            if not reading_at and "Reading batch from" in text:
-                reading_at.append(time.monotonic())
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    done_at = None
-    while process.poll() is None:
-        peak[0] = max(peak[0], rss_mib(process.pid))
-        if done_at is None and output.exists():
-            done_at = time.monotonic()
-        time.sleep(0.05)
-    reader.join(5)
-    done_at = done_at or (time.monotonic() if output.exists() else None)
-    if process.returncode != 0 or not reading_at or done_at is None:
-        raise RuntimeError(f"vllm run-batch failed ({process.returncode}):\n" + "".join(tail))
-    seconds = done_at - reading_at[0]
+    run = bench_worker.timed_run_batch(command, output)
     assert len(output.read_text().splitlines()) == lines
-    return {"system": "vllm run-batch", "seconds": seconds, "lines_s": lines / seconds, "peak_rss_mib": peak[0]}
+    return {
+        "system": "vllm run-batch",
+        "seconds": run["seconds"],
+        "lines_s": lines / run["seconds"],
+        "peak_rss_mib": run["peak_rss_mib"],
+    }
 
 
 def main() -> None:

@@ -108,15 +108,21 @@ def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
     ]
 
 
-def bench_run_batch(input_path: Path, workdir: Path) -> dict:
-    output_path = workdir / f"run-batch-{time.monotonic_ns()}.jsonl"
-    command = run_batch_command(input_path, output_path)
-    env = {**os.environ, **ENGINE_ENV}
+def timed_run_batch(command: list[str], output_path: Path) -> dict:
+    """Run a ``vllm run-batch`` command (``ENGINE_ENV`` added) to its end: its engine's startup
+    (start to its "Reading batch from" line) and its run (that line to ``output_path``'s
+    appearance), and the peak RSS of its main process sampled as it runs."""
     started = time.monotonic()
     reading_at: list[float] = []
     log_lines: list[str] = []
+    peak = 0.0
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace"
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **ENGINE_ENV},
+        text=True,
+        errors="replace",
     )
 
     def pump() -> None:
@@ -130,6 +136,7 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
     reader.start()
     done_at = None
     while process.poll() is None:
+        peak = max(peak, rss_mib(process.pid))
         if done_at is None and output_path.exists():
             done_at = time.monotonic()
         time.sleep(0.01)
@@ -138,17 +145,38 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
         done_at = time.monotonic()
     if process.returncode != 0 or not reading_at or done_at is None:
         raise RuntimeError(f"vllm run-batch failed ({process.returncode}):\n" + "".join(log_lines[-40:]))
-    results = [json.loads(l) for l in output_path.read_text().splitlines()]
-    tokens = output_tokens(results)
-    seconds = done_at - reading_at[0]
     return {
-        "system": "vllm run-batch",
-        "seconds": seconds,
-        "output_tokens": tokens,
-        "tok_s": tokens / seconds,
-        "failed": sum(1 for r in results if not r.get("response") or r["response"]["status_code"] != 200),
+        "seconds": done_at - reading_at[0],
         "startup_seconds": reading_at[0] - started,
         "window": (reading_at[0], done_at),
+        "peak_rss_mib": peak,
+    }
+
+
+def rss_mib(pid: int) -> float:
+    """``pid``'s resident memory now (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def bench_run_batch(input_path: Path, workdir: Path) -> dict:
+    output_path = workdir / f"run-batch-{time.monotonic_ns()}.jsonl"
+    run = timed_run_batch(run_batch_command(input_path, output_path), output_path)
+    results = [json.loads(l) for l in output_path.read_text().splitlines()]
+    tokens = output_tokens(results)
+    return {
+        "system": "vllm run-batch",
+        "seconds": run["seconds"],
+        "output_tokens": tokens,
+        "tok_s": tokens / run["seconds"],
+        "failed": sum(1 for r in results if not r.get("response") or r["response"]["status_code"] != 200),
+        "startup_seconds": run["startup_seconds"],
+        "window": run["window"],
     }
 
 
