@@ -32,8 +32,13 @@ TEST_PARALLEL ?= -n 2
 ## The whole test suite, end-to-end tests included (what CI runs); installs the engine and the
 ## clients first (no-ops once installed), because the engine tests and the e2e batch suite run the
 ## real vLLM and the client suite runs other tools' clients (docs/clients.md).
-test: $(STAMP) engine clients
+test: $(STAMP) engine clients speech
 	$(PY) -m pytest $(TEST_PARALLEL)
+
+## Debian's espeak-ng, which speaks the audio tests' clips (tests/speech.py); a no-op once installed.
+.PHONY: speech
+speech:
+	@command -v espeak-ng >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends espeak-ng; }
 
 ## The gates (what CI runs before the tests; about a minute with a cold mypy cache): ruff's linter (pyproject.toml
 ## [tool.ruff.lint]: pycodestyle, pyflakes, isort, bugbear, pyupgrade, simplify, ruff's own rules,
@@ -56,7 +61,7 @@ test-fast: $(STAMP)
 
 ## The end-to-end tests against the local deployment (the batch suite runs the real vLLM: the engine
 ## is installed first, a no-op once installed).
-test-e2e: $(STAMP) engine clients
+test-e2e: $(STAMP) engine clients speech
 	$(PY) -m pytest -m e2e
 
 ## The same end-to-end tests against a deployed stack, after `cdk deploy` (docs/deploy.md, "After the
@@ -70,7 +75,7 @@ e2e-aws: $(STAMP) clients
 
 ## Only the long-running tests (marked `slow`: the worker against the real engine, the e2e batch
 ## suite); `make test` runs them with the rest.
-test-slow: $(STAMP) engine clients
+test-slow: $(STAMP) engine clients speech
 	$(PY) -m pytest -m slow
 
 clean:

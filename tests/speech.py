@@ -1,4 +1,4 @@
-"""Real speech made at test time: Debian's ``espeak-ng`` (``.ci/run`` installs it) speaks a known
+"""Real speech made at test time: Debian's ``espeak-ng`` (``make test`` installs it) speaks a known
 sentence into a WAV, which goes into a batch line as a ``data:`` URL. Speech recognition is
 assessed by words, never by exact text."""
 
@@ -21,7 +21,7 @@ def spoken_wav(text: str = SENTENCE, voice: str = "en-us") -> bytes:
     engine resamples it to Whisper's 16 kHz)."""
     program = shutil.which("espeak-ng")
     if program is None:
-        pytest.fail("espeak-ng is not installed: apt-get install espeak-ng (.ci/run installs it)")
+        pytest.fail("espeak-ng is not installed: apt-get install espeak-ng (make test installs it: make speech)")
     done = subprocess.run([program, "-v", voice, "-s", "150", "--stdout", text], capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout[:4] == b"RIFF", done.stderr
     return done.stdout
