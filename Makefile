@@ -112,9 +112,11 @@ bench-uploads: $(STAMP)
 ## The same files end to end (SDK create -> completed under the local deployment) and
 ## through `vllm run-batch`, same engine flags, interleaved rounds, three datasets (uniform,
 ## shared-prefix, uneven): tok/s, the ratio, and where the pipeline's time goes (~12 min here).
+## LINES, ROUNDS and DATASETS override the size, e.g. `make bench-pipeline LINES=5000 ROUNDS=1 DATASETS=uniform`.
 .PHONY: bench-pipeline
 bench-pipeline: $(STAMP) engine
-	$(PY) -m tests.bench.bench_pipeline --lines 200 --rounds 2 --datasets uniform,shared-prefix,uneven
+	$(PY) -m tests.bench.bench_pipeline --lines $${LINES:-200} --rounds $${ROUNDS:-2} \
+		--datasets $${DATASETS:-uniform,shared-prefix,uneven}
 ## Fair share: tenant A's 700-line batch (more than one worker holds), tenant B's 10-line batch 3 s later under the local
 ## deployment: B's time to its first line and to completed, alone, behind A with the fair-queue
 ## emulation, behind A without it (docs/governance.md "Fair share"; ~5-10 min, both cores).

@@ -69,7 +69,7 @@ def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> 
 def already_counted(stores: Stores, message: WorkMessage) -> bool:
     """True if this chunk's marker exists (a redelivery after a worker recorded it but died
     before deleting the message): running it again would only waste the engine's time."""
-    return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None
+    return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk, message.shards) is not None
 
 
 def _nothing() -> None:
@@ -172,7 +172,7 @@ class ChunkRunner:
         for answer in (opened, counted):  # the checks' errors first: they decide whether the read matters
             if isinstance(answer, BaseException):
                 raise answer
-        if opened is None:
+        if not opened:
             return None  # a read error of a skipped chunk does not matter
         if counted:
             await io(chunk_lifecycle.signal_if_all_counted, self.stores, message)

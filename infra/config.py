@@ -411,7 +411,10 @@ class DeployConfig(_Strict):
         values: dict[str, Any] = {
             "table_name": table_name,
             "bucket_name": bucket_name,
-            "models": {m.name: ModelRoute(endpoints=m.endpoints, queue_url=urls.get(m.name, "")) for m in self.models},
+            "models": {
+                m.name: ModelRoute(endpoints=m.endpoints, queue_url=urls.get(m.name, ""), max_engines=m.max_instances)
+                for m in self.models
+            },
             "state_machine_arn": state_machine_arn,
             **({"event_bus_name": event_bus_name} if event_bus_name else {}),
             "governance": self.governance,

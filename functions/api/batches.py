@@ -74,7 +74,7 @@ def live_counts(stores: Stores, record: BatchRecord) -> BatchRequestCounts:
     this never exceeds the final counts). One consistent Query of the chunk partition; the batch's
     own counters (counted chunks only) are a floor. Each chunk's share only grows (segments are
     only added; a marker holds at least its checkpointed lines), so successive reads never go down."""
-    markers, runs = stores.batches.chunk_states(record.tenant, record.id)
+    markers, runs = stores.batches.chunk_states(record.tenant, record.id, record.count_shards)
     completed = sum(m.completed for m in markers.values())
     failed = sum(m.failed for m in markers.values())
     for chunk, run in runs.items():

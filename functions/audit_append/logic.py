@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from functions.core import anchor, audit, schema
+from functions.core import anchor, audit, limits, schema
 from functions.core.anchor import Checkpoint
 from functions.core.audit import AuditIntent, AuditRecord
 from functions.core.budgets import Charge
@@ -117,7 +117,10 @@ def receipt(stores: AppenderStores, intent: AuditIntent) -> Receipt | str:
     digests = {k: details.get(k) for k in audit.RECEIPT_DIGESTS}
     if not all(v is None or _digest(v) for v in digests.values()):
         return "a receipt's digests must be sha256 hex digests"
-    marker = stores.batches.counted_chunk(intent.tenant, batch_id, chunk)
+    shards = details.get("count_shards", 1)
+    if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= limits.MAX_COUNT_SHARDS):
+        return "a receipt's count_shards must be a shard count"
+    marker = stores.batches.counted_chunk(intent.tenant, batch_id, chunk, shards)
     if marker is None:
         return f"chunk {chunk} of batch {batch_id} is not counted"
     if all(v is None for v in digests.values()):

@@ -40,10 +40,11 @@ def fail_chunk(stores: Stores, message: WorkMessage, *, now: int) -> DeadLetterO
     if not batch.accepting:
         # Finalize already closed the batch: its requests got batch_expired/batch_cancelled lines.
         return DeadLetterOutcome("batch_closed")
-    if stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) is not None:
-        # A worker did count it (and died before deleting the message): keep its results.
-        return DeadLetterOutcome("already_counted")
-    run = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
+    if stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk, message.shards) is not None:
+        # A worker did count it (and died before deleting the message): keep its results, and do
+        # what that worker may not have done after its count (fold its shard, signal, the receipt).
+        return DeadLetterOutcome("already_counted", last=chunk_lifecycle.signal_if_all_counted(stores, message))
+    run = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk, message.shards)
     lines = results.salvaged_lines(
         stores.objects, message, run.cover() if run is not None else [], ERROR_CODE, error_message(message)
     )

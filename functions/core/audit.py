@@ -399,6 +399,8 @@ def receipt_intent(
         "first_line": message.first_line,
         "line_count": message.line_count,
     }
+    if marker.count_shards > 1:  # where the appender finds the marker
+        details["count_shards"] = marker.count_shards
     if digests:
         details |= {name: digests.get(name) for name in RECEIPT_DIGESTS}
     return AuditIntent(

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import audit, lifecycle
+from . import audit, lifecycle, limits
 from .errors import ConditionFailed
 from .lifecycle import Signal
 from .messages import WorkMessage
@@ -26,7 +26,9 @@ class ChunkOutcome:
 
     counted: bool
     last: bool
-    batch: BatchRecord
+    #: The batch as read after the count (None when it counts on shards and this chunk did not
+    #: complete its shard: then its item was not read).
+    batch: BatchRecord | None
     #: The chunk's count marker (this call's; the receipt is appended from it) and the digests of
     #: the parts it counted, as written (``Parts.digests``).
     marker: ChunkRecord | None = None
@@ -63,13 +65,17 @@ class Usage(BaseModel):
             self.reasoning_tokens += token_count(completion_details, "reasoning_tokens")
 
 
-def start_chunk(stores: Stores, message: WorkMessage) -> BatchRecord | None:
-    """Note that a worker started this chunk; None if the batch no longer takes new work
-    (cancelled, expiring, finished), in which case the chunk is skipped."""
+def start_chunk(stores: Stores, message: WorkMessage) -> bool:
+    """Note that a worker started this chunk (on the batch's item, or on the chunk's counting
+    shard); False if the batch no longer takes new work (cancelled, expiring, finished), in which
+    case the chunk is skipped."""
+    if message.shards > 1:
+        return stores.batches.start_on_shard(message.tenant, message.batch_id, message.chunk, message.shards)
     try:
-        return stores.batches.transition(message.tenant, message.batch_id, lifecycle.note_chunk_started(message.chunk))
+        stores.batches.transition(message.tenant, message.batch_id, lifecycle.note_chunk_started(message.chunk))
     except ConditionFailed:
-        return None
+        return False
+    return True
 
 
 def record_chunk(
@@ -100,20 +106,38 @@ def record_chunk(
         budget_period=message.budget_period,
         spent_output_tokens=spent.output_tokens,
         spent_input_tokens=spent.input_tokens,
+        count_shards=message.shards,
         **usage.model_dump(),
     )
     counted = stores.batches.count_chunk(marker)
-    batch = stores.batches.get(message.tenant, message.batch_id)
-    if batch is None:
-        raise LookupError(f"batch {message.batch_id} of tenant {message.tenant} vanished while counting a chunk")
+    batch = _batch_after_count(stores, message)
     # A duplicate of the last chunk reports last too: its first delivery may have died before
     # signalling, and signalling twice is harmless.
-    last = all_counted(batch)
-    _complete_if_all_counted(stores, batch)
+    last = batch is not None and all_counted(batch)
+    if batch is not None:
+        _complete_if_all_counted(stores, batch)
     outcome = ChunkOutcome(counted=counted, last=last, batch=batch, marker=marker, digests=parts.digests or None)
     if receipt:
         record_receipt(stores, message, outcome)
     return outcome
+
+
+def _batch_after_count(stores: Stores, message: WorkMessage) -> BatchRecord | None:
+    """The batch as counting the chunk left it. On shards: None while the chunk's shard has
+    chunks left to count; once it has none, the shard is folded into the batch (once, whoever
+    gets there first; a duplicate folds nothing) and the batch is read."""
+    if message.shards > 1:
+        shard = stores.batches.count_shard(
+            message.tenant, message.batch_id, limits.shard_of(message.chunk, message.shards)
+        )
+        if shard is None or not shard.all_counted:
+            return None
+        if not shard.folded:
+            stores.batches.fold_shard(shard)
+    batch = stores.batches.get(message.tenant, message.batch_id)
+    if batch is None:
+        raise LookupError(f"batch {message.batch_id} of tenant {message.tenant} vanished while counting a chunk")
+    return batch
 
 
 def record_receipt(stores: Stores, message: WorkMessage, outcome: ChunkOutcome) -> None:
@@ -126,13 +150,38 @@ def record_receipt(stores: Stores, message: WorkMessage, outcome: ChunkOutcome) 
 def signal_if_all_counted(stores: Stores, message: WorkMessage) -> bool:
     """A counted chunk delivered again: its first delivery may have died between counting and
     signalling; if every chunk is counted, resume the workflow (signalling twice is harmless)."""
-    batch = stores.batches.get(message.tenant, message.batch_id)
+    batch = _batch_after_count(stores, message)
     done = batch is not None and _complete_if_all_counted(stores, batch)
     # Its first delivery may also have died before appending the chunk's audit receipt.
-    marker = stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk) if stores.audit_log else None
+    marker = (
+        stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk, message.shards)
+        if stores.audit_log
+        else None
+    )
     if marker is not None:
         audit.append_receipt(stores, message, marker, at=marker.recorded_at)
     return done
+
+
+def counted_batch(stores: Stores, batch: BatchRecord) -> BatchRecord:
+    """The batch with every fully counted shard folded into it. The worker that counts a shard's
+    last chunk folds it; if it died between the two and its message never came back (dead-lettered
+    after its count), the workflow's reconciling check and the sweeper fold it here. A batch
+    counted on its own item, or counted in full already, is returned as it is (no read)."""
+    if batch.count_shards <= 1 or all_counted(batch):
+        return batch
+    folded = [
+        stores.batches.fold_shard(s) for s in stores.batches.count_shards(batch) if s.all_counted and not s.folded
+    ]
+    return (stores.batches.get(batch.tenant, batch.id) or batch) if any(folded) else batch
+
+
+def running_chunks(stores: Stores, batch: BatchRecord) -> bool:
+    """Some chunk of the batch was started and is not counted yet (the drain waits for it)."""
+    if batch.count_shards > 1:
+        shards = stores.batches.count_shards(batch)
+        return sum(len(s.started_chunks or ()) for s in shards) > sum(s.chunks_done for s in shards)
+    return len(batch.started_chunks or ()) > batch.chunks_done
 
 
 def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:
@@ -170,12 +219,13 @@ def _change_run(
     then the stored record is read again after each concurrent change)."""
     for attempt in range(RUN_WRITE_ATTEMPTS):
         if current is None or attempt > 0:
-            current = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk)
+            current = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk, message.shards)
         base = current or ChunkRunRecord(
             tenant=message.tenant,
             batch_id=message.batch_id,
             chunk=message.chunk,
             expires_at=message.expires_at + MARKER_RETENTION_SECONDS,
+            count_shards=message.shards,
         )
         new = change(base.model_copy(deep=True)).model_copy(update={"version": base.version + 1})
         try:

@@ -317,6 +317,8 @@ def request_cancel(stores: Stores, batch: BatchRecord, now: int) -> BatchRecord:
     if batch.status not in CANCELLABLE:
         return batch
     outcome = apply(stores, batch, change(REQUEST_CANCEL, now))
+    # A batch counted on shards stops starting chunks when the resumed workflow drains it (the API
+    # holds no write on chunk partitions: docs/lifecycle.md, "Counting shards").
     if outcome.moved and outcome.batch.task_token:
         signal(stores.workflows, outcome.batch.task_token, Signal.CANCEL)
     return outcome.batch

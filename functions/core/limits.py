@@ -97,6 +97,28 @@ MIN_CHUNK_LINES: Final = 25
 #: requests whatever its lines, so requests per line fall as the batch grows (docs/lifecycle.md,
 #: "Chunking rule"), while 200 chunks still spread one batch over 200 GPUs.
 LARGE_BATCH_CHUNKS: Final = 200
+#: A batch served by a fleet of more GPUs is cut into at least this many chunks per GPU of it (down
+#: to MIN_CHUNK_LINES lines a chunk), so that every GPU can hold a chunk of one batch.
+CHUNKS_PER_GPU: Final = 1
+#: A batch's chunks are counted on shards of about this many chunks each, at most
+#: MAX_COUNT_SHARDS (docs/lifecycle.md, "Counting shards"): a batch of up to COUNT_SHARD_CHUNKS
+#: chunks counts on its own item, a larger one spreads its per-chunk writes over that many
+#: partitions, so that no DynamoDB partition limits how many GPUs work on one batch.
+COUNT_SHARD_CHUNKS: Final = 32
+MAX_COUNT_SHARDS: Final = 64
+
+
+def count_shards(chunk_count: int) -> int:
+    """How many shards a batch of ``chunk_count`` chunks counts on (1: on its own item)."""
+    return max(1, min(MAX_COUNT_SHARDS, -(-chunk_count // COUNT_SHARD_CHUNKS)))
+
+
+def shard_of(chunk: int, shards: int) -> int:
+    """The counting shard of chunk ``chunk`` of a batch counted on ``shards`` shards: consecutive
+    chunks, which run at the same time, fall on different shards."""
+    return chunk % shards
+
+
 MAX_CHUNK_LINES: Final = 1000
 #: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
 #: failures in a row without progress, or this many in all, its unwritten lines fail with

@@ -41,6 +41,13 @@ class WorkMessage(BaseModel):
     #: deployment's list (``tenants.media_domains`` as ingest snapshotted it; None: no narrowing,
     #: absent): the worker fetches only from the hosts both this and its own setting list.
     allowed_media_domains: tuple[str, ...] | None = None
+    #: How many shards the batch counts its chunks on (``BatchRecord.count_shards``; None: one,
+    #: the batch's own item, absent).
+    count_shards: int | None = None
+
+    @property
+    def shards(self) -> int:
+        return self.count_shards or 1
 
     def bound(self) -> bool:
         """Tenant binding: the input this message names is its own tenant's batch

@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from .anchor import WormObject
     from .audit import AuditIntent, AuditRecord
     from .lifecycle import Change
-from .records import ApiKeyRecord, BatchRecord, ChunkRecord, ChunkRunRecord, FileRecord, UploadPartRecord, UploadRecord
+from .records import (
+    ApiKeyRecord,
+    BatchRecord,
+    ChunkRecord,
+    ChunkRunRecord,
+    CountShardRecord,
+    FileRecord,
+    UploadPartRecord,
+    UploadRecord,
+)
 
 
 # --- Bytes ------------------------------------------------------------------------------------
@@ -218,18 +227,38 @@ class BatchStore(Protocol):
         hold (nothing written)."""
 
     def count_chunk(self, marker: ChunkRecord) -> bool:
-        """Write the chunk's marker and add its counts to the batch in one transaction, only while
-        the batch accepts chunks. True if this call counted it; False for a duplicate or a late
-        chunk."""
+        """Write the chunk's marker and add its counts to the batch (or, for a batch counted on
+        shards, to the chunk's shard) in one transaction, only while it accepts chunks. True if
+        this call counted it; False for a duplicate or a late chunk."""
 
-    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None: ...
-    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]: ...
-    def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
+    def open_shards(self, shards: Sequence[CountShardRecord]) -> None:
+        """Write a batch's counting shards, each only if absent."""
+
+    def start_on_shard(self, tenant: str, batch_id: str, chunk: int, shards: int) -> bool:
+        """Note ``chunk`` started on its shard, only while the shard takes new chunks."""
+
+    def count_shard(self, tenant: str, batch_id: str, shard: int) -> CountShardRecord | None: ...
+    def count_shards(self, batch: BatchRecord) -> builtins.list[CountShardRecord]:
+        """Every counting shard of the batch, as stored (none when it counts on its own item)."""
+
+    def fold_shard(self, shard: CountShardRecord) -> bool:
+        """Add a fully counted shard's counters (as read, and still stored) to its batch's, once,
+        only while the batch accepts chunks (one transaction); False if folded already, not fully
+        counted, or the batch closed."""
+
+    def close_shards(self, batch: BatchRecord, *, accepting: bool) -> None:
+        """Stop the batch's shards starting chunks and, unless ``accepting``, counting them."""
+
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRecord | None: ...
+    def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]: ...
+    def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:
         """The run record of one chunk (its attempts and checkpoints; None before the first)."""
 
-    def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+    def chunk_states(
+        self, tenant: str, batch_id: str, shards: int = 1
+    ) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
         """The batch's count markers and run records, by chunk, read together (one strongly
-        consistent Query of the chunk partition): the live progress of an open batch."""
+        consistent Query of each chunk partition): the live progress of an open batch."""
 
     def save_chunk_run(self, record: ChunkRunRecord) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when

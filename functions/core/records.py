@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from . import schema
+from . import limits, schema
 from .budgets import BudgetCaps, Charge, budget_sk
 from .messages import Chunk, WorkMessage
 from .wire import (
@@ -287,8 +287,13 @@ class BatchRecord(Record):
     #: Chunks the input was cut into, and how many have been counted.
     chunk_count: int = 0
     chunks_done: int = 0
-    #: Chunks a worker has started (a set, so redeliveries add nothing).
+    #: Chunks a worker has started (a set, so redeliveries add nothing); on the shards instead
+    #: when the batch counts on several (``CountShardRecord``).
     started_chunks: set[int] | None = None
+    #: How many shards the chunks are counted on (``limits.count_shards``, set with
+    #: ``chunk_count``): 1, on this item; more, each on its own ``CountShardRecord``, which is folded
+    #: into this item's counters once, when its last chunk is counted.
+    count_shards: int = 1
     #: True while finished chunks may still be counted; finalize closes it first.
     accepting: bool = False
     #: Ingest finished sending the work messages and starting the workflow.
@@ -352,7 +357,14 @@ class BatchRecord(Record):
             expires_at=self.expires_at,
             budget_period=self.budget_period,
             budget_stop=self.budget_stop,
+            count_shards=self.count_shards if self.count_shards > 1 else None,
         )
+
+    def shard_keys(self) -> list[tuple[str, str]]:
+        """The keys of the batch's counting shards (none when it counts on its own item)."""
+        if self.count_shards <= 1:
+            return []
+        return [(chunks_pk(self.tenant, self.id, s), CountShardRecord.SORT_KEY) for s in range(self.count_shards)]
 
     def event_detail(self) -> dict[str, Any]:
         """The detail of the EventBridge event for this batch's status."""
@@ -404,6 +416,83 @@ class BatchRecord(Record):
 chunks_pk = schema.chunks_pk
 
 
+def shard_pk(tenant: str, batch_id: str, chunk: int, shards: int) -> str:
+    """The partition of chunk ``chunk``'s marker and run record: its counting shard's."""
+    return chunks_pk(tenant, batch_id, limits.shard_of(chunk, shards))
+
+
+class CountShardRecord(Record):
+    """One counting shard of a batch counted on several (``BatchRecord.count_shards``): its chunks
+    (``limits.shard_of``) are started and counted here, in its own partition beside their markers
+    and run records, rather than on the batch's item. Written by ingest before the first work
+    message; its counters are added to the batch's once, by whoever counts its last chunk
+    (``BatchStore.fold_shard``). ``starting`` and ``accepting`` follow the batch's: the workflow's
+    drain and close set them False on every shard after the batch."""
+
+    tenant: str
+    batch_id: str
+    shard: int
+    #: The shard's chunks, and how many of them are counted.
+    chunk_count: int
+    chunks_done: int = 0
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    started_chunks: set[int] | None = None
+    #: New chunks may start (False once the batch drains or closes).
+    starting: bool = True
+    #: Finished chunks may be counted (False once the batch closes).
+    accepting: bool = True
+    #: Set once, by the transaction that adds the counters to the batch's.
+    folded: bool | None = None
+    expires_at: int
+
+    SORT_KEY: ClassVar[str] = "SHARD"
+    COUNTERS: ClassVar[tuple[str, ...]] = (
+        "completed",
+        "failed",
+        "input_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "chunks_done",
+    )
+
+    def keys(self) -> dict[str, str]:
+        return {schema.PK: chunks_pk(self.tenant, self.batch_id, self.shard), schema.SK: self.SORT_KEY}
+
+    def expiry(self) -> int | None:
+        return self.expires_at
+
+    @property
+    def all_counted(self) -> bool:
+        return self.chunks_done >= self.chunk_count
+
+    def counters(self) -> dict[str, int]:
+        """What folding this shard adds to its batch's counters."""
+        return {k: getattr(self, k) for k in self.COUNTERS}
+
+    @classmethod
+    def of(cls, batch: "BatchRecord", retention_seconds: int) -> list["CountShardRecord"]:
+        """The batch's shards as ingest writes them (none when it counts on its own item)."""
+        shards = batch.count_shards
+        if shards <= 1:
+            return []
+        return [
+            cls(
+                tenant=batch.tenant,
+                batch_id=batch.id,
+                shard=s,
+                chunk_count=len(range(s, batch.chunk_count, shards)),
+                expires_at=batch.expires_at + retention_seconds,
+            )
+            for s in range(shards)
+        ]
+
+
 class ChunkRecord(Record):
     """The marker that a chunk was counted; written in one transaction with the batch counters."""
 
@@ -427,6 +516,8 @@ class ChunkRecord(Record):
     #: blocked, too large, timed out, run again after a crash): at least the counted usage above.
     spent_output_tokens: int = 0
     spent_input_tokens: int = 0
+    #: The batch's counting shards (``WorkMessage.shards``): the marker lives in its chunk's shard.
+    count_shards: int = 1
 
     PREFIX: ClassVar[str] = "CHUNK#"
 
@@ -435,7 +526,10 @@ class ChunkRecord(Record):
         return f"{cls.PREFIX}{chunk:06d}"
 
     def keys(self) -> dict[str, str]:
-        return {schema.PK: chunks_pk(self.tenant, self.batch_id), schema.SK: self.sort_key(self.chunk)}
+        return {
+            schema.PK: shard_pk(self.tenant, self.batch_id, self.chunk, self.count_shards),
+            schema.SK: self.sort_key(self.chunk),
+        }
 
     def batch_counters(self) -> dict[str, int]:
         """What counting this chunk adds to its batch's counters (``BatchRecord``'s fields)."""
@@ -507,6 +601,8 @@ class ChunkRunRecord(Record):
     #: An attempt killed outright loses what it spent since its last record.
     spent_input_tokens: int = 0
     spent_output_tokens: int = 0
+    #: The batch's counting shards: the run record lives in its chunk's shard, beside the marker.
+    count_shards: int = 1
 
     def spend(self) -> Spend:
         return Spend(self.spent_input_tokens, self.spent_output_tokens)
@@ -520,7 +616,10 @@ class ChunkRunRecord(Record):
         return f"{cls.PREFIX}{chunk:06d}"
 
     def keys(self) -> dict[str, str]:
-        return {schema.PK: chunks_pk(self.tenant, self.batch_id), schema.SK: self.sort_key(self.chunk)}
+        return {
+            schema.PK: shard_pk(self.tenant, self.batch_id, self.chunk, self.count_shards),
+            schema.SK: self.sort_key(self.chunk),
+        }
 
     def expiry(self) -> int | None:
         return self.expires_at

@@ -86,9 +86,12 @@ def tenant_of_batches_pk(pk: str) -> str:
     return pk[len(prefix) : -len(BATCHES_SUFFIX)]
 
 
-def chunks_pk(tenant: str, batch_id: str) -> str:
-    """The partition of one batch's chunk count markers and run records (``T#<tenant>#B#<batch>``)."""
-    return f"{tenant_pk(tenant)}#B#{batch_id}"
+def chunks_pk(tenant: str, batch_id: str, shard: int = 0) -> str:
+    """The partition of one counting shard of a batch: its chunks' count markers and run records,
+    and the shard's counters (``T#<tenant>#B#<batch>``; ``...#S<n>`` for shard n > 0,
+    ``limits.shard_of``)."""
+    base = f"{tenant_pk(tenant)}#B#{batch_id}"
+    return f"{base}#S{shard}" if shard else base
 
 
 def key_pk(key_hash: str) -> str:

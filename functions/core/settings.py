@@ -76,6 +76,9 @@ class ModelRoute(BaseModel):
 
     endpoints: tuple[str, ...]
     queue_url: str = ""
+    #: The most engines (GPU tasks) the model's service runs: ingest cuts a big batch into at
+    #: least that many chunks (``ingest.logic.chunk_lines``).
+    max_engines: int = Field(default=1, gt=0)
 
 
 class Settings(EnvSettings):

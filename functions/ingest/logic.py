@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.core import guard, lifecycle, limits, schema, tenants
+from functions.core import chunk_lifecycle, guard, lifecycle, limits, schema, tenants
 from functions.core.guard import GuardPolicy
 from functions.core.lines import LineError, RawLine, check_request, iter_lines, parse_request, shown
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.ports import Objects, Stores
-from functions.core.records import BatchRecord
+from functions.core.records import BatchRecord, CountShardRecord
 from functions.core.settings import Settings
 from functions.core.tenants import TenantPolicy
 from functions.core.work import Bounds, Work, work_of
@@ -96,7 +96,8 @@ def validate(
         _count(result, line, asked)
         cutter.add(line)
     if not result.errors:
-        result.chunks = cutter.chunks(result.total)
+        route = settings.models.get(result.model or "")
+        result.chunks = cutter.chunks(result.total, route.max_engines if route else 1)
     if result.total == 0 and not result.errors:
         fail("empty_file", "The input file has no requests.")
     return result
@@ -174,21 +175,26 @@ class _Cutter:
         self.ends.append(line.end)
         self.numbers.append(line.number)
 
-    def chunks(self, total: int) -> list[Chunk]:
-        """The chunks of the ``total`` lines added."""
+    def chunks(self, total: int, fleet: int = 1) -> list[Chunk]:
+        """The chunks of the ``total`` lines added, for a model served by up to ``fleet`` engines."""
         lines = zip(self.starts, self.ends, self.numbers, strict=True)
-        return _cut(lines, chunk_lines(total, self.max_lines), self.max_bytes)
+        return _cut(lines, chunk_lines(total, self.max_lines, fleet), self.max_bytes)
 
 
-def chunk_lines(total: int, chunk_max_lines: int) -> int:
+def chunk_lines(total: int, chunk_max_lines: int, fleet: int = 1) -> int:
     """Lines per chunk (docs/lifecycle.md, "Chunking rule"): a small batch is spread over up to
     TARGET_CHUNKS chunks of at least MIN_CHUNK_LINES lines (so several GPUs share it and its
     progress moves chunk by chunk); a large one over about LARGE_BATCH_CHUNKS chunks of at least
     ``chunk_max_lines`` and at most MAX_CHUNK_LINES lines, so the requests a chunk costs are spread
-    over more lines as the batch grows."""
+    over more lines as the batch grows. A model served by a ``fleet`` of more engines than that
+    gets at least CHUNKS_PER_GPU chunks per engine (of at least MIN_CHUNK_LINES lines), so that
+    its whole fleet can work on one batch."""
     if total > limits.TARGET_CHUNKS * chunk_max_lines:
-        return max(chunk_max_lines, min(limits.MAX_CHUNK_LINES, math.ceil(total / limits.LARGE_BATCH_CHUNKS)))
-    return min(chunk_max_lines, max(limits.MIN_CHUNK_LINES, math.ceil(total / limits.TARGET_CHUNKS)))
+        size = max(chunk_max_lines, min(limits.MAX_CHUNK_LINES, math.ceil(total / limits.LARGE_BATCH_CHUNKS)))
+    else:
+        size = min(chunk_max_lines, max(limits.MIN_CHUNK_LINES, math.ceil(total / limits.TARGET_CHUNKS)))
+    spread = math.ceil(total / (fleet * limits.CHUNKS_PER_GPU))
+    return max(limits.MIN_CHUNK_LINES, min(size, spread)) if spread < size else size
 
 
 def _cut(lines: Iterable[tuple[int, int, int]], size: int, max_bytes: int) -> list[Chunk]:
@@ -295,7 +301,12 @@ def _validate_and_move(stores: Stores, settings: Settings, batch: BatchRecord, n
         .encode()
     )
     stores.objects.put(schema.batch_manifest_key(batch.tenant, batch.id), manifest, "application/json")
-    values: dict[str, Any] = {"model": result.model, "total": result.total, "chunk_count": len(result.chunks)}
+    values: dict[str, Any] = {
+        "model": result.model,
+        "total": result.total,
+        "chunk_count": len(result.chunks),
+        "count_shards": limits.count_shards(len(result.chunks)),
+    }
     if (caps := tenants.budget_caps(policy)) is not None:  # its chunks charge the budget
         assert policy is not None
         values["budget_period"] = policy.budget_period
@@ -336,6 +347,8 @@ def _fan_out(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -
             "max_line_output_tokens": manifest.max_line_output_tokens,
             "allowed_media_domains": manifest.allowed_media_domains,
         }
+        # Its counting shards before the first message: a chunk starts and counts on its shard.
+        stores.batches.open_shards(CountShardRecord.of(batch, chunk_lifecycle.MARKER_RETENTION_SECONDS))
         messages = [
             batch.work_message(c).model_copy(update=snapshot).model_dump_json(exclude_none=True)
             for c in manifest.chunks

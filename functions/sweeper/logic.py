@@ -93,6 +93,8 @@ def sweep_batch(stores: Stores, settings: Settings, tenant: str, batch_id: str, 
         return NOTHING
     if now >= expiry_deadline:
         return _expire(stores, settings, batch, now)
+    if batch.status in ("in_progress", "cancelling", "finalizing"):
+        batch = chunk_lifecycle.counted_batch(stores, batch)  # a shard its last worker did not fold
     if batch.status in ("in_progress", "cancelling", "finalizing") and chunk_lifecycle.all_counted(batch):
         return _complete(stores, settings, batch, now)
     grace_over = now >= (batch.in_progress_at or batch.created_at) + settings.enqueue_grace_seconds
@@ -114,7 +116,7 @@ def completion_grace(settings: Settings) -> int:
 def _complete(stores: Stores, settings: Settings, batch: BatchRecord, now: int) -> str:
     """Finalize an all-counted batch its workflow left open, once it has been quiet (no chunk
     counted, no cancel, no close) for ``completion_grace``."""
-    counted = stores.batches.counted_chunks(batch.tenant, batch.id)
+    counted = stores.batches.counted_chunks(batch.tenant, batch.id, batch.count_shards)
     touched = max(
         [m.recorded_at for m in counted.values()]
         + [t or 0 for t in (batch.in_progress_at, batch.cancelling_at, batch.finalizing_at)]

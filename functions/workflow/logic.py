@@ -82,7 +82,7 @@ def check(stores: Stores, tenant: str, batch_id: str, reconcile_seconds: int, no
     API's cancel signal may have failed). ``{"outcome": <signal>, "timeout_seconds": 0}``, or
     ``{"outcome": "wait", "timeout_seconds": <seconds>}`` to wait again (at most
     ``reconcile_seconds``, never past the batch's expiry)."""
-    batch = _batch(stores, tenant, batch_id)
+    batch = chunk_lifecycle.counted_batch(stores, _batch(stores, tenant, batch_id))
     outcome = _owed(batch) or (Signal.EXPIRE if now >= batch.expires_at else None)
     if outcome is None:
         return {
@@ -113,7 +113,8 @@ def drain(
         return {"drained": True, "reason": reason}
     begin = lifecycle.drain(now, expiring=reason == Signal.EXPIRE, grace_seconds=settings.drain_grace_seconds)
     batch = lifecycle.apply(stores, batch, begin).batch
-    running = len(batch.started_chunks or ()) > batch.chunks_done
+    stores.batches.close_shards(batch, accepting=True)  # no new chunk starts on its shards either
+    running = chunk_lifecycle.running_chunks(stores, batch)
     drained = not running or now >= (batch.drain_deadline or 0)
     return {"drained": drained, "reason": reason_for(batch, signalled)}
 
@@ -155,7 +156,9 @@ def _close(stores: Stores, batch: BatchRecord, closed_for: str, *, finalizing: b
         planned_output_file_id=ids.new_id(ids.FILE),
         planned_error_file_id=ids.new_id(ids.FILE),
     )
-    return stores.batches.transition(batch.tenant, batch.id, change)
+    closed = stores.batches.transition(batch.tenant, batch.id, change)
+    stores.batches.close_shards(closed, accepting=False)  # after the batch: a retry closes them too
+    return closed
 
 
 @dataclass(frozen=True)
@@ -197,13 +200,17 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     lines after that read: they stay out (that request gets its never-ran line)."""
     assert batch.planned_output_file_id and batch.planned_error_file_id and batch.closed_for
     tenant, batch_id = batch.tenant, batch.id
-    counted = stores.batches.counted_chunks(tenant, batch_id)
+    counted = stores.batches.counted_chunks(tenant, batch_id, batch.count_shards)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     output_key = schema.file_key(tenant, batch.planned_output_file_id)
     error_key = schema.file_key(tenant, batch.planned_error_file_id)
     completed = failed = 0  # lines of the counted chunks' parts
     salvaged = {True: 0, False: 0}  # lines of the uncounted chunks (checkpointed or never-ran), by succeeded
-    usage = chunk_lifecycle.Usage(**{k: getattr(batch, k) for k in chunk_lifecycle.Usage.model_fields})
+    # The counted chunks' usage from their markers (on shards, the batch's counters hold only the
+    # shards folded before the close).
+    usage = chunk_lifecycle.Usage(
+        **{k: sum(getattr(m, k) for m in counted.values()) for k in chunk_lifecycle.Usage.model_fields}
+    )
     with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
         for chunk in manifest.chunks:
             marker = counted.get(chunk.chunk)
@@ -220,15 +227,15 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
             else:
                 for ok, count in _write_salvaged(stores, batch, chunk, batch.closed_for, output, errors, usage).items():
                     salvaged[ok] += count
-    if (completed, failed) != (batch.completed, batch.failed):
-        # The counters and the parts disagree (they never should): the files win, so that the
+    marked = (sum(m.completed for m in counted.values()), sum(m.failed for m in counted.values()))
+    if (completed, failed) != marked:
+        # The markers and the parts disagree (they never should): the files win, so that the
         # counts a tenant reads agree with the files; the difference is logged.
         logger.warning(
-            "batch parts disagree with its counters: %d completed and %d failed lines in the counted parts, counters %d and %d",
+            "batch parts disagree with its markers: %d completed and %d failed lines in the counted parts, markers %d and %d",
             completed,
             failed,
-            batch.completed,
-            batch.failed,
+            *marked,
             extra={"tenant": tenant, "batch_id": batch_id},
         )
     completed += salvaged[True]
@@ -293,7 +300,7 @@ def _write_salvaged(
     ``errors``, as ``results.write_parts`` splits them; their usage added to ``usage``) and a
     never-ran error line for each other request. Returns {succeeded: lines}."""
     code, message = NEVER_RAN[closed_for]
-    run = stores.batches.chunk_run(batch.tenant, batch.id, chunk.chunk)
+    run = stores.batches.chunk_run(batch.tenant, batch.id, chunk.chunk, batch.count_shards)
     counts = {True: 0, False: 0}
     for line in results.salvaged_lines(
         stores.objects, batch.work_message(chunk), run.cover() if run else [], code, message

@@ -144,6 +144,9 @@ class Ingest(Construct):
         )
         # The batch item only (read, conditional updates): never a file, upload or key item.
         grant_items(self.function, storage, BATCH_ITEM_ACTIONS, (BATCH_PARTITIONS,))
+        # A big batch's counting shards (docs/lifecycle.md, "Counting shards"): each written once,
+        # only if absent, before the first work message.
+        grant_items(self.function, storage, ("dynamodb:PutItem",), (CHUNK_PARTITIONS,))
         # The tenant's policy (its model allowlist, line bounds, guard): read only, its one partition.
         if self.settings.governance:  # off: no policy is read (Settings.governance)
             grant_items(self.function, storage, ("dynamodb:GetItem",), (TENANT_POLICIES,))

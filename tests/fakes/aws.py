@@ -29,12 +29,14 @@ from functions.core.audit import AuditRecord
 from functions.core.budgets import BUDGET_KINDS, Charge, Spent
 from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
 from functions.core.lifecycle import Change
+from functions.core.limits import shard_of
 from functions.core.ports import Received, Stores
 from functions.core.records import (
     ApiKeyRecord,
     BatchRecord,
     ChunkRecord,
     ChunkRunRecord,
+    CountShardRecord,
     FileRecord,
     UploadPartRecord,
     UploadRecord,
@@ -597,6 +599,8 @@ class FakeBatches(_Port):
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
         self.markers: dict[tuple[str, str, int], ChunkRecord] = {}
         self.runs: dict[tuple[str, str, int], ChunkRunRecord] = {}
+        #: Counting shards: (tenant, batch_id, shard) -> the stored shard's attributes.
+        self.shards: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._files = files
         #: The enqueued-cap counters: (tenant, model) -> {"requests": n, "tokens": n}.
         self.counters: dict[tuple[str, str], dict[str, int]] = {}
@@ -691,29 +695,85 @@ class FakeBatches(_Port):
     def count_chunk(self, marker: ChunkRecord) -> bool:
         self._op("count_chunk")
         key = (marker.tenant, marker.batch_id, marker.chunk)
-        item = self.items.get((marker.tenant, marker.batch_id))
-        if key in self.markers or not _matches(item, {"accepting": True}):
-            return False
-        self._write(marker.tenant, marker.batch_id, Change(add=marker.batch_counters(), expect={"accepting": True}), ())
+        if marker.count_shards > 1:
+            shard = self.shards.get((marker.tenant, marker.batch_id, shard_of(marker.chunk, marker.count_shards)))
+            if key in self.markers or not _matches(shard, {"accepting": True}):
+                return False
+            assert shard is not None
+            shard.update(_apply(shard, {}, {}, marker.batch_counters(), ()))
+        else:
+            item = self.items.get((marker.tenant, marker.batch_id))
+            if key in self.markers or not _matches(item, {"accepting": True}):
+                return False
+            change = Change(add=marker.batch_counters(), expect={"accepting": True})
+            self._write(marker.tenant, marker.batch_id, change, ())
         self.markers[key] = marker
         return True
 
-    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:
+    def open_shards(self, shards: Sequence[CountShardRecord]) -> None:
+        self._op("open_shards")
+        for s in shards:
+            self.shards.setdefault((s.tenant, s.batch_id, s.shard), s.model_dump())
+
+    def start_on_shard(self, tenant: str, batch_id: str, chunk: int, shards: int) -> bool:
+        self._op("start_on_shard")
+        shard = self.shards.get((tenant, batch_id, shard_of(chunk, shards)))
+        if not _matches(shard, {"starting": True}):
+            return False
+        assert shard is not None
+        shard.update(_apply(shard, {}, {}, {"started_chunks": {chunk}}, ()))
+        return True
+
+    def count_shard(self, tenant: str, batch_id: str, shard: int) -> CountShardRecord | None:
+        self._op("count_shard")
+        item = self.shards.get((tenant, batch_id, shard))
+        return CountShardRecord.model_validate(copy.deepcopy(item)) if item is not None else None
+
+    def count_shards(self, batch: BatchRecord) -> list[CountShardRecord]:
+        self._op("count_shards")
+        keys = [(batch.tenant, batch.id, s) for s in range(len(batch.shard_keys()))]
+        return [CountShardRecord.model_validate(copy.deepcopy(self.shards[k])) for k in keys if k in self.shards]
+
+    def fold_shard(self, shard: CountShardRecord) -> bool:
+        self._op("fold_shard")
+        stored = self.shards.get((shard.tenant, shard.batch_id, shard.shard))
+        item = self.items.get((shard.tenant, shard.batch_id))
+        if not shard.all_counted:
+            return False
+        if not _matches(stored, {"folded": None, "chunks_done": shard.chunks_done}) or not _matches(
+            item, {"accepting": True}
+        ):
+            return False
+        assert stored is not None
+        self._write(shard.tenant, shard.batch_id, Change(add=shard.counters(), expect={"accepting": True}), ())
+        stored["folded"] = True
+        return True
+
+    def close_shards(self, batch: BatchRecord, *, accepting: bool) -> None:
+        self._op("close_shards")
+        for s in range(len(batch.shard_keys())):
+            if (shard := self.shards.get((batch.tenant, batch.id, s))) is not None:
+                shard["starting"] = False
+                shard["accepting"] = shard["accepting"] and accepting
+
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRecord | None:
         self._op("counted_chunk")
         return self.markers.get((tenant, batch_id, chunk))
 
-    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
+    def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
         self._op("counted_chunks")
         return {c: m for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)}
 
-    def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+    def chunk_states(
+        self, tenant: str, batch_id: str, shards: int = 1
+    ) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
         self._op("chunk_states")
         return (
             {c: m.model_copy(deep=True) for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)},
             {c: r.model_copy(deep=True) for (t, b, c), r in self.runs.items() if (t, b) == (tenant, batch_id)},
         )
 
-    def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
+    def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:
         self._op("chunk_run")
         record = self.runs.get((tenant, batch_id, chunk))
         return record.model_copy(deep=True) if record is not None else None

@@ -105,7 +105,11 @@ def test_settings_name_every_model_with_its_endpoints_and_queue(synth):
     assert list(models) == [m.name for m in synth.config.models]
     for model in synth.config.models:
         queue = synth.stack.ingest.work_queues[model.name]
-        assert models[model.name] == {"endpoints": list(model.endpoints), "queue_url": f"<{synth.logical_id(queue)}>"}
+        assert models[model.name] == {
+            "endpoints": list(model.endpoints),
+            "queue_url": f"<{synth.logical_id(queue)}>",
+            "max_engines": model.max_instances,  # ingest cuts a big batch into a chunk for each
+        }
     assert models["embed-small"]["endpoints"] == ["/v1/embeddings"]
 
 

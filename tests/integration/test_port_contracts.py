@@ -96,6 +96,54 @@ def test_a_chunk_counts_once_and_only_while_accepting(ports: Stores):
     assert set(ports.batches.counted_chunks("acme", "batch_c1")) == {0}
 
 
+def test_a_batch_counted_on_shards_starts_counts_and_folds_each_shard_once(ports: Stores):
+    from functions.core.records import ChunkRunRecord, CountShardRecord
+
+    batch = new_batch(chunk_count=5, count_shards=2)
+    ports.batches.create(batch)
+    shards = CountShardRecord.of(batch, 0)
+    assert [(s.shard, s.chunk_count) for s in shards] == [(0, 3), (1, 2)]
+    ports.batches.open_shards(shards)
+    assert ports.batches.start_on_shard("acme", "batch_c1", 3, 2)
+    ports.batches.open_shards(shards)  # ingest again: what is stored stays
+    assert ports.batches.count_shard("acme", "batch_c1", 1).started_chunks == {3}
+    on = [marker(c).model_copy(update={"count_shards": 2}) for c in range(5)]
+    assert ports.batches.count_chunk(on[1]) and ports.batches.count_chunk(on[3])
+    assert not ports.batches.count_chunk(on[3])
+    ports.batches.save_chunk_run(
+        ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=2, version=1, expires_at=10**10, count_shards=2)
+    )
+    shard = ports.batches.count_shard("acme", "batch_c1", 1)
+    assert (shard.chunks_done, shard.completed, shard.failed, shard.input_tokens) == (2, 4, 2, 14)
+    assert shard.all_counted and not shard.folded
+    assert ports.batches.get("acme", "batch_c1").chunks_done == 0  # the batch's item is not written
+    assert ports.batches.counted_chunk("acme", "batch_c1", 3, 2).completed == 2
+    assert ports.batches.chunk_run("acme", "batch_c1", 2, 2).version == 1
+    assert not ports.batches.fold_shard(ports.batches.count_shard("acme", "batch_c1", 0))  # not fully counted
+    stale = shard.model_copy(update={"chunks_done": 1, "chunk_count": 1})
+    assert not ports.batches.fold_shard(stale)  # counters that are not the stored ones fold nothing
+    assert ports.batches.fold_shard(shard)
+    assert not ports.batches.fold_shard(shard)  # once
+    folded = ports.batches.get("acme", "batch_c1")
+    assert (folded.chunks_done, folded.completed, folded.failed, folded.input_tokens) == (2, 4, 2, 14)
+    assert set(ports.batches.counted_chunks("acme", "batch_c1", 2)) == {1, 3}
+    markers, runs = ports.batches.chunk_states("acme", "batch_c1", 2)
+    assert set(markers) == {1, 3} and set(runs) == {2}
+    ports.batches.close_shards(folded, accepting=True)  # the drain: no new start, counts still taken
+    assert not ports.batches.start_on_shard("acme", "batch_c1", 0, 2)
+    assert ports.batches.count_chunk(on[0])
+    ports.batches.transition("acme", "batch_c1", Change(values={"accepting": False}))
+    ports.batches.close_shards(folded, accepting=False)  # the close: no count either
+    ports.batches.close_shards(folded, accepting=False)  # again: nothing changes
+    assert not ports.batches.count_chunk(on[2])
+    assert ports.batches.counted_chunk("acme", "batch_c1", 2, 2) is None  # the marker rolled back with it
+    stored = ports.batches.count_shards(ports.batches.get("acme", "batch_c1"))
+    assert [(s.shard, s.starting, s.accepting, s.chunks_done) for s in stored] == [
+        (0, False, False, 1),
+        (1, False, False, 2),
+    ]
+
+
 def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):
     from functions.core.records import ChunkRunRecord
 

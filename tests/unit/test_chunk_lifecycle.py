@@ -99,12 +99,12 @@ def test_usage_is_summed_with_cached_and_reasoning_tokens():
 def test_start_chunk_is_one_conditional_write():
     stores = fake_stores()
     stores.batches.put(batch())
-    started = chunk_lifecycle.start_chunk(stores, message(1))
-    assert started is not None and started.started_chunks == {1}
-    assert stores.faults.calls["batches.transition"] == 1 and stores.faults.calls["batches.get"] == 0
+    assert chunk_lifecycle.start_chunk(stores, message(1)) is True
+    assert stores.batches.get("acme", "batch_1").started_chunks == {1}
+    assert stores.faults.calls["batches.transition"] == 1 and stores.faults.calls["batches.get"] == 1  # ours
     stores.batches.put(batch(status="cancelling"))
-    assert chunk_lifecycle.start_chunk(stores, message(0)) is None
-    assert chunk_lifecycle.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is None
+    assert chunk_lifecycle.start_chunk(stores, message(0)) is False
+    assert chunk_lifecycle.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is False
 
 
 @pytest.mark.parametrize("fault", [throttle(), conflict()])

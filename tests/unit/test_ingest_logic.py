@@ -277,7 +277,7 @@ def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     queue.send = send_then_cancel
     run(stores)
     assert "batch_1" in stores.workflows.started and current(stores).enqueued
-    assert [chunk_lifecycle.start_chunk(stores, m) for m in sent(stores)] == [None, None]
+    assert [chunk_lifecycle.start_chunk(stores, m) for m in sent(stores)] == [False, False]
 
 
 def test_the_ingest_lambda_waits_for_a_record_briefly_first_then_up_to_its_patience(monkeypatch):

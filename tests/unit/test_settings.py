@@ -52,8 +52,8 @@ def test_to_env_writes_strings_and_numbers_raw_and_the_rest_as_json() -> None:
     assert env["BATCHAPI_STATE_MACHINE_ARN"] == ""
     assert json.loads(env["BATCHAPI_COMPLETION_WINDOWS"]) == ["24h", "1h"]
     assert json.loads(env["BATCHAPI_MODELS"]) == {
-        "org/Chat-7B": {"endpoints": ["/v1/chat/completions"], "queue_url": "https://sqs/q1"},
-        "embed": {"endpoints": ["/v1/embeddings"], "queue_url": ""},
+        "org/Chat-7B": {"endpoints": ["/v1/chat/completions"], "queue_url": "https://sqs/q1", "max_engines": 1},
+        "embed": {"endpoints": ["/v1/embeddings"], "queue_url": "", "max_engines": 1},
     }
 
 

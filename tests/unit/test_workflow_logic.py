@@ -176,7 +176,7 @@ def test_expiry_shows_finalizing_and_stops_new_chunks():
     batch = current(stores)
     assert_fields(batch, status="finalizing", finalizing_at=NOW, accepting=True)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
-    assert chunk_lifecycle.start_chunk(stores, batch.work_message(manifest.chunks[1])) is None
+    assert chunk_lifecycle.start_chunk(stores, batch.work_message(manifest.chunks[1])) is False
 
 
 def test_a_cancel_wins_over_a_complete_signal():
@@ -455,18 +455,18 @@ def test_redelivered_chunks_and_a_retried_finalize_keep_the_counts_in_agreement(
     assert len(out) == 4 and [l.error.code for l in err] == ["batch_expired", "batch_expired"]
 
 
-def test_the_counts_are_the_files_lines_when_the_counters_disagree(caplog):
+def test_the_counts_are_the_files_lines_when_the_markers_disagree(caplog):
     stores = setup(lines=4)
     run_chunk(stores, 0)
     run_chunk(stores, 1)
-    stores.batches.set(
-        "acme", "batch_1", completed=current(stores).completed + 1
-    )  # a counter drifted (it never should)
+    key = ("acme", "batch_1", 0)
+    marker = stores.batches.markers[key]  # a marker drifted from its parts (it never should)
+    stores.batches.markers[key] = marker.model_copy(update={"completed": marker.completed + 1})
     with caplog.at_level("WARNING", logger="batch-api-workflow.logic"):
         assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
     assert current(stores).completed == 4
     assert_stores_agree(stores, "acme", "batch_1", [f"req-{i}" for i in range(4)])
-    assert any("disagree with its counters" in r.getMessage() for r in caplog.records)
+    assert any("disagree with its markers" in r.getMessage() for r in caplog.records)
 
 
 # --- checkpointed lines of a chunk that was not counted (docs/reliability.md) -----------------------
@@ -598,9 +598,9 @@ def test_a_chunk_counted_after_the_close_is_refused_and_its_checkpoints_are_kept
     real_run = stores.batches.chunk_run
     late = []
 
-    def chunk_run(tenant, batch_id, chunk):
+    def chunk_run(tenant, batch_id, chunk, shards=1):
         late.append(run_with_usage(stores, 0).counted)
-        return real_run(tenant, batch_id, chunk)
+        return real_run(tenant, batch_id, chunk, shards)
 
     stores.batches.chunk_run = chunk_run
     assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}

@@ -18,10 +18,12 @@ from ..records import (
     BatchRecord,
     ChunkRecord,
     ChunkRunRecord,
+    CountShardRecord,
     FileRecord,
     UploadPartRecord,
     UploadRecord,
     chunks_pk,
+    shard_pk,
 )
 from ..tenants import Release, Reservation
 from . import stored
@@ -331,45 +333,125 @@ class BatchRepo:
         ``Table`` (docs/reliability.md), so the chunk is not run again for it. The tenant's budget
         is charged from the marker by the audit appender, with the chunk's receipt
         (``AuditStore.put``): the counting roles hold no write on budget items."""
-        ops = [
-            Put(marker.to_item(), if_absent=True),
-            Update(
+        if marker.count_shards > 1:  # on the chunk's shard, in the marker's own partition
+            counters = Update(
+                shard_pk(marker.tenant, marker.batch_id, marker.chunk, marker.count_shards),
+                CountShardRecord.SORT_KEY,
+                add=marker.batch_counters(),
+                expect={"accepting": True},
+            )
+        else:
+            counters = Update(
                 schema.batches_pk(marker.tenant),
                 BatchRecord.sort_key(marker.batch_id),
                 add=marker.batch_counters(),
                 expect={"accepting": True},
-            ),
-        ]
+            )
         try:
-            self._table.transact(ops)
+            self._table.transact([Put(marker.to_item(), if_absent=True), counters])
         except ConditionFailed:
             return False
         return True
 
-    def counted_chunk(self, tenant: str, batch_id: str, chunk: int) -> ChunkRecord | None:
+    def open_shards(self, shards: Sequence[CountShardRecord]) -> None:
+        """Write a batch's counting shards, each only if absent (ingest again after a crash
+        leaves the counted ones as they are): one PutItem a shard."""
+        for shard in shards:
+            try:
+                self._table.put(shard.to_item(), if_absent=True)
+            except ConditionFailed:
+                pass
+
+    def start_on_shard(self, tenant: str, batch_id: str, chunk: int, shards: int) -> bool:
+        """Note that a worker started ``chunk`` on its shard, only while the shard takes new
+        chunks: one UpdateItem. False if it no longer does."""
+        try:
+            self._table.update(
+                Update(
+                    shard_pk(tenant, batch_id, chunk, shards),
+                    CountShardRecord.SORT_KEY,
+                    add={"started_chunks": {chunk}},
+                    expect={"starting": True},
+                )
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def count_shard(self, tenant: str, batch_id: str, shard: int) -> CountShardRecord | None:
+        """One counting shard as stored: one GetItem."""
+        item = self._table.get(chunks_pk(tenant, batch_id, shard), CountShardRecord.SORT_KEY)
+        return CountShardRecord.from_item(item) if item else None
+
+    def count_shards(self, batch: BatchRecord) -> builtins.list[CountShardRecord]:
+        """Every counting shard of the batch (none when it counts on its own item)."""
+        return [s for n in range(len(batch.shard_keys())) if (s := self.count_shard(batch.tenant, batch.id, n))]
+
+    def fold_shard(self, shard: CountShardRecord) -> bool:
+        """Add a fully counted shard's counters (as ``shard`` read them, and still stored) to its
+        batch's, once, only while the batch accepts chunks: one transaction. False if it was folded
+        already, not fully counted, or the batch closed."""
+        if not shard.all_counted:
+            return False
+        try:
+            self._table.transact(
+                [
+                    Update(
+                        chunks_pk(shard.tenant, shard.batch_id, shard.shard),
+                        CountShardRecord.SORT_KEY,
+                        values={"folded": True},
+                        expect={"folded": None, "chunks_done": shard.chunks_done},
+                    ),
+                    Update(
+                        schema.batches_pk(shard.tenant),
+                        BatchRecord.sort_key(shard.batch_id),
+                        add=shard.counters(),
+                        expect={"accepting": True},
+                    ),
+                ]
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def close_shards(self, batch: BatchRecord, *, accepting: bool) -> None:
+        """Stop the batch's shards starting chunks (and, with ``accepting`` False, counting them):
+        after the batch's own write, one UpdateItem a shard; doing it again changes nothing."""
+        values = {"starting": False} if accepting else {"starting": False, "accepting": False}
+        for pk, sk in batch.shard_keys():
+            try:
+                self._table.update(Update(pk, sk, values=values))
+            except ConditionFailed:
+                pass  # never opened: the batch was cancelled before its work was sent
+
+    def counted_chunk(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRecord | None:
         """The count marker of one chunk (None while it is not counted): one GetItem."""
-        item = self._table.get(chunks_pk(tenant, batch_id), ChunkRecord.sort_key(chunk))
+        item = self._table.get(shard_pk(tenant, batch_id, chunk, shards), ChunkRecord.sort_key(chunk))
         return ChunkRecord.from_item(item) if item else None
 
-    def counted_chunks(self, tenant: str, batch_id: str) -> dict[int, ChunkRecord]:
-        items, _ = self._table.query_page(
-            pk=chunks_pk(tenant, batch_id),
-            prefix=ChunkRecord.PREFIX,
-            after=None,
-            ascending=True,
-            limit=10**9,
-        )
+    def _chunk_items(self, tenant: str, batch_id: str, shards: int, prefix: str) -> builtins.list[dict[str, Any]]:
+        """The items of the batch's chunk partitions under ``prefix``: one consistent Query a
+        shard (paged by DynamoDB past 1 MB)."""
+        items: builtins.list[dict[str, Any]] = []
+        for shard in range(shards):
+            page, _ = self._table.query_page(
+                pk=chunks_pk(tenant, batch_id, shard), prefix=prefix, after=None, ascending=True, limit=10**9
+            )
+            items += page
+        return items
+
+    def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
+        items = self._chunk_items(tenant, batch_id, shards, ChunkRecord.PREFIX)
         return {(r := ChunkRecord.from_item(i)).chunk: r for i in items}
 
-    def chunk_states(self, tenant: str, batch_id: str) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
-        """Markers and run records of the batch: one consistent Query of its chunk partition
-        (paged by DynamoDB past 1 MB)."""
-        items, _ = self._table.query_page(
-            pk=chunks_pk(tenant, batch_id), prefix="", after=None, ascending=True, limit=10**9
-        )
+    def chunk_states(
+        self, tenant: str, batch_id: str, shards: int = 1
+    ) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+        """Markers and run records of the batch: one consistent Query of each of its chunk
+        partitions."""
         markers: dict[int, ChunkRecord] = {}
         runs: dict[int, ChunkRunRecord] = {}
-        for item in items:
+        for item in self._chunk_items(tenant, batch_id, shards, ""):
             if item[schema.SK].startswith(ChunkRecord.PREFIX):
                 marker = ChunkRecord.from_item(item)
                 markers[marker.chunk] = marker
@@ -378,9 +460,9 @@ class BatchRepo:
                 runs[run.chunk] = run
         return markers, runs
 
-    def chunk_run(self, tenant: str, batch_id: str, chunk: int) -> ChunkRunRecord | None:
+    def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:
         """The run record of one chunk: one GetItem (its own item, not the batch's)."""
-        item = self._table.get(chunks_pk(tenant, batch_id), ChunkRunRecord.sort_key(chunk))
+        item = self._table.get(shard_pk(tenant, batch_id, chunk, shards), ChunkRunRecord.sort_key(chunk))
         return ChunkRunRecord.from_item(item) if item else None
 
     def save_chunk_run(self, record: ChunkRunRecord) -> None:
