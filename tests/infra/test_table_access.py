@@ -32,6 +32,7 @@ from functions.core.records import (
 from functions.core.settings import Settings
 from tests.builders import batch_record, cut, running_batch
 from tests.conftest import PREFIX, TEST_SETTINGS
+from tests.dynamodb_requests import touches
 from tests.helpers import chat_jsonl
 from tests.integration.worker.harness import run_one_chunk
 
@@ -160,6 +161,7 @@ def test_worker_policy_names_only_its_actions_and_partitions(synth):
 LAMBDA_RIGHTS = {
     "ingest": [
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#BATCHES"]),
+        (["dynamodb:PutItem"], ["T#*#B#*"]),  # a big batch's counting shards, written once
         (["dynamodb:GetItem"], ["TENANTS"]),
         (["dynamodb:GetItem", "dynamodb:UpdateItem"], ["T#*#ENQUEUED"]),
         (["dynamodb:GetItem"], ["T#*#BUDGET"]),
@@ -328,46 +330,13 @@ def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
 
 
 # --- every request the worker's chunk path makes, checked against the policy ------------------
-def _partition_of(condition: Any) -> str:
-    """The table partition key value a Query's key condition (boto3 ``Key`` objects) names."""
-    expression = condition.get_expression()
-    if expression["operator"] == "AND":
-        found = [_partition_of(c) for c in expression["values"] if c.get_expression()["operator"] in ("=", "AND")]
-        (value,) = [f for f in found if f]
-        return value
-    left, right = expression["values"]
-    return right if expression["operator"] == "=" and left.name == schema.PK else ""
-
-
 def _operation_keys(operation: str, params: dict[str, Any]) -> list[tuple[str, list[str]]]:
     """(IAM action, partition keys) pairs a DynamoDB request is authorized by. A transaction is
     authorized item by item, with the action of each item's operation."""
-
-    def pk(value: Any) -> str:
-        return value["S"] if isinstance(value, dict) else value
-
-    if operation == "TransactWriteItems":
-        out = []
-        for item in params["TransactItems"]:
-            ((kind, body),) = item.items()
-            keys = body["Item"] if kind == "Put" else body["Key"]
-            action = {
-                "Put": "PutItem",
-                "Update": "UpdateItem",
-                "Delete": "DeleteItem",
-                "ConditionCheck": "ConditionCheckItem",
-            }[kind]
-            out.append((f"dynamodb:{action}", [pk(keys[schema.PK])]))
-        return out
-    if operation in ("GetItem", "DeleteItem", "UpdateItem"):
-        return [(f"dynamodb:{operation}", [pk(params["Key"][schema.PK])])]
-    if operation == "PutItem":
-        return [("dynamodb:PutItem", [pk(params["Item"][schema.PK])])]
-    if operation == "Query":
-        if "IndexName" in params:  # an index's ARN: none of the roles checked here has one
-            return [("dynamodb:Query(index)", [])]
-        return [("dynamodb:Query", [_partition_of(params["KeyConditionExpression"])])]
-    return [(f"dynamodb:{operation}", [])]
+    if operation == "Query" and "IndexName" in params:  # an index's ARN: none of the roles checked here has one
+        return [("dynamodb:Query(index)", [])]
+    found = [(f"dynamodb:{t.action}", [t.pk]) for t in touches(operation, params)]
+    return found or [(f"dynamodb:{operation}", [])]
 
 
 CHAT = "/v1/chat/completions"
@@ -445,11 +414,18 @@ class Recorder:
 
 
 @pytest.mark.settings(chunk_max_lines=2)
-def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allowed(synth, client, stores, deployed):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allowed(
+    synth, client, stores, deployed, shards, monkeypatch
+):
     """A batch through the real handlers (ingest, one chunk by the worker's path, the other by the
     chunk DLQ consumer, the workflow's check, drain and finalize), and a second batch's ingest
     event through the ingest DLQ consumer: each role's DynamoDB requests are evaluated against its
-    synthesized policy."""
+    synthesized policy. With ``shards`` 2 the batch counts on two counting shards (a shard a chunk),
+    as a big batch does (docs/lifecycle.md, "Counting shards")."""
+    from functions.core import limits
+
+    monkeypatch.setattr(limits, "COUNT_SHARD_CHUNKS", 2 // shards)
     from functions.chunk_dlq import handler as chunk_dlq_handler
     from functions.ingest_dlq import handler as ingest_dlq_handler
     from functions.workflow import handler as workflow_handler
@@ -486,6 +462,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     recorder.role = "setup"
     after = stores.batches.get("acme", batch.id)
     assert (after.status, after.completed, after.failed, after.chunks_done) == ("completed", 2, 2, 2)
+    assert after.count_shards == shards
     assert client.files.retrieve(after.output_file_id).purpose == "batch_output"
 
     # A second batch's ingest event, dead-lettered: the ingest DLQ consumer ends or resumes it.
@@ -525,6 +502,9 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
         for _, keys in recorder.requests(role)
     )
     assert ("dynamodb:Query", [schema.chunks_pk("acme", batch.id)]) in recorder.requests("workflow")
+    if shards > 1:  # ingest opened the shards, the workflow's close stopped them
+        assert ("dynamodb:PutItem", [schema.chunks_pk("acme", batch.id, 1)]) in recorder.requests("ingest")
+        assert ("dynamodb:UpdateItem", [schema.chunks_pk("acme", batch.id, 1)]) in recorder.requests("workflow")
     assert ("dynamodb:PutItem", [schema.tenant_pk("acme")]) in recorder.requests("workflow")
     # The API wrote the tenant's files in T#acme: the partition the others never touch.
     assert any(schema.tenant_pk("acme") in keys for _, keys in recorder.requests("setup"))
