@@ -101,11 +101,15 @@ class Attempt:
         #: tenant's as ingest snapshotted them into the message.
         self.media = policy.media.narrowed(message.allowed_media_domains)
 
-    async def run(self, requests: list[RawLine], *, on_dispatch: Callable[[], None]) -> None:
-        """Give every request line of the chunk a result (``on_dispatch``: called once the lines
-        that run are about to be handed to the engine)."""
+    async def run(
+        self, requests: list[RawLine], start: chunk_lifecycle.RunStart, *, on_dispatch: Callable[[], None]
+    ) -> None:
+        """Give every request line of the chunk a result, in the attempt ``start`` opened
+        (``chunk_lifecycle.begin_run``; ``on_dispatch``: called once the lines that run are about
+        to be handed to the engine)."""
+        self.record = start.record
         try:
-            await self._open_and_run(requests, on_dispatch)
+            await self._run(requests, start, on_dispatch)
         except asyncio.CancelledError:
             await asyncio.shield(self.end_benignly("cancelled"))
             raise
@@ -123,17 +127,10 @@ class Attempt:
             await self.end_benignly("store error")
             raise
 
-    async def _open_and_run(self, requests: list[RawLine], on_dispatch: Callable[[], None]) -> None:
-        policy = self.policy
-        start = await self.io(
-            chunk_lifecycle.begin_run,
-            self.stores,
-            self.message,
-            self.attempt,
-            max_strikes=policy.max_strikes,
-            max_failures=policy.max_failures,
-        )
-        self.record, self.careful = start.record, start.record.careful
+    async def _run(
+        self, requests: list[RawLine], start: chunk_lifecycle.RunStart, on_dispatch: Callable[[], None]
+    ) -> None:
+        self.careful = start.record.careful
         if start.record.segments:
             for line in await self.io(
                 results.read_checkpoints, self.stores.objects, self.message, start.record.cover()

@@ -1,6 +1,6 @@
-"""One chunk of a batch through the engine, for the SQS worker: start it (skipped if its batch
-takes no more work or it is already counted), run an attempt at its lines (``attempt``: its run
-record, checkpoints, careful mode), commit it (``commit``: parts, count, receipt). What every chunk
+"""One chunk of a batch through the engine, for the SQS worker: open an attempt at it (skipped if
+its batch takes no more work or it is already counted), run the attempt's lines (``attempt``: its
+run record, checkpoints, careful mode), commit it (``commit``: parts, count, receipt). What every chunk
 of one worker runs with is one ``ChunkRunner``, built once (``loop.Worker``). One line's path,
 shared with the offline ``batchctl run-batch``, is ``line_runner``'s.
 """
@@ -20,6 +20,7 @@ from functions.core.chunk_lifecycle import ChunkOutcome
 from functions.core.lines import RawLine, iter_lines
 from functions.core.messages import WorkMessage
 from functions.core.ports import Engine, Stores
+from functions.core.records import ChunkRecord, ChunkRunRecord
 
 from .admission import Admission
 from .attempt import Attempt, RunPolicy
@@ -66,10 +67,11 @@ def read_chunk(stores: Stores, message: WorkMessage, *, max_line_bytes: int) -> 
     )
 
 
-def already_counted(stores: Stores, message: WorkMessage) -> bool:
-    """True if this chunk's marker exists (a redelivery after a worker recorded it but died
-    before deleting the message): running it again would only waste the engine's time."""
-    return stores.batches.counted_chunk(message.tenant, message.batch_id, message.chunk, message.shards) is not None
+def chunk_state(stores: Stores, message: WorkMessage) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:
+    """The chunk's count marker (present for a redelivery after a worker counted it but died
+    before deleting the message: running it again would only waste the engine's time) and its run
+    record (what earlier attempts left, opened again by this one), in one read."""
+    return stores.batches.chunk_state(message.tenant, message.batch_id, message.chunk, message.shards)
 
 
 def _nothing() -> None:
@@ -124,13 +126,15 @@ class ChunkRunner:
         as its parts start being written (from then on the chunk is never abandoned)."""
         io = io or self.io
         started = self.now()
-        requests = await self._start(message, io)
-        if requests is None:
+        attempt = attempt or secrets.token_hex(6)
+        begun = await self._start(message, attempt, io)
+        if begun is None:
             return ChunkReport(skipped=True)
+        requests, start = begun
         run = Attempt(
             self.stores,
             message,
-            attempt or secrets.token_hex(6),
+            attempt,
             self._engines(message, owner),
             io=io,
             background=self.background or io,
@@ -139,7 +143,7 @@ class ChunkRunner:
             prepare=preparer(message, self.salts),
             guard=self.checks.bind(message.tenant, message.guard),
         )
-        await run.run(requests, on_dispatch=on_dispatch)
+        await run.run(requests, start, on_dispatch=on_dispatch)
         done = await commit(run, on_commit=on_commit, commits=self.commits)
         return ChunkReport(
             False,
@@ -156,28 +160,43 @@ class ChunkRunner:
             committed_at=done.counted_at,
         )
 
-    async def _start(self, message: WorkMessage, io: Io) -> list[RawLine] | None:
-        """The chunk's request lines; None if it is skipped: its batch takes no more work, or the
-        chunk is already counted (then the workflow is signalled again if every chunk is).
+    async def _start(
+        self, message: WorkMessage, attempt: str, io: Io
+    ) -> tuple[list[RawLine], chunk_lifecycle.RunStart] | None:
+        """The chunk's request lines and its attempt, opened on its run record; None if it is
+        skipped: the chunk is already counted (then the workflow is signalled again if every
+        chunk is), or its batch takes no more work.
 
-        The start mark, the counted check and the input read go side by side (each on a store
-        thread): none depends on another's answer, and the read is wasted only for a chunk that
-        is skipped. The run record is opened (``Attempt``) only after both checks said go."""
-        opened, counted, raws = await asyncio.gather(
-            io(chunk_lifecycle.start_chunk, self.stores, message),
-            io(already_counted, self.stores, message),
+        The marker and run record read and the input read go side by side (each on a store
+        thread): neither depends on the other's answer, and the input read is wasted only for a
+        chunk that is skipped. The attempt is opened from the record read here, only while the
+        batch takes new chunks (one transaction: ``begin_run``)."""
+        state, raws = await asyncio.gather(
+            io(chunk_state, self.stores, message),
             io(read_chunk, self.stores, message, max_line_bytes=self.max_line_bytes),
             return_exceptions=True,
         )
-        for answer in (opened, counted):  # the checks' errors first: they decide whether the read matters
-            if isinstance(answer, BaseException):
-                raise answer
-        if not opened:
-            return None  # a read error of a skipped chunk does not matter
-        if counted:
+        if isinstance(state, BaseException):  # first: it decides whether the read matters
+            raise state
+        marker, record = state
+        if marker is not None:
             await io(chunk_lifecycle.signal_if_all_counted, self.stores, message)
             return None
+        policy = self.policy
+        start = await io(
+            chunk_lifecycle.begin_run,
+            self.stores,
+            message,
+            attempt,
+            max_strikes=policy.max_strikes,
+            max_failures=policy.max_failures,
+            stored=record,
+            read=True,
+        )
+        if start is None:
+            return None  # a read error of a skipped chunk does not matter
         if isinstance(raws, BaseException):
+            await io(chunk_lifecycle.end_run, self.stores, message, attempt, start.record)
             raise raws
         requests = [r for r in raws if not r.blank]
         if len(requests) != message.line_count:
@@ -188,7 +207,7 @@ class ChunkRunner:
                 len(requests),
                 message.line_count,
             )
-        return requests
+        return requests, start
 
     def _engines(self, message: WorkMessage, owner: object) -> ChunkEngines:
         budget = self.budget

@@ -5,8 +5,10 @@ arguments as keywords. The worker builds one runner for all its chunks (``loop.W
 from collections.abc import Callable
 from typing import Any
 
+from functions.core import chunk_lifecycle, limits, schema
+from functions.core.chunk_lifecycle import RunStart
 from functions.core.messages import WorkMessage
-from functions.core.ports import Engine, Stores
+from functions.core.ports import Engine, Objects, Stores
 from gpu_worker.chunk import ChunkReport, ChunkRunner
 
 
@@ -27,4 +29,19 @@ async def process_chunk(
         attempt=attempt,
         on_dispatch=on_dispatch,
         on_commit=on_commit,
+    )
+
+
+def part_bytes(objects: Objects, tenant: str, batch_id: str, chunk: int, attempt: str, kind: str) -> bytes:
+    """One part ("out" or "err") of a counted attempt, as written; b"" for a part with no line,
+    which is never written (``results.write_parts``)."""
+    key = schema.chunk_part_key(tenant, batch_id, chunk, attempt, kind)
+    return objects.get(key) if key in objects.list_keys(key) else b""
+
+
+def open_attempt(stores: Stores, message: WorkMessage, attempt: str = "a1") -> RunStart | None:
+    """A worker opens ``attempt`` at the chunk (only while its batch takes new chunks: None if
+    not), with the worker's poison budget."""
+    return chunk_lifecycle.begin_run(
+        stores, message, attempt, max_strikes=limits.CHUNK_MAX_STRIKES, max_failures=limits.CHUNK_MAX_FAILURES
     )

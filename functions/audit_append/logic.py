@@ -170,23 +170,85 @@ def _is_its_record(record: AuditRecord, intent: AuditIntent) -> bool:
     return record.content() == intent.content()
 
 
+class KnownHeads:
+    """The chain store, with each tenant's head as this invocation last read or wrote it, so an
+    append after its own reads no head. The appender is the chains' only writer and takes one
+    tenant's intents in one invocation at a time (FIFO groups); should another write come between,
+    the seq's conditional write refuses the stale head, which is then read again."""
+
+    def __init__(self, chain: AuditStore):
+        self._chain = chain
+        self._heads: dict[str, AuditRecord | None] = {}
+
+    def head(self, tenant: str) -> AuditRecord | None:
+        if tenant not in self._heads:
+            self._heads[tenant] = self._chain.head(tenant)
+        return self._heads[tenant]
+
+    def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
+        try:
+            self._chain.put(record, dedupe=dedupe, charge=charge)
+        except Exception:
+            self._heads.pop(record.tenant, None)  # refused, or not known to be written: read again
+            raise
+        self._heads[record.tenant] = record
+
+    def dedupe_seq(self, tenant: str, key: str) -> int | None:
+        return self._chain.dedupe_seq(tenant, key)
+
+    def record(self, tenant: str, seq: int) -> AuditRecord | None:
+        return self._chain.record(tenant, seq)
+
+    def records(self, tenant: str) -> list[AuditRecord]:
+        return self._chain.records(tenant)
+
+
 @dataclass
 class Invocation:
     """One invocation of the appender: takes intents (in the queue's order per tenant) and then
-    checkpoints each tenant it appended to once."""
+    checkpoints each tenant it appended to once.
+
+    What it reads per intent is what an intent needs alone: an intent is appended at once (its
+    dedupe marker is written in the same transaction, so a duplicate's append is refused and then
+    found by its key), but for a receipt that was sent again (``take``); a tenant's head is read
+    once (``KnownHeads``); whether WORM copies already hold the seqs past the head (a cut tail) is
+    one LIST per tenant, after which this invocation's own appends are known to be the only
+    copies."""
 
     stores: AppenderStores
     now: Callable[[], int]
     sleep: Callable[[float], None] = time.sleep
     #: Per tenant: the last record appended or confirmed, and whether a checkpoint may cover it.
     heads: dict[str, tuple[AuditRecord, bool]] = field(default_factory=dict)
+    #: Per tenant: the seq from which no WORM copy existed when this invocation looked (its own
+    #: copies, all below the chain's next seq, aside).
+    free_from: dict[str, int] = field(default_factory=dict)
 
-    def take(self, intent: AuditIntent) -> Taken:
+    def __post_init__(self) -> None:
+        self.chain = KnownHeads(self.stores.chain)
+
+    def _no_copy_from(self, tenant: str, seq: int) -> bool:
+        """No WORM copy holds ``seq`` or a later seq of ``tenant``'s chain."""
+        known = self.free_from.get(tenant)
+        if known is not None and seq >= known:
+            return True
+        if self.stores.worm.any_after(anchor.worm_prefix(tenant), anchor.worm_key(tenant, seq - 1)):
+            return False
+        self.free_from[tenant] = seq
+        return True
+
+    def take(self, intent: AuditIntent, *, seen: bool = False) -> Taken:
+        """Append ``intent``. Its dedupe key is read first only when it is likely a duplicate:
+        ``seen`` (its append was just refused as one), or a receipt without digests (sent again
+        after a worker died, and building it would read the chunk's parts back)."""
         key = dedupe_key(intent)
         if key is None:
             return Taken("refused", reason="a receipt must name its batch and chunk")
-        chain, worm = self.stores.chain, self.stores.worm
-        seq = chain.dedupe_seq(intent.tenant, key)
+        chain, worm = self.chain, self.stores.worm
+        resent = intent.action == audit.CHUNK_RECEIPT and all(
+            intent.details.get(k) is None for k in audit.RECEIPT_DIGESTS
+        )
+        seq = chain.dedupe_seq(intent.tenant, key) if seen or resent else None
         skipped: list[int] = []
         if seq is not None:  # appended before: make sure of its copy
             record = chain.record(intent.tenant, seq)
@@ -205,6 +267,8 @@ class Invocation:
                 """After the head, past every seq the WORM copy already holds (a cut tail)."""
                 skipped.clear()
                 seq, prev = audit.after(head)
+                if self._no_copy_from(intent.tenant, seq):
+                    return seq, prev
                 while (copy := worm.find(anchor.worm_key(intent.tenant, seq))) is not None:
                     skipped.append(seq)
                     seq, prev = seq + 1, AuditRecord.model_validate_json(copy).hash
@@ -213,8 +277,8 @@ class Invocation:
             appended = audit.append_intent(
                 chain, intent, charge=charge, position=position, known_new=True, sleep=self.sleep
             )
-            if appended is None:  # appended meanwhile under the same key: confirm that one
-                return self.take(intent)
+            if appended is None:  # appended before (or meanwhile) under the same key: confirm that one
+                return self.take(intent, seen=True)
             record, outcome = appended, "appended"
         if not self._copied(record, new=outcome == "appended"):
             key = anchor.worm_key(record.tenant, record.seq)

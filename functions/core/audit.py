@@ -416,7 +416,12 @@ def receipt_intent(
 
 
 def append_receipt(
-    stores: Stores, message: WorkMessage, marker: ChunkRecord, *, at: int, digests: dict[str, str] | None = None
+    stores: Stores,
+    message: WorkMessage,
+    marker: ChunkRecord,
+    *,
+    at: int,
+    digests: Mapping[str, str | None] | None = None,
 ) -> AuditIntent | None:
     """Send the receipt of a counted chunk (``receipt_intent``) to the audit queue; keyed on
     (batch, chunk), so however often this runs (a redelivered message, a retried worker) the

@@ -1,7 +1,9 @@
 """The chunk lifecycle, shared by the GPU worker, the chunk DLQ consumer, the workflow and the API:
-a chunk is started, run in attempts (its run record: poison budget, checkpoints) and counted
-exactly once, only while its batch accepts chunks; whoever counts the last one (or a duplicate of
-it) signals the workflow. The batch's own statuses and transitions are ``lifecycle``'s."""
+a chunk is run in attempts (its run record: poison budget, checkpoints), the first of each
+opened only while its batch takes new chunks, and counted exactly once, only while its batch
+accepts chunks; whoever counts the last one (or a duplicate of it) signals the workflow. A chunk
+is running while its run record has an open attempt and it is not counted. The batch's own
+statuses and transitions are ``lifecycle``'s."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import audit, lifecycle, limits
-from .errors import ConditionFailed
+from .errors import ChunksStopped, ConditionFailed
 from .lifecycle import Signal
 from .messages import WorkMessage
 from .ports import Stores
@@ -32,7 +34,7 @@ class ChunkOutcome:
     #: The chunk's count marker (this call's; the receipt is appended from it) and the digests of
     #: the parts it counted, as written (``Parts.digests``).
     marker: ChunkRecord | None = None
-    digests: dict[str, str] | None = None
+    digests: dict[str, str | None] | None = None
 
 
 def all_counted(batch: BatchRecord) -> bool:
@@ -63,19 +65,6 @@ class Usage(BaseModel):
             self.cached_tokens += token_count(prompt_details, "cached_tokens")
         if isinstance(completion_details, dict):
             self.reasoning_tokens += token_count(completion_details, "reasoning_tokens")
-
-
-def start_chunk(stores: Stores, message: WorkMessage) -> bool:
-    """Note that a worker started this chunk (on the batch's item, or on the chunk's counting
-    shard); False if the batch no longer takes new work (cancelled, expiring, finished), in which
-    case the chunk is skipped."""
-    if message.shards > 1:
-        return stores.batches.start_on_shard(message.tenant, message.batch_id, message.chunk, message.shards)
-    try:
-        stores.batches.transition(message.tenant, message.batch_id, lifecycle.note_chunk_started(message.chunk))
-    except ConditionFailed:
-        return False
-    return True
 
 
 def record_chunk(
@@ -177,11 +166,10 @@ def counted_batch(stores: Stores, batch: BatchRecord) -> BatchRecord:
 
 
 def running_chunks(stores: Stores, batch: BatchRecord) -> bool:
-    """Some chunk of the batch was started and is not counted yet (the drain waits for it)."""
-    if batch.count_shards > 1:
-        shards = stores.batches.count_shards(batch)
-        return sum(len(s.started_chunks or ()) for s in shards) > sum(s.chunks_done for s in shards)
-    return len(batch.started_chunks or ()) > batch.chunks_done
+    """Some chunk of the batch has an attempt open and is not counted (the drain waits for it):
+    one Query of each of its chunk partitions."""
+    markers, runs = stores.batches.chunk_states(batch.tenant, batch.id, batch.count_shards)
+    return any(run.open and chunk not in markers for chunk, run in runs.items())
 
 
 def _complete_if_all_counted(stores: Stores, batch: BatchRecord) -> bool:
@@ -214,11 +202,16 @@ def _change_run(
     message: WorkMessage,
     current: ChunkRunRecord | None,
     change: Callable[[ChunkRunRecord], ChunkRunRecord],
+    *,
+    read: bool = False,
+    starting: bool = False,
 ) -> ChunkRunRecord:
     """Apply ``change`` to the run record and store it (optimistic: ``current`` is tried first,
-    then the stored record is read again after each concurrent change)."""
+    then the stored record is read again after each concurrent change). ``current`` None is read
+    first, unless ``read`` says it was just read (absent). ``starting``: each write only while the
+    batch takes new chunks (ChunksStopped otherwise)."""
     for attempt in range(RUN_WRITE_ATTEMPTS):
-        if current is None or attempt > 0:
+        if (current is None and not read) or attempt > 0:
             current = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk, message.shards)
         base = current or ChunkRunRecord(
             tenant=message.tenant,
@@ -229,7 +222,9 @@ def _change_run(
         )
         new = change(base.model_copy(deep=True)).model_copy(update={"version": base.version + 1})
         try:
-            stores.batches.save_chunk_run(new)
+            stores.batches.save_chunk_run(new, starting=starting)
+        except ChunksStopped:
+            raise
         except ConditionFailed:
             if attempt + 1 >= RUN_WRITE_ATTEMPTS:
                 raise
@@ -238,11 +233,23 @@ def _change_run(
     raise AssertionError("unreachable")
 
 
-def begin_run(stores: Stores, message: WorkMessage, attempt: str, *, max_strikes: int, max_failures: int) -> RunStart:
-    """Open attempt ``attempt`` of the chunk. Every attempt still open from before ended without
-    commit and without a benign record: each is one real failure. If one of them was sending
-    lines alone (careful mode) that are not written yet: a single line is blamed
-    (``engine_crashed``); the lines of a larger group become suspects (each runs alone)."""
+def begin_run(
+    stores: Stores,
+    message: WorkMessage,
+    attempt: str,
+    *,
+    max_strikes: int,
+    max_failures: int,
+    stored: ChunkRunRecord | None = None,
+    read: bool = False,
+) -> RunStart | None:
+    """Open attempt ``attempt`` of the chunk, only while its batch takes new chunks (None if it
+    does not: cancelled, expiring, finished; the chunk is skipped). Every attempt still open from
+    before ended without commit and without a benign record: each is one real failure. If one of
+    them was sending lines alone (careful mode) that are not written yet: a single line is blamed
+    (``engine_crashed``); the lines of a larger group become suspects (each runs alone).
+    ``read``: the caller just read the run record (``stored``, None if absent; ``chunk_state``),
+    so it is not read again before the write (a concurrent change is, as always)."""
     found: dict[str, Any] = {}
 
     def change(run: ChunkRunRecord) -> ChunkRunRecord:
@@ -267,7 +274,10 @@ def begin_run(stores: Stores, message: WorkMessage, attempt: str, *, max_strikes
         found["died"] = len(died)
         return run
 
-    record = _change_run(stores, message, None, change)
+    try:
+        record = _change_run(stores, message, stored, change, read=read, starting=True)
+    except ChunksStopped:
+        return None
     exhausted = record.strikes >= max_strikes or record.failures >= max_failures
     return RunStart(record, found["died"], exhausted)
 

@@ -129,4 +129,15 @@ DEACTIVATED_BODY = AccountDeactivated(DEACTIVATED_MESSAGE).body()
 
 
 class ConditionFailed(Exception):
-    """A conditional write lost (the item exists, or is not in the expected state). Internal."""
+    """A conditional write lost (the item exists, or is not in the expected state). Internal.
+    ``items``: of a transaction, the positions of the items whose condition did not hold (empty
+    when not known)."""
+
+    def __init__(self, *args: object, items: tuple[int, ...] = ()):
+        super().__init__(*args)
+        self.items = items
+
+
+class ChunksStopped(ConditionFailed):
+    """A chunk's attempt was not opened: its batch (or the chunk's counting shard) takes no new
+    chunks any more (cancelled, expiring, finished)."""

@@ -95,7 +95,9 @@ FAIL_WITHOUT_FILES: Final = Transition("fail_without_files", ("validating", *CLO
 #: Attribute-only transitions.
 NOTE_TOKEN: Final = Transition("note_token", ("in_progress", "cancelling"), None)
 NOTE_ENQUEUED: Final = Transition("note_enqueued", STATUSES, None)
-NOTE_CHUNK_STARTED: Final = Transition("note_chunk_started", ("in_progress",), None, {"accepting": True})
+#: The status in which a batch (still ``accepting``) takes new chunks: a worker opens a chunk's
+#: attempt only then (``BatchStore.save_chunk_run(starting=True)``).
+TAKES_CHUNKS: Final = "in_progress"
 
 TRANSITIONS: Final[tuple[Transition, ...]] = (
     START,
@@ -110,7 +112,6 @@ TRANSITIONS: Final[tuple[Transition, ...]] = (
     FAIL_WITHOUT_FILES,
     NOTE_TOKEN,
     NOTE_ENQUEUED,
-    NOTE_CHUNK_STARTED,
 )
 #: Every (from, to) status pair a transition allows.
 EDGES: Final = frozenset((s, t.target) for t in TRANSITIONS if t.target is not None for s in t.sources if s != t.target)
@@ -233,11 +234,6 @@ def note_token(token: str) -> Change:
 def note_enqueued() -> Change:
     """Ingest sent the work messages and started the workflow."""
     return change(NOTE_ENQUEUED, 0, values={"enqueued": True})
-
-
-def note_chunk_started(chunk: int) -> Change:
-    """A worker started ``chunk`` (a set: redeliveries add nothing); only while the batch takes work."""
-    return change(NOTE_CHUNK_STARTED, 0, add={"started_chunks": {chunk}})
 
 
 # --- the terminal write's rule (used by every BatchStore) ------------------------------------------

@@ -196,6 +196,9 @@ class WormStore(Protocol):
     def find(self, key: str) -> bytes | None:
         """The current bytes of ``key``, None if there is no such object."""
 
+    def any_after(self, prefix: str, key: str) -> bool:
+        """Whether an object under ``prefix`` has a key that sorts after ``key`` (one LIST)."""
+
     def originals(self, prefix: str) -> dict[str, WormObject]:
         """Every key under ``prefix`` with its first version (the bytes written first, which
         Object Lock keeps), how many versions it has and whether a delete marker hides it."""
@@ -234,9 +237,6 @@ class BatchStore(Protocol):
     def open_shards(self, shards: Sequence[CountShardRecord]) -> None:
         """Write a batch's counting shards, each only if absent."""
 
-    def start_on_shard(self, tenant: str, batch_id: str, chunk: int, shards: int) -> bool:
-        """Note ``chunk`` started on its shard, only while the shard takes new chunks."""
-
     def count_shard(self, tenant: str, batch_id: str, shard: int) -> CountShardRecord | None: ...
     def count_shards(self, batch: BatchRecord) -> builtins.list[CountShardRecord]:
         """Every counting shard of the batch, as stored (none when it counts on its own item)."""
@@ -250,6 +250,12 @@ class BatchStore(Protocol):
         """Stop the batch's shards starting chunks and, unless ``accepting``, counting them."""
 
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRecord | None: ...
+    def chunk_state(
+        self, tenant: str, batch_id: str, chunk: int, shards: int = 1
+    ) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:
+        """The chunk's count marker and run record, read together (one BatchGetItem of its
+        partition): what a worker starting the chunk needs to know."""
+
     def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]: ...
     def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:
         """The run record of one chunk (its attempts and checkpoints; None before the first)."""
@@ -260,9 +266,12 @@ class BatchStore(Protocol):
         """The batch's count markers and run records, by chunk, read together (one strongly
         consistent Query of each chunk partition): the live progress of an open batch."""
 
-    def save_chunk_run(self, record: ChunkRunRecord) -> None:
+    def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
-        ``record.version`` is 1): an optimistic write; ConditionFailed otherwise."""
+        ``record.version`` is 1): an optimistic write; ConditionFailed otherwise. ``starting``
+        (an attempt being opened): only while the batch takes new chunks (its item ``in_progress``
+        and ``accepting``; on shards, the chunk's shard ``starting``), in the same transaction;
+        ChunksStopped otherwise."""
 
     def enqueued(self, tenant: str, model: str) -> tuple[int, int]:
         """The (requests, tokens) currently reserved on the tenant's counter for ``model``."""

@@ -287,9 +287,6 @@ class BatchRecord(Record):
     #: Chunks the input was cut into, and how many have been counted.
     chunk_count: int = 0
     chunks_done: int = 0
-    #: Chunks a worker has started (a set, so redeliveries add nothing); on the shards instead
-    #: when the batch counts on several (``CountShardRecord``).
-    started_chunks: set[int] | None = None
     #: How many shards the chunks are counted on (``limits.count_shards``, set with
     #: ``chunk_count``): 1, on this item; more, each on its own ``CountShardRecord``, which is folded
     #: into this item's counters once, when its last chunk is counted.
@@ -423,8 +420,8 @@ def shard_pk(tenant: str, batch_id: str, chunk: int, shards: int) -> str:
 
 class CountShardRecord(Record):
     """One counting shard of a batch counted on several (``BatchRecord.count_shards``): its chunks
-    (``limits.shard_of``) are started and counted here, in its own partition beside their markers
-    and run records, rather than on the batch's item. Written by ingest before the first work
+    (``limits.shard_of``) open their attempts while it is ``starting`` and are counted here, in its
+    own partition beside their markers and run records, rather than on the batch's item. Written by ingest before the first work
     message; its counters are added to the batch's once, by whoever counts its last chunk
     (``BatchStore.fold_shard``). ``starting`` and ``accepting`` follow the batch's: the workflow's
     drain and close set them False on every shard after the batch."""
@@ -441,7 +438,6 @@ class CountShardRecord(Record):
     cached_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    started_chunks: set[int] | None = None
     #: New chunks may start (False once the batch drains or closes).
     starting: bool = True
     #: Finished chunks may be counted (False once the batch closes).

@@ -70,18 +70,24 @@ class Parts:
     attempt: str
     completed: int
     failed: int
-    #: The sha256 of each part as written ({"out_sha256": ..., "err_sha256": ...}; empty when not
-    #: known): a chunk's audit receipt names them without reading the parts back.
-    digests: dict[str, str] = field(default_factory=dict)
+    #: The sha256 of each part as written ({"out_sha256": ..., "err_sha256": ...}; None for a part
+    #: not written; empty when not known): a chunk's audit receipt names them without reading the
+    #: parts back.
+    digests: dict[str, str | None] = field(default_factory=dict)
 
 
 def write_parts(objects: Objects, message: WorkMessage, lines: list[BatchOutputLine]) -> Parts:
-    """Write a chunk's output and error parts (lines in input order) under a new attempt id."""
+    """Write a chunk's output and error parts (lines in input order) under a new attempt id. A
+    part with no line is not written (one PUT fewer for a chunk whose lines all succeeded): its
+    count on the marker is 0, so finalize never reads it, and its receipt digest is null."""
     attempt = secrets.token_hex(6)
     out = [line for line in lines if succeeded(line)]
     err = [line for line in lines if not succeeded(line)]
-    digests = {}
+    digests: dict[str, str | None] = {}
     for kind, part in (("out", out), ("err", err)):
+        if not part:
+            digests[f"{kind}_sha256"] = None
+            continue
         body = b"".join(line.model_dump_json().encode() + b"\n" for line in part)
         key = schema.chunk_part_key(message.tenant, message.batch_id, message.chunk, attempt, kind)
         objects.put(key, body, "application/jsonl")

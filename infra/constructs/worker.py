@@ -103,8 +103,10 @@ EXECUTION_STATUS_CHANGE = "Step Functions Execution Status Change"
 
 #: The DynamoDB actions the worker uses: GetItem, and PutItem and UpdateItem (also inside
 #: TransactWriteItems, which IAM authorizes item by item with these actions, as CDK's own
-#: ``grant_read_write_data`` relies on). No Query, Scan, DeleteItem, batch or index access.
-WORKER_TABLE_ACTIONS = CHUNK_COUNT_ACTIONS
+#: ``grant_read_write_data`` relies on), BatchGetItem on chunk partitions only (a chunk's marker
+#: and run record at its start) and ConditionCheckItem (an attempt opens only while its batch takes
+#: chunks). No Query, Scan, DeleteItem, batch writes or index access.
+WORKER_TABLE_ACTIONS = (*CHUNK_COUNT_ACTIONS, "dynamodb:ConditionCheckItem")
 #: The partition keys the worker may touch (IAM ``StringLike`` patterns, built by the same
 #: ``schema`` functions as the keys): a tenant's batch partition (``T#*#BATCHES``: the batch item
 #: it starts and counts on) and a batch's chunk partition (``T#*#B#*``: count markers and run
@@ -365,7 +367,11 @@ class ModelWorker(Construct):
         storage.bucket.grant_read(role, INPUT_KEYS)  # ranged GET of a chunk's lines
         storage.bucket.grant_put(role, PART_KEYS)  # the chunk's output and error parts
         storage.bucket.grant_read(role, PART_KEYS)  # a redelivered chunk reads its checkpoints
-        grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)  # chunk start and accounting
+        # Chunk accounting; ConditionCheckItem: an attempt opens only while its batch (or its
+        # counting shard) takes chunks, a check on that item in the run record's transaction.
+        grant_items(role, storage, WORKER_TABLE_ACTIONS, WORKER_LEADING_KEYS)
+        # A chunk's marker and run record, read together as it starts (one BatchGetItem).
+        grant_items(role, storage, ("dynamodb:BatchGetItem",), (CHUNK_PARTITIONS,))
         # A `stop` budget is read (T#*#BUDGET); the appender charges it, not this role.
         grant_watch(role, storage)
         workflow.grant_signal(role)  # the worker that counts the last chunk resumes the workflow

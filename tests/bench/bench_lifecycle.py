@@ -127,7 +127,7 @@ def main() -> None:
 def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Counter) -> dict[str, Any]:
     from functions.api.batches import create_batch
     from functions.core import clients, deps, ids, results, schema
-    from functions.core.chunk_lifecycle import Usage, record_chunk, start_chunk
+    from functions.core.chunk_lifecycle import Usage, begin_run, record_chunk
     from functions.core.lines import iter_lines
     from functions.core.messages import ChunkManifest
     from functions.core.records import FileRecord
@@ -170,14 +170,16 @@ def bench(args: argparse.Namespace, env: dict[str, str], counter: collections.Co
     state_file.write_text(json.dumps({"batch_id": batch.id}))
 
     ingest = run_phase("ingest", state_file, env)
-    # the chunks: the worker's path with an instant engine (start, ranged GET, parts, count)
+    # the chunks: the worker's path with an instant engine (marker and run record read, attempt
+    # opened, ranged GET, parts, count)
     counter.clear()
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("bench", batch.id)))
     record = stores.batches.get("bench", batch.id)
     started = time.perf_counter()
     for c in manifest.chunks:
         message = record.work_message(c)
-        start_chunk(stores, message)
+        _, run = stores.batches.chunk_state(message.tenant, message.batch_id, message.chunk, message.shards)
+        begin_run(stores, message, "bench", max_strikes=3, max_failures=10, stored=run, read=True)
         out, usage = [], Usage()
         for line in iter_lines(
             stores.objects.iter_range(record.input_key, c.byte_start, c.byte_end),

@@ -27,7 +27,7 @@ from typing import Any
 from functions.core import lifecycle
 from functions.core.audit import AuditRecord
 from functions.core.budgets import BUDGET_KINDS, Charge, Spent
-from functions.core.errors import ConditionFailed, Throttled, TransactionConflict
+from functions.core.errors import ChunksStopped, ConditionFailed, Throttled, TransactionConflict
 from functions.core.lifecycle import Change
 from functions.core.limits import shard_of
 from functions.core.ports import Received, Stores
@@ -715,15 +715,6 @@ class FakeBatches(_Port):
         for s in shards:
             self.shards.setdefault((s.tenant, s.batch_id, s.shard), s.model_dump())
 
-    def start_on_shard(self, tenant: str, batch_id: str, chunk: int, shards: int) -> bool:
-        self._op("start_on_shard")
-        shard = self.shards.get((tenant, batch_id, shard_of(chunk, shards)))
-        if not _matches(shard, {"starting": True}):
-            return False
-        assert shard is not None
-        shard.update(_apply(shard, {}, {}, {"started_chunks": {chunk}}, ()))
-        return True
-
     def count_shard(self, tenant: str, batch_id: str, shard: int) -> CountShardRecord | None:
         self._op("count_shard")
         item = self.shards.get((tenant, batch_id, shard))
@@ -760,6 +751,16 @@ class FakeBatches(_Port):
         self._op("counted_chunk")
         return self.markers.get((tenant, batch_id, chunk))
 
+    def chunk_state(
+        self, tenant: str, batch_id: str, chunk: int, shards: int = 1
+    ) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:
+        self._op("chunk_state")
+        marker, run = self.markers.get((tenant, batch_id, chunk)), self.runs.get((tenant, batch_id, chunk))
+        return (
+            marker.model_copy(deep=True) if marker is not None else None,
+            run.model_copy(deep=True) if run is not None else None,
+        )
+
     def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
         self._op("counted_chunks")
         return {c: m for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)}
@@ -778,9 +779,20 @@ class FakeBatches(_Port):
         record = self.runs.get((tenant, batch_id, chunk))
         return record.model_copy(deep=True) if record is not None else None
 
-    def save_chunk_run(self, record: ChunkRunRecord) -> None:
+    def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
         self._op("save_chunk_run")
         key = (record.tenant, record.batch_id, record.chunk)
+        if starting:
+            if record.count_shards > 1:
+                shard = self.shards.get((record.tenant, record.batch_id, shard_of(record.chunk, record.count_shards)))
+                open_ = _matches(shard, {"starting": True})
+            else:
+                open_ = _matches(
+                    self.items.get((record.tenant, record.batch_id)),
+                    {"status": lifecycle.TAKES_CHUNKS, "accepting": True},
+                )
+            if not open_:
+                raise ChunksStopped("the batch takes no new chunks")
         stored = self.runs.get(key)
         if (stored.version if stored is not None else 0) != record.version - 1:
             raise condition_failed()
@@ -992,6 +1004,10 @@ class FakeWorm(_Port):
     def find(self, key: str) -> bytes | None:
         self._op("find")
         return self.objects.get(key)
+
+    def any_after(self, prefix: str, key: str) -> bool:
+        self._op("any_after")
+        return any(k.startswith(prefix) and k > key for k in self.objects)
 
     def originals(self, prefix: str) -> dict[str, Any]:
         from functions.core.anchor import WormObject

@@ -123,7 +123,10 @@ RELEASE = (["dynamodb:UpdateItem"], ["T#*#ENQUEUED"])
 STORAGE_CHARGE = (["dynamodb:PutItem", "dynamodb:UpdateItem"], ["T#*#STORAGE"])
 #: The worker reads the budget item (a ``stop`` budget stops its lines: gpu_worker/budget.py).
 WATCH = (["dynamodb:GetItem"], ["T#*#BUDGET"])
-WORKER_RIGHTS = [(WORKER_ACTIONS, WORKER_PATTERNS), WATCH]
+#: The worker reads a chunk's marker and run record together (``BatchStore.chunk_state``).
+CHUNK_STATE = (["dynamodb:BatchGetItem"], ["T#*#B#*"])
+#: An attempt opens only while its batch (or shard) takes chunks: a ConditionCheck in its transaction.
+WORKER_RIGHTS = [(["dynamodb:ConditionCheckItem", *WORKER_ACTIONS], WORKER_PATTERNS), WATCH, CHUNK_STATE]
 
 
 def _rights(statements: list[dict]) -> list[tuple]:
@@ -288,6 +291,12 @@ def test_worker_reaches_batch_and_chunk_items_never_file_or_upload_records(synth
             assert not allows_any(statements, action, [chain]), (name, action)
         for action in WORKER_ACTIONS:
             assert not allows_any(statements, action, [schema.enqueued_pk(tenant)]), (name, action)
+        # BatchGetItem: a chunk partition's items only, not the batch items nor anything else.
+        chunk_pk = records["chunk marker"][schema.PK]
+        assert allows_any(statements, "dynamodb:BatchGetItem", [chunk_pk])
+        for kind, item_keys in records.items():
+            if item_keys[schema.PK] != chunk_pk:
+                assert not allows_any(statements, "dynamodb:BatchGetItem", [item_keys[schema.PK]]), (name, kind)
 
 
 def test_worker_never_reaches_keys_scaler_state_idempotency_or_webhooks(synth):
@@ -383,9 +392,10 @@ def test_every_table_request_of_the_worker_chunk_path_is_allowed(synth, moto_sto
 
     requests = [pair for operation, params in calls for pair in _operation_keys(operation, params)]
     operations = {operation for operation, _ in calls}
-    # The worker's path made every kind of call it has: item reads, writes, updates, the count
-    # transaction; none on the audit chain (its receipts went to the audit queue).
-    assert operations == {"GetItem", "PutItem", "UpdateItem", "TransactWriteItems"}, operations
+    # The worker's path made every kind of call it has: item reads, the marker and run record read
+    # together, the transactions that open an attempt and count a chunk; none on the audit chain
+    # (its receipts went to the audit queue).
+    assert operations == {"GetItem", "BatchGetItem", "TransactWriteItems"}, operations
     assert {k for _, keys in requests for k in keys} == {schema.batches_pk(tenant), schema.chunks_pk(tenant, batch_id)}
     sqs = clients.client("sqs")
     sent = sqs.get_queue_attributes(QueueUrl=settings.audit_queue_url, AttributeNames=["ApproximateNumberOfMessages"])

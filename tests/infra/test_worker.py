@@ -295,9 +295,12 @@ def test_task_role_consumes_its_queue_reads_inputs_writes_parts_counts_and_signa
         }
         assert {a for a, r in s3 if r.endswith("input.jsonl")} == {"s3:GetObject*", "s3:GetBucket*", "s3:List*"}
         assert {r for a, r in pairs if a.startswith("dynamodb:")} == {f"<{table}.Arn>"}  # no index
-        # No Query: the audit chains are the appender's (tests/infra/test_table_access.py pins the partitions).
+        # No Query: the audit chains are the appender's (tests/infra/test_table_access.py pins the
+        # partitions; BatchGetItem: a chunk's marker and run record, on chunk partitions only).
         assert {a for a, r in pairs if a.startswith("dynamodb:")} == {
             "dynamodb:GetItem",
+            "dynamodb:BatchGetItem",
+            "dynamodb:ConditionCheckItem",
             "dynamodb:PutItem",
             "dynamodb:UpdateItem",
         }

@@ -151,8 +151,8 @@ def test_without_shards_the_batch_item_s_partition_is_the_limit(client, stores, 
     assert meter.excess and {e.pk for e in meter.excess} == {schema.batches_pk("acme")}
     assert all(e.kind == "write" and e.second == 0 for e in meter.excess)
     # It was refused within the first second's starts, long before the thousandth GPU.
-    started = len(stores.batches.get("acme", batch_id).started_chunks or ())
-    assert 0 < started < GPUS
+    opened = len(stores.batches.chunk_states("acme", batch_id)[1])
+    assert 0 < opened < GPUS
 
 
 def test_the_meter_charges_as_dynamodb_documents(stores, deployed):

@@ -5,7 +5,7 @@ behind, queue receipts). A fake that is kinder than the adapter fails here."""
 import pytest
 
 from functions.core import lifecycle
-from functions.core.errors import ConditionFailed
+from functions.core.errors import ChunksStopped, ConditionFailed
 from functions.core.lifecycle import Change
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord, ChunkRecord, FileRecord
@@ -60,12 +60,10 @@ def test_batch_transition_conditions(ports: Stores):
         ),
     )
     assert (updated.status, updated.cancelling_at) == ("cancelling", 5)
-    again = ports.batches.transition(
-        "acme", "batch_c1", Change(defaults={"cancelling_at": 9}, add={"started_chunks": {1}})
-    )
-    assert again.cancelling_at == 5 and again.started_chunks == {1}
-    again = ports.batches.transition("acme", "batch_c1", Change(add={"started_chunks": {1, 2}, "completed": 3}))
-    assert again.started_chunks == {1, 2} and again.completed == 3
+    again = ports.batches.transition("acme", "batch_c1", Change(defaults={"cancelling_at": 9}, add={"failed": 1}))
+    assert again.cancelling_at == 5 and again.failed == 1
+    again = ports.batches.transition("acme", "batch_c1", Change(add={"failed": 2, "completed": 3}))
+    assert again.failed == 3 and again.completed == 3
     with pytest.raises(ConditionFailed):
         ports.batches.transition(
             "acme", "batch_c1", Change(values={"status": "failed"}, expect={"status": "in_progress"})
@@ -104,9 +102,9 @@ def test_a_batch_counted_on_shards_starts_counts_and_folds_each_shard_once(ports
     shards = CountShardRecord.of(batch, 0)
     assert [(s.shard, s.chunk_count) for s in shards] == [(0, 3), (1, 2)]
     ports.batches.open_shards(shards)
-    assert ports.batches.start_on_shard("acme", "batch_c1", 3, 2)
+    ports.batches.save_chunk_run(run(3, shards=2), starting=True)  # opened on its shard, not the batch
     ports.batches.open_shards(shards)  # ingest again: what is stored stays
-    assert ports.batches.count_shard("acme", "batch_c1", 1).started_chunks == {3}
+    assert ports.batches.count_shard("acme", "batch_c1", 1).chunks_done == 0
     on = [marker(c).model_copy(update={"count_shards": 2}) for c in range(5)]
     assert ports.batches.count_chunk(on[1]) and ports.batches.count_chunk(on[3])
     assert not ports.batches.count_chunk(on[3])
@@ -128,9 +126,11 @@ def test_a_batch_counted_on_shards_starts_counts_and_folds_each_shard_once(ports
     assert (folded.chunks_done, folded.completed, folded.failed, folded.input_tokens) == (2, 4, 2, 14)
     assert set(ports.batches.counted_chunks("acme", "batch_c1", 2)) == {1, 3}
     markers, runs = ports.batches.chunk_states("acme", "batch_c1", 2)
-    assert set(markers) == {1, 3} and set(runs) == {2}
+    assert set(markers) == {1, 3} and set(runs) == {2, 3}
     ports.batches.close_shards(folded, accepting=True)  # the drain: no new start, counts still taken
-    assert not ports.batches.start_on_shard("acme", "batch_c1", 0, 2)
+    with pytest.raises(ChunksStopped):
+        ports.batches.save_chunk_run(run(0, shards=2), starting=True)
+    assert ports.batches.chunk_run("acme", "batch_c1", 0, 2) is None
     assert ports.batches.count_chunk(on[0])
     ports.batches.transition("acme", "batch_c1", Change(values={"accepting": False}))
     ports.batches.close_shards(folded, accepting=False)  # the close: no count either
@@ -142,6 +142,40 @@ def test_a_batch_counted_on_shards_starts_counts_and_folds_each_shard_once(ports
         (0, False, False, 1),
         (1, False, False, 2),
     ]
+
+
+def run(chunk: int, version: int = 1, shards: int = 1, **fields):
+    from functions.core.records import ChunkRunRecord
+
+    return ChunkRunRecord(
+        tenant="acme",
+        batch_id="batch_c1",
+        chunk=chunk,
+        version=version,
+        expires_at=10**10,
+        count_shards=shards,
+        **fields,
+    )
+
+
+def test_an_attempt_opens_only_while_the_batch_takes_chunks(ports: Stores):
+    ports.batches.create(new_batch())
+    ports.batches.save_chunk_run(run(0, open=["a"]), starting=True)
+    assert ports.batches.chunk_run("acme", "batch_c1", 0).open == ["a"]
+    with pytest.raises(ConditionFailed) as stale:  # a concurrent attempt's write: the version says so
+        ports.batches.save_chunk_run(run(0, open=["b"]), starting=True)
+    assert not isinstance(stale.value, ChunksStopped)
+    ports.batches.save_chunk_run(run(0, version=2, open=["a", "b"]), starting=True)
+    assert ports.batches.chunk_state("acme", "batch_c1", 0) == (None, run(0, version=2, open=["a", "b"]))
+    for values in ({"status": "cancelling"}, {"status": "in_progress", "accepting": False}):
+        ports.batches.transition("acme", "batch_c1", Change(values=values))
+        with pytest.raises(ChunksStopped):
+            ports.batches.save_chunk_run(run(1, open=["c"]), starting=True)
+        assert ports.batches.chunk_run("acme", "batch_c1", 1) is None  # nothing written
+    ports.batches.save_chunk_run(run(0, version=3, open=[]))  # a benign end needs no open batch
+    assert ports.batches.chunk_run("acme", "batch_c1", 0).version == 3
+    with pytest.raises(ChunksStopped):  # no such batch
+        ports.batches.save_chunk_run(run(0).model_copy(update={"batch_id": "nope"}), starting=True)
 
 
 def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):

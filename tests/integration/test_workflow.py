@@ -11,6 +11,7 @@ from functions.core import clients, schema
 from functions.core.wire import BatchOutputLine
 from functions.workflow import logic
 from tests.agreement import assert_api_agrees, assert_usage_agrees
+from tests.chunks import open_attempt
 from tests.fakes.engine import InProcessEngine, rejecting
 from tests.integration.batch_helpers import (
     line,
@@ -184,9 +185,7 @@ def test_cancel_mid_run_keeps_partial_output(client, stores, deployed, events):
 def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(4)])
     first, _second = take_work(deployed)
-    from functions.core import chunk_lifecycle
-
-    chunk_lifecycle.start_chunk(stores, first)  # a worker is on it
+    assert open_attempt(stores, first)  # a worker is on it
     client.batches.cancel(batch.id)
     # the workflow drains: it polls again rather than finalize while the chunk runs
     entered = states_entered(deployed, batch.id, until=lambda names: names.count("Drain") >= 2 or "Finalize" in names)
@@ -203,9 +202,7 @@ def test_cancel_waits_for_a_running_chunk(client, stores, deployed):
 def test_a_chunk_that_never_finishes_is_abandoned_after_the_grace_period(client, stores, deployed):
     batch = start(client, stores, [line(i) for i in range(2)])
     (only,) = take_work(deployed)
-    from functions.core import chunk_lifecycle
-
-    chunk_lifecycle.start_chunk(stores, only)  # and the worker dies
+    assert open_attempt(stores, only)  # and the worker dies
     client.batches.cancel(batch.id)
     assert wait_for_execution(deployed, batch.id)["status"] == "SUCCEEDED"
     done = client.batches.retrieve(batch.id)
@@ -224,8 +221,7 @@ def test_a_cancel_keeps_the_checkpointed_lines_of_a_chunk_still_running(client, 
     batch = start(client, stores, [line(i) for i in range(4)])
     first, second = take_work(deployed)
     assert run_one_chunk(stores, first).outcome.counted
-    chunk_lifecycle.start_chunk(stores, second)
-    chunk_lifecycle.begin_run(stores, second, "a1", max_strikes=3, max_failures=10)
+    assert open_attempt(stores, second)
     req2 = next(results.unrun_lines(stores.objects, second, "x", "x"))
     usage = {"prompt_tokens": 7, "completion_tokens": 5}
     answered = results.response_line(req2.custom_id, 200, {"object": "chat.completion", "usage": usage}, "r")

@@ -1,16 +1,17 @@
 """One chunk of a batch through the worker's path on the fakes, for the workflow and sweeper tests:
-start it, answer every line 200, write its parts, count it (the real accounting and results)."""
+open an attempt at it, answer every line 200, write its parts, count it (the real accounting and results)."""
 
 from functions.core import chunk_lifecycle, results, schema
 from functions.core.chunk_lifecycle import ChunkOutcome
 from functions.core.messages import ChunkManifest
+from tests.chunks import open_attempt
 
 
 def run_chunk(stores, chunk: int, *, now: int, tenant: str = "acme", batch_id: str = "batch_1") -> ChunkOutcome:
     batch = stores.batches.get(tenant, batch_id)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     message = batch.work_message(manifest.chunks[chunk])
-    chunk_lifecycle.start_chunk(stores, message)
+    open_attempt(stores, message)
     lines = [
         results.response_line(l.custom_id, 200, {"object": "chat.completion"}, "r")
         for l in results.unrun_lines(stores.objects, message, "x", "x")

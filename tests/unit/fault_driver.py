@@ -45,7 +45,7 @@ from functions.sweeper.logic import sweep
 from functions.workflow import logic as workflow
 from functions.workflow.tasks import TaskError
 from tests.builders import batch_record
-from tests.chunks import process_chunk
+from tests.chunks import open_attempt, process_chunk
 from tests.fakes.aws import FakeStores, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer, content
 
@@ -261,7 +261,7 @@ class Driver:
             self.phase = "worker"
             message = WorkMessage.model_validate_json(r.body)
             if message.chunk == self.hang_chunk:
-                chunk_lifecycle.start_chunk(self.stores, message)
+                open_attempt(self.stores, message)
                 self.log.append(f"worker hangs on chunk {message.chunk}")
                 continue  # the message stays in flight
             self.chunk = message.chunk

@@ -14,7 +14,7 @@ from functions.core.tenants import TenantPolicy
 from gpu_worker.admission import Admission
 from gpu_worker.budget import BudgetWatch
 from tests.builders import delivered, running_batch, work_message
-from tests.chunks import process_chunk
+from tests.chunks import part_bytes, process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
 from tests.unit.test_output_budget import MONTH, NOW, ingested
@@ -70,8 +70,8 @@ def parts(stores, batch_id: str = "batch_1") -> dict[str, list[dict]]:
     marker = stores.batches.counted_chunk("acme", batch_id, 0)
     out = {}
     for kind in ("out", "err"):
-        raw = stores.objects.get(schema.chunk_part_key("acme", batch_id, 0, marker.attempt, kind)) if marker else b""
-        out[kind] = [json.loads(x) for x in (raw or b"").splitlines()]
+        raw = part_bytes(stores.objects, "acme", batch_id, 0, marker.attempt, kind) if marker else b""
+        out[kind] = [json.loads(x) for x in raw.splitlines()]
     return out
 
 

@@ -96,15 +96,25 @@ def test_usage_is_summed_with_cached_and_reasoning_tokens():
     assert wire.total_tokens == 21
 
 
-def test_start_chunk_is_one_conditional_write():
+def test_an_attempt_opens_in_one_conditional_write_only_while_the_batch_takes_chunks():
     stores = fake_stores()
     stores.batches.put(batch())
-    assert chunk_lifecycle.start_chunk(stores, message(1)) is True
-    assert stores.batches.get("acme", "batch_1").started_chunks == {1}
-    assert stores.faults.calls["batches.transition"] == 1 and stores.faults.calls["batches.get"] == 1  # ours
+    start = chunk_lifecycle.begin_run(stores, message(1), "a", max_strikes=3, max_failures=10, read=True)
+    assert start is not None and start.record.open == ["a"]
+    # the run record was just read (absent): one write, no read, nothing on the batch's item
+    assert stores.faults.calls["batches.save_chunk_run"] == 1 and stores.faults.calls["batches.chunk_run"] == 0
+    assert stores.faults.calls["batches.transition"] == 0
     stores.batches.put(batch(status="cancelling"))
-    assert chunk_lifecycle.start_chunk(stores, message(0)) is False
-    assert chunk_lifecycle.start_chunk(stores, message(0).model_copy(update={"batch_id": "nope"})) is False
+    assert begin(stores, "b", chunk=0) is None
+    assert stores.batches.chunk_run("acme", "batch_1", 0) is None  # nothing written
+    stores.batches.put(batch(accepting=False))
+    assert begin(stores, "b", chunk=0) is None
+    assert (
+        chunk_lifecycle.begin_run(
+            stores, message(0).model_copy(update={"batch_id": "nope"}), "b", max_strikes=3, max_failures=10
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("fault", [throttle(), conflict()])
@@ -125,6 +135,8 @@ def test_signal_vocabulary():
 
 # --- the chunk's run record: its poison budget ----------------------------------------------------
 def begin(stores, attempt, chunk=0):
+    if stores.batches.get("acme", "batch_1") is None:
+        stores.batches.put(batch())  # an attempt opens only while its batch takes chunks
     return chunk_lifecycle.begin_run(stores, message(chunk), attempt, max_strikes=3, max_failures=10)
 
 

@@ -14,6 +14,7 @@ from functions.ingest.logic import chunk_lines
 from functions.workflow import logic
 from tests.agreement import assert_stores_agree
 from tests.builders import CHAT, cut, put_manifest, running_batch
+from tests.chunks import open_attempt
 from tests.fakes.aws import fake_stores, throttle
 from tests.unit.chunk_steps import run_chunk
 from tests.unit.test_workflow_logic import SETTINGS
@@ -71,14 +72,12 @@ def test_every_chunk_counts_on_its_shard_and_the_last_fold_signals_once():
     outcomes = [run_chunk(stores, c, now=NOW) for c in range(LINES)]
     assert all(o.counted for o in outcomes)
     assert [c for c, o in enumerate(outcomes) if o.last] == [LINES - 1]
-    # The batch's item was written only by the three folds, never by a chunk's start or count.
+    # The batch's item was written only by the three folds, never by a chunk's opening or count.
     assert stores.faults.calls["batches.transition"] == 0 and stores.faults.calls["batches.fold_shard"] == 3
     batch = stores.batches.get("acme", "batch_1")
     assert (batch.chunks_done, batch.completed, batch.failed) == (LINES, LINES, 0)
-    assert batch.started_chunks is None
     shards = stores.batches.count_shards(batch)
     assert [s.chunk_count for s in shards] == [24, 23, 23] and all(s.folded for s in shards)
-    assert [s.started_chunks for s in shards] == [set(range(s, LINES, 3)) for s in range(3)]
     assert stores.workflows.signals == [("tok", {"outcome": str(Signal.COMPLETE)})]
     assert logic.finalize(stores, "acme", "batch_1", Signal.COMPLETE, NOW) == {"status": "completed"}
     assert stores.batches.get("acme", "batch_1").completed == LINES
@@ -114,13 +113,13 @@ def test_cancel_stops_new_chunks_on_the_shards_and_the_close_refuses_late_counts
     stores = setup()
     run_chunk(stores, 0, now=NOW)
     running = message(stores, 1)
-    assert chunk_lifecycle.start_chunk(stores, running) is True  # a worker is on chunk 1
+    assert open_attempt(stores, running) is not None  # a worker is on chunk 1
     request_cancel(stores, stores.batches.get("acme", "batch_1"), NOW)
     # The API writes no chunk partition: the workflow its cancel resumed stops the shards.
     assert stores.faults.calls["batches.close_shards"] == 0
     drained = logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)
     assert drained == {"drained": False, "reason": Signal.CANCEL}  # chunk 1 still runs
-    assert chunk_lifecycle.start_chunk(stores, message(stores, 2)) is False
+    assert open_attempt(stores, message(stores, 2)) is None
     assert logic.finalize(stores, "acme", "batch_1", Signal.CANCEL, NOW) == {"status": "cancelled"}
     assert all(not s.accepting for s in stores.batches.count_shards(stores.batches.get("acme", "batch_1")))
     late = run_chunk(stores, 1, now=NOW)

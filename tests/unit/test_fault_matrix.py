@@ -272,13 +272,10 @@ CASES += [
 # --- the chunk path: every store call of a chunk, in order (the fault hits chunk 0, or the last chunk
 # for the signal) ----------------------------------------------------------------------------------------
 CHUNK_STEPS = [
-    ("start", "mark the chunk started", "batches.transition", 0),
-    ("marker", "look for its count marker", "batches.counted_chunk", 0),
+    ("state", "read its count marker and run record (poison budget)", "batches.chunk_state", 0),
     ("read-lines", "read its lines (ranged GET)", "objects.get", 0),
-    ("run-record", "read its run record (poison budget)", "batches.chunk_run", 0),
-    ("open-attempt", "open an attempt on its run record", "batches.save_chunk_run", 0),
+    ("open-attempt", "open an attempt on its run record, while the batch takes chunks", "batches.save_chunk_run", 0),
     ("output-part", "write its output part", "objects.put", 0),
-    ("error-part", "write its error part", "objects.put", 1),
     ("count", "count it (the transaction)", "batches.count_chunk", 0),
     ("reread", "read the batch after counting", "batches.get", 0),
     ("signal", "signal the workflow (last chunk)", "workflows.signal", 0),
@@ -294,10 +291,8 @@ def _chunk_persistent(slug: str) -> dict:
         _DEAD_LETTERED
         if slug
         in (
-            "start",
-            "marker",
+            "state",
             "read-lines",
-            "run-record",
             "open-attempt",
             "output-part",
             "error-part",
@@ -319,6 +314,18 @@ CASES += rows(
         "transient": _chunk_transient,
         "kill": {"status": COMPLETED},
         "persistent": _chunk_persistent,
+    },
+)
+# A chunk whose lines all succeed writes no error part: the error part's step, on a chunk 0 whose
+# second line the engine rejects (so its attempt writes both parts).
+_REJECTED_1 = {"respond": "reject-1", "output": but(1), "errors": {1: "400"}}
+CASES += rows(
+    "chunk",
+    [("error-part", "write its error part (a chunk with an error line)", "objects.put", 1)],
+    {
+        "transient": {**_chunk_transient("error-part"), **_REJECTED_1},
+        "kill": {"status": COMPLETED, **_REJECTED_1},
+        "persistent": {**_chunk_persistent("error-part"), "respond": "reject-1"},
     },
 )
 CASES += [
@@ -667,7 +674,7 @@ CASES += [
 def responder(name: str) -> Callable:
     def respond(path, body, seen):
         line = content(body)
-        if name == "reject-3" and line == "line 3":
+        if (name, line) in (("reject-3", "line 3"), ("reject-1", "line 1")):
             return 400, REJECTED
         if name == "down-once" and line == "line 0" and seen == 0:
             raise EngineDown("connection refused; /health does not answer")

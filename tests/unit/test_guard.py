@@ -24,7 +24,7 @@ from functions.core.tenants import TenantPolicy
 from functions.ingest import logic as ingest_logic
 from gpu_worker import offline
 from tests.builders import batch_record, running_batch, work_message
-from tests.chunks import process_chunk
+from tests.chunks import part_bytes, process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
 from tests.unit.test_tenants import SETTINGS
@@ -350,8 +350,7 @@ def counted(stores) -> dict[str, list[dict]]:
     marker = stores.batches.counted_chunk("acme", "batch_1", 0)
     return {
         kind: [
-            json.loads(x)
-            for x in stores.objects.get(schema.chunk_part_key("acme", "batch_1", 0, marker.attempt, kind)).splitlines()
+            json.loads(x) for x in part_bytes(stores.objects, "acme", "batch_1", 0, marker.attempt, kind).splitlines()
         ]
         for kind in ("out", "err")
     }

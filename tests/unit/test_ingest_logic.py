@@ -14,6 +14,7 @@ from functions.core.records import BatchRecord
 from functions.core.settings import ModelRoute, Settings
 from functions.ingest import logic
 from tests.builders import assert_fields, batch_record
+from tests.chunks import open_attempt
 from tests.fakes.aws import fake_stores, throttle
 from tests.helpers import with_changes
 
@@ -263,9 +264,7 @@ def test_cancel_between_validation_and_fan_out_still_starts_the_workflow_without
 
 def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     """The cancel lands while ingest sends the chunks: the workflow still starts, and the chunks
-    already sent are refused by start_chunk (the batch is no longer in progress)."""
-    from functions.core import chunk_lifecycle
-
+    already sent open no attempt (the batch is no longer in progress)."""
     stores = setup([line(i) for i in range(3)])
     queue = stores.queues.queue(QUEUE)
     real_send = queue.send
@@ -277,7 +276,7 @@ def test_cancel_during_fan_out_leaves_work_the_workers_skip():
     queue.send = send_then_cancel
     run(stores)
     assert "batch_1" in stores.workflows.started and current(stores).enqueued
-    assert [chunk_lifecycle.start_chunk(stores, m) for m in sent(stores)] == [False, False]
+    assert [open_attempt(stores, m) for m in sent(stores)] == [None, None]
 
 
 def test_the_ingest_lambda_waits_for_a_record_briefly_first_then_up_to_its_patience(monkeypatch):

@@ -69,7 +69,6 @@ OPERATIONS: dict[str, Callable[[int, BatchRecord], Change]] = {
     "fail_without_files": lambda now, b: lifecycle.fail_without_files(now, [ERROR]),
     "note_token": lambda now, b: lifecycle.note_token(f"token-{now}"),
     "note_enqueued": lambda now, b: lifecycle.note_enqueued(),
-    "note_chunk_started": lambda now, b: lifecycle.note_chunk_started(now % 3),
 }
 
 

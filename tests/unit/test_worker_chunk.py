@@ -19,7 +19,7 @@ from gpu_worker.engine_client import EngineDown
 from gpu_worker.engine_gate import EngineGate
 from gpu_worker.media import MediaPolicy
 from tests.builders import assert_fields, running_batch
-from tests.chunks import process_chunk
+from tests.chunks import part_bytes, process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import seed
@@ -171,9 +171,7 @@ def parts(stores, chunk=0):
     def read(kind):
         return [
             BatchOutputLine.model_validate_json(l)
-            for l in stores.objects.get(
-                schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, kind)
-            ).splitlines()
+            for l in part_bytes(stores.objects, "acme", "batch_1", chunk, marker.attempt, kind).splitlines()
         ]
 
     return read("out"), read("err")
@@ -343,7 +341,9 @@ def test_a_careful_chunk_runs_in_groups_alone_and_blames_nobody_when_nothing_die
     puts = stores.faults.calls["objects.put"]
     report = run(stores, message, engine, policy=RunPolicy(careful_group_lines=8))
     assert (report.completed, report.failed, report.careful, report.crashed) == (20, 0, True, 0)
-    assert stores.faults.calls["objects.put"] - puts == 3 + 2  # checkpoints 0-8, 8-16, 16-20; the two parts
+    assert (
+        stores.faults.calls["objects.put"] - puts == 3 + 1
+    )  # checkpoints 0-8, 8-16, 16-20; the output part (no error line: no error part)
     record = stores.batches.chunk_run("acme", "batch_1", 0)
     assert sorted(record.segments) == [[0, 8], [8, 16], [16, 20]] and record.blamed == [] and record.failures == 1
 

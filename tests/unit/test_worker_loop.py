@@ -21,6 +21,7 @@ from gpu_worker.config import WorkerConfig
 from gpu_worker.loop import Worker
 from gpu_worker.metrics import WorkerMetrics
 from tests.builders import cut, running_batch
+from tests.chunks import part_bytes
 from tests.conftest import TEST_SETTINGS
 from tests.fakes.aws import FakeQueue, fake_stores
 from tests.fakes.engine import InProcessEngine, chat_answer
@@ -174,7 +175,7 @@ class Rig:
     def errors(self, chunk: int = 0) -> list[tuple[str, str, str]]:
         """The counted attempt's error lines: (custom_id, code, message)."""
         marker = self.stores.batches.markers[("acme", "batch_1", chunk)]
-        err = self.stores.objects.get(schema.chunk_part_key("acme", "batch_1", chunk, marker.attempt, "err"))
+        err = part_bytes(self.stores.objects, "acme", "batch_1", chunk, marker.attempt, "err")
         rows = map(BatchOutputLine.model_validate_json, err.splitlines())
         return [(row.custom_id, row.error.code, row.error.message) for row in rows if row.error is not None]
 
@@ -196,7 +197,7 @@ def test_a_malformed_message_is_released_for_a_later_retry_and_the_loop_goes_on(
 def test_a_chunk_that_fails_is_released_after_the_retry_delay_and_the_loop_survives():
     rig = Rig(max_open_chunks=1)
     first, second = seed(rig.stores, 4, per_chunk=2)
-    rig.stores.faults.fail("batches.transition", RuntimeError("the store broke"))  # the first chunk's first write
+    rig.stores.faults.fail("batches.chunk_state", RuntimeError("the store broke"))  # the first chunk's first call
     rig.queue.send([first.model_dump_json(), second.model_dump_json()])
     failed = rig.queue.messages[0]
     rig.run_until(lambda: rig.counted(1) and rig.queue.deleted, "the next chunk counted")

@@ -19,7 +19,7 @@ from gpu_worker.attempt import RunPolicy
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine_client import EngineDown
 from tests.builders import assert_fields, cut, running_batch
-from tests.chunks import process_chunk
+from tests.chunks import part_bytes, process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import CrashingEngine, InProcessEngine, chat_answer, content
 from tests.unit.test_worker_loop import NOW, PATIENCE, Rig, seed, until
@@ -84,7 +84,7 @@ def results(stores, chunk_number):
     assert marker is not None, f"chunk {chunk_number} not counted"
 
     def read(kind):
-        data = stores.objects.get(schema.chunk_part_key("acme", "batch_1", chunk_number, marker.attempt, kind))
+        data = part_bytes(stores.objects, "acme", "batch_1", chunk_number, marker.attempt, kind)
         lines = [BatchOutputLine.model_validate_json(l) for l in data.splitlines()]
         return [
             (l.custom_id, l.response.body["choices"][0]["message"]["content"] if l.response else l.error.code)
@@ -264,6 +264,17 @@ def test_smart_order_keeps_about_max_num_seqs_in_the_engine_so_the_worker_picks_
     assert WorkerConfig(max_in_flight=8, order="smart").admission_cap() == 5  # 4 seqs implied by the cap
     assert WorkerConfig(engine_max_num_seqs=128, max_in_flight=100).admission_cap() == 100  # never above the cap
     assert WorkerConfig().admission_cap() == 320  # vLLM's default 256 seqs
+
+
+def test_an_engine_that_schedules_by_priority_keeps_nearly_as_many_waiting_as_it_runs():
+    """With the engine's queue in the worker's fair order (tags), it holds what it runs plus
+    nearly as many again, as run-batch keeps it full; a quarter of max_num_seqs stays in reserve
+    for a tenant that arrives, within the in-flight cap."""
+    config = WorkerConfig(engine_max_num_seqs=128, engine_priority=True)
+    assert (config.admission_cap(), config.admission_reserve(), config.in_flight_cap()) == (224, 32, 256)
+    fcfs = WorkerConfig(engine_max_num_seqs=128)
+    assert (fcfs.admission_cap(), fcfs.admission_reserve()) == (160, 32)
+    assert WorkerConfig(engine_max_num_seqs=128, order="file").admission_reserve() == 0  # the cap is all in flight
 
 
 def test_the_worker_admits_by_its_configured_order():

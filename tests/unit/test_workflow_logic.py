@@ -11,13 +11,14 @@ from pydantic import ValidationError
 from functions.core import chunk_lifecycle, results, schema
 from functions.core.lifecycle import Signal
 from functions.core.messages import ChunkManifest
-from functions.core.records import BatchRecord
+from functions.core.records import BatchRecord, ChunkRunRecord
 from functions.core.settings import Settings
 from functions.core.wire import BatchOutputLine
 from functions.workflow import logic, tasks
 from functions.workflow.tasks import Check, Drain, Fail, Finalize, Register, TaskError
 from tests.agreement import assert_stores_agree, assert_usage_agrees
 from tests.builders import assert_fields, cut, put_manifest, running_batch
+from tests.chunks import open_attempt
 from tests.fakes.aws import condition_failed, conflict, fake_stores, throttle
 from tests.unit.chunk_steps import run_chunk as run_chunk_at
 
@@ -44,6 +45,13 @@ def setup(lines: int = 4, per_chunk: int = 2, **over):
 
 def run_chunk(stores, chunk: int):
     return run_chunk_at(stores, chunk, now=NOW)
+
+
+def running(stores, chunk: int = 0) -> None:
+    """A worker opened an attempt at ``chunk`` (while the batch took chunks) and runs it."""
+    stores.batches.save_chunk_run(
+        ChunkRunRecord(tenant="acme", batch_id="batch_1", chunk=chunk, version=1, open=["a1"], expires_at=10**10)
+    )
 
 
 def current(stores) -> BatchRecord:
@@ -141,7 +149,8 @@ def test_a_complete_signal_drains_at_once():
 
 
 def test_a_cancel_waits_for_running_chunks_within_the_grace_period_only():
-    stores = setup(status="cancelling", cancelling_at=300, started_chunks={0})
+    stores = setup(status="cancelling", cancelling_at=300)
+    running(stores)
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW) == {
         "drained": False,
         "reason": Signal.CANCEL,
@@ -156,7 +165,7 @@ def test_a_cancel_waits_for_running_chunks_within_the_grace_period_only():
 def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
     stores = setup(status="cancelling", cancelling_at=300)
     started = current(stores)
-    stores.batches.set("acme", "batch_1", started_chunks={0})
+    running(stores)
     assert not logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.CANCEL, NOW)["drained"]
     message = started.work_message(
         ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1"))).chunks[0]
@@ -168,7 +177,8 @@ def test_a_cancel_drains_as_soon_as_the_running_chunk_is_counted():
 
 
 def test_expiry_shows_finalizing_and_stops_new_chunks():
-    stores = setup(started_chunks={0})
+    stores = setup()
+    running(stores)
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW) == {
         "drained": False,
         "reason": Signal.EXPIRE,
@@ -176,7 +186,7 @@ def test_expiry_shows_finalizing_and_stops_new_chunks():
     batch = current(stores)
     assert_fields(batch, status="finalizing", finalizing_at=NOW, accepting=True)
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key("acme", "batch_1")))
-    assert chunk_lifecycle.start_chunk(stores, batch.work_message(manifest.chunks[1])) is False
+    assert open_attempt(stores, batch.work_message(manifest.chunks[1])) is None
 
 
 def test_a_cancel_wins_over_a_complete_signal():
@@ -432,7 +442,7 @@ def test_fail_assembles_again_when_a_finalize_moved_the_batch_on_under_it():
 
 
 def test_an_expired_batch_keeps_the_lines_that_ran():
-    stores = setup(lines=6, started_chunks={0})
+    stores = setup(lines=6)
     run_chunk(stores, 0)
     assert logic.drain(stores, SETTINGS, "acme", "batch_1", Signal.EXPIRE, NOW)["drained"]
     assert logic.finalize(stores, "acme", "batch_1", Signal.EXPIRE, NOW) == {"status": "expired"}
@@ -492,8 +502,7 @@ def message_of(stores, chunk: int):
 def checkpoint(stores, chunk: int, statuses: list[int]):
     """A worker started ``chunk`` and checkpointed its first lines' answers (then hangs or dies)."""
     message = message_of(stores, chunk)
-    chunk_lifecycle.start_chunk(stores, message)
-    chunk_lifecycle.begin_run(stores, message, "a1", max_strikes=3, max_failures=10)
+    open_attempt(stores, message)
     lines = [
         answer(l, s) for l, s in zip(results.unrun_lines(stores.objects, message, "x", "x"), statuses, strict=False)
     ]
@@ -505,7 +514,7 @@ def checkpoint(stores, chunk: int, statuses: list[int]):
 def run_with_usage(stores, chunk: int):
     """The worker's path for a whole chunk, every line 200 with USAGE, its usage counted."""
     message = message_of(stores, chunk)
-    chunk_lifecycle.start_chunk(stores, message)
+    open_attempt(stores, message)
     lines = [answer(l, 200) for l in results.unrun_lines(stores.objects, message, "x", "x")]
     usage = chunk_lifecycle.Usage()
     for line in lines:
@@ -599,7 +608,9 @@ def test_a_chunk_counted_after_the_close_is_refused_and_its_checkpoints_are_kept
     late = []
 
     def chunk_run(tenant, batch_id, chunk, shards=1):
-        late.append(run_with_usage(stores, 0).counted)
+        if not late:  # the late worker's own reads go to the store
+            late.append(None)
+            late[0] = run_with_usage(stores, 0).counted
         return real_run(tenant, batch_id, chunk, shards)
 
     stores.batches.chunk_run = chunk_run

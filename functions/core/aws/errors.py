@@ -49,7 +49,8 @@ def translate() -> Iterator[None]:
         if code == _CANCELLED:
             reasons = _cancellation_reasons(exc)
             if "ConditionalCheckFailed" in reasons:
-                raise ConditionFailed(",".join(reasons)) from exc
+                failed = tuple(i for i, r in enumerate(reasons) if r == "ConditionalCheckFailed")
+                raise ConditionFailed(",".join(reasons), items=failed) from exc
             if _CONFLICT_REASON in reasons:
                 raise TransactionConflict(BUSY_MESSAGE) from exc
             if _THROTTLING_REASONS.intersection(reasons):

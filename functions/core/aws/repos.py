@@ -11,7 +11,7 @@ from boto3.dynamodb.conditions import Attr
 
 from .. import lifecycle, schema
 from ..budgets import BUDGET_KINDS, Spent
-from ..errors import ConditionFailed
+from ..errors import ChunksStopped, ConditionFailed
 from ..lifecycle import Change
 from ..records import (
     ApiKeyRecord,
@@ -362,22 +362,6 @@ class BatchRepo:
             except ConditionFailed:
                 pass
 
-    def start_on_shard(self, tenant: str, batch_id: str, chunk: int, shards: int) -> bool:
-        """Note that a worker started ``chunk`` on its shard, only while the shard takes new
-        chunks: one UpdateItem. False if it no longer does."""
-        try:
-            self._table.update(
-                Update(
-                    shard_pk(tenant, batch_id, chunk, shards),
-                    CountShardRecord.SORT_KEY,
-                    add={"started_chunks": {chunk}},
-                    expect={"starting": True},
-                )
-            )
-        except ConditionFailed:
-            return False
-        return True
-
     def count_shard(self, tenant: str, batch_id: str, shard: int) -> CountShardRecord | None:
         """One counting shard as stored: one GetItem."""
         item = self._table.get(chunks_pk(tenant, batch_id, shard), CountShardRecord.SORT_KEY)
@@ -429,6 +413,19 @@ class BatchRepo:
         item = self._table.get(shard_pk(tenant, batch_id, chunk, shards), ChunkRecord.sort_key(chunk))
         return ChunkRecord.from_item(item) if item else None
 
+    def chunk_state(
+        self, tenant: str, batch_id: str, chunk: int, shards: int = 1
+    ) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:
+        pk = shard_pk(tenant, batch_id, chunk, shards)
+        marker: ChunkRecord | None = None
+        run: ChunkRunRecord | None = None
+        for item in self._table.batch_get([(pk, ChunkRecord.sort_key(chunk)), (pk, ChunkRunRecord.sort_key(chunk))]):
+            if item[schema.SK].startswith(ChunkRecord.PREFIX):
+                marker = ChunkRecord.from_item(item)
+            else:
+                run = ChunkRunRecord.from_item(item)
+        return marker, run
+
     def _chunk_items(self, tenant: str, batch_id: str, shards: int, prefix: str) -> builtins.list[dict[str, Any]]:
         """The items of the batch's chunk partitions under ``prefix``: one consistent Query a
         shard (paged by DynamoDB past 1 MB)."""
@@ -465,20 +462,43 @@ class BatchRepo:
         item = self._table.get(shard_pk(tenant, batch_id, chunk, shards), ChunkRunRecord.sort_key(chunk))
         return ChunkRunRecord.from_item(item) if item else None
 
-    def save_chunk_run(self, record: ChunkRunRecord) -> None:
-        """An optimistic write: only over ``record.version - 1`` (or no item, for version 1)."""
+    def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
+        """An optimistic write: only over ``record.version - 1`` (or no item, for version 1).
+        ``starting``: only while the chunk's batch takes new chunks (``BatchRecord.takes_chunks``,
+        or its counting shard's ``starting``), checked in the same transaction; ChunksStopped if
+        it does not."""
         item = record.to_item()
-        if record.version <= 1:
-            self._table.put(item, if_absent=True)
-            return
         keys = record.keys()
-        values = {k: v for k, v in item.items() if k not in (schema.PK, schema.SK)}
-        absent = tuple(k for k, v in record.model_dump().items() if v is None)
-        self._table.update(
-            Update(
+        write: Put | Update
+        if record.version <= 1:
+            write = Put(item, if_absent=True)
+        else:
+            values = {k: v for k, v in item.items() if k not in (schema.PK, schema.SK)}
+            absent = tuple(k for k, v in record.model_dump().items() if v is None)
+            write = Update(
                 keys[schema.PK], keys[schema.SK], values=values, remove=absent, expect={"version": record.version - 1}
             )
-        )
+        if not starting:
+            if isinstance(write, Put):
+                self._table.put(item, if_absent=True)
+            else:
+                self._table.update(write)
+            return
+        if record.count_shards > 1:
+            pk = shard_pk(record.tenant, record.batch_id, record.chunk, record.count_shards)
+            check = Check(pk, CountShardRecord.SORT_KEY, Attr("starting").eq(True))
+        else:
+            check = Check(
+                schema.batches_pk(record.tenant),
+                BatchRecord.sort_key(record.batch_id),
+                Attr("status").eq(lifecycle.TAKES_CHUNKS) & Attr("accepting").eq(True),
+            )
+        try:
+            self._table.transact([check, write])
+        except ConditionFailed as exc:
+            if 0 in exc.items:
+                raise ChunksStopped("the batch takes no new chunks") from exc
+            raise
 
     def _file_ops(self, tenant: str, files: Sequence[FileRecord]) -> builtins.list[Any]:
         """The puts of a finished batch's files, and (keeping the ledger) their bytes added to the

@@ -208,6 +208,11 @@ class WormObjects:
                 return None
             raise
 
+    def any_after(self, prefix: str, key: str) -> bool:
+        with translate():
+            listed = self._s3.list_objects_v2(Bucket=self.bucket, Prefix=prefix, StartAfter=key, MaxKeys=1)
+        return bool(listed.get("Contents"))
+
     def originals(self, prefix: str) -> dict[str, WormObject]:
         """One ListObjectVersions walk of ``prefix``, then a GET of each key's first version. S3
         lists versions by key, then from most to least recent (the ListVersions reference), so a

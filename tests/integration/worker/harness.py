@@ -16,6 +16,7 @@ from functions.core import chunk_lifecycle, clients, limits
 from functions.core.aws.sqs import SqsQueue
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
+from functions.core.records import ChunkRunRecord
 from functions.core.settings import Settings
 from gpu_worker.attempt import RunPolicy
 from gpu_worker.chunk import ChunkReport
@@ -146,14 +147,27 @@ def run_one_chunk(
     called synchronously. ``engine`` answers the lines in-process (default: every line a chat
     answer with usage 10 prompt + 3 completion tokens). ``during`` runs once the chunk has
     started and its lines are handed to the engine (e.g. cancel the batch while it runs).
-    ``started``: a worker started this chunk earlier (before the batch stopped taking work) and
-    finishes it now: the start check is not made again; everything else is. ``policy``: the
+    ``started``: a worker opened its attempt at this chunk earlier (before the batch stopped taking
+    work) and finishes it now: the attempt is not opened again (the run record as that opening
+    left it, or with this attempt open if it holds none); everything else is done. ``policy``: the
     checkpoints and poison budget (the worker's defaults)."""
     engine = engine or InProcessEngine()
 
     async def io(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if started and fn is chunk_lifecycle.start_chunk:
-            return True
+        if started and fn is chunk_lifecycle.begin_run:
+            record = stores.batches.chunk_run(message.tenant, message.batch_id, message.chunk, message.shards)
+            if record is None:
+                record = ChunkRunRecord(
+                    tenant=message.tenant,
+                    batch_id=message.batch_id,
+                    chunk=message.chunk,
+                    version=1,
+                    open=[args[2]],
+                    expires_at=message.expires_at + chunk_lifecycle.MARKER_RETENTION_SECONDS,
+                    count_shards=message.shards,
+                )
+                stores.batches.save_chunk_run(record)
+            return chunk_lifecycle.RunStart(record, died=0, exhausted=False)
         return fn(*args, **kwargs)
 
     return asyncio.run(

@@ -135,13 +135,13 @@ def test_sigterm_mid_chunk_finishes_what_it_holds_and_exits_cleanly(batch, moto_
     fake = FakeEngine(respond).start()
     try:
         process = start_worker(settings, moto_server, fake.url, drain_seconds=30)
-        # Both messages received *and* both chunks started (so held by the worker, not in a receive
-        # whose answer it has yet to read: a message received while stopping is released).
+        # Both messages received *and* both chunks' attempts opened (so held by the worker, not in a
+        # receive whose answer it has yet to read: a message received while stopping is released).
         wait_until(
             lambda: (
                 len(fake.requests) == 2
                 and queue_depth(url) == (0, 2)
-                and (stores.batches.get("acme", "batch_proc").started_chunks or set()) == {0, 1}
+                and set(stores.batches.chunk_states("acme", "batch_proc")[1]) == {0, 1}
             ),
             timeout=30,
             what="chunk 0 in the engine, chunk 1 held",
