@@ -1,7 +1,8 @@
 """Which waiting line enters the engine next, across every chunk a worker has open: the order
 (``file`` or ``smart``: longest expected output first, shared prefixes together), fair share
-across tenants, and the capacity the engine may hold (docs/worker.md, "Order of lines in the
-engine"; docs/governance.md, "Fair share")."""
+across tenants, the capacity the engine may hold, and each line's place in the engine's own
+queue (``FairTags``: vLLM's ``priority``) (docs/worker.md, "Order of lines in the engine";
+docs/governance.md, "Fair share")."""
 
 from __future__ import annotations
 
@@ -61,6 +62,50 @@ def prefix_of(body: dict[str, Any]) -> str | None:
     return None
 
 
+class FairTags:
+    """Each line's place in the engine's waiting queue, for an engine that schedules by priority
+    (vLLM ``--scheduling-policy priority``: lower first, equal ones by arrival). Start-time fair
+    queueing: a tenant's next line is tagged one past the larger of its own last tag and the
+    oldest tag still in the engine, so the lines of a tenant that just arrived go ahead of the lines
+    another tenant already has waiting there (never ahead of what runs), and two busy tenants'
+    lines interleave. A tenant earns nothing by being idle (its tags restart at the oldest in the
+    engine), and sets none of its own (``shaping`` removes a line's ``priority``)."""
+
+    #: Tenants remembered; past this, the ones whose last tag is older than the engine's oldest
+    #: (they would restart there anyway) are forgotten.
+    MAX_TENANTS = 4096
+
+    def __init__(self) -> None:
+        self._last: dict[object, int] = {}
+        self._open: list[int] = []  # a heap of the tags in the engine (closed ones removed lazily)
+        self._closed: Counter[int] = Counter()
+        self._high = 0  # the highest tag given
+
+    def floor(self) -> int:
+        """The oldest tag in the engine (the highest given, when none is)."""
+        while self._open and self._closed[self._open[0]]:
+            tag = heapq.heappop(self._open)
+            self._closed[tag] -= 1
+            if not self._closed[tag]:
+                del self._closed[tag]
+        return self._open[0] if self._open else self._high
+
+    def open(self, tenant: object) -> int:
+        """The tag of ``tenant``'s next line, now entering the engine."""
+        floor = self.floor()
+        if len(self._last) >= self.MAX_TENANTS:
+            self._last = {t: tag for t, tag in self._last.items() if tag > floor}
+        tag = max(self._last.get(tenant, 0), floor) + 1
+        self._last[tenant] = tag
+        self._high = max(self._high, tag)
+        heapq.heappush(self._open, tag)
+        return tag
+
+    def close(self, tag: int) -> None:
+        """The line tagged ``tag`` left the engine (answered, failed or given up)."""
+        self._closed[tag] += 1
+
+
 class Admission:
     """Which waiting line enters the engine next, across every chunk the worker has open: at
     most ``capacity`` lines in flight (the engine client's cap, so its own semaphore never
@@ -78,10 +123,16 @@ class Admission:
     #: Prefix groups remembered (their first line's arrival number); forgotten all at once beyond.
     MAX_GROUPS = 65_536
 
-    def __init__(self, capacity: int, order: str = ORDER_FILE):
+    def __init__(self, capacity: int, order: str = ORDER_FILE, *, reserve: int = 0, tags: FairTags | None = None):
+        """``reserve``: lines that may enter beyond ``capacity`` at once when they come from a
+        tenant holding fewer lines than another (``fair_slot``'s first rank) and no such line waits
+        already: a tenant that just arrived is not held back by the lines a big batch filled the
+        capacity with. ``tags``: each line's priority in the engine (None: the engine's own
+        first-come order)."""
         if order not in (ORDER_FILE, ORDER_SMART):
             raise ValueError(f"order must be {ORDER_FILE!r} or {ORDER_SMART!r}, not {order!r}")
         self.capacity, self.order = max(1, capacity), order
+        self.reserve, self.tags = max(0, reserve), tags
         self.in_flight = 0
         self._heap: list[tuple[tuple[float, ...], asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
@@ -117,7 +168,7 @@ class Admission:
         self, body: dict[str, Any], owner: object = None, rank: int = 0, tenant: object = None
     ) -> AsyncIterator[None]:
         key = (rank, *self.key(body, tenant))
-        if self.in_flight < self.capacity and not self._heap:
+        if (self.in_flight < self.capacity and not self._heap) or self._may_pass(rank):
             self.in_flight += 1
         else:
             ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -138,20 +189,39 @@ class Admission:
         finally:
             self._release()
 
+    def _may_pass(self, rank: int) -> bool:
+        """A first-rank line enters within the reserve, unless first-rank lines already wait."""
+        return (
+            rank == 0
+            and self.in_flight < self.capacity + self.reserve
+            and not (self._heap and self._heap[0][0][0] == 0)
+        )
+
     @asynccontextmanager
-    async def fair_slot(self, body: dict[str, Any], owner: object = None, group: object = None) -> AsyncIterator[None]:
+    async def fair_slot(
+        self, body: dict[str, Any], owner: object = None, group: object = None
+    ) -> AsyncIterator[int | None]:
         """``slot`` with fair share across groups (tenants; docs/governance.md "Fair share"): a
         line of a group that holds (waiting or in the engine) fewer lines than another group
-        enters before the waiting lines of groups that held the most when they came; within each
-        of the two ranks the order is ``slot``'s. So a small tenant's lines never wait behind the
-        lines a giant batch already has waiting in this worker; one tenant alone keeps its order."""
+        enters before the waiting lines of groups that held the most when they came (and, within
+        the ``reserve``, at once); within each of the two ranks the order is ``slot``'s. So a small
+        tenant's lines never wait behind the lines a giant batch already has waiting in this
+        worker; one tenant alone keeps its order. Yields the line's tag in the engine's queue
+        (``FairTags``; None without tags)."""
         held = self._held.setdefault(group, 0)
         others = max((n for g, n in self._held.items() if g != group), default=0)
         rank = 0 if held < others else 1
         self._held[group] = held + 1
         try:
             async with self.slot(body, owner, rank=rank, tenant=group):
-                yield
+                if self.tags is None:
+                    yield None
+                else:
+                    tag = self.tags.open(group)
+                    try:
+                        yield tag
+                    finally:
+                        self.tags.close(tag)
         finally:
             self._held[group] -= 1
             if not self._held[group]:

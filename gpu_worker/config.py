@@ -26,9 +26,11 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 256
 #: slot from its waiting queue, so the worker keeps that queue non-empty (vLLM's own offline
 #: pooling path keeps 2 x max_num_seqs requests in the engine for the same reason).
 IN_FLIGHT_PER_SEQ = 2
-#: In smart order the worker, not vLLM's first-come queue, decides which line runs next: only
-#: about a quarter of max_num_seqs more than the engine runs is sent ahead (enough to fill the
-#: slots that free up during one turnaround), the rest waits in the worker's order.
+#: In smart order the worker, not vLLM's first-come queue, decides which line runs next: with an
+#: engine in first-come order only about a quarter of max_num_seqs more than the engine runs is
+#: sent ahead (enough to fill the slots that free up during one turnaround), the rest waits in the
+#: worker's order. The same quarter is the reserve a newly arrived tenant's lines may take beyond
+#: the cap (``Admission``'s ``reserve``).
 SMART_AHEAD_FRACTION = 0.25
 
 
@@ -52,6 +54,12 @@ class WorkerConfig(EnvSettings):
     #: they come) or ``smart`` (longest expected output first, lines sharing a prefix together).
     #: Results keep input order either way.
     order: Literal["file", "smart"] = "smart"
+    #: The engine orders its waiting queue by each request's ``priority`` (vLLM
+    #: ``--scheduling-policy priority``; the entrypoint and the local engines start it so): the
+    #: worker tags every line in fair order across tenants (``admission.FairTags``), so it can let
+    #: the engine keep as many lines waiting as it runs, as ``vllm run-batch`` does
+    #: (``admission_cap``), without a tenant that arrives later waiting behind them.
+    engine_priority: bool = False
     #: Follow the engine's measured capacity (``capacity.CapacityWatch``: vLLM's running and
     #: waiting gauges from /metrics, read every ``capacity_read_seconds``): lines in the engine =
     #: what it runs + a headroom, at most ``admission_cap()``. Off: always ``admission_cap()``.
@@ -124,14 +132,27 @@ class WorkerConfig(EnvSettings):
             return max(1, self.max_in_flight // IN_FLIGHT_PER_SEQ)
         return VLLM_DEFAULT_MAX_NUM_SEQS
 
+    def ahead(self) -> int:
+        """SMART_AHEAD_FRACTION of the engine's max_num_seqs (at least one line)."""
+        return max(1, math.ceil(self.engine_seqs() * SMART_AHEAD_FRACTION))
+
     def admission_cap(self) -> int:
-        """Lines in the engine at once (``admission.Admission``): the in-flight cap in file order; in
-        smart order max_num_seqs plus SMART_AHEAD_FRACTION of it (never above the cap), so that
-        the order, not vLLM's queue, picks what starts next."""
+        """Lines in the engine at once (``admission.Admission``): the in-flight cap in file order. In
+        smart order, with an engine in first-come order, max_num_seqs plus ``ahead()`` (never
+        above the cap), so that the order, not vLLM's queue, picks what starts next; with an engine
+        that schedules by priority (``engine_priority``), the in-flight cap less ``ahead()``: the
+        engine keeps nearly as many lines waiting as it runs (a wave of lines that end together is
+        followed at once by the next, as in ``vllm run-batch``), in the tags' fair order."""
         if self.order == "file":
             return self.in_flight_cap()
-        seqs = self.engine_seqs()
-        return min(self.in_flight_cap(), seqs + max(1, math.ceil(seqs * SMART_AHEAD_FRACTION)))
+        if self.engine_priority:
+            return max(1, self.in_flight_cap() - self.ahead())
+        return min(self.in_flight_cap(), self.engine_seqs() + self.ahead())
+
+    def admission_reserve(self) -> int:
+        """Lines a tenant that just arrived may send beyond ``admission_cap`` at once
+        (``Admission``'s ``reserve``): ``ahead()``, within the in-flight cap."""
+        return max(0, min(self.ahead(), self.in_flight_cap() - self.admission_cap()))
 
     def open_chunk_cap(self, chunk_max_lines: int) -> int:
         if self.max_open_chunks:

@@ -15,7 +15,9 @@
 #                             an explicit --max-num-seqs in ENGINE_ARGS wins. The value is given
 #                             to the worker (WORKER_ENGINE_MAX_NUM_SEQS): its default in-flight cap.
 #   ENGINE_ARGS               extra `vllm serve` arguments, split on whitespace
-#                             (--enable-prompt-tokens-details is always added: cached_tokens in usage)
+#                             (--enable-prompt-tokens-details is always added: cached_tokens in usage;
+#                             --scheduling-policy priority unless they name a policy: the worker
+#                             then orders the engine's queue, WORKER_ENGINE_PRIORITY)
 #   ENGINE_STOP_SECONDS       how long the engine may take to stop before SIGKILL (default 20)
 #   ENGINE_CMD / WORKER_CMD   the two commands (default `vllm serve` / `python3 -m gpu_worker`)
 #   ENGINE_USER               the user the engine runs as (default `engine`, made by the Dockerfile);
@@ -55,6 +57,19 @@ fi
 if [[ " ${EXTRA_ARGS[*]} " != *" --enable-prompt-tokens-details "* ]]; then
   EXTRA_ARGS+=(--enable-prompt-tokens-details)
 fi
+# The engine's waiting queue in the worker's fair order (docs/worker.md, "Order of lines in the
+# engine"): priority scheduling unless ENGINE_ARGS names another policy.
+if [[ " ${EXTRA_ARGS[*]} " != *" --scheduling-policy"* ]]; then
+  EXTRA_ARGS+=(--scheduling-policy priority)
+fi
+POLICY=""
+for ((i = 0; i < ${#EXTRA_ARGS[@]}; i++)); do
+  case ${EXTRA_ARGS[i]} in
+    --scheduling-policy=*) POLICY=${EXTRA_ARGS[i]#*=} ;;
+    --scheduling-policy) POLICY=${EXTRA_ARGS[i + 1]:-} ;;
+  esac
+done
+export WORKER_ENGINE_PRIORITY=$([[ $POLICY == priority ]] && echo true || echo false)
 export WORKER_ENGINE_MAX_NUM_SEQS=$MAX_NUM_SEQS
 export WORKER_ENGINE_URL=http://127.0.0.1:$ENGINE_PORT
 export WORKER_MODEL=${WORKER_MODEL:-$SERVED_NAME}

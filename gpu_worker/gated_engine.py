@@ -15,6 +15,7 @@ from functions.core.ports import Engine
 from .admission import Admission
 from .engine_client import EngineDown, Reply
 from .engine_gate import EngineGate
+from .shaping import PRIORITY_FIELD
 
 
 class GatedEngine:
@@ -48,12 +49,14 @@ class GatedEngine:
         self.last_answer_at: float | None = None
 
     @asynccontextmanager
-    async def _admitted(self, body: dict[str, Any]) -> AsyncIterator[None]:
+    async def _admitted(self, body: dict[str, Any]) -> AsyncIterator[int | None]:
+        """Through the admission; yields the line's place in the engine's queue when the
+        admission tags lines (``admission.FairTags``), else None."""
         if self._held or self._admission is None:
-            yield
+            yield None
         else:
-            async with self._admission.fair_slot(body, self._owner, self._group):
-                yield
+            async with self._admission.fair_slot(body, self._owner, self._group) as tag:
+                yield tag
 
     async def healthy(self) -> bool:
         return await self._engine.healthy()
@@ -62,21 +65,25 @@ class GatedEngine:
         return await self._engine.wait_healthy(timeout, interval)
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._through(body, lambda: self._engine.post(path, body))
+        """A JSON line, sent with its tag as its ``priority`` when the admission tags lines."""
+        return await self._through(
+            body, lambda tag: self._engine.post(path, body if tag is None else {**body, PRIORITY_FIELD: tag})
+        )
 
     async def post_form(self, path: str, fields: list[tuple[str, str]], files: list[tuple[str, str, bytes]]) -> Any:
-        """An audio line: admitted by its body fields (its audio is no prompt to weigh)."""
-        return await self._through(dict(fields), lambda: self._engine.post_form(path, fields, files))
+        """An audio line: admitted by its body fields (its audio is no prompt to weigh); vLLM's
+        transcription form takes no priority."""
+        return await self._through(dict(fields), lambda _tag: self._engine.post_form(path, fields, files))
 
-    async def _through(self, body: dict[str, Any], send: Callable[[], Awaitable[Any]]) -> Any:
-        async with contextlib.nullcontext() if self._held else self._gate.shared(), self._admitted(body):
+    async def _through(self, body: dict[str, Any], send: Callable[[int | None], Awaitable[Any]]) -> Any:
+        async with contextlib.nullcontext() if self._held else self._gate.shared(), self._admitted(body) as tag:
             if self._stop is not None and (why := await self._stop()) is not None:
                 return Reply(None, None, "", 0, tenants.BUDGET_EXCEEDED, why)
             entered_down = self._gate.down
             if self.first_sent_at is None:
                 self.first_sent_at = self._now()
             try:
-                reply = await send()
+                reply = await send(tag)
             except EngineDown:
                 self._gate.down = True  # before the gate lets the next line in
                 self.died_in_flight |= not entered_down

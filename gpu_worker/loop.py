@@ -32,7 +32,7 @@ from functions.core.messages import WorkMessage
 from functions.core.ports import Received, Stores, WorkQueue
 from functions.core.wire import TERMINAL_STATUSES
 
-from .admission import Admission
+from .admission import Admission, FairTags
 from .attempt import RunPolicy
 from .budget import BudgetWatch
 from .capacity import CapacityWatch, headroom
@@ -100,7 +100,12 @@ class Worker:
         self.gate = EngineGate()
         #: The order lines of all open chunks enter the engine in (``config.order``).
         cap = min(engine.max_in_flight, config.admission_cap())
-        self.admission = Admission(cap, config.order)
+        self.admission = Admission(
+            cap,
+            config.order,
+            reserve=max(0, min(config.admission_reserve(), engine.max_in_flight - cap)),
+            tags=FairTags() if config.engine_priority else None,
+        )
         #: The admission follows what the engine runs (capacity.py); None: the configured cap.
         read = getattr(engine, "metrics_text", None)
         self.capacity = (

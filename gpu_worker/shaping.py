@@ -8,6 +8,9 @@ prefix cache"; docs/governance.md, "Work a line may ask for"):
   usage stays truthful: it never tells one tenant what another sent.
 - the output bound: a line that sets no output limit gets its share of the batch's
   ``max_line_output_tokens`` (``work.with_output_cap``), so the bound holds for every line.
+- ``priority``: vLLM's place in its waiting queue under ``--scheduling-policy priority`` (lower
+  first). It is the worker's alone (``admission.FairTags`` sets it as the line enters the engine):
+  a tenant's own value is removed, so no line can jump another tenant's queue.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from functions.core.work import with_output_cap
 
 #: The body field vLLM reads the salt from (every generate and pooling endpoint accepts it).
 CACHE_SALT_FIELD = "cache_salt"
+#: The body field vLLM orders its waiting queue by, under priority scheduling (every generate and
+#: pooling endpoint's request accepts it).
+PRIORITY_FIELD = "priority"
 
 
 class CacheSalts:
@@ -48,6 +54,8 @@ def preparer(message: WorkMessage, salts: CacheSalts | None) -> Callable[[dict[s
 
     def prepare(body: dict[str, Any]) -> dict[str, Any]:
         body = with_output_cap(message.endpoint, body, message.max_line_output_tokens)
+        if PRIORITY_FIELD in body:
+            body = {k: v for k, v in body.items() if k != PRIORITY_FIELD}
         return body if salt is None else {**body, CACHE_SALT_FIELD: salt}
 
     return prepare

@@ -113,6 +113,10 @@ fi
 # --kv-cache-memory-bytes: a fixed KV cache. Without it vLLM CPU reserves
 # gpu-memory-utilization x the NUMA node's memory and refuses to start when that much is not
 # free, so a second server (the local deployment runs both) fails to start after the first.
+# --scheduling-policy priority: the waiting queue in each request's `priority` order, which the
+# worker sets in fair order across tenants (docs/worker.md, "Order of lines in the engine"); a
+# request without one is 0, so a client that sets none sees first-come order. Extra args may
+# name another policy (the last one given wins).
 exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
   "${NAME_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
@@ -122,5 +126,6 @@ exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
   --kv-cache-memory-bytes "${ENGINE_KV_CACHE_BYTES:-$DEFAULT_KV}" \
   "${LEN_ARGS[@]}" \
   --enable-prompt-tokens-details \
+  --scheduling-policy priority \
   "${DTYPE_ARGS[@]}" \
   "$@"

@@ -231,6 +231,9 @@ class Workers:
                 # The engine's --max-num-seqs: the worker's in-flight cap follows it (2 x), so
                 # vLLM's waiting queue is never empty; WORKER_MAX_IN_FLIGHT (if set) still wins.
                 "WORKER_ENGINE_MAX_NUM_SEQS": str(s.max_num_seqs),
+                # serve.sh starts every engine with --scheduling-policy priority: the worker orders
+                # its waiting queue (docs/worker.md, "Order of lines in the engine").
+                "WORKER_ENGINE_PRIORITY": "true",
             }
 
         self._children = [

@@ -93,6 +93,8 @@ def bench_run_batch(input_path: Path, workdir: Path, lines: int) -> dict:
         "256",
         "--max-num-seqs",
         str(LOCAL_MAX_NUM_SEQS),
+        "--scheduling-policy",  # serve.sh's, so both sides run the same scheduler
+        "priority",
         *(["--dtype", dtype] if dtype else []),
     ]
     run = bench_worker.timed_run_batch(command, output)

@@ -104,6 +104,8 @@ def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
         str(MAX_MODEL_LEN),
         "--max-num-seqs",
         str(MAX_NUM_SEQS),
+        "--scheduling-policy",  # serve.sh's, so both sides run the same scheduler
+        "priority",
         *engines.chat_engine_args(),
     ]
 

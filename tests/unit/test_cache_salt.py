@@ -6,8 +6,10 @@ a line without an output limit is sent with its share of the line bound."""
 import asyncio
 import json
 
+import pytest
+
 from gpu_worker.admission import ORDER_SMART, Admission
-from gpu_worker.shaping import CACHE_SALT_FIELD, CacheSalts, preparer
+from gpu_worker.shaping import CACHE_SALT_FIELD, PRIORITY_FIELD, CacheSalts, preparer
 from tests.chunks import process_chunk
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine
@@ -46,6 +48,31 @@ def test_every_line_sent_carries_its_tenants_salt_and_never_its_own():
         process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, salts=salts)
     )
     assert [body[CACHE_SALT_FIELD] for _, body in engine.requests] == [salts.of("acme")] * 3
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_a_line_s_priority_is_the_worker_s_never_the_tenant_s(tagged):
+    """A tenant that sets vLLM's ``priority`` to jump the engine's queue: removed; with an engine
+    that schedules by priority, every line carries the worker's fair tag instead."""
+    from gpu_worker.admission import FairTags
+
+    stores = fake_stores()
+    (message,) = seed(stores, 3, per_chunk=3)
+    engine = InProcessEngine()
+    key = message.input_key
+    lines = stores.objects.get(key).decode().splitlines()
+    data = b"".join(
+        (json.dumps({**(o := json.loads(l)), "body": {**o["body"], PRIORITY_FIELD: -1000}}) + "\n").encode()
+        for l in lines
+    )
+    stores.objects.put(key, data)
+    message = message.model_copy(update={"byte_end": len(data)})
+    admission = Admission(4, ORDER_SMART, tags=FairTags() if tagged else None)
+    asyncio.run(
+        process_chunk(stores, message, engine, io=direct, max_line_bytes=1 << 20, now=lambda: 1000, admission=admission)
+    )
+    sent = [body.get(PRIORITY_FIELD) for _, body in engine.requests]
+    assert sent == ([1, 2, 3] if tagged else [None, None, None])
 
 
 def test_the_output_bound_is_given_to_a_line_without_a_limit_only():

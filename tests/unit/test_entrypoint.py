@@ -97,10 +97,26 @@ def test_the_engine_command_line_comes_from_the_environment(run):
         "--max-num-seqs",
         "256",
         "--enable-prompt-tokens-details",
+        "--scheduling-policy",
+        "priority",
     ]
     worker_env = next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_ENGINE_URL=http://127.0.0.1:8123" in worker_env
     assert "WORKER_ENGINE_MAX_NUM_SEQS=256" in worker_env and "WORKER_MODEL=my-model" in worker_env
+    assert "WORKER_ENGINE_PRIORITY=true" in worker_env  # the worker orders the engine's queue
+
+
+@pytest.mark.parametrize(
+    ("args", "priority"), [("--scheduling-policy fcfs", "false"), ("--scheduling-policy=priority", "true")]
+)
+def test_a_scheduling_policy_in_engine_args_is_kept_and_the_worker_told(run, args, priority):
+    start, lines = run
+    p = start(ENGINE_ARGS=args)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    engine_argv = next(l for l in lines() if l.startswith("engine argv"))
+    assert engine_argv.count("--scheduling-policy") == 1 and args in engine_argv
+    assert f"WORKER_ENGINE_PRIORITY={priority}" in next(l for l in lines() if l.startswith("worker env"))
 
 
 def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
@@ -110,7 +126,7 @@ def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
     assert p.wait(10) == 0
     engine_argv = next(l for l in lines() if l.startswith("engine argv"))
     assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith(
-        "--max-num-seqs 64 --enable-prompt-tokens-details"
+        "--max-num-seqs 64 --enable-prompt-tokens-details --scheduling-policy priority"
     )
     assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_MODEL=org/weights" in next(l for l in lines() if l.startswith("worker env"))
