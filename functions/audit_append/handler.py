@@ -50,18 +50,31 @@ def appender_stores() -> AppenderStores:
     )
 
 
+def _intent(body: str) -> AuditIntent | ValidationError:
+    try:
+        return AuditIntent.model_validate_json(body)
+    except ValidationError as exc:
+        return exc
+
+
 @logger.inject_lambda_context(clear_state=True)
 def handler(event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
     run = Invocation(appender_stores(), now=deps.now)
     last: dict[str, str] = {}  # tenant -> the message id of its last intent taken
+    # Every intent of the batch is taken first (a tenant's together: ``Invocation.take_all``); the
+    # records then report each outcome, in order, so a failure fails the rest of its tenant's.
+    parsed = {r["messageId"]: _intent(r["body"]) for r in event.get("Records", [])}
+    valid = [(m, i) for m, i in parsed.items() if isinstance(i, AuditIntent)]
+    outcomes = dict(zip([m for m, _ in valid], run.take_all([i for _, i in valid]), strict=True))
 
     def handle_record(record: SQSRecord) -> None:
-        try:
-            intent = AuditIntent.model_validate_json(record.body)
-        except ValidationError as exc:  # nothing to append; a retry cannot help
-            logger.error("audit_intent_invalid", extra={"message_id": record.message_id, "error": str(exc)[:500]})
+        intent = parsed[record.message_id]
+        if isinstance(intent, ValidationError):  # nothing to append; a retry cannot help
+            logger.error("audit_intent_invalid", extra={"message_id": record.message_id, "error": str(intent)[:500]})
             return
-        taken = run.take(intent)
+        taken = outcomes[record.message_id]
+        if isinstance(taken, Exception):
+            raise taken
         extra = {
             "tenant": intent.tenant,
             "action": intent.action,

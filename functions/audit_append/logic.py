@@ -11,31 +11,29 @@ takes the intents every other role sends to the audit queue and, per intent:
 
 After the batch it signs one checkpoint per tenant it appended to (the last record it appended or
 confirmed for that tenant) and writes it to ``anchor.checkpoint_key`` (once). A chunk receipt is
-built from the chunk's count marker, read here (its attempt, counts, usage and time), never from
-the sender's numbers; only its input lines and part digests come from the message (and the
-digests are computed here from the parts when the sender had none). The receipt's append also
-charges the tenant's token budget from that marker (``ChunkRecord.budget_charge``), in the same
-transaction: a chunk is charged exactly once, by this role alone.
+built from the chunk's count marker (``receipts``), and its append also charges the tenant's token
+budget from that marker (``ChunkRecord.budget_charge``), in the same transaction: a chunk is
+charged exactly once, by this role alone.
 
 Logic takes its stores (``AppenderStores``); the handler builds them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
-from functions.core import anchor, audit, limits, schema
+from functions.core import anchor, audit
 from functions.core.anchor import Checkpoint
 from functions.core.audit import AuditIntent, AuditRecord
 from functions.core.budgets import Charge
+from functions.core.errors import ConditionFailed
 from functions.core.ports import AuditStore, BatchStore, Objects, Signer, WormStore
+from functions.core.records import ChunkRecord
 
-#: A sha256 hex digest.
-_HEX = frozenset("0123456789abcdef")
+from .receipts import dedupe_key, is_its_record, marker_key, receipt, resent
 
 
 @dataclass(frozen=True)
@@ -52,6 +50,10 @@ class AppenderStores:
 Outcome = Literal["appended", "duplicate", "refused", "conflict"]
 
 
+class NotTaken(Exception):
+    """An intent left for the queue to give again: an earlier intent of its tenant failed."""
+
+
 @dataclass(frozen=True)
 class Taken:
     """What one intent came to. ``appended``: a new record (``record``), copied; ``duplicate``:
@@ -64,110 +66,6 @@ class Taken:
     record: AuditRecord | None = None
     reason: str = ""
     skipped: tuple[int, ...] = ()
-
-
-def _digest(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
-
-
-def _part_digests(objects: Objects, tenant: str, batch_id: str, chunk: int, attempt: str) -> dict[str, str | None]:
-    """The sha256 of the attempt's two parts, read back (a part that is not there: null)."""
-    keys = {kind: schema.chunk_part_key(tenant, batch_id, chunk, attempt, kind) for kind in ("out", "err")}
-    stored = set(objects.list_keys(keys["out"].rsplit(".", 2)[0] + "."))
-    out: dict[str, str | None] = {}
-    for kind, key in keys.items():
-        if key not in stored:
-            out[f"{kind}_sha256"] = None
-            continue
-        digest = hashlib.sha256()
-        for block in objects.iter_bytes(key):
-            digest.update(block)
-        out[f"{kind}_sha256"] = digest.hexdigest()
-    return out
-
-
-def _chunk_of(intent: AuditIntent) -> tuple[str, int] | None:
-    batch_id, chunk = intent.details.get("batch"), intent.details.get("chunk")
-    if not isinstance(batch_id, str) or not isinstance(chunk, int) or isinstance(chunk, bool):
-        return None
-    return batch_id, chunk
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """A chunk receipt as the appender appends it: the intent built from the count marker, and
-    the budget charge its append writes (None: the chunk's batch has no budget)."""
-
-    intent: AuditIntent
-    charge: Charge | None
-
-
-def receipt(stores: AppenderStores, intent: AuditIntent) -> Receipt | str:
-    """The receipt as the appender records it, or why it refuses it: batch, chunk, input lines
-    and digests from the sender, everything counted (and charged) from the chunk's own count
-    marker."""
-    named = _chunk_of(intent)
-    if named is None:
-        return "a receipt must name its batch and chunk"
-    batch_id, chunk = named
-    details = intent.details
-    lines = {k: details.get(k) for k in ("first_line", "line_count")}
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in lines.values()):
-        return "a receipt must name its input lines"
-    digests = {k: details.get(k) for k in audit.RECEIPT_DIGESTS}
-    if not all(v is None or _digest(v) for v in digests.values()):
-        return "a receipt's digests must be sha256 hex digests"
-    shards = details.get("count_shards", 1)
-    if not (isinstance(shards, int) and not isinstance(shards, bool) and 1 <= shards <= limits.MAX_COUNT_SHARDS):
-        return "a receipt's count_shards must be a shard count"
-    marker = stores.batches.counted_chunk(intent.tenant, batch_id, chunk, shards)
-    if marker is None:
-        return f"chunk {chunk} of batch {batch_id} is not counted"
-    if all(v is None for v in digests.values()):
-        digests = _part_digests(stores.objects, intent.tenant, batch_id, chunk, marker.attempt)
-    return Receipt(
-        AuditIntent(
-            tenant=intent.tenant,
-            at=marker.recorded_at,
-            actor=audit.WORKER,
-            action=audit.CHUNK_RECEIPT,
-            outcome="ok",
-            target=batch_id,
-            dedupe=audit.receipt_key(batch_id, chunk),
-            details={
-                "batch": batch_id,
-                "chunk": chunk,
-                "attempt": marker.attempt,
-                **lines,
-                "completed": marker.completed,
-                "failed": marker.failed,
-                **digests,
-                "usage": {
-                    k: getattr(marker, k)
-                    for k in ("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens")
-                },
-            },
-        ),
-        marker.budget_charge(),
-    )
-
-
-def dedupe_key(intent: AuditIntent) -> str | None:
-    """The key an intent is appended under: a receipt's is its chunk's (whatever the sender
-    named), so a chunk has one receipt; None for a receipt that names no chunk."""
-    if intent.action != audit.CHUNK_RECEIPT:
-        return intent.dedupe
-    named = _chunk_of(intent)
-    return audit.receipt_key(*named) if named else None
-
-
-def _is_its_record(record: AuditRecord, intent: AuditIntent) -> bool:
-    """Whether ``record`` is what ``intent`` was appended as (a receipt: the same chunk's receipt;
-    its numbers are the marker's, not the sender's)."""
-    if intent.action == audit.CHUNK_RECEIPT:
-        batch_id, chunk = _chunk_of(intent) or ("", -1)
-        return (record.action, record.target, record.details.get("chunk")) == (audit.CHUNK_RECEIPT, batch_id, chunk)
-    return record.content() == intent.content()
 
 
 class KnownHeads:
@@ -186,12 +84,20 @@ class KnownHeads:
         return self._heads[tenant]
 
     def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
+        self.put_many([(record, dedupe, charge)])
+
+    def put_many(self, entries: Sequence[tuple[AuditRecord, str | None, Charge | None]]) -> None:
+        tenant = entries[-1][0].tenant
         try:
-            self._chain.put(record, dedupe=dedupe, charge=charge)
+            if len(entries) == 1:
+                record, dedupe, charge = entries[0]
+                self._chain.put(record, dedupe=dedupe, charge=charge)
+            else:
+                self._chain.put_many(entries)
         except Exception:
-            self._heads.pop(record.tenant, None)  # refused, or not known to be written: read again
+            self._heads.pop(tenant, None)  # refused, or not known to be written: read again
             raise
-        self._heads[record.tenant] = record
+        self._heads[tenant] = entries[-1][0]
 
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         return self._chain.dedupe_seq(tenant, key)
@@ -208,12 +114,13 @@ class Invocation:
     """One invocation of the appender: takes intents (in the queue's order per tenant) and then
     checkpoints each tenant it appended to once.
 
-    What it reads per intent is what an intent needs alone: an intent is appended at once (its
-    dedupe marker is written in the same transaction, so a duplicate's append is refused and then
-    found by its key), but for a receipt that was sent again (``take``); a tenant's head is read
-    once (``KnownHeads``); whether WORM copies already hold the seqs past the head (a cut tail) is
-    one LIST per tenant, after which this invocation's own appends are known to be the only
-    copies."""
+    What it reads and writes per intent is what an intent needs alone (``take_all``): the count
+    markers of its receipts are read together; a tenant's new intents are appended together, in one
+    transaction (each with its dedupe marker, so a duplicate refuses it and they are then taken one
+    by one, the duplicate found by its key), a receipt sent again one by one after reading its key
+    (``take``); a tenant's head is read once (``KnownHeads``); whether WORM copies already hold the
+    seqs past the head (a cut tail) is one LIST per tenant, after which this invocation's own
+    appends are known to be the only copies. Each record is then copied (one PUT)."""
 
     stores: AppenderStores
     now: Callable[[], int]
@@ -223,9 +130,85 @@ class Invocation:
     #: Per tenant: the seq from which no WORM copy existed when this invocation looked (its own
     #: copies, all below the chain's next seq, aside).
     free_from: dict[str, int] = field(default_factory=dict)
+    #: The count markers of this invocation's receipts, read together (``take_all``).
+    markers: dict[tuple[str, str, int], ChunkRecord | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.chain = KnownHeads(self.stores.chain)
+
+    def take_all(self, intents: Sequence[AuditIntent]) -> list[Taken | Exception]:
+        """Take ``intents`` in the queue's order: each tenant's new intents together when it has
+        several (``_append_together``), else one by one. An intent that raised is its exception,
+        and every later intent of its tenant is not taken (the queue gives them again, in order)."""
+        keys = [k for i in intents if not resent(i) and (k := marker_key(i)) is not None]
+        if keys:
+            found = self.stores.batches.count_markers(keys)
+            self.markers.update({k[:3]: found.get(k[:3]) for k in keys})
+        out: list[Taken | Exception] = [NotTaken("not taken")] * len(intents)
+        by_tenant: dict[str, list[int]] = {}
+        for i, intent in enumerate(intents):
+            by_tenant.setdefault(intent.tenant, []).append(i)
+        for positions in by_tenant.values():
+            group = [intents[i] for i in positions]
+            try:
+                together = self._append_together(group) if len(group) > 1 else None
+            except Exception as exc:  # noqa: BLE001 - nothing was appended: every one of them comes again
+                out[positions[0]] = exc
+                continue
+            if together is not None:
+                for i, taken in zip(positions, together, strict=True):
+                    out[i] = taken
+                continue
+            for i in positions:
+                try:
+                    out[i] = self.take(intents[i])
+                except Exception as exc:  # noqa: BLE001 - the handler fails this intent and the rest of its tenant
+                    out[i] = exc
+                    break
+        return out
+
+    def _append_together(self, intents: Sequence[AuditIntent]) -> list[Taken] | None:
+        """Append one tenant's new intents in one transaction and copy each; None when they must
+        be taken one by one: one is a receipt sent again or refused, two share a dedupe key (a
+        transaction names an item once), the WORM copy holds a seq past the head (a cut tail), or
+        the transaction was refused (a duplicate, a concurrent write)."""
+        keys = [dedupe_key(i) for i in intents]
+        if len(set(keys)) < len(keys):
+            return None
+        built: list[tuple[AuditIntent, Charge | None]] = []
+        for intent in intents:
+            if resent(intent) or dedupe_key(intent) is None:
+                return None
+            charge = None
+            if intent.action == audit.CHUNK_RECEIPT:
+                made = receipt(self.stores.batches, self.stores.objects, intent, self.markers)
+                if isinstance(made, str):
+                    return None
+                intent, charge = made.intent, made.charge
+            built.append((intent, charge))
+        tenant = intents[0].tenant
+        seq, prev = audit.after(self.chain.head(tenant))
+        if not self._no_copy_from(tenant, seq):
+            return None
+        entries: list[tuple[AuditRecord, str | None, Charge | None]] = []
+        for intent, charge in built:
+            fields = intent.content()
+            fields.pop("tenant")
+            record = audit.link(tenant, seq, prev, **fields)
+            entries.append((record, intent.dedupe, charge))
+            seq, prev = seq + 1, record.hash
+        try:
+            self.chain.put_many(entries)
+        except ConditionFailed:
+            return None
+        taken = []
+        for record, _, _ in entries:
+            if self._copied(record, new=True):
+                taken.append(self._note(Taken("appended", record)))
+            else:
+                key = anchor.worm_key(record.tenant, record.seq)
+                taken.append(self._note(Taken("conflict", record, f"its WORM copy {key} holds another record")))
+        return taken
 
     def _no_copy_from(self, tenant: str, seq: int) -> bool:
         """No WORM copy holds ``seq`` or a later seq of ``tenant``'s chain."""
@@ -245,20 +228,17 @@ class Invocation:
         if key is None:
             return Taken("refused", reason="a receipt must name its batch and chunk")
         chain, worm = self.chain, self.stores.worm
-        resent = intent.action == audit.CHUNK_RECEIPT and all(
-            intent.details.get(k) is None for k in audit.RECEIPT_DIGESTS
-        )
-        seq = chain.dedupe_seq(intent.tenant, key) if seen or resent else None
+        seq = chain.dedupe_seq(intent.tenant, key) if seen or resent(intent) else None
         skipped: list[int] = []
         if seq is not None:  # appended before: make sure of its copy
             record = chain.record(intent.tenant, seq)
-            if record is None or not _is_its_record(record, intent):
+            if record is None or not is_its_record(record, intent):
                 return self._note(Taken("conflict", record, f"the table's record at seq {seq} is not this intent's"))
             outcome: Outcome = "duplicate"
         else:
             charge = None
             if intent.action == audit.CHUNK_RECEIPT:
-                built = receipt(self.stores, intent)
+                built = receipt(self.stores.batches, self.stores.objects, intent, self.markers)
                 if isinstance(built, str):
                     return Taken("refused", reason=built)
                 intent, charge = built.intent, built.charge

@@ -176,6 +176,11 @@ class AuditStore(Protocol):
         that key holding the seq, only if the key is new, and with ``charge``, its ADD to the
         tenant's budget item, in one transaction); ConditionFailed otherwise."""
 
+    def put_many(self, entries: Sequence[tuple[AuditRecord, str | None, Charge | None]]) -> None:
+        """``put`` of each (record, dedupe, charge) in one transaction: all or nothing
+        (ConditionFailed, nothing written, if any seq or key is taken); the charges to one budget
+        item added together."""
+
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         """The seq of the record written with the dedupe ``key``, None if there is none."""
 
@@ -250,6 +255,10 @@ class BatchStore(Protocol):
         """Stop the batch's shards starting chunks and, unless ``accepting``, counting them."""
 
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRecord | None: ...
+    def count_markers(self, chunks: Sequence[tuple[str, str, int, int]]) -> dict[tuple[str, str, int], ChunkRecord]:
+        """The count markers of (tenant, batch, chunk, shards) chunks, read together (one
+        BatchGetItem a hundred), by (tenant, batch, chunk); an uncounted chunk is absent."""
+
     def chunk_state(
         self, tenant: str, batch_id: str, chunk: int, shards: int = 1
     ) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:

@@ -52,7 +52,7 @@ from .ingest import PART_KEYS
 
 #: The appender's table actions on ``AUDIT#*`` (``functions.core.aws.audit.AuditRepo``): GetItem (a
 #: dedupe marker, a record), Query (the head, a whole chain) and PutItem (the record and its marker,
-#: in one TransactWriteItems, authorized item by item).
+#: in one TransactWriteItems, authorized item by item). On ``T#*#B#*``: a receipt's count marker.
 APPEND_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
 #: What the table's resource policy denies on ``AUDIT#*`` items: writes but the appender's puts, to
 #: every principal (``OTHERS_DENIED``), and these to everyone (``ALL_DENIED``).
@@ -214,7 +214,7 @@ class Audit(Construct):
         role = self.function.role
         assert role is not None
         grant_items(self.function, storage, APPEND_ACTIONS, (AUDIT_PARTITIONS,))
-        grant_items(self.function, storage, ("dynamodb:GetItem",), (CHUNK_PARTITIONS,))  # a chunk's count marker
+        grant_items(self.function, storage, ("dynamodb:GetItem", "dynamodb:BatchGetItem"), (CHUNK_PARTITIONS,))
         grant_charge(self.function, storage)  # the counted chunk's budget, with its receipt
         storage.bucket.grant_read(self.function, PART_KEYS)  # a receipt without digests hashes the parts
         # Put (once) and read back its two prefixes; ListBucket so a missing key answers 404, not 403.

@@ -517,6 +517,23 @@ class FakeAudit(_Port):
                 if charge is not None and self._budgets is not None:
                     self._budgets.charge(record.tenant, charge[0], **charge[1])
 
+    def put_many(self, entries: Sequence[tuple[AuditRecord, str | None, Charge | None]]) -> None:
+        self._op("put_many")
+        with self._lock:
+            taken = {(r.tenant, r.seq) for r, _, _ in entries}
+            keys = [(r.tenant, d) for r, d, _ in entries if d is not None]
+            if len(taken) < len(entries) or len(set(keys)) < len(keys):
+                # DynamoDB refuses a transaction naming an item twice (ValidationException)
+                raise ValueError("a transaction names each item once")
+            if any(seq in self.chains.get(t, {}) for t, seq in taken) or any(k in self.dedupe for k in keys):
+                raise condition_failed()
+            for record, dedupe, charge in entries:
+                self.chains.setdefault(record.tenant, {})[record.seq] = record
+                if dedupe is not None:
+                    self.dedupe[(record.tenant, dedupe)] = record.seq
+                if charge is not None and self._budgets is not None:
+                    self._budgets.charge(record.tenant, charge[0], **charge[1])
+
     def dedupe_seq(self, tenant: str, key: str) -> int | None:
         self._op("dedupe_seq")
         with self._lock:
@@ -750,6 +767,14 @@ class FakeBatches(_Port):
     def counted_chunk(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRecord | None:
         self._op("counted_chunk")
         return self.markers.get((tenant, batch_id, chunk))
+
+    def count_markers(self, chunks: Sequence[tuple[str, str, int, int]]) -> dict[tuple[str, str, int], ChunkRecord]:
+        self._op("count_markers")
+        return {
+            (t, b, c): self.markers[(t, b, c)].model_copy(deep=True)
+            for t, b, c, _ in chunks
+            if (t, b, c) in self.markers
+        }
 
     def chunk_state(
         self, tenant: str, batch_id: str, chunk: int, shards: int = 1

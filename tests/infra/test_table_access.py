@@ -177,7 +177,7 @@ LAMBDA_RIGHTS = {
         RELEASE,
         STORAGE_CHARGE,  # its output files counted on the tenant's stored-bytes ledger (governance on)
     ],
-    "audit_append": [APPEND, (["dynamodb:GetItem"], ["T#*#B#*"]), CHARGE],
+    "audit_append": [APPEND, (["dynamodb:BatchGetItem", "dynamodb:GetItem"], ["T#*#B#*"]), CHARGE],
 }
 
 
@@ -505,7 +505,7 @@ def test_every_table_request_of_ingest_worker_dlq_consumers_and_workflow_is_allo
     appended = recorder.requests("audit_append")
     assert ("dynamodb:Query", [schema.audit_pk("acme")]) in appended
     assert ("dynamodb:PutItem", [schema.audit_pk("acme")]) in appended
-    assert ("dynamodb:GetItem", [schema.chunks_pk("acme", batch.id)]) in appended
+    assert ("dynamodb:BatchGetItem", [schema.chunks_pk("acme", batch.id)]) in appended
     assert not any(
         schema.audit_pk("acme") in keys
         for role in ("ingest", "worker", "dlq", "workflow", "ingest_dlq")

@@ -47,6 +47,18 @@ def test_audit_store_conditions(store: AuditStore):
     assert store.records("globex") == []
 
 
+def test_records_written_together_are_all_or_nothing(store: AuditStore):
+    first = audit.link("acme", 1, audit.GENESIS, at=1, actor="a", action="x", outcome="ok")
+    second = audit.link("acme", 2, first.hash, at=2, actor="a", action="x", outcome="ok")
+    store.put_many([(first, "k1", None), (second, "k2", None)])
+    assert store.records("acme") == [first, second] and store.dedupe_seq("acme", "k2") == 2
+    third = audit.link("acme", 3, second.hash, at=3, actor="a", action="x", outcome="ok")
+    fourth = audit.link("acme", 4, third.hash, at=4, actor="a", action="x", outcome="ok")
+    with pytest.raises(ConditionFailed):  # a used dedupe key in one of them: none written
+        store.put_many([(third, "k3", None), (fourth, "k1", None)])
+    assert store.head("acme") == second and store.dedupe_seq("acme", "k3") is None
+
+
 @pytest.fixture
 def atomic_moto(monkeypatch: pytest.MonkeyPatch) -> None:
     """DynamoDB checks a write's condition and applies it atomically; in-process moto does not

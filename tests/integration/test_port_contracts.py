@@ -158,6 +158,25 @@ def run(chunk: int, version: int = 1, shards: int = 1, **fields):
     )
 
 
+def test_count_markers_are_read_together_across_shards(ports: Stores):
+    from functions.core.records import CountShardRecord
+
+    sharded = new_batch(chunk_count=3, count_shards=2)
+    ports.batches.create(sharded)
+    ports.batches.open_shards(CountShardRecord.of(sharded, 0))
+    ports.batches.create(new_batch(id="batch_c2"))
+    assert ports.batches.count_chunk(marker(1).model_copy(update={"count_shards": 2}))
+    assert ports.batches.count_chunk(marker(0).model_copy(update={"batch_id": "batch_c2"}))
+    found = ports.batches.count_markers(
+        [("acme", "batch_c1", 1, 2), ("acme", "batch_c1", 2, 2), ("acme", "batch_c2", 0, 1)]
+    )
+    assert (
+        set(found) == {("acme", "batch_c1", 1), ("acme", "batch_c2", 0)}
+        and found[("acme", "batch_c1", 1)].completed == 2
+    )
+    assert ports.batches.count_markers([("globex", "batch_c1", 1, 2)]) == {}  # keyed by tenant
+
+
 def test_an_attempt_opens_only_while_the_batch_takes_chunks(ports: Stores):
     ports.batches.create(new_batch())
     ports.batches.save_chunk_run(run(0, open=["a"]), starting=True)

@@ -283,15 +283,45 @@ def test_the_handler_signs_one_checkpoint_per_tenant_per_invocation(handler_stor
     assert checkpoints == [anchor.checkpoint_key(TENANT, 5), anchor.checkpoint_key("globex", 1)]
 
 
-def test_a_failed_intent_fails_the_rest_of_its_tenant_only_and_the_tenant_is_checkpointed_up_to_it(handler_stores):
+def test_a_tenant_s_intents_are_appended_together_in_one_transaction_and_copied_each(handler_stores):
     _, appender = handler_stores
+    assert invoke(sqs_event([intent(0), intent(1), intent(2), intent(3, "globex")])) == []
+    assert appender.chain.faults.calls["chain.put_many"] == 1 and appender.chain.faults.calls["chain.put"] == 1
+    assert [r.seq for r in appender.chain.records(TENANT)] == [1, 2, 3]
+    assert audit.verify(appender.chain.records(TENANT)) is None  # linked as one-by-one appends link them
+    assert all(anchor.worm_key(TENANT, s) in appender.worm.versions for s in (1, 2, 3))
+    assert anchor.checkpoint_key(TENANT, 3) in appender.worm.versions
+
+
+def test_a_tenant_whose_transaction_fails_comes_back_whole_and_the_others_go_on(handler_stores):
+    _, appender = handler_stores
+    real = appender.chain.put_many
+
+    def put_many(entries):
+        if entries[0][0].tenant == TENANT:
+            raise throttle()  # DynamoDB throttles acme's transaction: nothing of it written
+        return real(entries)
+
+    appender.chain.put_many = put_many
+    event = sqs_event([intent(0), intent(1), intent(2), intent(3, "globex"), intent(4, "globex")])
+    assert invoke(event) == ["m-0", "m-1", "m-2"]  # FIFO: acme's intents come back, in order
+    assert appender.chain.records(TENANT) == []
+    assert [r.seq for r in appender.chain.records("globex")] == [1, 2]
+    assert anchor.checkpoint_key(TENANT, 1) not in appender.worm.versions
+
+
+def test_a_failed_intent_fails_the_rest_of_its_tenant_only_and_the_tenant_is_checkpointed_up_to_it(handler_stores):
+    """A duplicate among a tenant's intents refuses their transaction: they are taken one by one,
+    and the one that then fails brings itself and the ones after it back."""
+    _, appender = handler_stores
+    assert invoke(sqs_event([intent(0)])) == []  # intent 0 appended: it comes again below
     event = sqs_event([intent(0), intent(1), intent(2), intent(3, "globex")])
     real_put = appender.chain.put
     calls = []
 
     def put(record, *, dedupe=None, charge=None):
         calls.append(record.tenant)
-        if record.tenant == TENANT and len(calls) > 1:  # acme's second intent: DynamoDB throttles
+        if record.request_id == "req-1":  # acme's intent after the duplicate: DynamoDB throttles
             raise throttle()
         return real_put(record, dedupe=dedupe, charge=charge)
 

@@ -7,10 +7,17 @@ Only the audit appender's role may write these items (infra/constructs/audit.py)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .. import schema
 from ..audit import AuditRecord
 from ..budgets import Charge
 from .dynamodb import Add, Put, Table
+
+
+def _item(record: AuditRecord) -> dict[str, str]:
+    pk = schema.audit_pk(record.tenant)
+    return {schema.PK: pk, schema.SK: schema.audit_seq_sk(record.seq), "record": record.to_json()}
 
 
 class AuditRepo:
@@ -24,17 +31,34 @@ class AuditRepo:
         return AuditRecord.model_validate_json(items[0]["record"]) if items else None
 
     def put(self, record: AuditRecord, *, dedupe: str | None = None, charge: Charge | None = None) -> None:
-        pk = schema.audit_pk(record.tenant)
-        item = {schema.PK: pk, schema.SK: schema.audit_seq_sk(record.seq), "record": record.to_json()}
         if dedupe is None:
             if charge is not None:
                 raise ValueError("a budget charge needs a dedupe key (it is written once with it)")
-            self._table.put(item, if_absent=True)
+            self._table.put(_item(record), if_absent=True)
             return
-        marker = {schema.PK: pk, schema.SK: schema.AUDIT_DEDUPE_PREFIX + dedupe, "seq": record.seq}
-        ops: list[Put | Add] = [Put(item, if_absent=True), Put(marker, if_absent=True)]
-        if charge is not None:
-            ops.append(Add(schema.budget_pk(record.tenant), *charge))
+        self.put_many([(record, dedupe, charge)])
+
+    def put_many(self, entries: Sequence[tuple[AuditRecord, str | None, Charge | None]]) -> None:
+        """One transaction: each record and its dedupe marker only if absent, and the budget
+        charges, one ADD per budget item (a transaction names an item once)."""
+        ops: list[Put | Add] = []
+        charges: dict[tuple[str, str], dict[str, int]] = {}
+        for record, dedupe, charge in entries:
+            ops.append(Put(_item(record), if_absent=True))
+            if dedupe is not None:
+                marker = {
+                    schema.PK: schema.audit_pk(record.tenant),
+                    schema.SK: schema.AUDIT_DEDUPE_PREFIX + dedupe,
+                    "seq": record.seq,
+                }
+                ops.append(Put(marker, if_absent=True))
+            elif charge is not None:
+                raise ValueError("a budget charge needs a dedupe key (it is written once with it)")
+            if charge is not None:
+                summed = charges.setdefault((schema.budget_pk(record.tenant), charge[0]), {})
+                for k, v in charge[1].items():
+                    summed[k] = summed.get(k, 0) + v
+        ops += [Add(pk, sk, values) for (pk, sk), values in charges.items()]
         self._table.transact(ops)
 
     def dedupe_seq(self, tenant: str, key: str) -> int | None:

@@ -413,6 +413,11 @@ class BatchRepo:
         item = self._table.get(shard_pk(tenant, batch_id, chunk, shards), ChunkRecord.sort_key(chunk))
         return ChunkRecord.from_item(item) if item else None
 
+    def count_markers(self, chunks: Sequence[tuple[str, str, int, int]]) -> dict[tuple[str, str, int], ChunkRecord]:
+        keys = [(shard_pk(t, b, c, n), ChunkRecord.sort_key(c)) for t, b, c, n in chunks]
+        markers = [ChunkRecord.from_item(i) for i in self._table.batch_get(keys)]
+        return {(m.tenant, m.batch_id, m.chunk): m for m in markers}
+
     def chunk_state(
         self, tenant: str, batch_id: str, chunk: int, shards: int = 1
     ) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:
