@@ -36,7 +36,7 @@ from functions.workflow import handler as workflow_handler
 from gpu_worker.local_engine import free_port
 from infra import names
 
-from . import atomic_dynamodb, fair_queues, state
+from . import atomic_dynamodb, fair_queues, moto_dispatch, state
 from .front import LocalApi, make_server
 from .lambda_context import LocalLambdaContext
 from .lambda_front import LambdaFront
@@ -121,6 +121,7 @@ class MotoServer:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per AWS call
         fair_queues.install(self._fair)  # standard queues receive as SQS fair queues (fair_queues.py)
         atomic_dynamodb.install()  # each DynamoDB request atomic, as AWS's (atomic_dynamodb.py)
+        moto_dispatch.install()  # each host's backend found once (moto_dispatch.py)
         self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]
