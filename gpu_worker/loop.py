@@ -28,6 +28,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
+from functions.core import limits
 from functions.core.messages import WorkMessage
 from functions.core.ports import Received, Stores, WorkQueue
 from functions.core.wire import TERMINAL_STATUSES
@@ -87,6 +88,9 @@ class Worker:
         self.max_line_bytes = max_line_bytes
         self.max_open = config.open_chunk_cap(chunk_max_lines)
         self.chunk_max_lines = max(1, chunk_max_lines)
+        #: The lines a chunk about to be received is expected to have (``_take_work``): the last one
+        #: received, at least chunk_max_lines; before any, a big batch's (ingest's MAX_CHUNK_LINES).
+        self._chunk_estimate = max(self.chunk_max_lines, limits.MAX_CHUNK_LINES)
         self.clock = clock
         self._sleep = sleep  # the heartbeat's pause between extensions
         self._stopping = asyncio.Event()
@@ -261,8 +265,9 @@ class Worker:
                 if self.filling() >= self.max_open or self.backlog() >= self.engine.max_in_flight:
                     await asyncio.wait({stop}, timeout=0.05)
                     continue
-                # Enough chunks to fill the cap (estimated at chunk_max_lines each), at most 10.
-                room = -(-(self.engine.max_in_flight - self.backlog()) // self.chunk_max_lines)
+                # Enough chunks to fill the cap (estimated at the size of the last one received, at
+                # least chunk_max_lines: a big batch's chunks are bigger), at most 10.
+                room = -(-(self.engine.max_in_flight - self.backlog()) // self._chunk_estimate)
                 want = max(1, min(10, self.max_open - self.filling(), room))
                 receive = asyncio.ensure_future(
                     self._sqs(self.queue.receive, want, self.config.poll_wait_seconds, self.config.visibility_seconds)
@@ -277,6 +282,7 @@ class Worker:
                         self.log.info("released a message received while stopping", extra={"message_id": r.message_id})
                         continue
                     self._open[r.message_id] = state = _Open(r, lines=self._lines_of(r), received_at=self.clock())
+                    self._chunk_estimate = max(self.chunk_max_lines, state.lines)
                     task = asyncio.create_task(self._handle(state))
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)

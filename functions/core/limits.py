@@ -92,13 +92,20 @@ DEFAULT_CHUNK_MAX_BYTES: Final = 4 * 1024 * 1024
 #: chunk would only add per-chunk requests. See docs/lifecycle.md, "Live progress".
 TARGET_CHUNKS: Final = 8
 MIN_CHUNK_LINES: Final = 25
-#: A large batch (more than TARGET_CHUNKS full chunks) is cut into about this many chunks, each of
-#: at least chunk_max_lines and at most MAX_CHUNK_LINES lines: a chunk costs about a dozen AWS
-#: requests whatever its lines, so requests per line fall as the batch grows (docs/lifecycle.md,
-#: "Chunking rule"), while 200 chunks still spread one batch over 200 GPUs.
+#: A large batch (more than TARGET_CHUNKS full chunks) is cut into about CHUNKS_PER_ENGINE chunks
+#: for each GPU task its model may run (``ModelRoute.max_engines``), at least TARGET_CHUNKS and at
+#: most LARGE_BATCH_CHUNKS (more only to give every task of a bigger fleet one: CHUNKS_PER_GPU),
+#: each of at least chunk_max_lines and at most MAX_CHUNK_LINES lines (docs/lifecycle.md, "Chunking
+#: rule"). A chunk costs about a dozen AWS requests whatever its lines, so fewer, bigger chunks cost
+#: fewer per line; eight a task spread the batch's end over its fleet. MAX_CHUNK_LINES is within a
+#: worker's in-flight cap on the smallest engines (2 x 128 sequences): a worker holding one chunk
+#: of a tenant's takes another tenant's as soon as the first lines of it enter the engine, so the
+#: fair-share bound does not grow with the chunk (docs/governance.md, "Fair share").
+CHUNKS_PER_ENGINE: Final = 8
 LARGE_BATCH_CHUNKS: Final = 200
-#: A batch served by a fleet of more GPUs is cut into at least this many chunks per GPU of it (down
-#: to MIN_CHUNK_LINES lines a chunk), so that every GPU can hold a chunk of one batch.
+MAX_CHUNK_LINES: Final = 250
+#: A batch served by a fleet of more GPUs than that is cut into at least this many chunks per GPU of
+#: it (down to MIN_CHUNK_LINES lines a chunk), so that every GPU can hold a chunk of one batch.
 CHUNKS_PER_GPU: Final = 1
 #: A batch's chunks are counted on shards of about this many chunks each, at most
 #: MAX_COUNT_SHARDS (docs/lifecycle.md, "Counting shards"): a batch of up to COUNT_SHARD_CHUNKS
@@ -119,7 +126,6 @@ def shard_of(chunk: int, shards: int) -> int:
     return chunk % shards
 
 
-MAX_CHUNK_LINES: Final = 1000
 #: Poison budget of one chunk (docs/reliability.md, "Poison isolation"): after this many real
 #: failures in a row without progress, or this many in all, its unwritten lines fail with
 #: ``chunk_failed`` and it is counted. Benign releases (shutdown, an engine already down, store

@@ -184,13 +184,15 @@ class _Cutter:
 def chunk_lines(total: int, chunk_max_lines: int, fleet: int = 1) -> int:
     """Lines per chunk (docs/lifecycle.md, "Chunking rule"): a small batch is spread over up to
     TARGET_CHUNKS chunks of at least MIN_CHUNK_LINES lines (so several GPUs share it and its
-    progress moves chunk by chunk); a large one over about LARGE_BATCH_CHUNKS chunks of at least
+    progress moves chunk by chunk); a large one over CHUNKS_PER_ENGINE chunks for each engine of its
+    model's ``fleet`` (at least TARGET_CHUNKS, at most LARGE_BATCH_CHUNKS), of at least
     ``chunk_max_lines`` and at most MAX_CHUNK_LINES lines, so the requests a chunk costs are spread
-    over more lines as the batch grows. A model served by a ``fleet`` of more engines than that
-    gets at least CHUNKS_PER_GPU chunks per engine (of at least MIN_CHUNK_LINES lines), so that
-    its whole fleet can work on one batch."""
+    over more lines as the batch grows. A fleet of more engines than LARGE_BATCH_CHUNKS gets at
+    least CHUNKS_PER_GPU chunks per engine (of at least MIN_CHUNK_LINES lines), so that its whole
+    fleet can work on one batch."""
     if total > limits.TARGET_CHUNKS * chunk_max_lines:
-        size = max(chunk_max_lines, min(limits.MAX_CHUNK_LINES, math.ceil(total / limits.LARGE_BATCH_CHUNKS)))
+        chunks = max(limits.TARGET_CHUNKS, min(limits.LARGE_BATCH_CHUNKS, fleet * limits.CHUNKS_PER_ENGINE))
+        size = max(chunk_max_lines, min(limits.MAX_CHUNK_LINES, math.ceil(total / chunks)))
     else:
         size = min(chunk_max_lines, max(limits.MIN_CHUNK_LINES, math.ceil(total / limits.TARGET_CHUNKS)))
     spread = math.ceil(total / (fleet * limits.CHUNKS_PER_GPU))

@@ -182,7 +182,15 @@ def test_live_counts_read_every_shard():
 
 @pytest.mark.parametrize(
     ("total", "fleet", "lines"),
-    [(50_000, 1, 250), (50_000, 200, 250), (50_000, 1_000, 50), (5_000, 1_000, 25), (800, 1, 100), (100, 1_000, 25)],
+    [
+        (50_000, 1, 250),
+        (50_000, 200, 250),
+        (50_000, 1_000, 50),
+        (5_000, 1_000, 25),
+        (800, 1, 100),
+        (100, 1_000, 25),
+        (5_000, 1, 250),
+    ],
 )
 def test_a_big_fleet_gets_a_chunk_per_engine(total, fleet, lines):
     assert chunk_lines(total, 100, fleet) == lines

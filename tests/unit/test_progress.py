@@ -256,17 +256,20 @@ def test_chunk_sizes_for_tiny_medium_and_large_batches():
     assert [c.line_count for c in chunks_of(5)[0]] == [5]  # at least 25 lines a chunk
     assert [c.line_count for c in chunks_of(35)[0]] == [25, 10]
     assert [c.line_count for c in chunks_of(250)[0]] == [32] * 7 + [26]
-    assert [c.line_count for c in chunks_of(801)[0]] == [100] * 8 + [1]  # large: full chunks
-    assert ingest.chunk_lines(20_000, 100) == 100 and ingest.chunk_lines(200, 100) == 25
-    # Past 200 full chunks a batch's chunks grow (about 200 of them), up to MAX_CHUNK_LINES lines.
-    assert ingest.chunk_lines(50_000, 100) == 250 and ingest.chunk_lines(50_000, 25) == 250
-    assert ingest.chunk_lines(1_000_000, 100) == 1000 and ingest.chunk_lines(50_000, 2000) == 2000
-    assert ingest.chunk_lines(5_000, 25) == 25  # the local deployment's 25 up to 5,000 lines
+    # Large, on one engine: about 8 chunks, of at least chunk_max_lines and at most 250 lines.
+    assert [c.line_count for c in chunks_of(801)[0]] == [101] * 7 + [94]
+    assert ingest.chunk_lines(1_000, 25) == 125 and ingest.chunk_lines(5_000, 25) == 250  # make up's
+    assert ingest.chunk_lines(20_000, 100) == 250 and ingest.chunk_lines(200, 100) == 25
+    assert ingest.chunk_lines(50_000, 100) == 250 and ingest.chunk_lines(1_000_000, 100) == 250
+    assert ingest.chunk_lines(50_000, 2000) == 2000  # a deployment's own larger chunk_max_lines wins
+    # A fleet of engines: 8 chunks for each, up to 200 (then still one for each engine).
+    assert [ingest.chunk_lines(5_000, 100, fleet) for fleet in (1, 4, 25)] == [250, 157, 100]
+    assert [ingest.chunk_lines(30_000, 100, fleet) for fleet in (1, 25, 200)] == [250, 150, 150]
 
 
-def test_a_large_batch_is_cut_into_about_two_hundred_chunks():
+def test_a_large_batch_is_cut_into_chunks_of_at_most_250_lines():
     chunks, data = chunks_of(30_000, blank_every=11)
-    assert [c.line_count for c in chunks] == [150] * 200
+    assert [c.line_count for c in chunks] == [250] * 120
     lines = [ln for c in chunks for ln in data[c.byte_start : c.byte_end].split(b"\n") if ln.strip()]
     assert len(lines) == 30_000 and len(set(lines)) == 30_000  # every request line in one chunk's bytes
 

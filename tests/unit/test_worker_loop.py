@@ -63,6 +63,11 @@ class RecordingQueue(FakeQueue):
     def __init__(self, faults):
         super().__init__(faults, "fake://work-queue")
         self.releases: list[tuple[str, int]] = []
+        self.asked: list[int] = []  # max_messages of each receive
+
+    def receive(self, max_messages: int, wait_seconds: int, visibility_seconds: int):
+        self.asked.append(max_messages)
+        return super().receive(max_messages, wait_seconds, visibility_seconds)
 
     def release(self, receipt: str, after_seconds: int = 0) -> bool:
         self.releases.append((receipt, after_seconds))
@@ -440,3 +445,32 @@ def test_python_m_gpu_worker_builds_its_worker_with_the_deployments_media_allowl
     )
     assert worker.policy.media.allowed_domains == ("media.example.com", "cdn.example.org")
     assert worker.chunks.policy.media == worker.policy.media  # what every attempt runs with
+
+
+def test_a_big_batch_s_chunks_are_received_by_their_size_not_hoarded():
+    """Chunks bigger than chunk_max_lines (a big batch's): the worker asks for one chunk first
+    (ingest's biggest may fill its cap), then for as many as the chunks it sees fit in its room
+    (by chunk_max_lines, 2, it would have asked for 6 at once)."""
+    held = asyncio.Event()
+
+    async def respond(path, body, seen):
+        await held.wait()  # the engine keeps every line: the backlog stays
+        return 200, chat_answer(body)
+
+    rig = Rig(respond)
+    messages = seed(rig.stores, 60, per_chunk=6)
+    rig.queue.send([m.model_dump_json() for m in messages])
+
+    async def go() -> None:
+        task = asyncio.create_task(rig.worker.run())
+        await until(lambda: len(rig.queue.asked) >= 2, "a second receive")
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        held.set()
+        rig.worker.stop()
+        await task
+
+    asyncio.run(go())
+    cap = rig.worker.engine.max_in_flight
+    assert rig.queue.asked[0] == 1
+    assert 1 < rig.queue.asked[1] <= -(-cap // 6)  # then by the 6-line chunks it saw
