@@ -13,6 +13,7 @@ local deployment itself, for ``local_only`` tests.
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -194,7 +195,25 @@ def start_local_deployment(directory: Path, *, engines: bool = False, speech: bo
     ``engines`` it runs the API, ingest and workflow only (no vLLM engines, no workers); without
     ``speech``, no speech model (the benchmarks measure chat and embeddings alone)."""
     directory.mkdir(parents=True, exist_ok=True)
-    state_dir, log_path = directory / "state", directory / "infra-local.log"
+    for _ in range(PORT_ATTEMPTS):
+        local = _start_on_free_ports(directory, engines=engines, speech=speech)
+        if local is not None:
+            return local
+    pytest.fail(f"python -m infra.local found its ports taken {PORT_ATTEMPTS} times:\n{_log(directory).read_text()}")
+
+
+#: A port found free can be taken by another process before infra.local binds it; then it exits
+#: saying so (infra/local/__main__.py), and the deployment starts again on other ports.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "is already in use"
+
+
+def _log(directory: Path) -> Path:
+    return directory / "infra-local.log"
+
+
+def _start_on_free_ports(directory: Path, *, engines: bool, speech: bool) -> LocalDeployment | None:
+    state_dir, log_path = directory / "state", _log(directory)
     api_port, moto_port = free_port(), free_port()
     env = clean_env(
         PORT=str(api_port),
@@ -236,6 +255,9 @@ def start_local_deployment(directory: Path, *, engines: bool = False, speech: bo
                 started_in=time.monotonic() - started,
             )
         if process.poll() is not None:
+            if PORT_TAKEN in log_path.read_text(errors="replace"):
+                shutil.rmtree(state_dir, ignore_errors=True)  # the next attempt starts afresh
+                return None
             pytest.fail(
                 f"python -m infra.local exited with {process.returncode} before it was ready:\n{log_path.read_text()}"
             )
