@@ -69,19 +69,12 @@ def get_batch(stores: Stores, tenant: str, batch_id: str) -> Batch:
 
 
 def live_counts(stores: Stores, record: BatchRecord) -> BatchRequestCounts:
-    """The lines finished so far: every counted chunk's marker, plus, for each chunk not counted
-    yet, its checkpointed lines (they are never run again and always end in the final files, so
-    this never exceeds the final counts). One consistent Query of the chunk partition; the batch's
-    own counters (counted chunks only) are a floor. Each chunk's share only grows (segments are
-    only added; a marker holds at least its checkpointed lines), so successive reads never go down."""
-    markers, runs = stores.batches.chunk_states(record.tenant, record.id, record.count_shards)
-    completed = sum(m.completed for m in markers.values())
-    failed = sum(m.failed for m in markers.values())
-    for chunk, run in runs.items():
-        if chunk not in markers:
-            succeeded, errored = run.checkpointed()
-            completed += succeeded
-            failed += errored
+    """The lines finished so far (``ChunkProgress.lines``): every counted chunk's, plus the
+    checkpointed lines of each chunk not counted yet. One consistent Query of each chunk
+    partition, of the few attributes it needs; the batch's own counters (counted chunks only) are a
+    floor. Each chunk's share only grows (segments are only added; a marker holds at least its
+    checkpointed lines), so successive reads never go down."""
+    completed, failed = stores.batches.chunk_progress(record.tenant, record.id, record.count_shards).lines()
     return BatchRequestCounts(
         completed=max(record.completed, completed), failed=max(record.failed, failed), total=record.total
     )

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 from .records import (
     ApiKeyRecord,
     BatchRecord,
+    ChunkProgress,
     ChunkRecord,
     ChunkRunRecord,
     CountShardRecord,
@@ -274,6 +275,11 @@ class BatchStore(Protocol):
     ) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
         """The batch's count markers and run records, by chunk, read together (one strongly
         consistent Query of each chunk partition): the live progress of an open batch."""
+
+    def chunk_progress(self, tenant: str, batch_id: str, shards: int = 1) -> ChunkProgress:
+        """The counted lines of each counted chunk and the checkpointed lines of each chunk with a
+        run record, read together (one strongly consistent Query of each chunk partition, of only
+        those attributes): what a retrieve of an open batch shows."""
 
     def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when

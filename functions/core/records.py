@@ -658,3 +658,19 @@ class ChunkRunRecord(Record):
                 out.append((start, stop))
                 end = stop
         return out
+
+
+class ChunkProgress(BaseModel):
+    """What an open batch has finished so far, by chunk (``BatchStore.chunk_progress``): each
+    counted chunk's (completed, failed), and each chunk's checkpointed (succeeded, failed) lines
+    from its run record."""
+
+    counted: dict[int, tuple[int, int]] = {}
+    checkpointed: dict[int, tuple[int, int]] = {}
+
+    def lines(self) -> tuple[int, int]:
+        """(completed, failed): every counted chunk's, plus the checkpointed lines of each chunk
+        not counted yet (they are never run again and always end in the final files, so this
+        never exceeds the final counts)."""
+        shares = [*self.counted.values(), *(v for c, v in self.checkpointed.items() if c not in self.counted)]
+        return sum(s[0] for s in shares), sum(s[1] for s in shares)

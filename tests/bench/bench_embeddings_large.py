@@ -62,7 +62,15 @@ def bench_pipeline(input_path: Path, workdir: Path, lines: int) -> dict:
         seconds = time.monotonic() - created
         ids = [json.loads(row)["custom_id"] for row in sdk.files.content(batch.output_file_id).content.splitlines()]
         assert batch.status == "completed" and sorted(ids) == sorted(f"e-{i}" for i in range(lines)), batch
-        return {"system": "pipeline", "seconds": seconds, "lines_s": lines / seconds, "peak_rss_mib": peak[0]}
+        return {
+            "system": "pipeline",
+            "seconds": seconds,
+            "lines_s": lines / seconds,
+            "peak_rss_mib": peak[0],
+            # The batch's own timestamps (whole seconds): how long it ran, and how long its finalize.
+            "in_progress_s": batch.finalizing_at - batch.in_progress_at,
+            "finalizing_s": batch.completed_at - batch.finalizing_at,
+        }
     finally:
         stop.set()
         local.stop()

@@ -34,6 +34,7 @@ from functions.core.ports import Received, Stores
 from functions.core.records import (
     ApiKeyRecord,
     BatchRecord,
+    ChunkProgress,
     ChunkRecord,
     ChunkRunRecord,
     CountShardRecord,
@@ -797,6 +798,15 @@ class FakeBatches(_Port):
         return (
             {c: m.model_copy(deep=True) for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)},
             {c: r.model_copy(deep=True) for (t, b, c), r in self.runs.items() if (t, b) == (tenant, batch_id)},
+        )
+
+    def chunk_progress(self, tenant: str, batch_id: str, shards: int = 1) -> ChunkProgress:
+        self._op("chunk_progress")
+        return ChunkProgress(
+            counted={
+                c: (m.completed, m.failed) for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)
+            },
+            checkpointed={c: r.checkpointed() for (t, b, c), r in self.runs.items() if (t, b) == (tenant, batch_id)},
         )
 
     def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:

@@ -127,6 +127,7 @@ def test_a_batch_counted_on_shards_starts_counts_and_folds_each_shard_once(ports
     assert set(ports.batches.counted_chunks("acme", "batch_c1", 2)) == {1, 3}
     markers, runs = ports.batches.chunk_states("acme", "batch_c1", 2)
     assert set(markers) == {1, 3} and set(runs) == {2, 3}
+    assert set(ports.batches.chunk_progress("acme", "batch_c1", 2).counted) == {1, 3}  # every shard read
     ports.batches.close_shards(folded, accepting=True)  # the drain: no new start, counts still taken
     with pytest.raises(ChunksStopped):
         ports.batches.save_chunk_run(run(0, shards=2), starting=True)
@@ -219,6 +220,12 @@ def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):
     assert set(markers) == {0} and markers[0].completed == 2
     assert set(runs) == {1} and runs[1].outcomes == {"0-3": "101"} and runs[1].checkpointed() == (2, 1)
     assert ports.batches.chunk_states("globex", "batch_c1") == ({}, {})  # keyed by tenant
+    progress = ports.batches.chunk_progress("acme", "batch_c1")
+    assert progress.counted == {0: (2, markers[0].failed)} and progress.checkpointed == {1: (2, 1)}
+    assert progress.lines() == (4, markers[0].failed + 1)
+    ports.batches.save_chunk_run(run.model_copy(update={"chunk": 0}))  # a counted chunk's run record
+    assert ports.batches.chunk_progress("acme", "batch_c1").lines() == (4, markers[0].failed + 1)
+    assert ports.batches.chunk_progress("globex", "batch_c1").lines() == (0, 0)
 
 
 def test_finish_is_atomic(ports: Stores):

@@ -209,7 +209,7 @@ def test_a_terminal_batch_shows_its_own_counts_without_reading_the_chunks():
     first, _ = seed(stores, 12, per_chunk=6)
     run(stores, first, InProcessEngine(), [])
     stores.batches.set("acme", "batch_1", status="completed", completed=12)
-    stores.faults.fail("batches.chunk_states", RuntimeError("not read"))
+    stores.faults.fail("batches.chunk_progress", RuntimeError("not read"))
     assert counts(stores) == (12, 0)
 
 

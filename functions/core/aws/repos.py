@@ -16,6 +16,7 @@ from ..lifecycle import Change
 from ..records import (
     ApiKeyRecord,
     BatchRecord,
+    ChunkProgress,
     ChunkRecord,
     ChunkRunRecord,
     CountShardRecord,
@@ -431,16 +432,45 @@ class BatchRepo:
                 run = ChunkRunRecord.from_item(item)
         return marker, run
 
-    def _chunk_items(self, tenant: str, batch_id: str, shards: int, prefix: str) -> builtins.list[dict[str, Any]]:
-        """The items of the batch's chunk partitions under ``prefix``: one consistent Query a
-        shard (paged by DynamoDB past 1 MB)."""
+    def _chunk_items(
+        self, tenant: str, batch_id: str, shards: int, prefix: str, attributes: Sequence[str] = ()
+    ) -> builtins.list[dict[str, Any]]:
+        """The items of the batch's chunk partitions under ``prefix`` (only ``attributes`` of
+        them, if given): one consistent Query a shard (paged by DynamoDB past 1 MB)."""
         items: builtins.list[dict[str, Any]] = []
         for shard in range(shards):
             page, _ = self._table.query_page(
-                pk=chunks_pk(tenant, batch_id, shard), prefix=prefix, after=None, ascending=True, limit=10**9
+                pk=chunks_pk(tenant, batch_id, shard),
+                prefix=prefix,
+                after=None,
+                ascending=True,
+                limit=10**9,
+                attributes=attributes,
             )
             items += page
         return items
+
+    def chunk_progress(self, tenant: str, batch_id: str, shards: int = 1) -> ChunkProgress:
+        """The lines of each counted chunk and the checkpointed lines of each chunk with a run
+        record, from one consistent Query of each chunk partition that reads only the attributes
+        progress needs (a retrieve of an open batch reads this; the whole records are many times
+        larger)."""
+        progress = ChunkProgress()
+        attributes = ("chunk", "completed", "failed", "segments", "outcomes", "expires_at")
+        for item in self._chunk_items(tenant, batch_id, shards, "", attributes):
+            if item[schema.SK].startswith(ChunkRecord.PREFIX):
+                progress.counted[int(item["chunk"])] = (int(item["completed"]), int(item["failed"]))
+            elif item[schema.SK].startswith(ChunkRunRecord.PREFIX):
+                run = ChunkRunRecord(
+                    tenant=tenant,
+                    batch_id=batch_id,
+                    chunk=item["chunk"],
+                    segments=item.get("segments", []),
+                    outcomes=item.get("outcomes", {}),
+                    expires_at=item["expires_at"],
+                )
+                progress.checkpointed[run.chunk] = run.checkpointed()
+        return progress
 
     def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
         items = self._chunk_items(tenant, batch_id, shards, ChunkRecord.PREFIX)
