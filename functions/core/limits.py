@@ -98,9 +98,8 @@ MIN_CHUNK_LINES: Final = 25
 #: each of at least chunk_max_lines and at most MAX_CHUNK_LINES lines (docs/lifecycle.md, "Chunking
 #: rule"). A chunk costs about a dozen AWS requests whatever its lines, so fewer, bigger chunks cost
 #: fewer per line; eight a task spread the batch's end over its fleet. MAX_CHUNK_LINES is within a
-#: worker's in-flight cap on the smallest engines (2 x 128 sequences): a worker holding one chunk
-#: of a tenant's takes another tenant's as soon as the first lines of it enter the engine, so the
-#: fair-share bound does not grow with the chunk (docs/governance.md, "Fair share").
+#: worker's in-flight cap on the smallest engines (2 x 128 sequences), so one chunk never holds more
+#: lines than a worker may have waiting (docs/governance.md, "Fair share", for the bound that gives).
 CHUNKS_PER_ENGINE: Final = 8
 LARGE_BATCH_CHUNKS: Final = 200
 MAX_CHUNK_LINES: Final = 250

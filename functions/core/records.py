@@ -254,8 +254,32 @@ class ApiKeyRecord(Record):
         }
 
 
-class BatchRecord(Record):
-    """A batch. Counters are flat attributes so that chunk accounting can ADD to them."""
+class Counted(BaseModel):
+    """The counters chunk accounting ADDs to, flat attributes of the item: a batch's
+    (``BatchRecord``) and each of its counting shards' (``CountShardRecord``)."""
+
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    chunks_done: int = 0
+
+    COUNTERS: ClassVar[tuple[str, ...]] = (
+        "completed",
+        "failed",
+        "input_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "chunks_done",
+    )
+
+
+class BatchRecord(Record, Counted):
+    """A batch. Its counters (``Counted``) are flat attributes so that chunk accounting can ADD to
+    them."""
 
     tenant: str
     id: str
@@ -278,15 +302,8 @@ class BatchRecord(Record):
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     total: int = 0
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-    #: Chunks the input was cut into, and how many have been counted.
+    #: Chunks the input was cut into (``chunks_done``: how many have been counted).
     chunk_count: int = 0
-    chunks_done: int = 0
     #: How many shards the chunks are counted on (``limits.count_shards``, set with
     #: ``chunk_count``): 1, on this item; more, each on its own ``CountShardRecord``, which is folded
     #: into this item's counters once, when its last chunk is counted.
@@ -418,7 +435,7 @@ def shard_pk(tenant: str, batch_id: str, chunk: int, shards: int) -> str:
     return chunks_pk(tenant, batch_id, limits.shard_of(chunk, shards))
 
 
-class CountShardRecord(Record):
+class CountShardRecord(Record, Counted):
     """One counting shard of a batch counted on several (``BatchRecord.count_shards``): its chunks
     (``limits.shard_of``) open their attempts while it is ``starting`` and are counted here, in its
     own partition beside their markers and run records, rather than on the batch's item. Written by ingest before the first work
@@ -429,15 +446,8 @@ class CountShardRecord(Record):
     tenant: str
     batch_id: str
     shard: int
-    #: The shard's chunks, and how many of them are counted.
+    #: The shard's chunks (``chunks_done``: how many of them are counted).
     chunk_count: int
-    chunks_done: int = 0
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
     #: New chunks may start (False once the batch drains or closes).
     starting: bool = True
     #: Finished chunks may be counted (False once the batch closes).
@@ -447,15 +457,6 @@ class CountShardRecord(Record):
     expires_at: int
 
     SORT_KEY: ClassVar[str] = "SHARD"
-    COUNTERS: ClassVar[tuple[str, ...]] = (
-        "completed",
-        "failed",
-        "input_tokens",
-        "cached_tokens",
-        "output_tokens",
-        "reasoning_tokens",
-        "chunks_done",
-    )
 
     def keys(self) -> dict[str, str]:
         return {schema.PK: chunks_pk(self.tenant, self.batch_id, self.shard), schema.SK: self.SORT_KEY}
