@@ -36,7 +36,7 @@ from functions.workflow import handler as workflow_handler
 from gpu_worker.local_engine import free_port
 from infra import names
 
-from . import atomic_dynamodb, fair_queues, moto_dispatch, state
+from . import atomic_dynamodb, fair_queues, moto_dispatch, moto_query, state
 from .front import LocalApi, make_server
 from .lambda_context import LocalLambdaContext
 from .lambda_front import LambdaFront
@@ -122,6 +122,7 @@ class MotoServer:
         fair_queues.install(self._fair)  # standard queues receive as SQS fair queues (fair_queues.py)
         atomic_dynamodb.install()  # each DynamoDB request atomic, as AWS's (atomic_dynamodb.py)
         moto_dispatch.install()  # each host's backend found once (moto_dispatch.py)
+        moto_query.install()  # a Query lists its partition, not the table (moto_query.py)
         self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]

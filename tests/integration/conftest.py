@@ -17,7 +17,7 @@ from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.core import auth, clients, deps
 from functions.core.settings import Settings
-from infra.local import atomic_dynamodb
+from infra.local import atomic_dynamodb, moto_query
 from infra.local.front import LocalApi, make_server
 from infra.local.resources import create_resources, ingest_queue_url
 from tests.conftest import PREFIX
@@ -91,6 +91,7 @@ def aws(
     execute = request.node.get_closest_marker("workflow") is not None
     with contextlib.ExitStack() as stack:
         atomic_dynamodb.install()  # each DynamoDB call atomic, as AWS's (the worker calls from threads)
+        moto_query.install()  # a Query lists its partition, not the table, as the local deployment's
         stack.enter_context(mock_aws(config=EXECUTE_WORKFLOWS if execute else None))
         if execute:
             from moto.awslambda_simple.models import LambdaSimpleBackend

@@ -19,7 +19,7 @@ from functions.core.aws import stores_from_settings
 from functions.core.messages import WorkMessage
 from functions.core.ports import Stores
 from functions.core.records import BatchRecord
-from infra.local import atomic_dynamodb
+from infra.local import atomic_dynamodb, moto_query
 from infra.local.resources import create_resources
 from tests.builders import cut, running_batch
 from tests.conftest import TEST_SETTINGS
@@ -35,6 +35,7 @@ REPO = str(ENGINES_REPO)
 @pytest.fixture
 def moto_server(monkeypatch):
     atomic_dynamodb.install()  # the worker commits from several threads (infra/local/atomic_dynamodb.py)
+    moto_query.install()  # as the local deployment's moto (infra/local/moto_query.py)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
