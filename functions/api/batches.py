@@ -69,12 +69,12 @@ def get_batch(stores: Stores, tenant: str, batch_id: str) -> Batch:
 
 
 def live_counts(stores: Stores, record: BatchRecord) -> BatchRequestCounts:
-    """The lines finished so far (``ChunkProgress.lines``): every counted chunk's, plus the
-    checkpointed lines of each chunk not counted yet. One consistent Query of each chunk
-    partition, of the few attributes it needs; the batch's own counters (counted chunks only) are a
-    floor. Each chunk's share only grows (segments are only added; a marker holds at least its
-    checkpointed lines), so successive reads never go down."""
-    completed, failed = stores.batches.chunk_progress(record.tenant, record.id, record.count_shards).lines()
+    """The lines finished so far (``ChunkProgress.lines``): the counted chunks', plus the
+    checkpointed lines of each chunk not counted yet; the batch's own counters (folded shards only)
+    are a floor. Each chunk's share only grows (segments are only added; a chunk is counted with at
+    least its checkpointed lines, and its counters are read before the run records), so
+    successive reads never go down."""
+    completed, failed = stores.batches.chunk_progress(record).lines()
     return BatchRequestCounts(
         completed=max(record.completed, completed), failed=max(record.failed, failed), total=record.total
     )

@@ -276,10 +276,11 @@ class BatchStore(Protocol):
         """The batch's count markers and run records, by chunk, read together (one strongly
         consistent Query of each chunk partition): the live progress of an open batch."""
 
-    def chunk_progress(self, tenant: str, batch_id: str, shards: int = 1) -> ChunkProgress:
-        """The counted lines of each counted chunk and the checkpointed lines of each chunk with a
-        run record, read together (one strongly consistent Query of each chunk partition, of only
-        those attributes): what a retrieve of an open batch shows."""
+    def chunk_progress(self, batch: BatchRecord) -> ChunkProgress:
+        """What a retrieve of the open ``batch`` shows: the lines of its counted chunks, from the
+        counters they were counted on (``batch``'s own as read, or its shards' read now), then the
+        checkpointed lines of the chunks those did not count, from their run records (strongly
+        consistent reads, in proportion to those chunks)."""
 
     def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when

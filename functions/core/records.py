@@ -265,6 +265,10 @@ class Counted(BaseModel):
     output_tokens: int = 0
     reasoning_tokens: int = 0
     chunks_done: int = 0
+    #: The chunks counted on this item (None: none yet), added with their counters: a retrieve
+    #: reads the run records of the other chunks only (``BatchStore.chunk_progress``). Not a
+    #: counter: folding a shard adds its counters to the batch's, not this.
+    counted_chunks: set[int] | None = None
 
     COUNTERS: ClassVar[tuple[str, ...]] = (
         "completed",
@@ -528,9 +532,11 @@ class ChunkRecord(Record):
             schema.SK: self.sort_key(self.chunk),
         }
 
-    def batch_counters(self) -> dict[str, int]:
-        """What counting this chunk adds to its batch's counters (``BatchRecord``'s fields)."""
+    def batch_counters(self) -> dict[str, Any]:
+        """What counting this chunk adds to the item it is counted on (``Counted``'s fields): its
+        counters, and its number to the counted chunks."""
         return {
+            "counted_chunks": {self.chunk},
             "completed": self.completed,
             "failed": self.failed,
             "input_tokens": self.input_tokens,
@@ -662,16 +668,16 @@ class ChunkRunRecord(Record):
 
 
 class ChunkProgress(BaseModel):
-    """What an open batch has finished so far, by chunk (``BatchStore.chunk_progress``): each
-    counted chunk's (completed, failed), and each chunk's checkpointed (succeeded, failed) lines
-    from its run record."""
+    """What an open batch has finished so far (``BatchStore.chunk_progress``): the (completed,
+    failed) lines of its counted chunks, from the counters they were counted on, and of each chunk
+    not counted then, the (succeeded, failed) lines its run record checkpointed."""
 
-    counted: dict[int, tuple[int, int]] = {}
+    counted: tuple[int, int] = (0, 0)
     checkpointed: dict[int, tuple[int, int]] = {}
 
     def lines(self) -> tuple[int, int]:
-        """(completed, failed): every counted chunk's, plus the checkpointed lines of each chunk
-        not counted yet (they are never run again and always end in the final files, so this
-        never exceeds the final counts)."""
-        shares = [*self.counted.values(), *(v for c, v in self.checkpointed.items() if c not in self.counted)]
+        """(completed, failed): the counted chunks', plus the checkpointed lines of the others
+        (they are never run again and always end in the final files, so this never exceeds the
+        final counts)."""
+        shares = [self.counted, *self.checkpointed.values()]
         return sum(s[0] for s in shares), sum(s[1] for s in shares)

@@ -37,6 +37,7 @@ from functions.core.records import (
     ChunkProgress,
     ChunkRecord,
     ChunkRunRecord,
+    Counted,
     CountShardRecord,
     FileRecord,
     UploadPartRecord,
@@ -800,13 +801,22 @@ class FakeBatches(_Port):
             {c: r.model_copy(deep=True) for (t, b, c), r in self.runs.items() if (t, b) == (tenant, batch_id)},
         )
 
-    def chunk_progress(self, tenant: str, batch_id: str, shards: int = 1) -> ChunkProgress:
+    def chunk_progress(self, batch: BatchRecord) -> ChunkProgress:
         self._op("chunk_progress")
+        if batch.count_shards > 1:
+            counters = [
+                Counted.model_validate(i) for (t, b, _), i in self.shards.items() if (t, b) == (batch.tenant, batch.id)
+            ]
+        else:
+            counters = [batch]
+        counted = set().union(*(c.counted_chunks or () for c in counters))
         return ChunkProgress(
-            counted={
-                c: (m.completed, m.failed) for (t, b, c), m in self.markers.items() if (t, b) == (tenant, batch_id)
+            counted=(sum(c.completed for c in counters), sum(c.failed for c in counters)),
+            checkpointed={
+                c: r.checkpointed()
+                for (t, b, c), r in self.runs.items()
+                if (t, b) == (batch.tenant, batch.id) and c not in counted
             },
-            checkpointed={c: r.checkpointed() for (t, b, c), r in self.runs.items() if (t, b) == (tenant, batch_id)},
         )
 
     def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:

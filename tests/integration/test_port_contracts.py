@@ -4,7 +4,7 @@ behind, queue receipts). A fake that is kinder than the adapter fails here."""
 
 import pytest
 
-from functions.core import lifecycle
+from functions.core import lifecycle, schema
 from functions.core.errors import ChunksStopped, ConditionFailed
 from functions.core.lifecycle import Change
 from functions.core.ports import Stores
@@ -127,7 +127,9 @@ def test_a_batch_counted_on_shards_starts_counts_and_folds_each_shard_once(ports
     assert set(ports.batches.counted_chunks("acme", "batch_c1", 2)) == {1, 3}
     markers, runs = ports.batches.chunk_states("acme", "batch_c1", 2)
     assert set(markers) == {1, 3} and set(runs) == {2, 3}
-    assert set(ports.batches.chunk_progress("acme", "batch_c1", 2).counted) == {1, 3}  # every shard read
+    assert shard.counted_chunks == {1, 3}
+    progress = ports.batches.chunk_progress(folded)  # the counters of every shard, the others' runs
+    assert progress.counted == (4, 2) and progress.checkpointed == {2: (0, 0)}
     ports.batches.close_shards(folded, accepting=True)  # the drain: no new start, counts still taken
     with pytest.raises(ChunksStopped):
         ports.batches.save_chunk_run(run(0, shards=2), starting=True)
@@ -220,12 +222,14 @@ def test_chunk_states_reads_markers_and_run_records_of_one_batch(ports: Stores):
     assert set(markers) == {0} and markers[0].completed == 2
     assert set(runs) == {1} and runs[1].outcomes == {"0-3": "101"} and runs[1].checkpointed() == (2, 1)
     assert ports.batches.chunk_states("globex", "batch_c1") == ({}, {})  # keyed by tenant
-    progress = ports.batches.chunk_progress("acme", "batch_c1")
-    assert progress.counted == {0: (2, markers[0].failed)} and progress.checkpointed == {1: (2, 1)}
+    batch = ports.batches.get("acme", "batch_c1")
+    assert batch.counted_chunks == {0}
+    progress = ports.batches.chunk_progress(batch)  # the batch's counters, the other chunk's run
+    assert progress.counted == (2, markers[0].failed) and progress.checkpointed == {1: (2, 1)}
     assert progress.lines() == (4, markers[0].failed + 1)
     ports.batches.save_chunk_run(run.model_copy(update={"chunk": 0}))  # a counted chunk's run record
-    assert ports.batches.chunk_progress("acme", "batch_c1").lines() == (4, markers[0].failed + 1)
-    assert ports.batches.chunk_progress("globex", "batch_c1").lines() == (0, 0)
+    assert ports.batches.chunk_progress(batch).lines() == (4, markers[0].failed + 1)
+    assert ports.batches.chunk_progress(new_batch(tenant="globex")).lines() == (0, 0)  # keyed by tenant
 
 
 def test_finish_is_atomic(ports: Stores):
@@ -416,3 +420,28 @@ def test_tenant_policies_and_the_creation_counter(ports: Stores):
     assert ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)
     assert not ports.tenants.count_creation("Globex", 3600, limit=1, expires_at=10**10)
     assert not ports.tenants.count_creation("Initech", 3600, limit=0, expires_at=10**10)  # zero: none at all
+
+
+def test_a_retrieve_reads_the_run_records_of_uncounted_chunks_only(stores: Stores, monkeypatch):
+    from functions.core.aws.dynamodb import Table
+    from functions.core.records import ChunkRunRecord
+
+    batch = new_batch(chunk_count=250)
+    stores.batches.create(batch)
+    for chunk in (3, 120, 249):  # run records past the first 100 keys of a BatchGetItem
+        segment = {"version": 1, "segments": [[0, 2]], "outcomes": {"0-2": "10"}}
+        stores.batches.save_chunk_run(
+            ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=chunk, expires_at=10**10, **segment)
+        )
+    assert stores.batches.count_chunk(marker(3)) and stores.batches.count_chunk(marker(7))
+    read: list[tuple[str, str]] = []
+    batch_get = Table.batch_get
+    monkeypatch.setattr(Table, "batch_get", lambda self, keys: read.extend(keys) or batch_get(self, keys))
+    progress = stores.batches.chunk_progress(stores.batches.get("acme", "batch_c1"))
+    assert progress.counted == (4, 2) and progress.checkpointed == {120: (1, 1), 249: (1, 1)}
+    assert sorted(read) == sorted(
+        (k[schema.PK], k[schema.SK])
+        for c in range(250)
+        if c not in (3, 7)
+        for k in [ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=c, expires_at=0).keys()]
+    )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -128,13 +128,10 @@ class Table:
         limit: int,
         keep: Callable[[dict[str, Any]], bool] = lambda _: True,
         index: str | None = None,
-        attributes: Sequence[str] = (),
     ) -> tuple[list[dict[str, Any]], bool]:
         """Up to ``limit`` items of partition ``pk`` whose sort key starts with ``prefix``, in sort
         key order, strictly after the sort key ``prefix + after``. Returns (items, has_more).
-        Items for which ``keep`` is false (e.g. expired, awaiting TTL) are skipped. ``attributes``:
-        only these (and the sort key) of each item (a ProjectionExpression: the answer is smaller,
-        the read capacity the same)."""
+        Items for which ``keep`` is false (e.g. expired, awaiting TTL) are skipped."""
         pk_name, sk_name = (schema.GSI_PURPOSE_PK, schema.GSI_PURPOSE_SK) if index else (schema.PK, schema.SK)
         condition = Key(pk_name).eq(pk)
         if after is None:
@@ -153,10 +150,6 @@ class Table:
             kwargs["IndexName"] = index
         else:
             kwargs["ConsistentRead"] = True
-        if attributes:
-            names = {f"#p{i}": name for i, name in enumerate((sk_name, *attributes))}
-            kwargs["ProjectionExpression"] = ", ".join(names)
-            kwargs["ExpressionAttributeNames"] = names
         out: list[dict[str, Any]] = []
         while True:
             resp = self._call(self._table.query, **kwargs)

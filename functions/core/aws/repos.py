@@ -19,6 +19,7 @@ from ..records import (
     ChunkProgress,
     ChunkRecord,
     ChunkRunRecord,
+    Counted,
     CountShardRecord,
     FileRecord,
     UploadPartRecord,
@@ -369,8 +370,10 @@ class BatchRepo:
         return CountShardRecord.from_item(item) if item else None
 
     def count_shards(self, batch: BatchRecord) -> builtins.list[CountShardRecord]:
-        """Every counting shard of the batch (none when it counts on its own item)."""
-        return [s for n in range(len(batch.shard_keys())) if (s := self.count_shard(batch.tenant, batch.id, n))]
+        """Every counting shard of the batch (none when it counts on its own item): one
+        BatchGetItem (at most 64 keys)."""
+        shards = [CountShardRecord.from_item(i) for i in self._table.batch_get(batch.shard_keys())]
+        return sorted(shards, key=lambda s: s.shard)
 
     def fold_shard(self, shard: CountShardRecord) -> bool:
         """Add a fully counted shard's counters (as ``shard`` read them, and still stored) to its
@@ -432,11 +435,9 @@ class BatchRepo:
                 run = ChunkRunRecord.from_item(item)
         return marker, run
 
-    def _chunk_items(
-        self, tenant: str, batch_id: str, shards: int, prefix: str, attributes: Sequence[str] = ()
-    ) -> builtins.list[dict[str, Any]]:
-        """The items of the batch's chunk partitions under ``prefix`` (only ``attributes`` of
-        them, if given): one consistent Query a shard (paged by DynamoDB past 1 MB)."""
+    def _chunk_items(self, tenant: str, batch_id: str, shards: int, prefix: str) -> builtins.list[dict[str, Any]]:
+        """The items of the batch's chunk partitions under ``prefix``: one consistent Query a
+        shard (paged by DynamoDB past 1 MB)."""
         items: builtins.list[dict[str, Any]] = []
         for shard in range(shards):
             page, _ = self._table.query_page(
@@ -445,32 +446,27 @@ class BatchRepo:
                 after=None,
                 ascending=True,
                 limit=10**9,
-                attributes=attributes,
             )
             items += page
         return items
 
-    def chunk_progress(self, tenant: str, batch_id: str, shards: int = 1) -> ChunkProgress:
-        """The lines of each counted chunk and the checkpointed lines of each chunk with a run
-        record, from one consistent Query of each chunk partition that reads only the attributes
-        progress needs (a retrieve of an open batch reads this; the whole records are many times
-        larger)."""
-        progress = ChunkProgress()
-        attributes = ("chunk", "completed", "failed", "segments", "outcomes", "expires_at")
-        for item in self._chunk_items(tenant, batch_id, shards, "", attributes):
-            if item[schema.SK].startswith(ChunkRecord.PREFIX):
-                progress.counted[int(item["chunk"])] = (int(item["completed"]), int(item["failed"]))
-            elif item[schema.SK].startswith(ChunkRunRecord.PREFIX):
-                run = ChunkRunRecord(
-                    tenant=tenant,
-                    batch_id=batch_id,
-                    chunk=item["chunk"],
-                    segments=item.get("segments", []),
-                    outcomes=item.get("outcomes", {}),
-                    expires_at=item["expires_at"],
-                )
-                progress.checkpointed[run.chunk] = run.checkpointed()
-        return progress
+    def chunk_progress(self, batch: BatchRecord) -> ChunkProgress:
+        """The lines of the counted chunks, from the counters they were counted on (``batch``'s
+        own, or its shards' in one BatchGetItem), then the checkpointed lines of the other chunks
+        from their run records (one BatchGetItem per 100 of them): what a retrieve of an open batch
+        reads, in proportion to the chunks not counted yet, never to the batch."""
+        counters: Sequence[Counted] = self.count_shards(batch) if batch.count_shards > 1 else [batch]
+        counted = set().union(*(c.counted_chunks or () for c in counters))
+        keys = [
+            (shard_pk(batch.tenant, batch.id, chunk, batch.count_shards), ChunkRunRecord.sort_key(chunk))
+            for chunk in range(batch.chunk_count)
+            if chunk not in counted
+        ]
+        runs = [ChunkRunRecord.from_item(i) for i in self._table.batch_get(keys)] if keys else []
+        return ChunkProgress(
+            counted=(sum(c.completed for c in counters), sum(c.failed for c in counters)),
+            checkpointed={run.chunk: run.checkpointed() for run in runs},
+        )
 
     def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
         items = self._chunk_items(tenant, batch_id, shards, ChunkRecord.PREFIX)
