@@ -85,6 +85,8 @@ class Workflow(Construct):
             timeout=WORKFLOW_TIMEOUT,
         )
         grant_items(self.function, storage, WORKFLOW_BATCH_ACTIONS, (BATCH_PARTITIONS, CHUNK_PARTITIONS))
+        # A batch's counting shards, read together (``BatchStore.count_shards``): chunk partitions only.
+        grant_items(self.function, storage, ("dynamodb:BatchGetItem",), (CHUNK_PARTITIONS,))
         grant_items(
             self.function,
             storage,

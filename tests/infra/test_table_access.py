@@ -173,6 +173,7 @@ LAMBDA_RIGHTS = {
     "dlq": [(WORKER_ACTIONS, WORKER_PATTERNS)],  # the worker's, without the budget read
     "workflow": [
         (["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"], ["T#*#B#*", "T#*#BATCHES"]),
+        (["dynamodb:BatchGetItem"], ["T#*#B#*"]),  # a batch's counting shards, read together
         (["dynamodb:PutItem"], ["T#*"], ["T#*#*"]),  # a tenant's own partition only (its File records)
         RELEASE,
         STORAGE_CHARGE,  # its output files counted on the tenant's stored-bytes ledger (governance on)
