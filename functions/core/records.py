@@ -280,6 +280,12 @@ class Counted(BaseModel):
         "chunks_done",
     )
 
+    def unlisted_chunks(self) -> bool:
+        """Some chunk was counted here without its number in ``counted_chunks``: the item was
+        counted on by a version that did not keep the set (a batch in flight across an upgrade).
+        A retrieve then tells the counted chunks by their markers instead."""
+        return self.chunks_done > len(self.counted_chunks or ())
+
 
 class BatchRecord(Record, Counted):
     """A batch. Its counters (``Counted``) are flat attributes so that chunk accounting can ADD to

@@ -810,6 +810,8 @@ class FakeBatches(_Port):
         else:
             counters = [batch]
         counted = set().union(*(c.counted_chunks or () for c in counters))
+        if any(c.unlisted_chunks() for c in counters):
+            counted |= {c for (t, b, c) in self.markers if (t, b) == (batch.tenant, batch.id)}
         return ChunkProgress(
             counted=(sum(c.completed for c in counters), sum(c.failed for c in counters)),
             checkpointed={

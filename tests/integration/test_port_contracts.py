@@ -445,3 +445,26 @@ def test_a_retrieve_reads_the_run_records_of_uncounted_chunks_only(stores: Store
         if c not in (3, 7)
         for k in [ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=c, expires_at=0).keys()]
     )
+
+
+def test_a_retrieve_tells_chunks_counted_without_the_set_by_their_markers(stores: Stores, aws):
+    """A batch counted on by a version that kept no ``counted_chunks`` set (in flight across an
+    upgrade): its counted chunk's checkpoints are not added to its counters a second time."""
+    import boto3
+
+    from functions.core.records import ChunkRunRecord
+
+    stores.batches.create(new_batch(chunk_count=3))
+    for chunk in (0, 2):
+        segment = {"version": 1, "segments": [[0, 2]], "outcomes": {"0-2": "10"}}
+        stores.batches.save_chunk_run(
+            ChunkRunRecord(tenant="acme", batch_id="batch_c1", chunk=chunk, expires_at=10**10, **segment)
+        )
+    assert stores.batches.count_chunk(marker(0))
+    key = {k: v for k, v in new_batch().keys().items() if k in (schema.PK, schema.SK)}
+    boto3.resource("dynamodb").Table(aws.table_name).update_item(Key=key, UpdateExpression="REMOVE counted_chunks")
+    batch = stores.batches.get("acme", "batch_c1")
+    assert batch.counted_chunks is None and batch.unlisted_chunks()
+    progress = stores.batches.chunk_progress(batch)
+    assert progress.counted == (2, 1) and progress.checkpointed == {2: (1, 1)}
+    assert progress.lines() == (3, 2)

@@ -454,18 +454,24 @@ class BatchRepo:
         """The lines of the counted chunks, from the counters they were counted on (``batch``'s
         own, or its shards' in one BatchGetItem), then the checkpointed lines of the other chunks
         from their run records (one BatchGetItem per 100 of them): what a retrieve of an open batch
-        reads, in proportion to the chunks not counted yet, never to the batch."""
+        reads, in proportion to the chunks not counted yet, never to the batch. An item counted on
+        without the set (``Counted.unlisted_chunks``) has those chunks' markers read too, and a
+        chunk with a marker is counted already."""
         counters: Sequence[Counted] = self.count_shards(batch) if batch.count_shards > 1 else [batch]
         counted = set().union(*(c.counted_chunks or () for c in counters))
+        others = [chunk for chunk in range(batch.chunk_count) if chunk not in counted]
+        kinds = [ChunkRunRecord, ChunkRecord] if any(c.unlisted_chunks() for c in counters) else [ChunkRunRecord]
         keys = [
-            (shard_pk(batch.tenant, batch.id, chunk, batch.count_shards), ChunkRunRecord.sort_key(chunk))
-            for chunk in range(batch.chunk_count)
-            if chunk not in counted
+            (shard_pk(batch.tenant, batch.id, chunk, batch.count_shards), kind.sort_key(chunk))
+            for chunk in others
+            for kind in kinds
         ]
-        runs = [ChunkRunRecord.from_item(i) for i in self._table.batch_get(keys)] if keys else []
+        items = self._table.batch_get(keys) if keys else []
+        markers = {ChunkRecord.from_item(i).chunk for i in items if i[schema.SK].startswith(ChunkRecord.PREFIX)}
+        runs = [ChunkRunRecord.from_item(i) for i in items if i[schema.SK].startswith(ChunkRunRecord.PREFIX)]
         return ChunkProgress(
             counted=(sum(c.completed for c in counters), sum(c.failed for c in counters)),
-            checkpointed={run.chunk: run.checkpointed() for run in runs},
+            checkpointed={run.chunk: run.checkpointed() for run in runs if run.chunk not in markers},
         )
 
     def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
