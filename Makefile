@@ -99,6 +99,11 @@ bench-worker: $(STAMP) engine
 .PHONY: bench-worker-ceiling
 bench-worker-ceiling: $(STAMP)
 	$(PY) -m tests.bench.bench_worker_ceiling --lines 5000 --rounds 3
+## vLLM's API server and engine core, CPU ms a line for short embeddings and 64-token chat lines, with
+## and without uvicorn's access log (docs/benchmarks.md "What an H100 needs beside it"; ~8 min).
+.PHONY: bench-api-server
+bench-api-server: $(STAMP) engine
+	$(PY) -m tests.bench.bench_api_server --lines 2000 --chat-lines 300 --rounds 2
 ## OpenAI's largest batch, 50,000 short embeddings lines, under the local deployment and through
 ## `vllm run-batch` on the same file and engine flags: wall time, lines/s, peak RSS (docs/benchmarks.md
 ## "A 50,000-line embeddings batch"). LINES= sets the size.

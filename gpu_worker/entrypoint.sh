@@ -17,7 +17,8 @@
 #   ENGINE_ARGS               extra `vllm serve` arguments, split on whitespace
 #                             (--enable-prompt-tokens-details is always added: cached_tokens in usage;
 #                             --scheduling-policy priority unless they name a policy: the worker
-#                             then orders the engine's queue, WORKER_ENGINE_PRIORITY)
+#                             then orders the engine's queue, WORKER_ENGINE_PRIORITY;
+#                             --disable-uvicorn-access-log unless they name the access log)
 #   ENGINE_STOP_SECONDS       how long the engine may take to stop before SIGKILL (default 20)
 #   ENGINE_CMD / WORKER_CMD   the two commands (default `vllm serve` / `python3 -m gpu_worker`)
 #   ENGINE_USER               the user the engine runs as (default `engine`, made by the Dockerfile);
@@ -61,6 +62,13 @@ fi
 # engine"): priority scheduling unless ENGINE_ARGS names another policy.
 if [[ " ${EXTRA_ARGS[*]} " != *" --scheduling-policy"* ]]; then
   EXTRA_ARGS+=(--scheduling-policy priority)
+fi
+# No access-log line a request (uvicorn's default): thousands of lines a second on a GPU, CPU
+# beside the engine and log volume for nothing the worker's own per-chunk log does not say
+# (docs/benchmarks.md, "What an H100 needs beside it"). ENGINE_ARGS may keep it
+# (--no-disable-uvicorn-access-log).
+if [[ " ${EXTRA_ARGS[*]} " != *"-uvicorn-access-log "* ]]; then
+  EXTRA_ARGS+=(--disable-uvicorn-access-log)
 fi
 POLICY=""
 for ((i = 0; i < ${#EXTRA_ARGS[@]}; i++)); do

@@ -117,6 +117,8 @@ fi
 # worker sets in fair order across tenants (docs/worker.md, "Order of lines in the engine"); a
 # request without one is 0, so a client that sets none sees first-come order. Extra args may
 # name another policy (the last one given wins).
+# --disable-uvicorn-access-log: no log line a request (the GPU task's entrypoint runs the same;
+# docs/benchmarks.md, "What an H100 needs beside it"); --no-disable-uvicorn-access-log keeps it.
 exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
   "${NAME_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
@@ -127,5 +129,6 @@ exec "$VENV/bin/vllm" serve "$MODEL_DIR" \
   "${LEN_ARGS[@]}" \
   --enable-prompt-tokens-details \
   --scheduling-policy priority \
+  --disable-uvicorn-access-log \
   "${DTYPE_ARGS[@]}" \
   "$@"

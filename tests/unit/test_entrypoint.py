@@ -99,6 +99,7 @@ def test_the_engine_command_line_comes_from_the_environment(run):
         "--enable-prompt-tokens-details",
         "--scheduling-policy",
         "priority",
+        "--disable-uvicorn-access-log",
     ]
     worker_env = next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_ENGINE_URL=http://127.0.0.1:8123" in worker_env
@@ -119,6 +120,15 @@ def test_a_scheduling_policy_in_engine_args_is_kept_and_the_worker_told(run, arg
     assert f"WORKER_ENGINE_PRIORITY={priority}" in next(l for l in lines() if l.startswith("worker env"))
 
 
+def test_the_access_log_is_off_unless_engine_args_name_it(run):
+    start, lines = run
+    p = start(ENGINE_ARGS="--no-disable-uvicorn-access-log")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(10) == 0
+    engine_argv = next(l for l in lines() if l.startswith("engine argv")).split()
+    assert "--no-disable-uvicorn-access-log" in engine_argv and "--disable-uvicorn-access-log" not in engine_argv
+
+
 def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
     start, lines = run
     p = start(ENGINE_ARGS="--max-num-seqs 64", ENGINE_MAX_NUM_SEQS="999")
@@ -126,7 +136,7 @@ def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
     assert p.wait(10) == 0
     engine_argv = next(l for l in lines() if l.startswith("engine argv"))
     assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith(
-        "--max-num-seqs 64 --enable-prompt-tokens-details --scheduling-policy priority"
+        "--max-num-seqs 64 --enable-prompt-tokens-details --scheduling-policy priority --disable-uvicorn-access-log"
     )
     assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_MODEL=org/weights" in next(l for l in lines() if l.startswith("worker env"))
