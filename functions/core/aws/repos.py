@@ -460,11 +460,13 @@ class BatchRepo:
         counters: Sequence[Counted] = self.count_shards(batch) if batch.count_shards > 1 else [batch]
         counted = set().union(*(c.counted_chunks or () for c in counters))
         others = [chunk for chunk in range(batch.chunk_count) if chunk not in counted]
-        kinds = [ChunkRunRecord, ChunkRecord] if any(c.unlisted_chunks() for c in counters) else [ChunkRunRecord]
+        sort_keys = [ChunkRunRecord.sort_key]
+        if any(c.unlisted_chunks() for c in counters):
+            sort_keys.append(ChunkRecord.sort_key)
         keys = [
-            (shard_pk(batch.tenant, batch.id, chunk, batch.count_shards), kind.sort_key(chunk))
+            (shard_pk(batch.tenant, batch.id, chunk, batch.count_shards), sort_key(chunk))
             for chunk in others
-            for kind in kinds
+            for sort_key in sort_keys
         ]
         items = self._table.batch_get(keys) if keys else []
         markers = {ChunkRecord.from_item(i).chunk for i in items if i[schema.SK].startswith(ChunkRecord.PREFIX)}
