@@ -17,7 +17,7 @@ from functions.core.settings import ModelRoute, Settings
 from gpu_worker.line_runner import run_line
 from tests.fakes.aws import fake_stores
 from tests.fakes.engine import InProcessEngine
-from tests.unit.test_entrypoint import run
+from tests.unit.test_entrypoint import run, started_and_stopped
 
 NOW = 1_700_000_000
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
@@ -205,11 +205,5 @@ def test_a_model_id_that_is_only_a_prefix_of_a_served_one_is_404():
 
 # --- the GPU image asks vLLM for cached tokens ----------------------------------------------------
 def test_the_engine_gets_prompt_token_details_once_even_when_engine_args_has_it(run):
-    import signal
-
-    start, lines = run
-    p = start(ENGINE_ARGS="--enable-prompt-tokens-details --max-model-len 4096")
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(10) == 0
-    engine_argv = next(l for l in lines() if l.startswith("engine argv")).split()
+    engine_argv = started_and_stopped(run, ENGINE_ARGS="--enable-prompt-tokens-details --max-model-len 4096")[0].split()
     assert engine_argv.count("--enable-prompt-tokens-details") == 1 and "--max-model-len" in engine_argv

@@ -77,12 +77,21 @@ def run(tmp_path):
     return start, lines
 
 
-def test_the_engine_command_line_comes_from_the_environment(run):
+def started_and_stopped(run, **env) -> tuple[str, str]:
+    """Start the entrypoint with ``env``, stop it with SIGTERM (a clean exit): the engine's argv
+    line and the worker's env line it logged."""
     start, lines = run
-    p = start(WORKER_MODEL="my-model", ENGINE_PORT="8123", ENGINE_ARGS="--max-model-len 8192 --enforce-eager")
+    p = start(**env)
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 0
-    engine_argv = next(l for l in lines() if l.startswith("engine argv"))
+    logged = lines()
+    return next(l for l in logged if l.startswith("engine argv")), next(l for l in logged if l.startswith("worker env"))
+
+
+def test_the_engine_command_line_comes_from_the_environment(run):
+    engine_argv, worker_env = started_and_stopped(
+        run, WORKER_MODEL="my-model", ENGINE_PORT="8123", ENGINE_ARGS="--max-model-len 8192 --enforce-eager"
+    )
     assert engine_argv.split()[2:] == [
         "org/weights",
         "--served-model-name",
@@ -101,7 +110,6 @@ def test_the_engine_command_line_comes_from_the_environment(run):
         "priority",
         "--disable-uvicorn-access-log",
     ]
-    worker_env = next(l for l in lines() if l.startswith("worker env"))
     assert "WORKER_ENGINE_URL=http://127.0.0.1:8123" in worker_env
     assert "WORKER_ENGINE_MAX_NUM_SEQS=256" in worker_env and "WORKER_MODEL=my-model" in worker_env
     assert "WORKER_ENGINE_PRIORITY=true" in worker_env  # the worker orders the engine's queue
@@ -111,35 +119,22 @@ def test_the_engine_command_line_comes_from_the_environment(run):
     ("args", "priority"), [("--scheduling-policy fcfs", "false"), ("--scheduling-policy=priority", "true")]
 )
 def test_a_scheduling_policy_in_engine_args_is_kept_and_the_worker_told(run, args, priority):
-    start, lines = run
-    p = start(ENGINE_ARGS=args)
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(10) == 0
-    engine_argv = next(l for l in lines() if l.startswith("engine argv"))
+    engine_argv, worker_env = started_and_stopped(run, ENGINE_ARGS=args)
     assert engine_argv.count("--scheduling-policy") == 1 and args in engine_argv
-    assert f"WORKER_ENGINE_PRIORITY={priority}" in next(l for l in lines() if l.startswith("worker env"))
+    assert f"WORKER_ENGINE_PRIORITY={priority}" in worker_env
 
 
 def test_the_access_log_is_off_unless_engine_args_name_it(run):
-    start, lines = run
-    p = start(ENGINE_ARGS="--no-disable-uvicorn-access-log")
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(10) == 0
-    engine_argv = next(l for l in lines() if l.startswith("engine argv")).split()
+    engine_argv = started_and_stopped(run, ENGINE_ARGS="--no-disable-uvicorn-access-log")[0].split()
     assert "--no-disable-uvicorn-access-log" in engine_argv and "--disable-uvicorn-access-log" not in engine_argv
 
 
 def test_max_num_seqs_in_engine_args_is_the_one_the_worker_gets(run):
-    start, lines = run
-    p = start(ENGINE_ARGS="--max-num-seqs 64", ENGINE_MAX_NUM_SEQS="999")
-    p.send_signal(signal.SIGTERM)
-    assert p.wait(10) == 0
-    engine_argv = next(l for l in lines() if l.startswith("engine argv"))
+    engine_argv, worker_env = started_and_stopped(run, ENGINE_ARGS="--max-num-seqs 64", ENGINE_MAX_NUM_SEQS="999")
     assert engine_argv.count("--max-num-seqs") == 1 and engine_argv.endswith(
         "--max-num-seqs 64 --enable-prompt-tokens-details --scheduling-policy priority --disable-uvicorn-access-log"
     )
-    assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in next(l for l in lines() if l.startswith("worker env"))
-    assert "WORKER_MODEL=org/weights" in next(l for l in lines() if l.startswith("worker env"))
+    assert "WORKER_ENGINE_MAX_NUM_SEQS=64" in worker_env and "WORKER_MODEL=org/weights" in worker_env
 
 
 def test_sigterm_drains_the_worker_before_stopping_the_engine(run):
