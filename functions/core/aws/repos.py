@@ -4,7 +4,7 @@ one DynamoDB table: every key built by ``schema`` and the records, every read ke
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from boto3.dynamodb.conditions import Attr
@@ -267,6 +267,22 @@ class KeyRepo:
         return True
 
 
+def _markers_and_runs(
+    items: Iterable[dict[str, Any]],
+) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
+    """Chunk items by chunk: its count marker and its run record (other items are skipped)."""
+    markers: dict[int, ChunkRecord] = {}
+    runs: dict[int, ChunkRunRecord] = {}
+    for item in items:
+        if item[schema.SK].startswith(ChunkRecord.PREFIX):
+            marker = ChunkRecord.from_item(item)
+            markers[marker.chunk] = marker
+        elif item[schema.SK].startswith(ChunkRunRecord.PREFIX):
+            run = ChunkRunRecord.from_item(item)
+            runs[run.chunk] = run
+    return markers, runs
+
+
 class BatchRepo:
     """``track_storage``: the output and error files ``finish`` creates are counted on the
     tenant's stored-bytes ledger, never refused (a batch always ends)."""
@@ -426,14 +442,10 @@ class BatchRepo:
         self, tenant: str, batch_id: str, chunk: int, shards: int = 1
     ) -> tuple[ChunkRecord | None, ChunkRunRecord | None]:
         pk = shard_pk(tenant, batch_id, chunk, shards)
-        marker: ChunkRecord | None = None
-        run: ChunkRunRecord | None = None
-        for item in self._table.batch_get([(pk, ChunkRecord.sort_key(chunk)), (pk, ChunkRunRecord.sort_key(chunk))]):
-            if item[schema.SK].startswith(ChunkRecord.PREFIX):
-                marker = ChunkRecord.from_item(item)
-            else:
-                run = ChunkRunRecord.from_item(item)
-        return marker, run
+        markers, runs = _markers_and_runs(
+            self._table.batch_get([(pk, ChunkRecord.sort_key(chunk)), (pk, ChunkRunRecord.sort_key(chunk))])
+        )
+        return markers.get(chunk), runs.get(chunk)
 
     def _chunk_items(self, tenant: str, batch_id: str, shards: int, prefix: str) -> builtins.list[dict[str, Any]]:
         """The items of the batch's chunk partitions under ``prefix``: one consistent Query a
@@ -468,12 +480,10 @@ class BatchRepo:
             for chunk in others
             for sort_key in sort_keys
         ]
-        items = self._table.batch_get(keys) if keys else []
-        markers = {ChunkRecord.from_item(i).chunk for i in items if i[schema.SK].startswith(ChunkRecord.PREFIX)}
-        runs = [ChunkRunRecord.from_item(i) for i in items if i[schema.SK].startswith(ChunkRunRecord.PREFIX)]
+        markers, runs = _markers_and_runs(self._table.batch_get(keys) if keys else [])
         return ChunkProgress(
             counted=(sum(c.completed for c in counters), sum(c.failed for c in counters)),
-            checkpointed={run.chunk: run.checkpointed() for run in runs if run.chunk not in markers},
+            checkpointed={chunk: run.checkpointed() for chunk, run in runs.items() if chunk not in markers},
         )
 
     def counted_chunks(self, tenant: str, batch_id: str, shards: int = 1) -> dict[int, ChunkRecord]:
@@ -485,16 +495,7 @@ class BatchRepo:
     ) -> tuple[dict[int, ChunkRecord], dict[int, ChunkRunRecord]]:
         """Markers and run records of the batch: one consistent Query of each of its chunk
         partitions."""
-        markers: dict[int, ChunkRecord] = {}
-        runs: dict[int, ChunkRunRecord] = {}
-        for item in self._chunk_items(tenant, batch_id, shards, ""):
-            if item[schema.SK].startswith(ChunkRecord.PREFIX):
-                marker = ChunkRecord.from_item(item)
-                markers[marker.chunk] = marker
-            elif item[schema.SK].startswith(ChunkRunRecord.PREFIX):
-                run = ChunkRunRecord.from_item(item)
-                runs[run.chunk] = run
-        return markers, runs
+        return _markers_and_runs(self._chunk_items(tenant, batch_id, shards, ""))
 
     def chunk_run(self, tenant: str, batch_id: str, chunk: int, shards: int = 1) -> ChunkRunRecord | None:
         """The run record of one chunk: one GetItem (its own item, not the batch's)."""
