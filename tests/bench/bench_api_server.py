@@ -7,13 +7,12 @@ docs/benchmarks.md, "What an H100 needs beside it"). CPU time, not wall time.
 For each kind, the real engine (gpu_worker/engine/serve.sh, the local deployment's
 ``--max-num-seqs``) is started twice: with uvicorn's access log (vLLM's default: one log line a
 request; ``--no-disable-uvicorn-access-log``) and without it (what the GPU task's entrypoint and
-serve.sh run). The worker's
-own engine client (``gpu_worker/engine_client.py``, at the worker's in-flight cap) sends the
-lines: short embeddings lines (bench_embeddings_large's), or 64-token chat lines with
-``ignore_eos`` (bench_worker's). CPU seconds of vLLM's API server process (HTTP, tokenizing,
-the OpenAI answer) and of its engine core are read from ``/proc`` (``cpu_sampler``) over the
-window from the first request to the last answer, after a warm-up; the table takes each figure's
-median over ``--rounds``.
+serve.sh run). The worker's own engine client (``gpu_worker/engine_client.py``, at the worker's
+in-flight cap) sends the lines: short embeddings lines (bench_embeddings_large's), or
+bench_worker's chat lines at bench_pipeline's uniform length (64 output tokens, ``ignore_eos``).
+CPU seconds of vLLM's API server process (HTTP, tokenizing, the OpenAI answer) and of its engine
+core are read from ``/proc`` (``cpu_sampler``) over the window from the first request to the last
+answer, after a warm-up; the table takes each figure's median over ``--rounds``.
 """
 
 from __future__ import annotations
@@ -26,34 +25,27 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpu_worker.config import IN_FLIGHT_PER_SEQ
 from gpu_worker.engine_client import EngineClient
 from infra.local.processes import LOCAL_MAX_NUM_SEQS
-from tests.bench.cpu_sampler import ENGINE, CpuSampler
+from tests.bench import bench_embeddings_large, bench_pipeline, bench_worker
+from tests.bench.cpu_sampler import API_SERVER, ENGINE, CpuSampler
 from tests.integration.worker import engines
 
-API_SERVER = "vLLM API server (pipeline)"
 ACCESS_LOG = {True: "--no-disable-uvicorn-access-log", False: "--disable-uvicorn-access-log"}
 #: The worker's in-flight cap at the local ``--max-num-seqs`` (``WorkerConfig.in_flight_cap``).
-IN_FLIGHT = 2 * LOCAL_MAX_NUM_SEQS
+IN_FLIGHT = IN_FLIGHT_PER_SEQ * LOCAL_MAX_NUM_SEQS
 
 
-def embeddings_body(i: int) -> tuple[str, dict]:
-    text = f"Sentence {i}: a short line about the number {i % 997}."
-    return "/v1/embeddings", {"model": engines.EMBED_MODEL, "input": text}
+def embeddings_request(i: int) -> tuple[str, dict]:
+    return bench_embeddings_large.ENDPOINT, bench_embeddings_large.embeddings_body(i)
 
 
-def chat_body(i: int) -> tuple[str, dict]:
-    body = {
-        "model": engines.CHAT_MODEL,
-        "messages": [{"role": "user", "content": f"Write about the number {i}."}],
-        "max_tokens": 64,
-        "ignore_eos": True,
-        "temperature": 0,
-    }
-    return "/v1/chat/completions", body
+def chat_request(i: int) -> tuple[str, dict]:
+    return "/v1/chat/completions", bench_worker.chat_body(i, bench_pipeline.UNIFORM_TOKENS)
 
 
-KINDS = {"embeddings": (engines.EMBED_MODEL, embeddings_body), "chat": (engines.CHAT_MODEL, chat_body)}
+KINDS = {"embeddings": (engines.EMBED_MODEL, embeddings_request), "chat": (engines.CHAT_MODEL, chat_request)}
 
 
 async def send(url: str, make, first: int, count: int) -> int:

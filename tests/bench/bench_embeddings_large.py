@@ -33,10 +33,15 @@ MODEL = names.LOCAL_EMBED_MODEL
 ENDPOINT = "/v1/embeddings"
 
 
+def embeddings_body(i: int) -> dict:
+    """Line ``i``'s request body: one short sentence."""
+    return {"model": MODEL, "input": f"Sentence {i}: a short line about the number {i % 997}."}
+
+
 def make_input(path: Path, lines: int) -> None:
     with path.open("w") as out:
         for i in range(lines):
-            body = {"model": MODEL, "input": f"Sentence {i}: a short line about the number {i % 997}."}
+            body = embeddings_body(i)
             out.write(json.dumps({"custom_id": f"e-{i}", "method": "POST", "url": ENDPOINT, "body": body}) + "\n")
 
 

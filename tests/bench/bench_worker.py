@@ -54,19 +54,24 @@ ENGINE_ENV = {
 }
 
 
+TOPICS = ["the sea", "a city at night", "an old clock", "mountains", "a library", "rain", "a train", "gardens"]
+
+
+def chat_body(i: int, max_tokens: int) -> dict:
+    """Line ``i``'s request body: exactly ``max_tokens`` output tokens (``ignore_eos``)."""
+    return {
+        "model": engines.CHAT_MODEL,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"Write a short poem about {TOPICS[i % len(TOPICS)]}, number {i}."}],
+    }
+
+
 def make_input(path: Path, lines: int, max_tokens: int) -> None:
-    topics = ["the sea", "a city at night", "an old clock", "mountains", "a library", "rain", "a train", "gardens"]
     with open(path, "w") as f:
         for i in range(lines):
-            body = {
-                "model": engines.CHAT_MODEL,
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "messages": [
-                    {"role": "user", "content": f"Write a short poem about {topics[i % len(topics)]}, number {i}."}
-                ],
-            }
+            body = chat_body(i, max_tokens)
             f.write(
                 json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
                 + "\n"

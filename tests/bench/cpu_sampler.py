@@ -15,10 +15,11 @@ import time
 from collections import Counter
 
 ENGINE = "engine (vLLM EngineCore + its worker)"
+API_SERVER = "vLLM API server (pipeline)"
 #: (what the command line contains, the name it is reported under); first match wins.
 LABELS = (
     ("VLLM::", ENGINE),
-    ("vllm serve", "vLLM API server (pipeline)"),
+    ("vllm serve", API_SERVER),
     ("vllm run-batch", "run-batch front end"),
     ("tests.bench.pipeline_local", "local AWS (moto, API front, Lambdas, sweepers)"),
     ("-m gpu_worker", "our worker"),
