@@ -36,6 +36,11 @@ log = logging.getLogger("gpu_worker.capacity")
 READ_SECONDS = 1.0
 #: The KV cache use (0-1) at which lines waiting in vLLM are lines it cannot fit.
 KV_FULL = 0.9
+#: Below this KV cache use, with the capacity at the cap and no preemption since the read before,
+#: the engine is far from what the capacity reacts to: the next read waits ``CALM_READS`` x longer
+#: (each read costs vLLM's API server ~6 ms of CPU to render its metrics; docs/worker.md).
+KV_CALM = KV_FULL / 2
+CALM_READS = 4
 _SAMPLE = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions", "vllm:kv_cache_usage_perc")
 
@@ -104,6 +109,7 @@ class CapacityWatch:
         self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
         self.capacity = cap
+        self.preempted = False
         self.unreadable = 0
         self.reads = 0
 
@@ -118,21 +124,30 @@ class CapacityWatch:
             self.unreadable += 1
             self.capacity = self.cap
         else:
-            preempted = self.last is not None and load.preemptions > self.last.preemptions
+            self.preempted = self.last is not None and load.preemptions > self.last.preemptions
             self.last = load
             self.capacity = capacity_for(
-                load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs, preempted=preempted
+                load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs, preempted=self.preempted
             )
         self.apply(self.capacity)
         self.reads += 1
         return self.capacity
 
+    def calm(self) -> bool:
+        """The last read found the engine far from full (KV cache below ``KV_CALM``, no
+        preemption, the capacity at the cap): nothing the capacity reacts to is near."""
+        last = self.last
+        return last is not None and last.kv_usage < KV_CALM and not self.preempted and self.capacity == self.cap
+
     async def run(self) -> None:
         """Read while lines wait in the worker (``needed``): otherwise the capacity decides nothing
-        and the engine's API server is spared rendering its metrics."""
+        and the engine's API server is spared rendering its metrics. After a calm read the next
+        waits ``CALM_READS`` periods."""
         while True:
             if self.needed():
                 await self.step()
+                if self.calm():
+                    await self._sleep(self.every * (CALM_READS - 1))
             await self._sleep(self.every)
 
 

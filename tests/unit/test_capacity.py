@@ -116,3 +116,39 @@ def test_the_engine_is_read_only_while_lines_wait_in_the_worker():
     except asyncio.CancelledError:
         pass
     assert len(reads) == 1 and watch.reads == 1
+
+
+def gauges(*, running: int, waiting: int, kv: float, preemptions: int = 0) -> str:
+    return (
+        f"vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n"
+        f"vllm:num_preemptions_total {preemptions}\nvllm:kv_cache_usage_perc {kv}\n"
+    )
+
+
+def test_an_engine_far_from_full_is_read_a_quarter_as_often():
+    texts = [
+        gauges(running=128, waiting=96, kv=0.35),  # calm: the next read 4 periods later
+        gauges(running=128, waiting=96, kv=0.44),  # calm
+        gauges(running=40, waiting=55, kv=0.95),  # full: the capacity drops, read every period
+        gauges(running=128, waiting=96, kv=0.35, preemptions=2),  # preempted since the last read
+        gauges(running=128, waiting=96, kv=0.60, preemptions=2),  # past KV_CALM: every period
+        gauges(running=128, waiting=96, kv=0.30, preemptions=2),  # calm again
+    ]
+    it, slept, capacities = iter(texts), [], []
+
+    async def read():
+        try:
+            return next(it)
+        except StopIteration:
+            raise asyncio.CancelledError from None
+
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    watch = CapacityWatch(read, capacities.append, headroom=32, cap=160, max_num_seqs=128, every=0.5, sleep=sleep)
+    try:
+        asyncio.run(watch.run())
+    except asyncio.CancelledError:
+        pass
+    assert capacities == [160, 160, 72, 160, 160, 160]
+    assert slept == [1.5, 0.5, 1.5, 0.5, 0.5, 0.5, 0.5, 1.5, 0.5]
