@@ -1,9 +1,8 @@
 """moto's Step Functions interpreter builds a new boto3 client for every task it runs
-(``boto_client_for``: a Lambda task's client, an SDK integration's). Building one costs tens of
-milliseconds of CPU in the server (botocore loads the service model and its endpoint rules for
-it), and each reconcile tick of an open batch runs two Lambda tasks (docs/lifecycle.md, "Lost
-signals"): about 155 ms of the local deployment's CPU per tick, on the cores the engines share,
-measured here against about 22 ms with the clients kept. The local deployment keeps one client per
+(``boto_client_for``: a Lambda task's client, an SDK integration's), and each reconcile tick of
+an open batch runs two Lambda tasks (docs/lifecycle.md, "Lost signals"). With the clients kept,
+one open batch cost the local deployment about 70 ms less CPU a tick, on the cores the engines
+share (docs/local.md, "moto's Step Functions: a task's client built once"). It keeps one client per
 (region, service, role, interception, moto port) (``install``): the same client moto would build,
 built once. botocore clients are thread-safe; nothing about what a task does changes.
 """

@@ -149,7 +149,7 @@ def timed_run_batch(command: list[str], output_path: Path) -> dict:
     reader.start()
     done_at, polls = None, 0
     while process.poll() is None:
-        # The output file's arrival to POLL_SECONDS, the RSS every 10th look: this loop runs
+        # The output file's arrival to RUN_BATCH_POLL_SECONDS, the RSS every 10th look: this loop runs
         # beside run-batch's engine on its cores, so it wakes as seldom as the timing allows.
         if polls % 10 == 0:
             peak = max(peak, rss_mib(process.pid))
