@@ -36,7 +36,7 @@ from functions.workflow import handler as workflow_handler
 from gpu_worker.local_engine import free_port
 from infra import names
 
-from . import atomic_dynamodb, fair_queues, moto_dispatch, moto_query, moto_sfn_clients, state
+from . import atomic_dynamodb, fair_queues, moto_dispatch, moto_query, moto_sfn_clients, moto_sfn_paths, state
 from .front import LocalApi, make_server
 from .lambda_context import LocalLambdaContext
 from .lambda_front import LambdaFront
@@ -124,6 +124,7 @@ class MotoServer:
         moto_dispatch.install()  # each host's backend found once (moto_dispatch.py)
         moto_query.install()  # a Query lists its partition, not the table (moto_query.py)
         moto_sfn_clients.install()  # a state machine's task clients built once (moto_sfn_clients.py)
+        moto_sfn_paths.install()  # a state machine's JSONPaths parsed once (moto_sfn_paths.py)
         self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]
