@@ -31,6 +31,9 @@ UPLOAD_MAX_BYTES: Final = 8 * 1024 * 1024 * 1024
 #: S3 multipart: every part but the last must be at least 5 MiB; at most 10,000 parts.
 S3_MIN_PART_BYTES: Final = 5 * 1024 * 1024
 S3_MAX_PARTS: Final = 10_000
+#: A batch's result parts are read in order with this many next GETs already sent (their round
+#: trips overlap the reading; memory is what their sockets hold, not their bodies).
+S3_READ_AHEAD: Final = 4
 
 # --- Transport (AWS) ---------------------------------------------------------------------------
 #: Lambda's synchronous invocation payload limit (request and response, after base64).

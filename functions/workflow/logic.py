@@ -4,6 +4,8 @@ running chunks, finalize, fail.
 The state machine (infra/workflow.py) calls these through one Lambda. Each is safe to retry."""
 
 import logging
+from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,19 +213,27 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     usage = chunk_lifecycle.Usage(
         **{k: sum(getattr(m, k) for m in counted.values()) for k in chunk_lifecycle.Usage.model_fields}
     )
-    with stores.objects.writer(output_key) as output, stores.objects.writer(error_key) as errors:
+    # The counted parts in file order, read ahead. The marker's counts say which parts hold
+    # lines: no request for an empty part.
+    part_keys = [
+        schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, kind)
+        for chunk in manifest.chunks
+        if (marker := counted.get(chunk.chunk)) is not None
+        for kind, lines in (("out", marker.completed), ("err", marker.failed))
+        if lines
+    ]
+    with (
+        stores.objects.writer(output_key) as output,
+        stores.objects.writer(error_key) as errors,
+        closing(stores.objects.iter_objects(part_keys)) as parts,
+    ):
         for chunk in manifest.chunks:
             marker = counted.get(chunk.chunk)
             if marker is not None:
-                # The marker's counts say which parts hold lines: no request for an empty part.
                 if marker.completed:
-                    completed += _append_part(
-                        stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "out"), output
-                    )
+                    completed += _append_part(next(parts), output)
                 if marker.failed:
-                    failed += _append_part(
-                        stores, schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, "err"), errors
-                    )
+                    failed += _append_part(next(parts), errors)
             else:
                 for ok, count in _write_salvaged(stores, batch, chunk, batch.closed_for, output, errors, usage).items():
                     salvaged[ok] += count
@@ -278,10 +288,10 @@ def _finish(
     return lifecycle.apply(stores, batch, change, files=assembled.files, publish=False).batch
 
 
-def _append_part(stores: Stores, key: str, writer: ObjectWriter) -> int:
+def _append_part(part: Iterator[bytes], writer: ObjectWriter) -> int:
     """Copy a result part into ``writer``; returns how many lines it held."""
     lines = 0
-    for data in stores.objects.iter_bytes(key):
+    for data in part:
         writer.write(data)
         lines += data.count(b"\n")
     return lines

@@ -2,6 +2,8 @@
 unit tests use must behave alike (conditions, atomic counting, set ADDs, writers that leave nothing
 behind, queue receipts). A fake that is kinder than the adapter fails here."""
 
+import threading
+
 import pytest
 
 from functions.core import lifecycle, schema
@@ -267,6 +269,24 @@ def test_a_writer_leaves_nothing_on_error_or_when_empty(ports: Stores):
         w.write(b"c")
     assert ports.objects.list_keys("x/") == ["x/ok"] and ports.objects.get("x/ok") == b"abc"
     assert b"".join(ports.objects.iter_range("x/ok", 1, 3)) == b"bc"
+
+
+def test_objects_read_ahead_come_in_order_and_a_missing_one_fails_at_its_turn(ports: Stores):
+    keys = [f"parts/{i:02d}" for i in range(7)]  # more than limits.S3_READ_AHEAD
+    for i, key in enumerate(keys):
+        ports.objects.put(key, f"part {i}\n".encode() * (i + 1))
+    assert [b"".join(part) for part in ports.objects.iter_objects(keys)] == [ports.objects.get(k) for k in keys]
+    assert list(ports.objects.iter_objects([])) == []
+
+    parts = ports.objects.iter_objects([keys[0], "parts/missing", keys[1]])
+    assert b"".join(next(parts)) == b"part 0\n"
+    with pytest.raises(Exception, match="NoSuchKey"):
+        next(parts)
+    # Left half read: closing it ends its reads ahead (no thread of it left behind).
+    parts = ports.objects.iter_objects(keys)
+    next(next(parts))
+    parts.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("s3-read-ahead")]
 
 
 def test_queue_receipts(ports: Stores, queue_url: str):

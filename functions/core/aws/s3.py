@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import islice
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -29,6 +32,36 @@ class ObjectStore:
         with translate():
             body = self._s3.get_object(Bucket=self.bucket, Key=key)["Body"]
         yield from body.iter_chunks(chunk_size)
+
+    def iter_objects(
+        self, keys: Sequence[str], *, ahead: int = limits.S3_READ_AHEAD, chunk_size: int = 1024 * 1024
+    ) -> Generator[Iterator[bytes]]:
+        """Each of ``keys`` in turn, streamed, with the GETs of up to ``ahead`` next keys already
+        sent: one object after another costs a round trip each (S3's time to first byte, tens of
+        milliseconds), and a batch has up to hundreds of parts. The bodies opened ahead are not
+        read until their turn (memory: what their sockets hold); closing the iterator closes them."""
+        opened: deque[Future[Any]] = deque()
+        remaining = iter(keys)
+        with ThreadPoolExecutor(max_workers=ahead + 1, thread_name_prefix="s3-read-ahead") as pool:
+
+            def send(upto: int) -> None:
+                for key in islice(remaining, max(0, upto - len(opened))):
+                    opened.append(pool.submit(self._s3.get_object, Bucket=self.bucket, Key=key))
+
+            try:
+                send(ahead + 1)
+                while opened:
+                    with translate():
+                        body = opened.popleft().result()["Body"]
+                    send(ahead)
+                    try:
+                        yield body.iter_chunks(chunk_size)
+                    finally:
+                        body.close()
+            finally:
+                for future in opened:  # opened ahead and not reached (an error, a close)
+                    if not future.cancel() and future.exception() is None:
+                        future.result()["Body"].close()
 
     def copy(self, source: str, dest: str) -> None:
         with translate():
