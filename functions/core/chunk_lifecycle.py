@@ -222,7 +222,7 @@ def _change_run(
         )
         new = change(base.model_copy(deep=True)).model_copy(update={"version": base.version + 1})
         try:
-            stores.batches.save_chunk_run(new, starting=starting)
+            stores.batches.save_chunk_run(new, starting=starting, over=current)
         except ChunksStopped:
             raise
         except ConditionFailed:

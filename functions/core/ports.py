@@ -283,9 +283,13 @@ class BatchStore(Protocol):
         checkpointed lines of the chunks those did not count, from their run records (strongly
         consistent reads, in proportion to those chunks)."""
 
-    def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
+    def save_chunk_run(
+        self, record: ChunkRunRecord, *, starting: bool = False, over: ChunkRunRecord | None = None
+    ) -> None:
         """Store ``record`` only if the stored one has ``record.version - 1`` (is absent when
-        ``record.version`` is 1): an optimistic write; ConditionFailed otherwise. ``starting``
+        ``record.version`` is 1): an optimistic write; ConditionFailed otherwise. ``over``: the
+        record as read at ``record.version - 1`` (a store may then write only what differs from
+        it). ``starting``
         (an attempt being opened): only while the batch takes new chunks (its item ``in_progress``
         and ``accepting``; on shards, the chunk's shard ``starting``), in the same transaction;
         ChunksStopped otherwise."""

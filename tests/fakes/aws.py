@@ -830,7 +830,9 @@ class FakeBatches(_Port):
         record = self.runs.get((tenant, batch_id, chunk))
         return record.model_copy(deep=True) if record is not None else None
 
-    def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
+    def save_chunk_run(
+        self, record: ChunkRunRecord, *, starting: bool = False, over: ChunkRunRecord | None = None
+    ) -> None:
         self._op("save_chunk_run")
         key = (record.tenant, record.batch_id, record.chunk)
         if starting:

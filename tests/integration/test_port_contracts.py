@@ -361,6 +361,24 @@ def test_a_chunk_run_record_is_written_optimistically(ports: Stores):
     ports.batches.save_chunk_run(cleared)
     stored = ports.batches.chunk_run("acme", "batch_c1", 3)
     assert stored == cleared and stored.written() == 50 and stored.in_flight is None
+    # Written over the record as read (what the workers do): the same records stored.
+    fourth = cleared.model_copy(
+        update={
+            "version": 4,
+            "outcomes": {"0-25": "1" * 25},
+            "in_flight": 60,
+            "in_flight_end": 61,
+            "in_flight_by": "b2",
+            "spent_output_tokens": 9,
+        }
+    )
+    ports.batches.save_chunk_run(fourth, over=cleared)
+    assert ports.batches.chunk_run("acme", "batch_c1", 3) == fourth
+    fifth = fourth.model_copy(update={"version": 5, "in_flight": None, "in_flight_end": None, "open": ["c3"]})
+    ports.batches.save_chunk_run(fifth, over=fourth)
+    assert ports.batches.chunk_run("acme", "batch_c1", 3) == fifth
+    with pytest.raises(ConditionFailed):  # over a stale version
+        ports.batches.save_chunk_run(fifth.model_copy(update={"failures": 9}), over=fourth)
     assert ports.batches.chunk_run("globex", "batch_c1", 3) is None  # keyed by tenant
     assert ports.batches.counted_chunk("acme", "batch_c1", 3) is None  # beside the marker, not one
 

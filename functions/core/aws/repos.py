@@ -502,8 +502,12 @@ class BatchRepo:
         item = self._table.get(shard_pk(tenant, batch_id, chunk, shards), ChunkRunRecord.sort_key(chunk))
         return ChunkRunRecord.from_item(item) if item else None
 
-    def save_chunk_run(self, record: ChunkRunRecord, *, starting: bool = False) -> None:
+    def save_chunk_run(
+        self, record: ChunkRunRecord, *, starting: bool = False, over: ChunkRunRecord | None = None
+    ) -> None:
         """An optimistic write: only over ``record.version - 1`` (or no item, for version 1).
+        ``over``: the record as read at that version; only the attributes that differ from it are
+        written (the condition on the version makes the stored item that record).
         ``starting``: only while the chunk's batch takes new chunks (``BatchRecord.takes_chunks``,
         or its counting shard's ``starting``), checked in the same transaction; ChunksStopped if
         it does not."""
@@ -513,8 +517,12 @@ class BatchRepo:
         if record.version <= 1:
             write = Put(item, if_absent=True)
         else:
-            values = {k: v for k, v in item.items() if k not in (schema.PK, schema.SK)}
-            absent = tuple(k for k, v in record.model_dump().items() if v is None)
+            before: dict[str, Any] = {}
+            if over is not None:
+                assert over.version == record.version - 1, "a run record is written over the version it was read at"
+                before = over.to_item()
+            values = {k: v for k, v in item.items() if k not in (schema.PK, schema.SK) and before.get(k) != v}
+            absent = tuple(k for k, v in record.model_dump().items() if v is None and (over is None or k in before))
             write = Update(
                 keys[schema.PK], keys[schema.SK], values=values, remove=absent, expect={"version": record.version - 1}
             )
