@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-
 from functions.api import handler as api_handler
 from functions.assembler import handler as assembler_handler
 from functions.audit_append import handler as audit_append_handler
@@ -40,6 +38,7 @@ from . import atomic_dynamodb, fair_queues, moto_dispatch, moto_query, moto_sfn_
 from .front import LocalApi, make_server
 from .lambda_context import LocalLambdaContext
 from .lambda_front import LambdaFront
+from .moto_keepalive import KeepAliveMotoServer
 from .pollers import Poller
 from .processes import Engines, EngineSpec, Supervisor, Workers, max_num_seqs
 from .resources import create_resources, create_webhook_queue, ingest_dlq_url, ingest_queue_url, work_dlq_url
@@ -114,7 +113,7 @@ class MotoServer:
 
     def __init__(self, host: str, port: int, fair: bool = True):
         self._host, self._port, self._fair = host, port, fair
-        self._server: ThreadedMotoServer | None = None
+        self._server: KeepAliveMotoServer | None = None
 
     def start(self) -> None:
         check_port_free(self._host, self._port, "MOTO_PORT")
@@ -125,7 +124,8 @@ class MotoServer:
         moto_query.install()  # a Query lists its partition, not the table (moto_query.py)
         moto_sfn_clients.install()  # a state machine's task clients built once (moto_sfn_clients.py)
         moto_sfn_paths.install()  # a state machine's JSONPaths parsed once (moto_sfn_paths.py)
-        self._server = ThreadedMotoServer(ip_address=self._host, port=self._port, verbose=False)
+        # Its clients' connections kept, as AWS's endpoints keep them (moto_keepalive.py).
+        self._server = KeepAliveMotoServer(ip_address=self._host, port=self._port, verbose=False)
         self._server.start()
         self._port = self._server.get_host_and_port()[1]
         # Run state machines for real (their Lambda tasks reach the LambdaFront); must be set
