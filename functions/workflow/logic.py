@@ -14,7 +14,7 @@ from functions.core.errors import ConditionFailed, Throttled
 from functions.core.lifecycle import CLOSABLE, SIGNAL_FIELD, Signal, is_terminal
 from functions.core.messages import Chunk, ChunkManifest
 from functions.core.ports import ObjectWriter, Stores
-from functions.core.records import BatchRecord, FileRecord
+from functions.core.records import BatchRecord, ChunkRecord, FileRecord
 from functions.core.settings import Settings
 
 from .tasks import Check, Drain, Fail, Finalize, Register, TaskError
@@ -206,37 +206,30 @@ def assemble(stores: Stores, batch: BatchRecord, now: int) -> Assembled:
     manifest = ChunkManifest.model_validate_json(stores.objects.get(schema.batch_manifest_key(tenant, batch_id)))
     output_key = schema.file_key(tenant, batch.planned_output_file_id)
     error_key = schema.file_key(tenant, batch.planned_error_file_id)
-    completed = failed = 0  # lines of the counted chunks' parts
+    parted = {True: 0, False: 0}  # lines of the counted chunks' parts, by succeeded
     salvaged = {True: 0, False: 0}  # lines of the uncounted chunks (checkpointed or never-ran), by succeeded
     # The counted chunks' usage from their markers (on shards, the batch's counters hold only the
     # shards folded before the close).
     usage = chunk_lifecycle.Usage(
         **{k: sum(getattr(m, k) for m in counted.values()) for k in chunk_lifecycle.Usage.model_fields}
     )
-    # The counted parts in file order, read ahead. The marker's counts say which parts hold
-    # lines: no request for an empty part.
-    part_keys = [
-        schema.chunk_part_key(tenant, batch_id, chunk.chunk, marker.attempt, kind)
-        for chunk in manifest.chunks
-        if (marker := counted.get(chunk.chunk)) is not None
-        for kind, lines in (("out", marker.completed), ("err", marker.failed))
-        if lines
+    # Each chunk in file order with its counted parts (None: not counted); the parts are read ahead.
+    plan = [
+        (chunk, _counted_parts(tenant, batch_id, chunk.chunk, counted.get(chunk.chunk))) for chunk in manifest.chunks
     ]
     with (
         stores.objects.writer(output_key) as output,
         stores.objects.writer(error_key) as errors,
-        closing(stores.objects.iter_objects(part_keys)) as parts,
+        closing(stores.objects.iter_objects([key for _, parts in plan for _, key in parts or ()])) as read,
     ):
-        for chunk in manifest.chunks:
-            marker = counted.get(chunk.chunk)
-            if marker is not None:
-                if marker.completed:
-                    completed += _append_part(next(parts), output)
-                if marker.failed:
-                    failed += _append_part(next(parts), errors)
-            else:
+        for chunk, parts in plan:
+            if parts is None:
                 for ok, count in _write_salvaged(stores, batch, chunk, batch.closed_for, output, errors, usage).items():
                     salvaged[ok] += count
+                continue
+            for ok, _ in parts:
+                parted[ok] += _append_part(next(read), output if ok else errors)
+    completed, failed = parted[True], parted[False]
     marked = (sum(m.completed for m in counted.values()), sum(m.failed for m in counted.values()))
     if (completed, failed) != marked:
         # The markers and the parts disagree (they never should): the files win, so that the
@@ -286,6 +279,18 @@ def _finish(
     caller publishes its status either way)."""
     change = lifecycle.finish(now, status=status, closed_from=batch.status, values=values)
     return lifecycle.apply(stores, batch, change, files=assembled.files, publish=False).batch
+
+
+def _counted_parts(tenant: str, batch_id: str, chunk: int, marker: ChunkRecord | None) -> list[tuple[bool, str]] | None:
+    """A counted chunk's parts that hold lines, (succeeded, key): its marker's counts say which,
+    so an empty part costs no request. None for a chunk not counted."""
+    if marker is None:
+        return None
+    return [
+        (ok, schema.chunk_part_key(tenant, batch_id, chunk, marker.attempt, kind))
+        for ok, kind, lines in ((True, "out", marker.completed), (False, "err", marker.failed))
+        if lines
+    ]
 
 
 def _append_part(part: Iterator[bytes], writer: ObjectWriter) -> int:
