@@ -10,8 +10,8 @@ and closing (docs/local.md, "moto's server: connections kept").
 ``KeepAliveHandler`` is moto's request handler with a ``run_wsgi`` that reads each request's whole
 body before the application sees it (``Content-Length``, or a chunked body to its end), so the next
 request starts where this one ended, and answers with a ``Content-Length``: HTTP/1.1 keep-alive,
-RFC 9112 section 9.3. An answer the application could not give is werkzeug's 500 and closes the
-connection. What a request means to moto does not change: the same environ, the same app.
+RFC 9112 section 9.3. A request the application fails on gets a 500 and its connection closed.
+What a request means to moto does not change: the same environ, the same app.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ class KeepAliveHandler(MotoRequestHandler):
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         environ["wsgi.input"] = io.BytesIO(body)
         answer: list[Any] = []
+        chunks: list[bytes] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             answer[:] = [status, headers]
-            return lambda data: chunks.append(data)
+            return chunks.append
 
-        chunks: list[bytes] = []
         try:
             result = self.server.app(environ, start_response)
             try:
@@ -65,9 +65,10 @@ class KeepAliveHandler(MotoRequestHandler):
             log.exception("moto could not answer %s %s", self.command, self.path)
             status, headers, chunks = "500 INTERNAL SERVER ERROR", [("Content-Type", "text/plain")], [b"moto failed"]
             self.close_connection = True
-        code, _, reason = status.partition(" ")
+        number, _, reason = status.partition(" ")
+        code = int(number)
         payload = b"".join(chunks)
-        self.send_response(int(code), reason)
+        self.send_response(code, reason)
         given = False
         for key, value in headers:
             lowered = key.lower()
@@ -75,12 +76,14 @@ class KeepAliveHandler(MotoRequestHandler):
                 continue  # this handler frames the answer
             given = given or lowered == "content-length"
             self.send_header(key, value)
-        if not given and int(code) not in _NO_BODY and not 100 <= int(code) < 200:
+        if not given and code not in _NO_BODY and not 100 <= code < 200:
             self.send_header("Content-Length", str(len(payload)))
+        if self.close_connection:  # a failure, or the client's own Connection: close
+            self.send_header("Connection", "close")
         # Head and body in one write (with Nagle's algorithm off): a second small write would wait
         # for the client's delayed ACK of the first.
         self._headers_buffer.append(b"\r\n")
-        if self.command != "HEAD" and int(code) not in _NO_BODY:
+        if self.command != "HEAD" and code not in _NO_BODY:
             self._headers_buffer.append(payload)
         self.flush_headers()
 

@@ -4,9 +4,11 @@ follow each other on one connection, whatever their bodies (none, Content-Length
 
 import http.client
 import json
+import threading
 
 import boto3
 import pytest
+from werkzeug.serving import make_server
 
 from infra.local.moto_keepalive import KeepAliveHandler, KeepAliveMotoServer
 
@@ -86,3 +88,23 @@ def test_a_chunked_body_is_read_to_its_end_and_the_next_request_follows(server):
     assert s3.get_object(Bucket="chunked-bucket", Key="sent-in-chunks")["Body"].read() == b"hello chunked world"
     assert len([c for c in connections if c.client_address[1] == conn.sock.getsockname()[1]]) == 1
     conn.close()
+
+
+def test_a_request_the_application_fails_on_gets_a_500_and_its_connection_closed():
+    def failing(environ, start_response):
+        raise RuntimeError("moto failed on this request")
+
+    srv = make_server("127.0.0.1", 0, failing, True, request_handler=KeepAliveHandler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        conn = http.client.HTTPConnection(f"127.0.0.1:{srv.server_port}")
+        conn.request("POST", "/", body=b"{}")
+        answer = conn.getresponse()
+        assert answer.status == 500 and answer.getheader("Connection") == "close"
+        assert answer.read() == b"moto failed"
+        assert answer.will_close
+        conn.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
