@@ -120,6 +120,8 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"gpu_worker: configuration error: {exc}", file=sys.stderr)
         return 2
+    if config.nice:
+        os.nice(config.nice)  # before any thread: each thread it starts inherits it
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(
             serve(

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -40,7 +41,15 @@ from .lambda_context import LocalLambdaContext
 from .lambda_front import LambdaFront
 from .moto_keepalive import KeepAliveMotoServer
 from .pollers import Poller
-from .processes import Engines, EngineSpec, Supervisor, Workers, max_num_seqs
+from .processes import (
+    CONTROL_PLANE_NICE,
+    PROCESS_COMPONENTS,
+    Engines,
+    EngineSpec,
+    Supervisor,
+    Workers,
+    max_num_seqs,
+)
 from .resources import create_resources, create_webhook_queue, ingest_dlq_url, ingest_queue_url, work_dlq_url
 from .served import ServedHttp
 from .ttl import start_sweeper
@@ -63,14 +72,25 @@ class Component(Protocol):
 
 
 class Deployment:
-    def __init__(self, components: Sequence[Component]):
+    """The components, started in order. Those of the control plane start from a thread at
+    ``control_plane_nice`` (Linux), so that every thread they start (servers, pollers, sweepers,
+    the Lambdas those run) inherits it and the engines' threads go first on cores they share
+    (docs/local.md, "CPU priority: the engines first"). The components that start processes (``PROCESS_COMPONENTS``:
+    the engines, their workers, the supervisor that restarts both) start from the calling thread,
+    so the engines keep its priority; the workers lower their own (``WORKER_NICE``)."""
+
+    def __init__(self, components: Sequence[Component], control_plane_nice: int = CONTROL_PLANE_NICE):
         self.components = list(components)
+        self.control_plane_nice = control_plane_nice
         self._started: list[Component] = []
 
     def start(self) -> None:
         for component in self.components:
             try:
-                component.start()
+                if isinstance(component, PROCESS_COMPONENTS):
+                    component.start()
+                else:
+                    start_at_nice(component, self.control_plane_nice)
             except BaseException:
                 self.stop()
                 raise
@@ -88,6 +108,32 @@ class Deployment:
                 log.exception("stopping %s failed", component.name)
                 failed.append(component.name)
         return failed
+
+
+def start_at_nice(component: Component, nice: int) -> None:
+    """``component.start()`` on a thread of its own whose nice value is raised to ``nice`` (never
+    lowered: a process started under ``nice`` keeps its own), waited for; its error, if any, is
+    raised here. Linux keeps a nice value per thread, inherited by the threads and processes a
+    thread starts (setpriority(2), "BUGS"); elsewhere one value is the whole process's, so the
+    component starts at the caller's."""
+    if sys.platform != "linux":
+        component.start()
+        return
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+            component.start()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            failed.append(exc)
+
+    starter = threading.Thread(target=run, name=f"start-{component.name}")
+    starter.start()
+    starter.join()
+    if failed:
+        raise failed[0]
 
 
 def check_port_free(host: str, port: int, setting: str) -> None:

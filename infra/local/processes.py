@@ -195,6 +195,13 @@ class Engines:
             child.stop()
 
 
+#: The nice value the local control plane runs at: the local deployment's own threads (moto, the
+#: API front, the Lambdas, pollers and sweepers: ``deployment.Deployment``) and its workers
+#: (``WORKER_NICE``). vLLM's CPU engine runs each step on one thread per core, and a core taken by
+#: another thread for a moment stalls the whole step; at this value the control plane takes the
+#: cores the engines leave free (docs/local.md, "CPU priority: the engines first").
+CONTROL_PLANE_NICE = 19
+
 #: The local workers' settings where the environment of `make up` sets none (a `WORKER_*` variable
 #: there wins, as every other one does: e.g. the e2e deployment's WORKER_VISIBILITY_SECONDS=15).
 LOCAL_WORKER_DEFAULTS = {
@@ -206,6 +213,7 @@ LOCAL_WORKER_DEFAULTS = {
     # here (heartbeats every 10 s) instead of 120 s.
     "WORKER_VISIBILITY_SECONDS": "30",
     "WORKER_METRICS_INTERVAL_SECONDS": "30",
+    "WORKER_NICE": str(CONTROL_PLANE_NICE),
 }
 
 
@@ -392,3 +400,8 @@ def describe(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"status {code}"
+
+
+#: The components that start (and restart) processes: ``deployment.Deployment`` starts them from
+#: its own thread, not at ``CONTROL_PLANE_NICE``, so that the engines they start keep its priority.
+PROCESS_COMPONENTS = (Engines, Workers, Supervisor)

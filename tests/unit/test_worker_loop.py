@@ -8,7 +8,9 @@ import asyncio
 import base64
 import dataclasses
 import json
+import os
 import socket
+import sys
 import threading
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from functions.core import schema
 from functions.core.messages import WorkMessage
 from functions.core.wire import BatchOutputLine
+from gpu_worker import __main__ as worker_main
 from gpu_worker.__main__ import build_worker, main
 from gpu_worker.config import WorkerConfig
 from gpu_worker.loop import Worker
@@ -294,6 +297,31 @@ def test_exit_1_when_the_engine_never_becomes_healthy(capsys):
     }
     assert main(env) == 1
     assert "engine unavailable; exiting" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a nice value per thread is Linux's")
+def test_the_worker_lowers_its_priority_by_worker_nice_before_its_first_thread(monkeypatch):
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen: dict[str, int] = {}
+
+    async def serve(config, settings, stores, queue):
+        seen["event loop"] = nice()
+        thread = threading.Thread(target=lambda: seen.setdefault("a thread it starts", nice()))
+        thread.start()
+        thread.join()
+        return 0
+
+    monkeypatch.setattr(worker_main, "serve", serve)
+    env = {**TEST_SETTINGS.to_env(), "WORKER_MODEL": "test-chat", "WORKER_QUEUE_URL": "q", "WORKER_NICE": "7"}
+    exits: list[int] = []
+    # On a thread of its own: os.nice lowers the calling thread's priority (Linux), not the test's.
+    runner = threading.Thread(target=lambda: exits.append(main(env)))
+    runner.start()
+    runner.join()
+    lowered = min(19, nice() + 7)
+    assert exits == [0] and seen == {"event loop": lowered, "a thread it starts": lowered}
 
 
 def test_engine_down_releases_the_chunk_at_once_and_waits_for_health_before_taking_more():
