@@ -115,13 +115,13 @@ class WorkerConfig(EnvSettings):
     cache_salt_secret: SecretStr | None = None
     #: Metrics (EMF) and a summary log line are flushed this often.
     metrics_interval_seconds: float = Field(default=60.0, gt=0)
+    metrics_namespace: str = "BatchApi/Worker"
+    service: str = "gpu-worker"
     #: Added to the worker's nice value as it starts (``os.nice``, before its first thread): on a
     #: host where it shares cores with its engine (the local deployment runs it at
     #: ``infra.local.processes.CONTROL_PLANE_NICE``), the engine's threads go first. 0 on a GPU task,
     #: whose engine steps run on the GPU (docs/local.md, "CPU priority: the engines first").
     nice: int = Field(default=0, ge=0, le=19)
-    metrics_namespace: str = "BatchApi/Worker"
-    service: str = "gpu-worker"
 
     def in_flight_cap(self) -> int:
         """The global cap on requests in flight (module docstring of loop.py explains the default)."""

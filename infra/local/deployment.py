@@ -75,9 +75,10 @@ class Deployment:
     """The components, started in order. Those of the control plane start from a thread at
     ``control_plane_nice`` (Linux), so that every thread they start (servers, pollers, sweepers,
     the Lambdas those run) inherits it and the engines' threads go first on cores they share
-    (docs/local.md, "CPU priority: the engines first"). The components that start processes (``PROCESS_COMPONENTS``:
-    the engines, their workers, the supervisor that restarts both) start from the calling thread,
-    so the engines keep its priority; the workers lower their own (``WORKER_NICE``)."""
+    (docs/local.md, "CPU priority: the engines first"). The components that start processes
+    (``PROCESS_COMPONENTS``: the engines, their workers, the supervisor that restarts both) start
+    from the calling thread, so the engines keep its priority; the workers lower their own
+    (``WORKER_NICE``)."""
 
     def __init__(self, components: Sequence[Component], control_plane_nice: int = CONTROL_PLANE_NICE):
         self.components = list(components)

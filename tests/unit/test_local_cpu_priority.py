@@ -97,12 +97,23 @@ def test_the_control_plane_its_threads_and_their_processes_run_at_the_control_pl
         deployment.stop()
 
 
-def test_a_process_started_under_a_higher_nice_is_not_raised_back():
-    with_thread = ThreadComponent()
-    deployment = Deployment([with_thread], control_plane_nice=0)
-    deployment.start()
-    deployment.stop()
-    assert with_thread.thread_nice == own_nice()  # max(0, the caller's): setpriority never lowers it
+def test_a_caller_at_a_higher_nice_value_keeps_it_for_the_control_plane():
+    """``make up`` started under ``nice -n 5``: a control-plane nice of 2 would give the engines'
+    cores back to the control plane; its threads keep the caller's 5."""
+    component = ThreadComponent()
+    callers: list[int] = []
+
+    def caller() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(5, own_nice()))
+        callers.append(own_nice())
+        deployment = Deployment([component], control_plane_nice=2)
+        deployment.start()
+        deployment.stop()
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    thread.join()
+    assert callers and component.thread_nice == component.process_nice == callers[0] >= 5
 
 
 def test_the_supervisor_watches_and_restarts_from_a_thread_at_the_callers_priority(tmp_path):
