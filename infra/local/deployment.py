@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -120,21 +121,14 @@ def start_at_nice(component: Component, nice: int) -> None:
     if sys.platform != "linux":
         component.start()
         return
-    failed: list[BaseException] = []
 
     def run() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-            component.start()
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            failed.append(exc)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+        component.start()
 
-    starter = threading.Thread(target=run, name=f"start-{component.name}")
-    starter.start()
-    starter.join()
-    if failed:
-        raise failed[0]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"start-{component.name}") as starter:
+        starter.submit(run).result()
 
 
 def check_port_free(host: str, port: int, setting: str) -> None:

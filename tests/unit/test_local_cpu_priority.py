@@ -1,9 +1,9 @@
-"""The local deployment's CPU priority (docs/local.md, "CPU priority: the engines first"): ``Deployment.start`` starts
-the control plane's components at ``CONTROL_PLANE_NICE``, so every thread and process they start
-runs there, and starts the components that start processes (the engines, the workers, the
-supervisor) from its own thread, so the engines keep its priority; the workers lower their own
-(``WORKER_NICE`` in their environment). Linux keeps a nice value per thread; these tests read it
-from /proc."""
+"""The local deployment's CPU priority (docs/local.md, "CPU priority: the engines first"):
+``Deployment.start`` starts the control plane's components at ``CONTROL_PLANE_NICE``, so every
+thread and process they start runs there, and starts the components that start processes (the
+engines, the workers, the supervisor) from its own thread, so the engines keep its priority; the
+workers lower their own (``WORKER_NICE`` in their environment). Linux keeps a nice value per
+thread; these tests read it from /proc."""
 
 import os
 import subprocess
@@ -116,7 +116,7 @@ def test_a_caller_at_a_higher_nice_value_keeps_it_for_the_control_plane():
     assert callers and component.thread_nice == component.process_nice == callers[0] >= 5
 
 
-def test_the_supervisor_watches_and_restarts_from_a_thread_at_the_callers_priority(tmp_path):
+def test_the_supervisors_watch_thread_and_its_engine_keep_the_callers_priority(tmp_path):
     """The engines are started by ``Engines`` on the caller's thread and restarted by the
     supervisor's watch thread: both keep the caller's priority."""
     base = own_nice()
