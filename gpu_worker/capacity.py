@@ -36,9 +36,11 @@ log = logging.getLogger("gpu_worker.capacity")
 READ_SECONDS = 1.0
 #: The KV cache use (0-1) at which lines waiting in vLLM are lines it cannot fit.
 KV_FULL = 0.9
-#: Below this KV cache use, with the capacity at the cap and no preemption since the read before,
-#: the engine is far from what the capacity reacts to: the next read waits ``CALM_READS`` x longer
-#: (each read costs vLLM's API server ~6 ms of CPU to render its metrics; docs/worker.md).
+#: With the capacity at the cap and no preemption since the read before, the engine is calm when its
+#: KV cache use, grown for ``CALM_READS`` periods at the rate it grew since the read before, stays
+#: below ``KV_FULL``: the next read then waits ``CALM_READS`` x longer (each read costs vLLM's API
+#: server ~5 ms of CPU to render its metrics; docs/worker.md). A first read, with no rate yet, is
+#: calm below ``KV_CALM``.
 KV_CALM = KV_FULL / 2
 CALM_READS = 4
 _SAMPLE = re.compile(r"^(vllm:[a-z_]+?)(?:_total)?(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
@@ -108,6 +110,10 @@ class CapacityWatch:
         self.read, self.apply, self.every, self._sleep, self.needed = read, apply, every, sleep, needed
         self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
+        #: The KV cache use of the read before ``last``, and the seconds slept between the two.
+        self._kv_before: float | None = None
+        self._between = 0.0
+        self._slept = 0.0
         self.capacity = cap
         self.preempted = False
         self.unreadable = 0
@@ -125,6 +131,8 @@ class CapacityWatch:
             self.capacity = self.cap
         else:
             self.preempted = self.last is not None and load.preemptions > self.last.preemptions
+            self._kv_before = self.last.kv_usage if self.last is not None else None
+            self._between, self._slept = self._slept, 0.0
             self.last = load
             self.capacity = capacity_for(
                 load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs, preempted=self.preempted
@@ -134,10 +142,20 @@ class CapacityWatch:
         return self.capacity
 
     def calm(self) -> bool:
-        """The last read found the engine far from full (KV cache below ``KV_CALM``, no
-        preemption, the capacity at the cap): nothing the capacity reacts to is near."""
+        """The last read found the engine far from full: no preemption, the capacity at the cap,
+        and its KV cache use below ``KV_FULL`` for the next ``CALM_READS`` periods if it keeps
+        growing as it did since the read before (below ``KV_CALM`` after a first read)."""
         last = self.last
-        return last is not None and last.kv_usage < KV_CALM and not self.preempted and self.capacity == self.cap
+        if last is None or self.preempted or self.capacity != self.cap:
+            return False
+        if self._kv_before is None or self._between <= 0:
+            return last.kv_usage < KV_CALM
+        growth = max(0.0, last.kv_usage - self._kv_before) / self._between
+        return last.kv_usage + growth * self.every * CALM_READS < KV_FULL
+
+    async def _pause(self, seconds: float) -> None:
+        await self._sleep(seconds)
+        self._slept += seconds
 
     async def run(self) -> None:
         """Read while lines wait in the worker (``needed``): otherwise the capacity decides nothing
@@ -147,8 +165,8 @@ class CapacityWatch:
             if self.needed():
                 await self.step()
                 if self.calm():
-                    await self._sleep(self.every * (CALM_READS - 1))
-            await self._sleep(self.every)
+                    await self._pause(self.every * (CALM_READS - 1))
+            await self._pause(self.every)
 
 
 def headroom(admission_cap: int, max_num_seqs: int) -> int:

@@ -336,6 +336,7 @@ def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
         "engine_busy": window.last_answer - window.first_request,
         "after_last_answer": done - window.last_answer,
         "engine_requests": window.requests,
+        "metrics_reads": window.metrics_reads,
         "window": (window.first_request, window.last_answer),
     }
 

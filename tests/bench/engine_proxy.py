@@ -38,19 +38,22 @@ class Exchange:
 
 @dataclass(frozen=True)
 class Window:
-    """The engine requests of one run: first arrival, last answer, how many."""
+    """The engine requests of one run: first arrival, last answer, how many; and how many times the
+    worker read the engine's ``GET /metrics`` between the two."""
 
     first_request: float
     last_answer: float
     requests: int
+    metrics_reads: int = 0
 
 
 class _Exchanges:
     """One client connection's exchanges as its bytes go by; a ``POST /v1/...`` is recorded at its
     answer's first byte and its ``answered`` moves with every byte after."""
 
-    def __init__(self, record: list[Exchange], lock: threading.Lock):
+    def __init__(self, record: list[Exchange], lock: threading.Lock, metrics_reads: list[float] | None = None):
         self._record = record
+        self._metrics_reads = metrics_reads
         self._lock = lock
         self._request = b""  # the open exchange's first bytes, until its request line is whole
         self._arrived: float | None = None
@@ -73,6 +76,9 @@ class _Exchanges:
         self._answering = True
         method, _, rest = self._request.partition(b" ")
         path = rest.partition(b" ")[0].partition(b"?")[0].decode("latin-1")
+        if method == b"GET" and path == "/metrics" and self._metrics_reads is not None:
+            with self._lock:
+                self._metrics_reads.append(now)
         if self._arrived is None or method != b"POST" or not path.startswith("/v1/"):
             return
         status = data.split(b" ", 2)  # "HTTP/1.1 200 OK"
@@ -137,6 +143,7 @@ class EngineProxy:
         self._engine = (engine.hostname, engine.port)
         self.port = port or free_port()
         self.exchanges: list[Exchange] = []
+        self.metrics_reads: list[float] = []  # when each GET /metrics was answered
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-proxy", daemon=True)
@@ -153,7 +160,10 @@ class EngineProxy:
             mine = [e for e in self.exchanges if e.arrived >= since]
         if not mine:
             return None
-        return Window(min(e.arrived for e in mine), max(e.answered for e in mine), len(mine))
+        first, last = min(e.arrived for e in mine), max(e.answered for e in mine)
+        with self._lock:
+            reads = sum(1 for t in self.metrics_reads if first <= t <= last)
+        return Window(first, last, len(mine), reads)
 
     async def _accept(self, client: _Half, exchanges: _Exchanges) -> None:
         engine = _Half(exchanges.from_engine)
@@ -171,7 +181,7 @@ class EngineProxy:
         client.attach(engine)
 
     def _client(self) -> _Half:
-        exchanges = _Exchanges(self.exchanges, self._lock)
+        exchanges = _Exchanges(self.exchanges, self._lock, self.metrics_reads)
 
         def accept() -> None:
             task = self._loop.create_task(self._accept(client, exchanges))

@@ -131,7 +131,7 @@ def test_an_engine_far_from_full_is_read_a_quarter_as_often():
         gauges(running=128, waiting=96, kv=0.44),  # calm
         gauges(running=40, waiting=55, kv=0.95),  # full: the capacity drops, read every period
         gauges(running=128, waiting=96, kv=0.35, preemptions=2),  # preempted since the last read
-        gauges(running=128, waiting=96, kv=0.60, preemptions=2),  # past KV_CALM: every period
+        gauges(running=128, waiting=96, kv=0.60, preemptions=2),  # +0.25 in a period: every period
         gauges(running=128, waiting=96, kv=0.30, preemptions=2),  # calm again
     ]
     it, slept, capacities = iter(texts), [], []
@@ -152,3 +152,33 @@ def test_an_engine_far_from_full_is_read_a_quarter_as_often():
         pass
     assert capacities == [160, 160, 72, 160, 160, 160]
     assert slept == [1.5, 0.5, 1.5, 0.5, 0.5, 0.5, 0.5, 1.5, 0.5]
+
+
+def test_a_kv_cache_that_would_not_fill_before_the_next_calm_read_is_calm():
+    """Past ``KV_CALM`` the watch projects the KV cache's growth since the read before over the
+    ``CALM_READS`` periods it would wait: a cache well used but steady is read a quarter as often, one
+    filling fast every period."""
+    texts = [
+        gauges(running=128, waiting=96, kv=0.40),  # first read, under KV_CALM: calm
+        gauges(running=128, waiting=96, kv=0.70),  # +0.30 in 2 s: 0.70 + 0.15/s x 2 s past KV_FULL
+        gauges(running=128, waiting=96, kv=0.72),  # +0.02 in 0.5 s: 0.72 + 0.08 stays under
+        gauges(running=128, waiting=96, kv=0.74),  # +0.02 in 2 s: calm
+        gauges(running=128, waiting=96, kv=0.60),  # shrinking: calm
+    ]
+    it, slept = iter(texts), []
+
+    async def read():
+        try:
+            return next(it)
+        except StopIteration:
+            raise asyncio.CancelledError from None
+
+    async def sleep(seconds):
+        slept.append(seconds)
+
+    watch = CapacityWatch(read, lambda c: None, headroom=32, cap=160, max_num_seqs=128, every=0.5, sleep=sleep)
+    try:
+        asyncio.run(watch.run())
+    except asyncio.CancelledError:
+        pass
+    assert slept == [1.5, 0.5, 0.5, 1.5, 0.5, 1.5, 0.5, 1.5, 0.5]

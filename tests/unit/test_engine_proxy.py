@@ -77,6 +77,7 @@ def test_bytes_go_through_and_each_v1_post_is_timed(engine_url):
     for e in proxy.exchanges:
         assert since <= e.arrived and e.arrived + 0.05 <= e.answered <= finished
     assert window is not None and window.requests == 2
+    assert window.metrics_reads == 1  # the GET /metrics between the two POSTs
     assert window.first_request == proxy.exchanges[0].arrived
     assert window.last_answer == proxy.exchanges[1].answered
     assert later is None
