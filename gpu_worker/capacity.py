@@ -110,10 +110,12 @@ class CapacityWatch:
         self.read, self.apply, self.every, self._sleep, self.needed = read, apply, every, sleep, needed
         self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
-        #: The KV cache use of the read before ``last``, and the seconds slept between the two.
+        #: The KV cache use of the read before ``last`` and the seconds slept between the two (None:
+        #: no rate, after a first read or a period skipped because nothing waited).
         self._kv_before: float | None = None
         self._between = 0.0
         self._slept = 0.0
+        self._skipped = False
         self.capacity = cap
         self.preempted = False
         self.unreadable = 0
@@ -131,8 +133,8 @@ class CapacityWatch:
             self.capacity = self.cap
         else:
             self.preempted = self.last is not None and load.preemptions > self.last.preemptions
-            self._kv_before = self.last.kv_usage if self.last is not None else None
-            self._between, self._slept = self._slept, 0.0
+            self._kv_before = self.last.kv_usage if self.last is not None and not self._skipped else None
+            self._between, self._slept, self._skipped = self._slept, 0.0, False
             self.last = load
             self.capacity = capacity_for(
                 load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs, preempted=self.preempted
@@ -148,7 +150,7 @@ class CapacityWatch:
         last = self.last
         if last is None or self.preempted or self.capacity != self.cap:
             return False
-        if self._kv_before is None or self._between <= 0:
+        if self._kv_before is None or self._between <= 0:  # no rate yet
             return last.kv_usage < KV_CALM
         growth = max(0.0, last.kv_usage - self._kv_before) / self._between
         return last.kv_usage + growth * self.every * CALM_READS < KV_FULL
@@ -166,6 +168,8 @@ class CapacityWatch:
                 await self.step()
                 if self.calm():
                     await self._pause(self.every * (CALM_READS - 1))
+            else:
+                self._skipped = True
             await self._pause(self.every)
 
 

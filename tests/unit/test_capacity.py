@@ -134,22 +134,7 @@ def test_an_engine_far_from_full_is_read_a_quarter_as_often():
         gauges(running=128, waiting=96, kv=0.60, preemptions=2),  # +0.25 in a period: every period
         gauges(running=128, waiting=96, kv=0.30, preemptions=2),  # calm again
     ]
-    it, slept, capacities = iter(texts), [], []
-
-    async def read():
-        try:
-            return next(it)
-        except StopIteration:
-            raise asyncio.CancelledError from None
-
-    async def sleep(seconds):
-        slept.append(seconds)
-
-    watch = CapacityWatch(read, capacities.append, headroom=32, cap=160, max_num_seqs=128, every=0.5, sleep=sleep)
-    try:
-        asyncio.run(watch.run())
-    except asyncio.CancelledError:
-        pass
+    capacities, slept = paced(texts)
     assert capacities == [160, 160, 72, 160, 160, 160]
     assert slept == [1.5, 0.5, 1.5, 0.5, 0.5, 0.5, 0.5, 1.5, 0.5]
 
@@ -165,7 +150,21 @@ def test_a_kv_cache_that_would_not_fill_before_the_next_calm_read_is_calm():
         gauges(running=128, waiting=96, kv=0.74),  # +0.02 in 2 s: calm
         gauges(running=128, waiting=96, kv=0.60),  # shrinking: calm
     ]
-    it, slept = iter(texts), []
+    assert paced(texts)[1] == [1.5, 0.5, 0.5, 1.5, 0.5, 1.5, 0.5, 1.5, 0.5]
+
+
+def test_a_period_without_a_read_forgets_the_rate():
+    """Nothing waited in the worker for a while: the read after it has no rate, so it is calm only
+    under ``KV_CALM``, however slowly the cache grew across the gap."""
+    texts = [gauges(running=128, waiting=96, kv=0.30), gauges(running=128, waiting=96, kv=0.60)]
+    waits = [True, False, False, True]  # read, two periods with nothing waiting, read: +0.30 in 3 s
+    assert paced(texts, needed=lambda: waits.pop(0) if waits else True)[1] == [1.5, 0.5, 0.5, 0.5, 0.5]
+
+
+def paced(texts: list[str], needed=lambda: True) -> tuple[list[int], list[float]]:
+    """Run a watch (period 0.5 s) over the given /metrics answers: the capacities it applied and
+    the sleeps between its reads."""
+    it, capacities, slept = iter(texts), [], []
 
     async def read():
         try:
@@ -176,9 +175,11 @@ def test_a_kv_cache_that_would_not_fill_before_the_next_calm_read_is_calm():
     async def sleep(seconds):
         slept.append(seconds)
 
-    watch = CapacityWatch(read, lambda c: None, headroom=32, cap=160, max_num_seqs=128, every=0.5, sleep=sleep)
+    watch = CapacityWatch(
+        read, capacities.append, headroom=32, cap=160, max_num_seqs=128, every=0.5, sleep=sleep, needed=needed
+    )
     try:
         asyncio.run(watch.run())
     except asyncio.CancelledError:
         pass
-    assert slept == [1.5, 0.5, 0.5, 1.5, 0.5, 1.5, 0.5, 1.5, 0.5]
+    return capacities, slept
