@@ -110,12 +110,11 @@ class CapacityWatch:
         self.read, self.apply, self.every, self._sleep, self.needed = read, apply, every, sleep, needed
         self.headroom, self.cap, self.max_num_seqs = max(1, headroom), max(1, cap), max(1, max_num_seqs)
         self.last: EngineLoad | None = None
-        #: The KV cache use of the read before ``last`` and the seconds slept between the two (None:
-        #: no rate, after a first read or a period skipped because nothing waited).
-        self._kv_before: float | None = None
-        self._between = 0.0
-        self._slept = 0.0
-        self._skipped = False
+        #: How fast the KV cache use grew (per second) from the read before ``last`` to ``last``;
+        #: None: no rate, after a first read or a period with no read because nothing waited.
+        self._growth: float | None = None
+        #: Seconds slept since ``last`` (None: a period passed without a read).
+        self._slept: float | None = 0.0
         self.capacity = cap
         self.preempted = False
         self.unreadable = 0
@@ -133,8 +132,11 @@ class CapacityWatch:
             self.capacity = self.cap
         else:
             self.preempted = self.last is not None and load.preemptions > self.last.preemptions
-            self._kv_before = self.last.kv_usage if self.last is not None and not self._skipped else None
-            self._between, self._slept, self._skipped = self._slept, 0.0, False
+            since = self._slept
+            self._growth = (
+                max(0.0, load.kv_usage - self.last.kv_usage) / since if self.last is not None and since else None
+            )
+            self._slept = 0.0
             self.last = load
             self.capacity = capacity_for(
                 load, headroom=self.headroom, cap=self.cap, max_num_seqs=self.max_num_seqs, preempted=self.preempted
@@ -150,14 +152,14 @@ class CapacityWatch:
         last = self.last
         if last is None or self.preempted or self.capacity != self.cap:
             return False
-        if self._kv_before is None or self._between <= 0:  # no rate yet
+        if self._growth is None:
             return last.kv_usage < KV_CALM
-        growth = max(0.0, last.kv_usage - self._kv_before) / self._between
-        return last.kv_usage + growth * self.every * CALM_READS < KV_FULL
+        return last.kv_usage + self._growth * self.every * CALM_READS < KV_FULL
 
     async def _pause(self, seconds: float) -> None:
         await self._sleep(seconds)
-        self._slept += seconds
+        if self._slept is not None:
+            self._slept += seconds
 
     async def run(self) -> None:
         """Read while lines wait in the worker (``needed``): otherwise the capacity decides nothing
@@ -169,7 +171,7 @@ class CapacityWatch:
                 if self.calm():
                     await self._pause(self.every * (CALM_READS - 1))
             else:
-                self._skipped = True
+                self._slept = None
             await self._pause(self.every)
 
 

@@ -51,7 +51,7 @@ class _Exchanges:
     """One client connection's exchanges as its bytes go by; a ``POST /v1/...`` is recorded at its
     answer's first byte and its ``answered`` moves with every byte after."""
 
-    def __init__(self, record: list[Exchange], lock: threading.Lock, metrics_reads: list[float] | None = None):
+    def __init__(self, record: list[Exchange], lock: threading.Lock, metrics_reads: list[float]):
         self._record = record
         self._metrics_reads = metrics_reads
         self._lock = lock
@@ -76,7 +76,7 @@ class _Exchanges:
         self._answering = True
         method, _, rest = self._request.partition(b" ")
         path = rest.partition(b" ")[0].partition(b"?")[0].decode("latin-1")
-        if method == b"GET" and path == "/metrics" and self._metrics_reads is not None:
+        if method == b"GET" and path == "/metrics":
             with self._lock:
                 self._metrics_reads.append(now)
         if self._arrived is None or method != b"POST" or not path.startswith("/v1/"):
