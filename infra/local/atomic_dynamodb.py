@@ -9,9 +9,12 @@ https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/WorkingWithItem
 transaction is all-or-nothing and isolated from every other transaction and write
 ("Isolation levels for DynamoDB transactions":
 https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/transaction-apis.html#transaction-isolation).
-Holding one lock over each backend call gives that (serializable, more than AWS's per-item
-isolation, never less), at the cost of DynamoDB calls not overlapping each other in moto, whose
-calls are short and in-memory. The GPU worker commits chunks from several threads at once
+Holding one lock over each request gives that (serializable, more than AWS's per-item isolation,
+never less), at the cost of DynamoDB calls not overlapping each other in moto, whose calls are short
+and in-memory. The lock covers the request's answer too, not only its backend call: moto answers a
+``GetItem`` or a ``Query`` from its stored items themselves, not copies, so an answer serialized
+after the backend call could read an item while another thread's ``UpdateItem`` changes it (a torn
+read AWS never gives; in Python, "dictionary changed size during iteration"). The GPU worker commits chunks from several threads at once
 (``WorkerConfig.store_threads``), so without this its count transactions could undo each other.
 
 And a cheaper rollback: moto backs up a ``TransactWriteItems`` by deep-copying every table it names
@@ -35,6 +38,7 @@ from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import DynamoDBBackend
 from moto.dynamodb.models.dynamo_type import DynamoType
 from moto.dynamodb.models.table import Table
+from moto.dynamodb.responses import DynamoHandler
 
 _LOCK = threading.RLock()
 _installed = False
@@ -109,8 +113,9 @@ def _transact_write_items(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install() -> None:
-    """Every public method of moto's DynamoDB backend (in this process) under one lock, and its
-    transactions backed up item by item; idempotent."""
+    """Every DynamoDB request to moto in this process under one lock, from its backend call through
+    its answer (the handler's ``call_action``, and every public method of the backend for callers
+    that reach it directly), and its transactions backed up item by item; idempotent."""
     global _installed
     if _installed:
         return
@@ -119,9 +124,10 @@ def install() -> None:
         if not name.startswith("_") and callable(value) and not isinstance(value, (staticmethod, classmethod, type)):
             wrapped = _transact_write_items(value) if name == "transact_write_items" else value
             setattr(DynamoDBBackend, name, _atomic(wrapped))
+    DynamoHandler.call_action = _atomic(DynamoHandler.call_action)  # type: ignore[method-assign]
     dynamodb_models.copy = _NoTableCopy()  # type: ignore[assignment]  # replaces moto's module: the backup is _touched's
 
 
 def lock() -> threading.RLock:
-    """The lock every DynamoDB backend call holds (tests hold it to see a call wait)."""
+    """The lock every DynamoDB request holds (tests hold it to see a call wait)."""
     return _LOCK

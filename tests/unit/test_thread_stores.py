@@ -171,3 +171,27 @@ def test_a_cancelled_transaction_leaves_every_item_as_it_was_and_a_passing_one_a
         "tag": {"S": "new"},
     }
     assert client.get_item(TableName="tx", Key=key("b", "1"))["Item"] == {**key("b", "1"), "n": {"N": "9"}}
+
+
+@mock_aws
+def test_an_answer_is_read_from_the_item_under_the_lock_so_no_write_can_tear_it(monkeypatch):
+    """moto answers a GetItem or a Query from its stored items themselves: the answer must be built
+    while no other request can write them (AWS never returns half an update)."""
+    atomic_dynamodb.install()
+    from moto.dynamodb import responses
+
+    serialized_under_lock = []
+    to_dict = responses.dynamo_to_dict
+
+    def recording(obj):
+        serialized_under_lock.append(atomic_dynamodb.lock()._is_owned())  # type: ignore[attr-defined]
+        return to_dict(obj)
+
+    monkeypatch.setattr(responses, "dynamo_to_dict", recording)
+    client = clients.client("dynamodb")
+    _table(client, "reads")
+    key = {"pk": {"S": "a"}, "sk": {"S": "1"}}
+    client.put_item(TableName="reads", Item={**key, "n": {"N": "1"}})
+    assert client.get_item(TableName="reads", Key=key)["Item"] == {**key, "n": {"N": "1"}}
+    assert serialized_under_lock and all(serialized_under_lock)
+    assert not atomic_dynamodb.lock()._is_owned()  # type: ignore[attr-defined]  # released after the answer
