@@ -14,8 +14,9 @@ never less), at the cost of DynamoDB calls not overlapping each other in moto, w
 and in-memory. The lock covers the request's answer too, not only its backend call: moto answers a
 ``GetItem`` or a ``Query`` from its stored items themselves, not copies, so an answer serialized
 after the backend call could read an item while another thread's ``UpdateItem`` changes it (a torn
-read AWS never gives; in Python, "dictionary changed size during iteration"). The GPU worker commits chunks from several threads at once
-(``WorkerConfig.store_threads``), so without this its count transactions could undo each other.
+read AWS never gives; in Python, "dictionary changed size during iteration"). The GPU worker
+commits chunks from several threads at once (``WorkerConfig.store_threads``), so without this its
+count transactions could undo each other.
 
 And a cheaper rollback: moto backs up a ``TransactWriteItems`` by deep-copying every table it names
 before it runs, so each transaction costs time in proportion to the whole table (measured here:

@@ -59,26 +59,10 @@ def test_records_written_together_are_all_or_nothing(store: AuditStore):
     assert store.head("acme") == second and store.dedupe_seq("acme", "k3") is None
 
 
-@pytest.fixture
-def atomic_moto(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DynamoDB checks a write's condition and applies it atomically; in-process moto does not
-    (two threads can both pass ``attribute_not_exists`` and the later put overwrites the earlier:
-    seen here as a missing seq). One lock around moto's writes restores DynamoDB's guarantee, so
-    the test exercises our retry logic, not moto's missing isolation."""
-    from moto.dynamodb.models import DynamoDBBackend
-
-    lock = threading.RLock()
-    for name in ("put_item", "update_item", "transact_write_items"):
-        original = getattr(DynamoDBBackend, name)
-
-        def locked(self, *args, __original=original, **kwargs):
-            with lock:
-                return __original(self, *args, **kwargs)
-
-        monkeypatch.setattr(DynamoDBBackend, name, locked)
-
-
-def test_concurrent_appends_on_dynamodb_never_fork(appender, atomic_moto: None):
+def test_concurrent_appends_on_dynamodb_never_fork(appender):
+    # moto's DynamoDB requests are atomic, as DynamoDB's conditional writes are, through the aws
+    # fixture's atomic_dynamodb (in-process moto alone lets two threads both pass
+    # attribute_not_exists): the test exercises our retry logic, not moto's missing isolation.
     store = appender.chain
     threads, per_thread = 4, 8
     barrier = threading.Barrier(threads)
