@@ -20,7 +20,9 @@ end vs vllm run-batch").
 Same engine flags on both sides: serve.sh's (--enforce-eager, bf16, --enable-prefix-caching,
 --kv-cache-memory-bytes 1G, --max-model-len 2048) and --max-num-seqs bench_worker.MAX_NUM_SEQS
 (the local deployment's default, passed as ENGINE_MAX_NUM_SEQS). Output tok/s = the sum of
-`usage.completion_tokens` of the output file / the window. Datasets are generated from SEED:
+`usage.completion_tokens` of the output file / the window; cached prompt tokens = the sum of
+`usage.prompt_tokens_details.cached_tokens` (what each engine took from its prefix cache; both
+run with --enable-prompt-tokens-details, as the GPU task's entrypoint starts vLLM). Datasets are generated from SEED:
 uniform (every line 64 output tokens), shared-prefix (4 long system prompts, lines shuffled, 64
 tokens each), uneven (90 % of lines 8-16 tokens, 10 % 256 tokens, random order); all `ignore_eos`,
 `temperature: 0`, so both systems do the same work. Worker settings come from the environment
@@ -330,6 +332,7 @@ def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
         "system": "pipeline",
         "seconds": seconds,
         "output_tokens": tokens,
+        "cached_tokens": bench_worker.cached_tokens(results),
         "tok_s": tokens / seconds,
         "failed": batch.request_counts.failed if batch.request_counts else None,
         "to_first_request": window.first_request - created,
@@ -345,21 +348,23 @@ def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
 def table(rows: list[dict]) -> str:
     out = [
         "| dataset | round | output tokens | run-batch s | run-batch tok/s | pipeline s | pipeline tok/s "
-        "| pipeline ÷ run-batch | (a) create → first request | (b) engine busy | (c) last answer → completed |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| pipeline ÷ run-batch | (a) create → first request | (b) engine busy | (c) last answer → completed "
+        "| cached prompt tokens, run-batch / pipeline |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (dataset, rnd), pair in _pairs(rows).items():
         rb, pl = pair["vllm run-batch"], pair["pipeline"]
         out.append(
             f"| {dataset} | {rnd} | {pl['output_tokens']:,} | {rb['seconds']:.1f} | {rb['tok_s']:.0f} | "
             f"{pl['seconds']:.1f} | {pl['tok_s']:.0f} | {pl['tok_s'] / rb['tok_s']:.2f} | "
-            f"{pl['to_first_request']:.2f} s | {pl['engine_busy']:.1f} s | {pl['after_last_answer']:.2f} s |"
+            f"{pl['to_first_request']:.2f} s | {pl['engine_busy']:.1f} s | {pl['after_last_answer']:.2f} s | "
+            f"{rb['cached_tokens']:,} / {pl['cached_tokens']:,} |"
         )
     for dataset in dict.fromkeys(d for d, _ in _pairs(rows)):
         ratios = [
             p["pipeline"]["tok_s"] / p["vllm run-batch"]["tok_s"] for (d, _), p in _pairs(rows).items() if d == dataset
         ]
-        out.append(f"| **{dataset}** | **median** | | | | | | **{statistics.median(ratios):.2f}** | | | |")
+        out.append(f"| **{dataset}** | **median** | | | | | | **{statistics.median(ratios):.2f}** | | | | |")
     return "\n".join(out)
 
 

@@ -86,6 +86,16 @@ def output_tokens(lines: list[dict]) -> int:
     )
 
 
+def cached_tokens(lines: list[dict]) -> int:
+    """Prompt tokens the engine took from its prefix cache, summed over the answered lines
+    (``usage.prompt_tokens_details.cached_tokens``, reported with --enable-prompt-tokens-details)."""
+    return sum(
+        ((l["response"]["body"]["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        for l in lines
+        if l.get("response") and l["response"]["status_code"] == 200
+    )
+
+
 # --- vllm run-batch --------------------------------------------------------------------------
 def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
     return [
@@ -111,6 +121,7 @@ def run_batch_command(input_path: Path, output_path: Path) -> list[str]:
         str(MAX_NUM_SEQS),
         "--scheduling-policy",  # serve.sh's, so both sides run the same scheduler
         "priority",
+        "--enable-prompt-tokens-details",  # the GPU entrypoint's: cached_tokens in usage
         *engines.chat_engine_args(),
     ]
 
@@ -190,6 +201,7 @@ def bench_run_batch(input_path: Path, workdir: Path) -> dict:
         "system": "vllm run-batch",
         "seconds": run["seconds"],
         "output_tokens": tokens,
+        "cached_tokens": cached_tokens(results),
         "tok_s": tokens / run["seconds"],
         "failed": sum(1 for r in results if not r.get("response") or r["response"]["status_code"] != 200),
         "startup_seconds": run["startup_seconds"],

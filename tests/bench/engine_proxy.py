@@ -5,9 +5,9 @@ records, for each ``POST /v1/...``, when it arrived and when the last byte of it
 ``with EngineProxy(engine_url) as proxy: ... proxy.url ... proxy.window(since)``.
 
 Each client connection gets its own engine connection, so the worker's keep-alive pool is the
-engine's. HTTP/1.1 clients do not pipeline (the worker's aiohttp does not), so on one connection a
-request's bytes start only after the previous answer's last byte: the first bytes from the client
-after any bytes from the engine begin the next exchange.
+engine's. HTTP/1.1 clients do not pipeline (the worker's engine client, gpu_worker/engine_http.py,
+does not), so on one connection a request's bytes start only after the previous answer's last
+byte: the first bytes from the client after any bytes from the engine begin the next exchange.
 
 Its cost is one more loopback hop per request, on the engine's cores and against the pipeline:
 0.045-0.061 CPU-seconds per 1,000 requests here (2,000 POSTs, 64 at a time, to an engine in another
