@@ -16,7 +16,10 @@ def test_cached_tokens_sum_what_the_answered_lines_took_from_the_prefix_cache():
         _answered(64, {"cached_tokens": 0}),
         _answered(64, None),  # an engine started without --enable-prompt-tokens-details
         _answered(64, {"cached_tokens": None}),
-        {"custom_id": "y", "response": {"status_code": 400, "body": {"usage": {"prompt_tokens_details": {"cached_tokens": 99}}}}},
+        {
+            "custom_id": "y",
+            "response": {"status_code": 400, "body": {"usage": {"prompt_tokens_details": {"cached_tokens": 99}}}},
+        },
         {"custom_id": "z", "response": None, "error": {"code": "x", "message": "y"}},
     ]
     assert cached_tokens(lines) == 256
