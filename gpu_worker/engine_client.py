@@ -25,7 +25,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlencode
 
 import pydantic_core
 
@@ -160,6 +161,8 @@ class EngineClient:
         self._resume_at = 0.0  # the overload gate: no request is sent before this (clock time)
         self._overload_streak = 0
         self._http: EngineHttp | None = None
+        #: ``metrics_text`` asks for its samples alone until the engine shows it cannot answer so.
+        self._filtered_metrics = True
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> EngineClient:
@@ -223,14 +226,32 @@ class EngineClient:
             await self._sleep(interval)
         return self._clock() - start
 
-    async def metrics_text(self) -> str | None:
-        """The engine's Prometheus text (vLLM's ``GET /metrics``; ``capacity.CapacityWatch``), None
-        if it does not answer 200."""
+    async def metrics_text(self, samples: tuple[str, ...] = ()) -> str | None:
+        """The engine's Prometheus text (``capacity.CapacityWatch``), None if it does not answer 200.
+
+        With ``samples``: only those samples, through prometheus_client's ``name[]`` filter of the
+        exposition app vLLM mounts under ``/metrics/`` (its plain ``GET /metrics`` renders every
+        metric: 57 KB and 6.5 ms of a chat engine's API server CPU, against 0.8 KB and 0.5 ms for
+        the four gauges). An engine whose ``/metrics/`` does not answer them (another server, a
+        vLLM without that mount: a 404 or a redirect, or a text without them) is read whole from
+        then on."""
+        if samples and self._filtered_metrics:
+            text = await self._metrics_at("/metrics/?" + urlencode([("name[]", name) for name in samples]))
+            if text is None:
+                return None  # no answer: the same question next time
+            if text is not False and any(name in text for name in samples):
+                return text
+            self._filtered_metrics = False
+        text = await self._metrics_at("/metrics")
+        return text if isinstance(text, str) else None
+
+    async def _metrics_at(self, path: str) -> str | Literal[False] | None:
+        """The 200 answer's text at ``path``; None without an answer; False for another status."""
         try:
-            answer = await self._probe("/metrics")
+            answer = await self._probe(path)
         except (EngineConnectionError, AnswerTooLarge, TimeoutError):
             return None
-        return answer.body.decode("utf-8", "replace") if answer.status == 200 else None
+        return answer.body.decode("utf-8", "replace") if answer.status == 200 else False
 
     async def _probe(self, path: str) -> Answer:
         timeout = max(PROBE_SECONDS, self._connect_timeout)

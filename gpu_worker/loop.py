@@ -36,7 +36,7 @@ from functions.core.wire import TERMINAL_STATUSES
 from .admission import Admission, FairTags
 from .attempt import RunPolicy
 from .budget import BudgetWatch
-from .capacity import CapacityWatch, headroom
+from .capacity import SAMPLES, CapacityWatch, headroom
 from .chunk import ChunkRunner
 from .config import WorkerConfig
 from .engine_client import EngineClient, EngineDown
@@ -114,7 +114,7 @@ class Worker:
         read = getattr(engine, "metrics_text", None)
         self.capacity = (
             CapacityWatch(
-                read,
+                functools.partial(read, SAMPLES),
                 self.admission.resize,
                 headroom=headroom(cap, config.engine_seqs()),
                 cap=cap,

@@ -76,7 +76,7 @@ class _Exchanges:
         self._answering = True
         method, _, rest = self._request.partition(b" ")
         path = rest.partition(b" ")[0].partition(b"?")[0].decode("latin-1")
-        if method == b"GET" and path == "/metrics":
+        if method == b"GET" and path in ("/metrics", "/metrics/"):
             with self._lock:
                 self._metrics_reads.append(now)
         if self._arrived is None or method != b"POST" or not path.startswith("/v1/"):

@@ -6,7 +6,8 @@ seen)`` returns ``(status, json_body)``, ``(status, json_body, headers)``, ``HAN
 answer) or ``DROP`` (close the connection without an answer); ``seen`` counts earlier requests
 with the same body (so "fail the first k attempts" is easy). Every request is recorded;
 ``max_concurrent`` is the most requests open at once. ``health_status`` and ``models_status`` are
-what ``GET /health`` and ``GET /v1/models`` answer; ``probes`` records those GETs.
+what ``GET /health`` and ``GET /v1/models`` answer, ``metrics`` and ``metrics_filter`` what ``GET
+/metrics`` does; ``probes`` records those GETs.
 
 The audio endpoints get ``multipart/form-data`` (``EngineClient.post_form``): ``respond`` sees it
 as a dict (``form_body``: fields by name, a repeated ``name[]`` as the list ``name``, the file as
@@ -121,6 +122,11 @@ class FakeEngine:
         self.respond = respond
         self.health_status = 200
         self.models_status = 200
+        #: What ``GET /metrics`` answers (Prometheus text; None: 404), and whether ``GET /metrics/``
+        #: filters it by ``name[]`` as prometheus_client's exposition app (vLLM mounts one there)
+        #: does: only the samples named (their HELP and TYPE lines left out); False: 404.
+        self.metrics: str | None = None
+        self.metrics_filter = True
         self.probes: list[str] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []
         #: The files of multipart requests: (path, file name, content).
@@ -147,6 +153,16 @@ class FakeEngine:
     async def _health(self, request: web.Request) -> web.Response:
         self.probes.append(request.path)
         return web.Response(status=self.health_status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self.probes.append(request.path_qs)
+        if self.metrics is None or (request.path == "/metrics/" and not self.metrics_filter):
+            return web.Response(status=404)
+        text = self.metrics
+        if names := request.query.getall("name[]", []):
+            samples = [l for l in text.splitlines() if l and not l.startswith("#")]
+            text = "".join(f"{l}\n" for l in samples if l.split("{")[0].split()[0] in names)
+        return web.Response(text=text, content_type="text/plain")
 
     async def _models(self, request: web.Request) -> web.Response:
         self.probes.append(request.path)
@@ -212,6 +228,8 @@ class FakeEngine:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_get("/health", self._health)
             app.router.add_get("/v1/models", self._models)
+            app.router.add_get("/metrics", self._metrics)
+            app.router.add_get("/metrics/", self._metrics)
             app.router.add_post("/{tail:.*}", self._post)
             self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
             loop.run_until_complete(self._runner.setup())

@@ -4,9 +4,21 @@ order rather than in vLLM's first-come queue; an engine without /metrics keeps t
 
 import asyncio
 
+import pytest
+
 from gpu_worker.admission import Admission
-from gpu_worker.capacity import CapacityWatch, EngineLoad, capacity_for, headroom, parse_metrics
+from gpu_worker.capacity import SAMPLES, CapacityWatch, EngineLoad, capacity_for, headroom, parse_metrics
 from gpu_worker.config import WorkerConfig
+from gpu_worker.engine_client import EngineClient
+from tests.fakes.engine import FakeEngine
+
+
+@pytest.fixture
+def engine():
+    fake = FakeEngine().start()
+    yield fake
+    fake.stop()
+
 
 #: As vLLM 0.32 renders them (two served names, to show label sets are summed).
 METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -183,3 +195,40 @@ def paced(texts: list[str], needed=lambda: True) -> tuple[list[int], list[float]
     except asyncio.CancelledError:
         pass
     return capacities, slept
+
+
+# --- reading the gauges from the engine -----------------------------------------------------
+#: The rest of a /metrics text, which the worker does not need (vLLM's is ~50 KB of histograms).
+OTHER_METRICS = (
+    "".join(f'vllm:request_latency_seconds_bucket{{le="{b}",model_name="chat"}} {b}\n' for b in range(500))
+    + 'python_gc_objects_collected_total{generation="0"} 14107.0\n'
+)
+
+
+def read_twice(fake: FakeEngine) -> list[str | None]:
+    async def go():
+        async with EngineClient(fake.url, max_in_flight=1) as engine:
+            return [await engine.metrics_text(SAMPLES), await engine.metrics_text(SAMPLES)]
+
+    return asyncio.run(go())
+
+
+def test_the_worker_asks_the_engine_for_the_gauges_alone(engine):
+    engine.metrics = METRICS + OTHER_METRICS
+    texts = read_twice(engine)
+    assert [parse_metrics(t) for t in texts] == [EngineLoad(running=40, waiting=55, preemptions=7, kv_usage=0.98)] * 2
+    assert all("request_latency" not in t and "python_gc" not in t for t in texts)
+    filtered = "/metrics/?" + "&".join(f"name%5B%5D={name.replace(':', '%3A')}" for name in SAMPLES)
+    assert engine.probes == [filtered, filtered]
+
+
+def test_an_engine_that_cannot_filter_its_metrics_is_read_whole_from_then_on(engine):
+    engine.metrics, engine.metrics_filter = METRICS + OTHER_METRICS, False
+    texts = read_twice(engine)
+    assert [parse_metrics(t) for t in texts] == [EngineLoad(running=40, waiting=55, preemptions=7, kv_usage=0.98)] * 2
+    assert [p.split("?")[0] for p in engine.probes] == ["/metrics/", "/metrics", "/metrics"]
+
+
+def test_an_engine_without_metrics_reads_as_none(engine):
+    assert read_twice(engine) == [None, None]
+    assert [p.split("?")[0] for p in engine.probes] == ["/metrics/", "/metrics", "/metrics"]

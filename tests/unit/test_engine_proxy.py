@@ -54,7 +54,12 @@ def test_bytes_go_through_and_each_v1_post_is_timed(engine_url):
         since = time.monotonic()
         conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
         answers = []
-        for path, body in [("/v1/chat/completions", b'{"a": 1}'), ("/metrics", None), ("/v1/embeddings", big)]:
+        for path, body in [
+            ("/v1/chat/completions", b'{"a": 1}'),
+            ("/metrics", None),
+            ("/metrics/?name%5B%5D=vllm%3Anum_requests_running", None),
+            ("/v1/embeddings", big),
+        ]:
             if body is None:
                 conn.request("GET", path)
             else:
@@ -68,7 +73,7 @@ def test_bytes_go_through_and_each_v1_post_is_timed(engine_url):
         window = proxy.window(since)
         later = proxy.window(finished)
 
-    assert answers == [(201, b'}1 :"a"{'), (200, b"metrics 1\n"), (201, big[::-1])]
+    assert answers == [(201, b'}1 :"a"{'), (200, b"metrics 1\n"), (200, b"metrics 1\n"), (201, big[::-1])]
     assert _Engine.bodies == [b'{"a": 1}', big, b"x"]
     assert [(e.method, e.path, e.status) for e in proxy.exchanges] == [
         ("POST", "/v1/chat/completions", 201),
@@ -77,7 +82,7 @@ def test_bytes_go_through_and_each_v1_post_is_timed(engine_url):
     for e in proxy.exchanges:
         assert since <= e.arrived and e.arrived + 0.05 <= e.answered <= finished
     assert window is not None and window.requests == 2
-    assert window.metrics_reads == 1  # the GET /metrics between the two POSTs
+    assert window.metrics_reads == 2  # the GETs of /metrics, whole and filtered, between the two POSTs
     assert window.first_request == proxy.exchanges[0].arrived
     assert window.last_answer == proxy.exchanges[1].answered
     assert later is None

@@ -2,6 +2,7 @@
 .venv-engine; CI runs `make engine` first), through the real lifecycle on moto: API -> ingest ->
 worker -> workflow. Asserts structure, status codes and usage, never generated text."""
 
+import asyncio
 import json
 import tempfile
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from functions.core.settings import ModelRoute
+from gpu_worker.capacity import SAMPLES, parse_metrics
+from gpu_worker.engine_client import EngineClient
 from tests.integration.batch_helpers import run_ingest, submit, wait_for_execution, wait_for_task_token
 from tests.integration.test_workflow import read_file
 from tests.integration.worker import engines
@@ -162,3 +165,18 @@ def test_real_engine_overload_is_backed_off_not_failed(client, stores, deployed,
     stats = worker.worker.engine.stats
     assert stats.answered.get(503, 0) > 0  # the engine did push back
     assert_usage(done, out)
+
+
+def test_the_engines_gauges_are_read_alone_from_vllms_metrics(vllm):
+    """vLLM's /metrics/ (prometheus_client's exposition app) answers the four samples the worker
+    asks for, and nothing else; its whole text is two orders of magnitude longer."""
+
+    async def read():
+        async with EngineClient(vllm[engines.CHAT_MODEL], max_in_flight=1) as engine:
+            return await engine.metrics_text(SAMPLES), await engine.metrics_text(SAMPLES), await engine.metrics_text()
+
+    first, second, whole = asyncio.run(read())
+    assert parse_metrics(first) is not None and parse_metrics(second) is not None
+    samples = {line.split("{")[0] for line in second.splitlines() if line and not line.startswith("#")}
+    assert samples == set(SAMPLES)
+    assert parse_metrics(whole) is not None and len(whole) > 20 * len(second)
