@@ -22,10 +22,10 @@ Same engine flags on both sides: serve.sh's (--enforce-eager, bf16, --enable-pre
 (the local deployment's default, passed as ENGINE_MAX_NUM_SEQS). Output tok/s = the sum of
 `usage.completion_tokens` of the output file / the window; cached prompt tokens = the sum of
 `usage.prompt_tokens_details.cached_tokens` (what each engine took from its prefix cache; both
-run with --enable-prompt-tokens-details, as the GPU task's entrypoint starts vLLM). Datasets are generated from SEED:
-uniform (every line 64 output tokens), shared-prefix (4 long system prompts, lines shuffled, 64
-tokens each), uneven (90 % of lines 8-16 tokens, 10 % 256 tokens, random order); all `ignore_eos`,
-`temperature: 0`, so both systems do the same work. Worker settings come from the environment
+run with --enable-prompt-tokens-details, as the GPU task's entrypoint starts vLLM). Datasets are
+generated from SEED: uniform (every line 64 output tokens), shared-prefix (4 long system prompts,
+lines shuffled, 64 tokens each), uneven (90 % of lines 8-16 tokens, 10 % 256 tokens, random
+order); all `ignore_eos`, `temperature: 0`, so both systems do the same work. Worker settings come from the environment
 (e.g. WORKER_ORDER=file).
 
 Beside each row, the CPU seconds every process on the machine used during the engine's window

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -78,22 +78,19 @@ def make_input(path: Path, lines: int, max_tokens: int) -> None:
             )
 
 
+def answered_usage(lines: list[dict]) -> Iterator[dict]:
+    """The ``usage`` of each line of an output file the engine answered 200."""
+    return (l["response"]["body"]["usage"] for l in lines if l.get("response") and l["response"]["status_code"] == 200)
+
+
 def output_tokens(lines: list[dict]) -> int:
-    return sum(
-        l["response"]["body"]["usage"]["completion_tokens"]
-        for l in lines
-        if l.get("response") and l["response"]["status_code"] == 200
-    )
+    return sum(usage["completion_tokens"] for usage in answered_usage(lines))
 
 
 def cached_tokens(lines: list[dict]) -> int:
     """Prompt tokens the engine took from its prefix cache, summed over the answered lines
     (``usage.prompt_tokens_details.cached_tokens``, reported with --enable-prompt-tokens-details)."""
-    return sum(
-        ((l["response"]["body"]["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        for l in lines
-        if l.get("response") and l["response"]["status_code"] == 200
-    )
+    return sum((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0 for usage in answered_usage(lines))
 
 
 # --- vllm run-batch --------------------------------------------------------------------------

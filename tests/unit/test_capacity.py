@@ -11,6 +11,7 @@ from gpu_worker.capacity import SAMPLES, CapacityWatch, EngineLoad, capacity_for
 from gpu_worker.config import WorkerConfig
 from gpu_worker.engine_client import EngineClient
 from tests.fakes.engine import FakeEngine
+from tests.helpers import free_port
 
 
 @pytest.fixture
@@ -232,3 +233,25 @@ def test_an_engine_that_cannot_filter_its_metrics_is_read_whole_from_then_on(eng
 def test_an_engine_without_metrics_reads_as_none(engine):
     assert read_twice(engine) == [None, None]
     assert [p.split("?")[0] for p in engine.probes] == ["/metrics/", "/metrics", "/metrics"]
+
+
+def test_a_read_with_no_answer_asks_for_the_gauges_alone_again():
+    """An engine not there yet (no connection) is not one that cannot filter: once it answers,
+    the worker still asks for its four samples alone."""
+    fake = FakeEngine()
+    fake.port = free_port()  # nothing listens there yet
+    fake.metrics = METRICS + OTHER_METRICS
+
+    async def go():
+        async with EngineClient(fake.url, max_in_flight=1) as engine:
+            before = await engine.metrics_text(SAMPLES)
+            fake.start()
+            try:
+                return before, await engine.metrics_text(SAMPLES)
+            finally:
+                fake.stop()
+
+    before, after = asyncio.run(go())
+    assert before is None
+    assert parse_metrics(after) == EngineLoad(running=40, waiting=55, preemptions=7, kv_usage=0.98)
+    assert [p.split("?")[0] for p in fake.probes] == ["/metrics/"]
