@@ -3,12 +3,15 @@ definitions as the stack, and the local HTTP front in a thread so the official o
 drive the real handlers."""
 
 import contextlib
+import functools
 import json
 import threading
 import time
 from collections.abc import Iterator
 from unittest import mock
 
+import boto3
+import boto3.session
 import pytest
 from moto import mock_aws
 from openai import OpenAI
@@ -21,6 +24,7 @@ from infra.local import atomic_dynamodb, moto_query
 from infra.local.front import LocalApi, make_server
 from infra.local.resources import create_resources, ingest_queue_url
 from tests.conftest import PREFIX
+from tests.helpers import sdk_client
 
 
 class Clock:
@@ -79,6 +83,17 @@ def _finish_executions(state_machine_arn: str) -> None:
     raise AssertionError("executions still running after the test")
 
 
+@functools.cache
+def _boto3_session() -> boto3.session.Session:
+    """One boto3 session for every test of the process. moto sets ``boto3.DEFAULT_SESSION`` to None
+    for each mock, so each test's clients would each load their service model and endpoint rules
+    into a new session again (about 45 ms a client, a dozen clients a test); from this session they
+    are made from what it has loaded. A session holds no AWS state: the clients still reach the
+    test's own mock (moto's stubber runs on every client's request events while a mock is on), with
+    the fake credentials moto sets while it is."""
+    return boto3.session.Session()
+
+
 @pytest.fixture
 def aws(
     settings: Settings,
@@ -93,6 +108,7 @@ def aws(
         atomic_dynamodb.install()  # each DynamoDB call atomic, as AWS's (the worker calls from threads)
         moto_query.install()  # a Query lists its partition, not the table, as the local deployment's
         stack.enter_context(mock_aws(config=EXECUTE_WORKFLOWS if execute else None))
+        boto3.DEFAULT_SESSION = _boto3_session()  # the mock puts back the one it found when it stops
         if execute:
             from moto.awslambda_simple.models import LambdaSimpleBackend
 
@@ -184,12 +200,12 @@ def keys(stores) -> dict[str, str]:
 
 @pytest.fixture
 def client(api_url: str, keys: dict[str, str]) -> OpenAI:
-    return OpenAI(base_url=api_url, api_key=keys["acme"], max_retries=0)
+    return sdk_client(api_url, keys["acme"], max_retries=0)
 
 
 @pytest.fixture
 def other_client(api_url: str, keys: dict[str, str]) -> OpenAI:
-    return OpenAI(base_url=api_url, api_key=keys["globex"], max_retries=0)
+    return sdk_client(api_url, keys["globex"], max_retries=0)
 
 
 @pytest.fixture
