@@ -40,7 +40,7 @@ test: $(STAMP) engine clients speech
 speech:
 	@command -v espeak-ng >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends espeak-ng; }
 
-## The gates (what CI runs before the tests; about a minute with a cold mypy cache): ruff's linter (pyproject.toml
+## The gates (what CI runs before the tests; about 2 minutes with a cold mypy cache): ruff's linter (pyproject.toml
 ## [tool.ruff.lint]: pycodestyle, pyflakes, isort, bugbear, pyupgrade, simplify, ruff's own rules,
 ## blind excepts, and no function over a cyclomatic complexity of 12), ruff's formatter in check
 ## mode, mypy over the product code ([tool.mypy]), and the import rules and cycle check
