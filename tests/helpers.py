@@ -48,11 +48,11 @@ TLS = ssl.create_default_context()
 
 
 def sdk_client(base_url: str, api_key: str, **options: Any) -> openai.OpenAI:
-    """The official SDK as a customer makes it (its own HTTP client's defaults), on the shared TLS
-    context."""
-    return openai.OpenAI(
-        base_url=base_url, api_key=api_key, http_client=openai.DefaultHttpxClient(verify=TLS), **options
-    )
+    """The official SDK as a customer makes it (its own HTTP client's defaults, on the shared TLS
+    context, unless ``options`` gives an ``http_client``)."""
+    if "http_client" not in options:
+        options["http_client"] = openai.DefaultHttpxClient(verify=TLS)
+    return openai.OpenAI(base_url=base_url, api_key=api_key, **options)
 
 
 def raw_client(api_url: str, key: str | None) -> httpx2.Client:

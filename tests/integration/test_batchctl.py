@@ -15,6 +15,7 @@ from functions.core import auth, clients
 from functions.core.settings import Settings
 from infra import names
 from infra.local import state as local_state
+from tests.helpers import sdk_client
 
 
 def run_cli(*argv: str, env: dict[str, str]) -> tuple[int, str, str]:
@@ -60,7 +61,7 @@ def stack(aws: Settings) -> None:
 
 
 def sdk(api_url: str, key: str) -> OpenAI:
-    return OpenAI(base_url=api_url, api_key=key, max_retries=0)
+    return sdk_client(api_url, key, max_retries=0)
 
 
 # --- keys create / revoke ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from openai.types import FileDeleted, FileObject
 from functions.core import deps, schema
 from functions.reaper.logic import purge_removed
 from infra.local.ttl import expire_once
-from tests.helpers import assert_error, assert_openai_shape
+from tests.helpers import assert_error, assert_openai_shape, sdk_client
 
 JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
 
@@ -134,7 +134,7 @@ def test_missing_malformed_or_unknown_key_is_401(api_url, header):
 
 
 def test_sdk_raises_authentication_error(api_url):
-    bad = openai.OpenAI(base_url=api_url, api_key="sk-wrong", max_retries=0)
+    bad = sdk_client(api_url, "sk-wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as info:
         bad.files.list()
     assert info.value.code == "invalid_api_key"

@@ -14,11 +14,12 @@ from batchctl import cli
 from functions.core import audit, auth
 from functions.core import tenants as tenant_rules
 from functions.core.records import ApiKeyRecord, key_id
+from tests.helpers import sdk_client
 from tests.integration.test_tenants_cli import env, run_cli, stack
 
 
 def sdk(api_url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=api_url, api_key=key, max_retries=0)
+    return sdk_client(api_url, key, max_retries=0)
 
 
 def create(env, tenant="acme") -> str:

@@ -16,6 +16,7 @@ from functions.authorizer import handler as authorizer_handler
 from functions.core import auth, deps
 from functions.core.tenants import TenantPolicy
 from infra.local.lambda_context import LocalLambdaContext
+from tests.helpers import sdk_client
 
 #: A clock minute; NOW is 20 s into it.
 MINUTE = 1_800_000_000 - 1_800_000_000 % 60
@@ -23,7 +24,7 @@ NOW = MINUTE + 20
 
 
 def sdk(api_url: str, key: str, **over) -> openai.OpenAI:
-    return openai.OpenAI(base_url=api_url, api_key=key, **{"max_retries": 0, **over})
+    return sdk_client(api_url, key, **{"max_retries": 0, **over})
 
 
 def test_over_its_rate_a_tenant_gets_openai_s_429_with_retry_after_and_others_do_not(

@@ -13,6 +13,7 @@ from openai import OpenAI
 from functions.api import handler as api_handler
 from functions.authorizer import handler as authorizer_handler
 from functions.core import schema
+from tests.helpers import sdk_client
 from tests.integration.batch_helpers import line, submit
 
 #: Every byte value, a NUL and invalid UTF-8 included.
@@ -66,7 +67,7 @@ def test_errors_carry_the_request_id_too(client, api_url):
         client.files.retrieve("file-nope")
     assert missing.value.request_id
     with pytest.raises(openai.AuthenticationError) as bad_key:
-        OpenAI(base_url=api_url, api_key="sk-wrong", max_retries=0).files.list()
+        sdk_client(api_url, "sk-wrong", max_retries=0).files.list()
     assert bad_key.value.request_id  # the authorizer's 401 is API Gateway's UNAUTHORIZED response
     assert authorizer_handler.logger.get_correlation_id() == bad_key.value.request_id  # and its log lines
     assert bad_key.value.body["code"] == "invalid_api_key"
@@ -93,7 +94,7 @@ def throttled(aws, keys):
         LocalApi(api_handler.handler, authorizer_handler.handler, throttle=(1.0, 2), clock=clock), "127.0.0.1", 0
     )
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-    yield OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=keys["acme"], max_retries=0), clock
+    yield sdk_client(f"http://127.0.0.1:{server.server_address[1]}/v1", keys["acme"], max_retries=0), clock
     server.shutdown()
     server.server_close()
 

@@ -23,7 +23,7 @@ from functions.stream_front.server import HEALTH_PATH
 from functions.stream_front.server import make_server as service_server
 from functions.stream_front.slots import Slots
 from infra.local.front import LocalApi, make_server
-from tests.helpers import raw_client
+from tests.helpers import raw_client, sdk_client
 
 MIB = 1024 * 1024
 
@@ -66,7 +66,7 @@ def streamed_url(front: RecordingFront) -> Iterator[str]:
 
 @pytest.fixture
 def sdk(streamed_url: str, keys: dict[str, str]) -> OpenAI:
-    return OpenAI(base_url=streamed_url, api_key=keys["acme"], max_retries=0)
+    return sdk_client(streamed_url, keys["acme"], max_retries=0)
 
 
 def stored_keys(aws: Settings, prefix: str) -> list[str]:
@@ -122,9 +122,9 @@ def test_a_64_mb_class_part_through_the_sdk_becomes_a_file(sdk: OpenAI) -> None:
 def test_keys_tenants_and_rules_are_the_api_lambdas(sdk: OpenAI, streamed_url: str, keys, aws: Settings) -> None:
     mine = sdk.files.create(file=("a.jsonl", b'{"a": 1}\n'), purpose="batch")
     with pytest.raises(openai.AuthenticationError) as bad_key:
-        OpenAI(base_url=streamed_url, api_key="sk-wrong", max_retries=0).files.create(file=("a", b"x"), purpose="batch")
+        sdk_client(streamed_url, "sk-wrong", max_retries=0).files.create(file=("a", b"x"), purpose="batch")
     assert bad_key.value.code == "invalid_api_key" and bad_key.value.request_id
-    other = OpenAI(base_url=streamed_url, api_key=keys["globex"], max_retries=0)
+    other = sdk_client(streamed_url, keys["globex"], max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.files.content(mine.id)  # another tenant's file is not found, as everywhere
     with pytest.raises(openai.BadRequestError) as empty:
@@ -185,7 +185,7 @@ def service_url(front: RecordingFront, streamed_url: str) -> Iterator[str]:
 
 
 def test_the_service_streams_its_routes_and_relays_the_rest_to_the_api(service_url: str, keys) -> None:
-    sdk = OpenAI(base_url=service_url, api_key=keys["acme"], max_retries=0)
+    sdk = sdk_client(service_url, keys["acme"], max_retries=0)
     body = payload(11 * MIB, seed=7)
     created = sdk.files.create(file=("svc.jsonl", body), purpose="user_data")
     assert created.bytes == len(body)
@@ -194,7 +194,7 @@ def test_the_service_streams_its_routes_and_relays_the_rest_to_the_api(service_u
     health = raw_client(service_url.removesuffix("/v1"), None).get(HEALTH_PATH)
     assert (health.status_code, health.text) == (200, "ok")
     with pytest.raises(openai.AuthenticationError):  # relayed with the request's own headers
-        OpenAI(base_url=service_url, api_key="sk-not-a-key", max_retries=0).files.list()
+        sdk_client(service_url, "sk-not-a-key", max_retries=0).files.list()
 
 
 def test_the_service_refuses_to_relay_a_body_the_api_could_not_take(service_url: str, keys) -> None:
@@ -271,7 +271,7 @@ def test_a_tenants_slow_uploads_hold_only_its_own_share(
     with pytest.raises(openai.RateLimitError) as refused:
         sdk.files.create(file=("next.jsonl", b'{"x": 1}\n'), purpose="batch")
     assert refused.value.response.headers["retry-after"] == "1"
-    other = OpenAI(base_url=streamed_url, api_key=keys["globex"], max_retries=0)
+    other = sdk_client(streamed_url, keys["globex"], max_retries=0)
     assert other.files.create(file=("theirs.jsonl", b'{"x": 1}\n'), purpose="batch").bytes == 9  # not slowed
     for sock in slow:
         sock.close()

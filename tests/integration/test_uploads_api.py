@@ -11,7 +11,7 @@ from openai.types import FileObject, Upload
 from openai.types.uploads import UploadPart
 
 from functions.core import clients, schema
-from tests.helpers import assert_error, assert_openai_shape
+from tests.helpers import assert_error, assert_openai_shape, sdk_client
 from tests.wire_bytes import WireBytes
 
 MIB = 1024 * 1024
@@ -408,7 +408,7 @@ def wire(assembler_queue, keys):
     server = make_server(LocalApi(counter.wrap(api_handler.handler), authorizer_handler.handler), "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
-    sdk = OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key=keys["acme"], max_retries=0)
+    sdk = sdk_client(f"http://127.0.0.1:{server.server_address[1]}/v1", keys["acme"], max_retries=0)
     yield counter, sdk
     server.shutdown()
     server.server_close()
