@@ -340,8 +340,16 @@ def bench_pipeline(pipeline: Pipeline, input_path: Path) -> dict:
         "after_last_answer": done - window.last_answer,
         "engine_requests": window.requests,
         "metrics_reads": window.metrics_reads,
+        # How long the engine took to get its first max_num_seqs lines (None: the file has fewer).
+        "to_full": _to_full(pipeline.proxy.arrivals(created)),
         "window": (window.first_request, window.last_answer),
     }
+
+
+def _to_full(arrivals: list[float]) -> float | None:
+    if len(arrivals) < bench_worker.MAX_NUM_SEQS:
+        return None
+    return arrivals[bench_worker.MAX_NUM_SEQS - 1] - arrivals[0]
 
 
 # --- report ---------------------------------------------------------------------------------------

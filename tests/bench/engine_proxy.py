@@ -165,6 +165,11 @@ class EngineProxy:
             reads = sum(1 for t in self.metrics_reads if first <= t <= last)
         return Window(first, last, len(mine), reads)
 
+    def arrivals(self, since: float) -> list[float]:
+        """When each ``POST /v1/...`` that arrived at or after ``since`` arrived, in order."""
+        with self._lock:
+            return sorted(e.arrived for e in self.exchanges if e.arrived >= since)
+
     async def _accept(self, client: _Half, exchanges: _Exchanges) -> None:
         engine = _Half(exchanges.from_engine)
         try:
