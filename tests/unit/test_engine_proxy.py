@@ -72,6 +72,7 @@ def test_bytes_go_through_and_each_v1_post_is_timed(engine_url):
         conn.close()
         window = proxy.window(since)
         later = proxy.window(finished)
+        arrivals, none_later = proxy.arrivals(since), proxy.arrivals(finished)
 
     assert answers == [(201, b'}1 :"a"{'), (200, b"metrics 1\n"), (200, b"metrics 1\n"), (201, big[::-1])]
     assert _Engine.bodies == [b'{"a": 1}', big, b"x"]
@@ -86,6 +87,7 @@ def test_bytes_go_through_and_each_v1_post_is_timed(engine_url):
     assert window.first_request == proxy.exchanges[0].arrived
     assert window.last_answer == proxy.exchanges[1].answered
     assert later is None
+    assert arrivals == [e.arrived for e in proxy.exchanges] and none_later == []  # in order, POSTs to /v1/ only
 
 
 def test_an_engine_that_is_not_there_closes_the_client(engine_url):
