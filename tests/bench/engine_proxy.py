@@ -156,8 +156,7 @@ class EngineProxy:
 
     def window(self, since: float) -> Window | None:
         """The ``POST /v1/...`` exchanges that arrived at or after ``since`` (None if none did)."""
-        with self._lock:
-            mine = [e for e in self.exchanges if e.arrived >= since]
+        mine = self._since(since)
         if not mine:
             return None
         first, last = min(e.arrived for e in mine), max(e.answered for e in mine)
@@ -167,8 +166,11 @@ class EngineProxy:
 
     def arrivals(self, since: float) -> list[float]:
         """When each ``POST /v1/...`` that arrived at or after ``since`` arrived, in order."""
+        return sorted(e.arrived for e in self._since(since))
+
+    def _since(self, since: float) -> list[Exchange]:
         with self._lock:
-            return sorted(e.arrived for e in self.exchanges if e.arrived >= since)
+            return [e for e in self.exchanges if e.arrived >= since]
 
     async def _accept(self, client: _Half, exchanges: _Exchanges) -> None:
         engine = _Half(exchanges.from_engine)
